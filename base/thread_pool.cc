@@ -1,0 +1,77 @@
+#include "base/thread_pool.h"
+
+#include <algorithm>
+
+namespace peerserve {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  num_threads_ = std::max(1, num_threads);
+  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_.store(true);
+    generation_.fetch_add(1);
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::worker_loop(int thread_idx) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little: the next job usually arrives within microseconds during a step.
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
+      __builtin_ia32_pause();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load() != seen; });
+      gen = generation_.load();
+    }
+    seen = gen;
+    if (stop_.load()) return;
+    (*job_)(thread_idx, num_threads_);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
+  if (num_threads_ == 1) {
+    fn(0, 1);
+    return;
+  }
+  job_ = &fn;
+  pending_.store(num_threads_ - 1, std::memory_order_release);
+  {
+    std::lock_guard lock(mutex_);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  wake_.notify_all();
+  fn(0, num_threads_);
+  while (pending_.load(std::memory_order_acquire) != 0) __builtin_ia32_pause();
+  job_ = nullptr;
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                              int64_t grain) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t chunks = (n + grain - 1) / grain;
+  if (num_threads_ == 1 || chunks == 1) {
+    fn(0, n);
+    return;
+  }
+  run_on_all([&](int t, int nt) {
+    const int64_t c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
+    const int64_t begin = c0 * grain, end = std::min(n, c1 * grain);
+    if (begin < end) fn(begin, end);
+  });
+}
+
+}  // namespace peerserve

@@ -1,0 +1,24 @@
+# Shared helpers for the per-folder CMakeLists.
+
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(GTest REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+
+# peerserve_test(NAME SOURCES... [LIBS ...] [LABELS ...])
+#   A GoogleTest executable registered with ctest. Tests labelled "unit" also run in the
+#   sanitizer build; "slow" ones only in the regular build.
+function(peerserve_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES} ${T_UNPARSED_ARGUMENTS})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  add_test(NAME ${name} COMMAND ${name})
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT
+    "PEERSERVE_SOURCE_DIR=${PROJECT_SOURCE_DIR};PEERSERVE_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages peerserve needs to build, test and benchmark.
+# Idempotent: packages already present are not touched; safe to run on every build.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build g++ pkg-config
+  clang libclang-rt-14-dev            # libFuzzer for the header fuzzer
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
+  libboost-dev                        # Asio + Beast (header-only) for the HTTP front end
+  python3 python3-jinja2 python3-numpy  # independent references used by tests
+  curl ca-certificates
+)
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+if [[ "${PEERSERVE_WITH_TRAINING:-0}" == 1 ]]; then
+  packages+=(python3-torch linux-doc-6.1 debian-reference-en fortunes)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

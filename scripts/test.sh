@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine: installs what is needed, builds, and
+# runs every ctest test; then builds the unit tests with ASan + UBSan and runs them too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+./scripts/install-test-js.sh
+./scripts/build.sh
+jobs=$(nproc)
+(cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
+
+# Sanitizer configuration: libraries and unit tests only (the servers and slow tests run above).
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPEERSERVE_SANITIZE=ON \
+  -DPEERSERVE_UNIT_TESTS_ONLY=ON >/dev/null
+ninja -C build-asan -j "$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j "$jobs" -L unit --timeout 900)
