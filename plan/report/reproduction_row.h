@@ -1,0 +1,20 @@
+// One line of the reproduction report: a published number next to peerserve's prediction.
+#pragma once
+
+#include <string>
+
+namespace peerserve::plan {
+
+struct ReproductionRow {
+  std::string source;       // e.g. "paper000 Table 4", "paper003 Table 2"
+  std::string quantity;     // e.g. "decode throughput per NPU, batch 96 (tokens/s)"
+  double published = 0.0;   // the value printed in the paper
+  double predicted = 0.0;   // peerserve's value for the same setting
+  std::string note;         // where the paper is inconsistent, or what was assumed
+
+  double relative_error() const {
+    return published == 0.0 ? 0.0 : (predicted - published) / published;
+  }
+};
+
+}  // namespace peerserve::plan
