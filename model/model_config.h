@@ -71,4 +71,11 @@ struct ModelConfig {
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
 Result<ModelConfig> load_model_config(const std::string& path);
 
+// The config.json text (Hugging Face keys, "architectures"/"model_type" of `config.arch`)
+// that parse_model_config reads back to an equal config. Used by the test-model writer.
+std::string model_config_to_json(const ModelConfig& config);
+
+// Total parameter count of the checkpoint layout (MTP layers included).
+int64_t model_parameter_count(const ModelConfig& config);
+
 }  // namespace peerserve
