@@ -1,0 +1,73 @@
+// The inputs and outputs of one forward step of DeepseekModel over a ragged batch.
+//
+// A step runs several sequences at once. Each contributes a chunk of new tokens at
+// positions [start_pos, start_pos + tokens.size()): a whole prompt, a continuation of an
+// earlier prefill chunk (start_pos > 0), or one decode token. The model first writes the
+// latent KV of the new tokens into the cache through the chunk's block table, then attends
+// over positions [0, start_pos + tokens.size()) read back from the cache.
+//
+// Results for a sequence do not depend on which other sequences share the step (the GEMM
+// kernels are batch-invariant), so a ragged batch equals its sequences run one at a time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace peerserve {
+
+struct SequenceChunk {
+  // New token ids, at positions start_pos, start_pos + 1, ... Must not be empty.
+  std::span<const int32_t> tokens;
+  // Number of tokens of this sequence already in the cache (their KV is reused as is).
+  int64_t start_pos = 0;
+  // Block ids of the sequence, in position order: position p lives in block
+  // block_table[p / block_size], slot p % block_size. Must cover
+  // [0, start_pos + tokens.size()). Blocks written by this chunk must not be written by
+  // another chunk of the same step (shared prefix blocks that are only read are fine).
+  std::span<const int32_t> block_table;
+  // true: logits (and hidden states) for every new token (scoring, verification of draft
+  // tokens, MTP prefill); false: only for the last new token (generation).
+  bool all_logits = false;
+};
+
+// Input of the MTP (multi-token prediction) layer for one sequence. Entry i combines the
+// main model's hidden state at position p = start_pos + i (ForwardOutput::hidden) with the
+// embedding of the token at position p + 1 (next_tokens[i]) and predicts the token at
+// p + 2. The MTP layer keeps its own KV (its own layer slot of the cache layout) at
+// position p, in the same block table as the main model.
+struct MtpChunk {
+  std::span<const int32_t> next_tokens;  // tokens at positions p + 1; not empty
+  std::span<const float> hidden;         // [next_tokens.size(), hidden_size]
+  int64_t start_pos = 0;
+  std::span<const int32_t> block_table;  // covers [0, start_pos + next_tokens.size())
+  bool all_logits = false;
+};
+
+struct ForwardOutput {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  // [num_rows, vocab_size] fp32 logits. Sequence s owns rows
+  // [row_offsets[s], row_offsets[s + 1]): one row per new token when all_logits, else one
+  // row (the last new token).
+  std::vector<float> logits;
+  // num_sequences + 1 entries.
+  std::vector<int64_t> row_offsets;
+  // [num_rows, hidden_size]: for the same rows, the final hidden state that the LM head
+  // reads (after the final norm). This is the input MtpChunk::hidden expects.
+  std::vector<float> hidden;
+
+  int64_t num_rows() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
+  std::span<const float> logits_row(int64_t row) const {
+    return {logits.data() + row * vocab_size, static_cast<size_t>(vocab_size)};
+  }
+  std::span<const float> hidden_row(int64_t row) const {
+    return {hidden.data() + row * hidden_size, static_cast<size_t>(hidden_size)};
+  }
+  // Logits of the last new token of sequence `seq`.
+  std::span<const float> last_logits(int64_t seq) const {
+    return logits_row(row_offsets[seq + 1] - 1);
+  }
+};
+
+}  // namespace peerserve
