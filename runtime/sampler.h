@@ -1,0 +1,96 @@
+// Sampler: picks the next token from one row of logits, per request.
+//
+// Pure functions: the result depends only on the logits, the request's SamplingParams,
+// its generated tokens so far and its seed, never on the batch it ran in, so that a
+// seeded request reproduces exactly. The random draw for output position t of a request
+// is a counter-based hash of (seed, t), so no RNG state has to be carried or shared.
+//
+// Order of processing (transformers' logits-processor order):
+//   1. penalties over the tokens generated so far (not the prompt):
+//      repetition_penalty (CTRL/transformers: positive logits divided by it, negative ones
+//      multiplied), then OpenAI's frequency/presence penalties:
+//        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
+//   2. temperature == 0: greedy, the argmax (lowest id on ties);
+//      otherwise logits / temperature;
+//   3. top_k, then top_p, then min_p truncation of softmax(logits / temperature);
+//   4. a draw from the renormalised remaining distribution.
+//
+// Logprobs ("final distribution"): log-probabilities of the distribution the token was
+// drawn from (after penalties, temperature and truncation, renormalised). For greedy
+// requests that distribution is softmax of the penalised logits (temperature 1, no
+// truncation), as OpenAI reports logprobs for temperature 0.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+
+namespace peerserve {
+
+using TokenId = int32_t;
+
+struct SamplingParams {
+  // 0 = greedy. Default: 1 (OpenAI).
+  float temperature = 1.0f;
+  // Keep the k most likely tokens; 0 = off. Default: 0.
+  int32_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose mass reaches top_p; 1 = off.
+  float top_p = 1.0f;
+  // Drop tokens whose probability is below min_p * (the largest probability); 0 = off.
+  float min_p = 0.0f;
+  // OpenAI semantics, range [-2, 2]. Default: 0.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Multiplicative penalty (> 0) for tokens already generated; 1 = off.
+  float repetition_penalty = 1.0f;
+  // Per-request seed; requests without one get a seed drawn by the runtime at admission.
+  std::optional<uint64_t> seed;
+  // Number of top log-probabilities to report per position (OpenAI top_logprobs, 0..20);
+  // the chosen token's logprob is reported whenever want_logprobs is true.
+  bool want_logprobs = false;
+  int32_t top_logprobs = 0;
+
+  // Checks ranges; the message names the field and the accepted range.
+  Status validate() const;
+};
+
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+};
+
+struct SampledToken {
+  TokenId token = 0;
+  // Log-probability of `token` in the final distribution (0 unless want_logprobs).
+  float logprob = 0.0f;
+  // Most likely first (ties: lower id first); only tokens with non-zero probability.
+  std::vector<TokenLogprob> top_logprobs;
+};
+
+// Everything about the request that the draw depends on besides the logits.
+struct SamplingContext {
+  // Tokens generated so far for this request (the prompt excluded); its size is the
+  // output position t that selects the random draw.
+  std::span<const TokenId> generated;
+  // The request's resolved seed.
+  uint64_t seed = 0;
+};
+
+// Samples one token from `logits` (one row, vocab-sized). REQUIRES: params.validate() ok,
+// logits non-empty and free of NaN, every generated id in [0, logits.size()).
+SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
+                          const SamplingContext& context);
+
+// The uniform draw in [0, 1) that sample_token uses for (seed, position), exposed so that
+// speculative decoding can use the same per-request stream (pass a distinct `stream` for
+// other purposes, e.g. acceptance tests).
+double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream = 0);
+
+// Applies step 1 (penalties) in place; exposed for tests and for MTP verification.
+void apply_penalties(std::span<float> logits, const SamplingParams& params,
+                     std::span<const TokenId> generated);
+
+}  // namespace peerserve

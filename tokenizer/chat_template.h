@@ -1,0 +1,62 @@
+// ChatTemplate: the Jinja subset that DeepSeek-V3/V2 chat templates (tokenizer_config.json
+// "chat_template") use, rendered as transformers does: jinja2 with trim_blocks=True and
+// lstrip_blocks=True, plus the global raise_exception(message).
+//
+// Supported: {{ }} output, {% set %} (including `set ns.attr = ...`), namespace(...),
+// {% for x in xs %} (with loop.index/index0/first/last/length, `else`, tuple unpacking
+// `for k, v in d.items()`), {% if/elif/else %}, {%- -%} whitespace control, {# #}
+// comments, string/integer/float/bool/none literals, lists and dicts, + - * / // %,
+// ~ concatenation, comparisons, and/or/not, `in`/`not in`, `x if c else y`, attribute
+// and item access, slices, tests (defined, undefined, none, string, number, mapping,
+// iterable, sequence, true, false, boolean, integer, float, odd, even, eq, ne), filters
+// (length/count, string, trim, upper, lower, default/d, join, first, last, list, tojson,
+// replace, capitalize, title, items, int, float, abs, round, reverse, sort, unique, safe)
+// and the string/dict methods strip/lstrip/rstrip/split/startswith/endswith/upper/lower/
+// replace/title/items/keys/values/get.
+//
+// Anything else fails at parse time (or at render time for unknown names that are
+// called) with an error that names the construct and its line:column.
+//
+// Values are JSON (nlohmann::json): messages, tools and other variables come straight
+// from the request. Thread-safety: render() is const and may run concurrently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace peerserve {
+
+struct ChatTemplateInput {
+  // [{"role": "system"|"user"|"assistant"|"tool", "content": ..., "tool_calls": [...]}]
+  nlohmann::json messages = nlohmann::json::array();
+  bool add_generation_prompt = false;
+  // Further template variables (e.g. "tools"); they may not override the ones above or
+  // bos_token/eos_token.
+  nlohmann::json extra_variables = nlohmann::json::object();
+};
+
+class ChatTemplate {
+ public:
+  static Result<ChatTemplate> parse(std::string_view source);
+
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ~ChatTemplate();
+
+  // `variables` must be a JSON object; its members are the template's global names.
+  Result<std::string> render(const nlohmann::json& variables) const;
+
+  const std::string& source() const;
+
+ private:
+  struct Impl;
+  explicit ChatTemplate(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace peerserve
