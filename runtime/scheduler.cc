@@ -1,0 +1,347 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kv/prefix_hash.h"
+
+namespace peerserve {
+namespace {
+
+int64_t blocks_for(int64_t num_tokens, int64_t block_size) {
+  return (num_tokens + block_size - 1) / block_size;
+}
+
+}  // namespace
+
+std::string_view finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "error";
+}
+
+Status SchedulerOptions::validate() const {
+  if (max_num_seqs < 1) {
+    return invalid_argument("max_num_seqs = " + std::to_string(max_num_seqs) + ", expected >= 1");
+  }
+  if (max_num_batched_tokens < 1) {
+    return invalid_argument("max_num_batched_tokens = " + std::to_string(max_num_batched_tokens) +
+                            ", expected >= 1");
+  }
+  if (max_model_len < 2) {
+    return invalid_argument("max_model_len = " + std::to_string(max_model_len) + ", expected >= 2");
+  }
+  if (max_waiting_seqs < 1) {
+    return invalid_argument("max_waiting_seqs = " + std::to_string(max_waiting_seqs) +
+                            ", expected >= 1");
+  }
+  if (block_pool.num_blocks < 1) {
+    return invalid_argument("KV cache: " + std::to_string(block_pool.num_blocks) +
+                            " blocks, expected >= 1 (raise the KV cache memory)");
+  }
+  if (block_pool.block_size < 1) {
+    return invalid_argument("block_size = " + std::to_string(block_pool.block_size) +
+                            ", expected >= 1");
+  }
+  return ok_status();
+}
+
+int64_t max_tokens_limit(const SchedulerOptions& options, int64_t num_prompt_tokens) {
+  const int64_t pool_tokens =
+      static_cast<int64_t>(options.block_pool.num_blocks) * options.block_pool.block_size;
+  return std::min(options.max_model_len, pool_tokens) - num_prompt_tokens;
+}
+
+Status check_sequence_fits(const SchedulerOptions& options, int64_t num_prompt_tokens,
+                           int64_t max_tokens) {
+  if (num_prompt_tokens < 1) return invalid_argument("the prompt is empty, expected >= 1 token");
+  if (max_tokens < 1) {
+    return invalid_argument("max_tokens = " + std::to_string(max_tokens) + ", expected >= 1");
+  }
+  const int64_t total = num_prompt_tokens + max_tokens;
+  if (num_prompt_tokens >= options.max_model_len || total > options.max_model_len) {
+    return out_of_range(
+        "this model's maximum context length is " + std::to_string(options.max_model_len) +
+        " tokens, but " + std::to_string(total) + " were requested (" +
+        std::to_string(num_prompt_tokens) + " in the prompt, " + std::to_string(max_tokens) +
+        " for the completion); shorten the prompt or lower max_tokens");
+  }
+  const int64_t bs = options.block_pool.block_size;
+  const int64_t needed = blocks_for(total, bs);
+  if (needed > options.block_pool.num_blocks) {
+    return out_of_range("the request needs " + std::to_string(needed) + " KV blocks (" +
+                        std::to_string(total) + " tokens) but the whole KV cache has " +
+                        std::to_string(options.block_pool.num_blocks) + " blocks of " +
+                        std::to_string(bs) + " tokens; shorten the prompt or lower max_tokens");
+  }
+  return ok_status();
+}
+
+Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerOptions& options) {
+  PS_RETURN_IF_ERROR(options.validate());
+  PS_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::create(options.block_pool));
+  return std::unique_ptr<Scheduler>(new Scheduler(options, std::move(pool)));
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, BlockPool pool)
+    : options_(options), pool_(std::move(pool)) {}
+
+Status Scheduler::add(SequenceSpec spec) {
+  PS_RETURN_IF_ERROR(check_sequence_fits(options_, static_cast<int64_t>(spec.prompt_tokens.size()),
+                                         spec.max_tokens));
+  if (sequences_.count(spec.id)) {
+    return invalid_argument("sequence id " + std::to_string(spec.id) + " is already queued");
+  }
+  if (static_cast<int32_t>(waiting_.size()) >= options_.max_waiting_seqs) {
+    return resource_exhausted("the waiting queue is full (" +
+                              std::to_string(options_.max_waiting_seqs) +
+                              " requests); retry later");
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = spec.prompt_tokens;
+  seq->spec = std::move(spec);
+  seq->arrival_order = next_arrival_++;
+  Sequence* raw = seq.get();
+  sequences_.emplace(raw->spec.id, std::move(seq));
+  waiting_.push_back(raw);  // newest arrival: back of the queue
+  return ok_status();
+}
+
+const Sequence* Scheduler::find(SequenceId id) const {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::finish(SequenceId id, FinishReason reason) {
+  PS_CHECK(!in_step_) << "finish() between schedule() and update()";
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return;
+  remove(*it->second, reason);
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_blocks = pool_.num_blocks();
+  s.num_used_blocks = pool_.num_used_blocks();
+  s.num_free_blocks = pool_.num_free_blocks();
+  s.num_cached_blocks = pool_.num_cached_blocks();
+  s.num_preemptions = num_preemptions_;
+  s.pool = pool_.counters();
+  return s;
+}
+
+StepPlan Scheduler::schedule() {
+  PS_CHECK(!in_step_) << "schedule() called twice without update()";
+  StepPlan plan;
+  plan.step_id = next_step_++;
+  int64_t budget = options_.max_num_batched_tokens;
+
+  // 1. Running sequences, oldest first. Victims of preemption are always newer than the
+  // sequence being grown, so nothing already in the plan is preempted.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence& seq = *running_[i];
+    const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    PS_CHECK(num_new > 0) << "running sequence " << seq.spec.id << " has nothing to compute";
+    bool preempted_self = false;
+    while (!grow_blocks(seq, seq.num_computed_tokens + num_new)) {
+      Sequence* victim = running_.back();
+      plan.preempted.push_back(victim->spec.id);
+      preempt(*victim);
+      if (victim == &seq) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;
+    add_chunk(seq, num_new, &plan);
+    budget -= num_new;
+    ++i;
+  }
+
+  // 2. Admissions, strictly FCFS, unless memory is short right now.
+  if (plan.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int32_t>(running_.size()) < options_.max_num_seqs) {
+      const size_t before = plan.chunks.size();
+      if (!try_admit(*waiting_.front(), budget, &plan)) break;
+      budget -= static_cast<int64_t>(plan.chunks[before].tokens.size());
+    }
+  }
+  in_step_ = !plan.empty();
+  return plan;
+}
+
+bool Scheduler::grow_blocks(Sequence& seq, int64_t num_tokens) {
+  const int64_t need =
+      blocks_for(num_tokens, pool_.block_size()) - static_cast<int64_t>(seq.block_table.size());
+  if (need <= 0) return true;
+  auto allocation = pool_.plan_allocation({}, static_cast<int32_t>(need));
+  if (!allocation) return false;
+  std::vector<BlockId> fresh = pool_.commit(*allocation);
+  seq.block_table.insert(seq.block_table.end(), fresh.begin(), fresh.end());
+  return true;
+}
+
+bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
+  const int64_t bs = pool_.block_size();
+  // Look the known tokens up in the prefix cache. The last token is always computed (its
+  // logits are needed), so at most (num_tokens - 1) / bs whole blocks can be shared.
+  std::vector<BlockId> shared;
+  if (pool_.prefix_caching_enabled()) {
+    extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), &seq.block_hashes);
+    const size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
+    std::span<const BlockHash> lookup(seq.block_hashes.data(),
+                                      std::min(max_hit_blocks, seq.block_hashes.size()));
+    shared = pool_.match_prefix(lookup);
+  }
+  const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs;
+  const int64_t num_new = std::min(seq.num_tokens() - num_hit, budget);
+  const int64_t need = blocks_for(num_hit + num_new, bs) - static_cast<int64_t>(shared.size());
+  auto allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
+  if (!allocation) return false;
+  std::vector<BlockId> fresh = pool_.commit(*allocation);
+
+  seq.block_table = std::move(shared);
+  seq.block_table.insert(seq.block_table.end(), fresh.begin(), fresh.end());
+  seq.num_computed_tokens = num_hit;
+  seq.num_published_blocks = num_hit / bs;
+  pool_.record_lookup(seq.num_tokens(), num_hit);
+  if (!seq.admitted_once) {
+    seq.admitted_once = true;
+    seq.num_cached_prompt_tokens = std::min(num_hit, seq.num_prompt_tokens());
+  }
+  waiting_.pop_front();
+  seq.status = SequenceStatus::kRunning;
+  insert_running(&seq);
+  add_chunk(seq, num_new, plan);
+  return true;
+}
+
+void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
+  ScheduledChunk chunk;
+  chunk.seq_id = seq.spec.id;
+  chunk.start_pos = seq.num_computed_tokens;
+  chunk.tokens.assign(seq.tokens.begin() + seq.num_computed_tokens,
+                      seq.tokens.begin() + seq.num_computed_tokens + num_new);
+  chunk.block_table = seq.block_table;
+  chunk.sample = seq.num_computed_tokens + num_new == seq.num_tokens();
+  chunk.sampling = &seq.spec.sampling;
+  chunk.seed = seq.spec.seed;
+  chunk.generated = seq.generated();
+  plan->num_batched_tokens += num_new;
+  if (num_new > 1 || seq.num_computed_tokens < seq.num_prompt_tokens()) {
+    plan->num_prefill_tokens += num_new;
+  }
+  plan->chunks.push_back(std::move(chunk));
+}
+
+std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepResult& result) {
+  PS_CHECK(in_step_ || plan.empty()) << "update() without a matching schedule()";
+  PS_CHECK_EQ(result.sampled.size(), plan.chunks.size());
+  in_step_ = false;
+  std::vector<SequenceUpdate> updates;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    auto it = sequences_.find(chunk.seq_id);
+    PS_CHECK(it != sequences_.end()) << "sequence " << chunk.seq_id << " vanished mid-step";
+    Sequence& seq = *it->second;
+    PS_CHECK_EQ(seq.num_computed_tokens, chunk.start_pos);
+    seq.num_computed_tokens += static_cast<int64_t>(chunk.tokens.size());
+    publish_computed_blocks(seq);
+    if (!chunk.sample) continue;
+    PS_CHECK(result.sampled[i].has_value()) << "no token sampled for sequence " << chunk.seq_id;
+
+    SequenceUpdate update;
+    update.seq_id = seq.spec.id;
+    update.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
+    update.token = result.sampled[i];
+    const TokenId token = update.token->token;
+    seq.tokens.push_back(token);
+    const auto& stop_ids = seq.spec.stop_token_ids;
+    if (seq.spec.eos_token_id && token == *seq.spec.eos_token_id) {
+      update.finish_reason = FinishReason::kStop;
+      update.stop_token = token;
+    } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+      update.finish_reason = FinishReason::kStop;
+      update.stop_token = token;
+    } else if (seq.num_generated() >= seq.spec.max_tokens ||
+               seq.num_tokens() >= options_.max_model_len) {
+      update.finish_reason = FinishReason::kLength;
+    }
+    if (update.finish_reason) remove(seq, *update.finish_reason);
+    updates.push_back(std::move(update));
+  }
+  return updates;
+}
+
+void Scheduler::publish_computed_blocks(Sequence& seq) {
+  if (!pool_.prefix_caching_enabled()) return;
+  const int64_t bs = pool_.block_size();
+  extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), &seq.block_hashes);
+  const int64_t num_full = std::min<int64_t>(seq.num_computed_tokens / bs,
+                                             static_cast<int64_t>(seq.block_hashes.size()));
+  for (int64_t b = seq.num_published_blocks; b < num_full; ++b) {
+    // A false return means an identical block is already cached: ours stays private.
+    (void)pool_.publish(seq.block_table[b], seq.block_hashes[b]);
+  }
+  seq.num_published_blocks = std::max(seq.num_published_blocks, num_full);
+}
+
+void Scheduler::release_blocks(Sequence& seq) {
+  // Last block first: the tail of the free list is reused last, so the prefix stays cached
+  // longest.
+  std::vector<BlockId> reversed(seq.block_table.rbegin(), seq.block_table.rend());
+  pool_.release(reversed);
+  seq.block_table.clear();
+  seq.num_computed_tokens = 0;
+  seq.num_published_blocks = 0;
+}
+
+void Scheduler::preempt(Sequence& seq) {
+  PS_CHECK(!running_.empty() && running_.back() == &seq);
+  running_.pop_back();
+  release_blocks(seq);
+  seq.status = SequenceStatus::kWaiting;
+  ++seq.num_preemptions;
+  ++num_preemptions_;
+  insert_waiting(&seq);
+}
+
+void Scheduler::remove(Sequence& seq, FinishReason reason) {
+  release_blocks(seq);
+  if (seq.status == SequenceStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), &seq));
+  } else if (seq.status == SequenceStatus::kWaiting) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &seq));
+  }
+  seq.status = SequenceStatus::kFinished;
+  seq.finish_reason = reason;
+  const SequenceId id = seq.spec.id;
+  sequences_.erase(id);  // destroys seq
+}
+
+void Scheduler::insert_waiting(Sequence* seq) {
+  auto pos = std::lower_bound(
+      waiting_.begin(), waiting_.end(), seq,
+      [](const Sequence* a, const Sequence* b) { return a->arrival_order < b->arrival_order; });
+  waiting_.insert(pos, seq);
+}
+
+void Scheduler::insert_running(Sequence* seq) {
+  auto pos = std::lower_bound(
+      running_.begin(), running_.end(), seq,
+      [](const Sequence* a, const Sequence* b) { return a->arrival_order < b->arrival_order; });
+  running_.insert(pos, seq);
+}
+
+}  // namespace peerserve

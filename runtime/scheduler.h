@@ -1,0 +1,123 @@
+// Scheduler: continuous batching over a paged KV block pool, as a pure state machine.
+//
+//   StepPlan plan = scheduler.schedule();            // which tokens of which sequences
+//   StepResult result = executor.execute(plan);      // (model forward + sampling)
+//   auto updates = scheduler.update(plan, result);   // new tokens, finished sequences
+//
+// No clock, device, network or threads inside, so the same class runs in the engine, in
+// tests with a fake executor and in a simulator.
+//
+// Policy (one step):
+//   1. Running sequences, oldest first, each get their remaining tokens (1 for a decode, the
+//      rest of the prompt for a prefill) capped by what is left of the token budget
+//      (max_num_batched_tokens): long prompts are prefilled in chunks across steps, mixed
+//      with the decodes of other sequences.
+//   2. When the pool cannot supply a running sequence's next blocks, the newest running
+//      sequence is preempted: its blocks are released and it goes back to the front of the
+//      waiting queue, to be recomputed later (its published blocks stay in the prefix
+//      cache, so the recompute is often cheap).
+//   3. If nothing was preempted, waiting sequences are admitted strictly first come, first
+//      served (the head of the queue is never overtaken, so nothing starves) while there is
+//      budget, fewer than max_num_seqs are running and the pool can hold them. Admission
+//      looks the prompt up in the prefix cache and shares the cached leading blocks.
+//   4. update() appends the sampled tokens, ends sequences on EOS / stop token / max_tokens /
+//      context length, publishes the newly filled blocks in the prefix cache and frees the
+//      blocks of finished sequences.
+// Sequences that can never fit (longer than the context, or needing more blocks than the
+// whole pool) are rejected by add() with a clear error.
+//
+// Thread-safety: none; one owner.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/block_pool.h"
+#include "runtime/sequence.h"
+#include "runtime/step_plan.h"
+
+namespace peerserve {
+
+struct SchedulerOptions {
+  int32_t max_num_seqs = 256;             // running sequences at most. Default 256.
+  int32_t max_num_batched_tokens = 2048;  // tokens per step at most. Default 2048.
+  int64_t max_model_len = 4096;           // prompt + generated tokens at most. Default 4096.
+  int32_t max_waiting_seqs = 4096;        // add() fails beyond this many waiting. Default 4096.
+  BlockPoolOptions block_pool;
+
+  // Checks every field; the message names the field.
+  Status validate() const;
+};
+
+// Whether a sequence with this prompt and max_tokens can ever run: its whole length must fit
+// in the context and its blocks in the pool. The message says which limit and by how much.
+Status check_sequence_fits(const SchedulerOptions& options, int64_t num_prompt_tokens,
+                           int64_t max_tokens);
+// The largest max_tokens that check_sequence_fits accepts for this prompt (may be <= 0).
+int64_t max_tokens_limit(const SchedulerOptions& options, int64_t num_prompt_tokens);
+
+struct SchedulerStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t num_blocks = 0;
+  int32_t num_used_blocks = 0;
+  int32_t num_free_blocks = 0;
+  int32_t num_cached_blocks = 0;
+  int64_t num_preemptions = 0;  // total
+  BlockPoolCounters pool;
+};
+
+class Scheduler {
+ public:
+  static Result<std::unique_ptr<Scheduler>> create(const SchedulerOptions& options);
+
+  // Queues a sequence. Errors: InvalidArgument (empty prompt, max_tokens < 1, duplicate
+  // id), OutOfRange (does not fit the context or the pool), ResourceExhausted (waiting
+  // queue full).
+  Status add(SequenceSpec spec);
+
+  // Ends a sequence now (abort, stop string), freeing its blocks. Unknown ids are ignored.
+  // Must not be called between schedule() and update().
+  void finish(SequenceId id, FinishReason reason);
+
+  StepPlan schedule();
+  std::vector<SequenceUpdate> update(const StepPlan& plan, const StepResult& result);
+
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // nullptr for unknown or finished ids.
+  const Sequence* find(SequenceId id) const;
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+  const BlockPool& block_pool() const { return pool_; }
+
+ private:
+  Scheduler(const SchedulerOptions& options, BlockPool pool);
+
+  // Allocates blocks so that `seq` covers `num_tokens` tokens. false if the pool is short.
+  bool grow_blocks(Sequence& seq, int64_t num_tokens);
+  // Admits the head of the waiting queue with up to `budget` tokens; false if it does not fit.
+  bool try_admit(Sequence& seq, int64_t budget, StepPlan* plan);
+  void preempt(Sequence& seq);
+  void release_blocks(Sequence& seq);
+  void publish_computed_blocks(Sequence& seq);
+  void add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan);
+  void remove(Sequence& seq, FinishReason reason);
+  void insert_waiting(Sequence* seq);
+  void insert_running(Sequence* seq);
+
+  SchedulerOptions options_;
+  BlockPool pool_;
+  std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
+  std::vector<Sequence*> running_;  // oldest arrival first
+  std::deque<Sequence*> waiting_;   // oldest arrival first
+  uint64_t next_arrival_ = 0;
+  uint64_t next_step_ = 0;
+  int64_t num_preemptions_ = 0;
+  bool in_step_ = false;
+};
+
+}  // namespace peerserve

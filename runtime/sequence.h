@@ -1,0 +1,59 @@
+// Sequence: the scheduler's state for one generated choice: its tokens (prompt, then
+// generated), how many of them have KV in the cache, and its block table.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "runtime/request.h"
+#include "runtime/sampler.h"
+
+namespace peerserve {
+
+using SequenceId = uint64_t;
+
+// What the scheduler needs to know to run one sequence. Plain data.
+struct SequenceSpec {
+  SequenceId id = 0;
+  std::vector<TokenId> prompt_tokens;  // not empty
+  int32_t max_tokens = 0;              // resolved: >= 1
+  SamplingParams sampling;
+  uint64_t seed = 0;  // resolved seed for the sampler
+  std::vector<TokenId> stop_token_ids;
+  std::optional<TokenId> eos_token_id;  // nullopt: never stop on EOS (ignore_eos)
+};
+
+enum class SequenceStatus { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  SequenceSpec spec;
+  uint64_t arrival_order = 0;  // FCFS position
+  SequenceStatus status = SequenceStatus::kWaiting;
+  std::optional<FinishReason> finish_reason;
+
+  // Prompt, then generated tokens.
+  std::vector<TokenId> tokens;
+  // Tokens whose KV is in the cache: [0, num_computed_tokens).
+  int64_t num_computed_tokens = 0;
+  std::vector<BlockId> block_table;
+  // Hash chain of the full blocks of `tokens` (kept across preemption).
+  std::vector<BlockHash> block_hashes;
+  // Leading blocks of block_table that are in the prefix-cache index (shared or published).
+  int64_t num_published_blocks = 0;
+  // Prompt tokens found in the prefix cache at first admission (usage.cached_tokens).
+  int64_t num_cached_prompt_tokens = 0;
+  int32_t num_preemptions = 0;
+  bool admitted_once = false;
+
+  int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt_tokens.size()); }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_generated() const { return num_tokens() - num_prompt_tokens(); }
+  std::span<const TokenId> generated() const {
+    return std::span<const TokenId>(tokens).subspan(spec.prompt_tokens.size());
+  }
+};
+
+}  // namespace peerserve

@@ -1,0 +1,122 @@
+// A fake model for scheduler and engine tests that nevertheless checks the paged KV
+// bookkeeping: its "KV cache" stores token ids in [num_blocks, block_size] slots, each step
+// writes the chunk's tokens through the block table and then reads the whole context back
+// through the block table. The next token is a hash of that context, so a wrong block
+// table, a shared block that got overwritten or a prefix-cache hit on the wrong block all
+// change the output compared with reference_generate(), which works on plain token lists.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "runtime/executor.h"
+
+namespace peerserve::testing {
+
+inline TokenId fake_next_token(std::span<const TokenId> context, int32_t vocab) {
+  uint64_t h = 1469598103934665603ULL;
+  for (TokenId t : context) {
+    h ^= static_cast<uint32_t>(t) + 0x9e37U;
+    h *= 1099511628211ULL;
+  }
+  h ^= h >> 29;
+  return static_cast<TokenId>(h % static_cast<uint64_t>(vocab));
+}
+
+// What the fake model generates for one sequence, computed without any paging.
+inline std::vector<TokenId> reference_generate(std::vector<TokenId> prompt, int32_t max_tokens,
+                                               int32_t vocab, std::optional<TokenId> eos,
+                                               int64_t max_model_len = 1 << 30) {
+  std::vector<TokenId> context = std::move(prompt);
+  std::vector<TokenId> out;
+  while (static_cast<int32_t>(out.size()) < max_tokens &&
+         static_cast<int64_t>(context.size()) < max_model_len) {
+    const TokenId t = fake_next_token(context, vocab);
+    out.push_back(t);
+    context.push_back(t);
+    if (eos && t == *eos) break;
+  }
+  return out;
+}
+
+class FakeExecutor final : public Executor {
+ public:
+  FakeExecutor(int32_t num_blocks, int32_t block_size, int32_t vocab)
+      : block_size_(block_size),
+        vocab_(vocab),
+        slots_(static_cast<size_t>(num_blocks) * block_size, -1) {}
+
+  Result<StepResult> execute(const StepPlan& plan) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++num_steps_;
+    max_batched_tokens_seen_ = std::max(max_batched_tokens_seen_, plan.num_batched_tokens);
+    StepResult result;
+    // Write every chunk's tokens first, then read: a chunk of this step must never write a
+    // block that another chunk of the same step reads (the model's contract).
+    std::vector<std::vector<int32_t>> written(plan.chunks.size());
+    for (size_t c = 0; c < plan.chunks.size(); ++c) {
+      const ScheduledChunk& chunk = plan.chunks[c];
+      const int64_t end = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size());
+      if (static_cast<int64_t>(chunk.block_table.size()) * block_size_ < end) {
+        return internal_error("block table too short");
+      }
+      for (size_t i = 0; i < chunk.tokens.size(); ++i) {
+        const int64_t pos = chunk.start_pos + static_cast<int64_t>(i);
+        slots_[slot(chunk.block_table[pos / block_size_], pos % block_size_)] = chunk.tokens[i];
+        written[c].push_back(chunk.block_table[pos / block_size_]);
+      }
+    }
+    for (size_t c = 0; c < plan.chunks.size(); ++c) {
+      for (size_t d = 0; d < plan.chunks.size(); ++d) {
+        if (c == d) continue;
+        for (int32_t b : written[c]) {
+          const auto& table = plan.chunks[d].block_table;
+          if (std::find(table.begin(), table.end(), b) != table.end()) {
+            return internal_error("a block written by one chunk is used by another chunk");
+          }
+        }
+      }
+    }
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      if (!chunk.sample) {
+        result.sampled.emplace_back();
+        continue;
+      }
+      const int64_t end = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size());
+      std::vector<TokenId> context(end);
+      for (int64_t pos = 0; pos < end; ++pos) {
+        context[pos] = slots_[slot(chunk.block_table[pos / block_size_], pos % block_size_)];
+      }
+      SampledToken sampled;
+      sampled.token = fake_next_token(context, vocab_);
+      result.sampled.push_back(sampled);
+    }
+    return result;
+  }
+
+  int64_t num_steps() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return num_steps_;
+  }
+  int64_t max_batched_tokens_seen() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return max_batched_tokens_seen_;
+  }
+
+ private:
+  size_t slot(int32_t block, int64_t offset) const {
+    return static_cast<size_t>(block) * block_size_ + static_cast<size_t>(offset);
+  }
+
+  int32_t block_size_;
+  int32_t vocab_;
+  std::vector<TokenId> slots_;
+  mutable std::mutex mutex_;
+  int64_t num_steps_ = 0;
+  int64_t max_batched_tokens_seen_ = 0;
+};
+
+}  // namespace peerserve::testing

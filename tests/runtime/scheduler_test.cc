@@ -1,0 +1,444 @@
+#include "runtime/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "kv/prefix_hash.h"
+#include "tests/runtime/fake_executor.h"
+
+namespace peerserve {
+namespace {
+
+using testing::FakeExecutor;
+using testing::reference_generate;
+
+constexpr int32_t kVocab = 64;
+constexpr TokenId kEos = 7;
+
+SchedulerOptions small_options(int32_t num_blocks, int32_t block_size = 4) {
+  SchedulerOptions o;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 32;
+  o.max_model_len = 256;
+  o.max_waiting_seqs = 1000;
+  o.block_pool = {
+      .num_blocks = num_blocks, .block_size = block_size, .enable_prefix_caching = true};
+  return o;
+}
+
+std::unique_ptr<Scheduler> make(const SchedulerOptions& o) {
+  auto s = Scheduler::create(o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(s).value();
+}
+
+SequenceSpec spec(SequenceId id, std::vector<TokenId> prompt, int32_t max_tokens,
+                  std::optional<TokenId> eos = kEos) {
+  SequenceSpec s;
+  s.id = id;
+  s.prompt_tokens = std::move(prompt);
+  s.max_tokens = max_tokens;
+  s.sampling.temperature = 0;
+  s.eos_token_id = eos;
+  return s;
+}
+
+struct RunStats {
+  int64_t steps = 0;
+  int64_t max_running = 0;
+  int64_t max_batched = 0;
+  std::vector<SequenceId> finish_order;
+};
+
+// Runs the scheduler with the fake executor until idle; collects each sequence's tokens.
+RunStats run_to_completion(Scheduler& scheduler, FakeExecutor& executor,
+                           std::map<SequenceId, std::vector<TokenId>>* outputs,
+                           std::map<SequenceId, FinishReason>* reasons = nullptr) {
+  RunStats stats;
+  for (int guard = 0; scheduler.has_work() && guard < 100000; ++guard) {
+    StepPlan plan = scheduler.schedule();
+    EXPECT_FALSE(plan.empty()) << "scheduler has work but planned nothing";
+    if (plan.empty()) break;
+    EXPECT_LE(plan.num_batched_tokens, scheduler.options().max_num_batched_tokens);
+    stats.max_batched = std::max(stats.max_batched, plan.num_batched_tokens);
+    stats.max_running = std::max<int64_t>(stats.max_running, scheduler.stats().num_running);
+    auto result = executor.execute(plan);
+    EXPECT_TRUE(result.ok()) << result.status().to_string();
+    if (!result.ok()) break;
+    for (const SequenceUpdate& u : scheduler.update(plan, *result)) {
+      if (u.token) (*outputs)[u.seq_id].push_back(u.token->token);
+      if (u.finish_reason) {
+        stats.finish_order.push_back(u.seq_id);
+        if (reasons) (*reasons)[u.seq_id] = *u.finish_reason;
+      }
+    }
+    ++stats.steps;
+  }
+  return stats;
+}
+
+std::vector<TokenId> random_tokens(std::mt19937& rng, int n) {
+  std::vector<TokenId> t(n);
+  for (auto& x : t) x = static_cast<TokenId>(8 + rng() % (kVocab - 8));  // avoid EOS
+  return t;
+}
+
+TEST(SchedulerTest, RejectsSequencesThatCanNeverFit) {
+  auto s = make(small_options(/*num_blocks=*/8));  // 32 tokens of KV
+  Status too_long = s->add(spec(1, std::vector<TokenId>(300, 9), 4));
+  EXPECT_EQ(too_long.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(too_long.message().find("context length is 256"), std::string::npos)
+      << too_long.message();
+  Status too_big = s->add(spec(2, std::vector<TokenId>(30, 9), 10));
+  EXPECT_EQ(too_big.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(too_big.message().find("KV blocks"), std::string::npos) << too_big.message();
+  EXPECT_EQ(s->add(spec(3, {}, 4)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->add(spec(4, {1}, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(s->add(spec(5, std::vector<TokenId>(20, 9), 12)).ok());
+  EXPECT_EQ(s->add(spec(5, {1}, 1)).code(), StatusCode::kInvalidArgument);  // duplicate id
+  EXPECT_EQ(max_tokens_limit(s->options(), 20), 12);
+}
+
+TEST(SchedulerTest, WaitingQueueLimit) {
+  SchedulerOptions o = small_options(64);
+  o.max_waiting_seqs = 2;
+  auto s = make(o);
+  EXPECT_TRUE(s->add(spec(1, {9, 9}, 2)).ok());
+  EXPECT_TRUE(s->add(spec(2, {9, 9}, 2)).ok());
+  EXPECT_EQ(s->add(spec(3, {9, 9}, 2)).code(), StatusCode::kResourceExhausted);
+}
+
+TEST(SchedulerTest, SingleSequenceMatchesReference) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::vector<TokenId> prompt = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  ASSERT_TRUE(s->add(spec(1, prompt, 20)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(out[1], reference_generate(prompt, 20, kVocab, kEos));
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
+TEST(SchedulerTest, ChunkedPrefillRespectsTheBudgetAndMixesDecodes) {
+  SchedulerOptions o = small_options(128);
+  o.max_num_batched_tokens = 16;
+  auto s = make(o);
+  FakeExecutor ex(128, 4, kVocab);
+  std::mt19937 rng(5);
+  ASSERT_TRUE(s->add(spec(1, random_tokens(rng, 5), 30, std::nullopt)).ok());
+  // First step: sequence 1's whole prompt.
+  StepPlan p1 = s->schedule();
+  ASSERT_EQ(p1.chunks.size(), 1u);
+  EXPECT_EQ(p1.chunks[0].tokens.size(), 5u);
+  EXPECT_TRUE(p1.chunks[0].sample);
+  auto r1 = ex.execute(p1);
+  ASSERT_TRUE(r1.ok());
+  s->update(p1, *r1);
+  // A 40-token prompt arrives: it is prefilled in chunks of at most 15 next to the decode.
+  std::vector<TokenId> long_prompt = random_tokens(rng, 40);
+  ASSERT_TRUE(s->add(spec(2, long_prompt, 3, std::nullopt)).ok());
+  int prefill_steps = 0;
+  int64_t prefilled = 0;
+  while (prefilled < 40) {
+    StepPlan p = s->schedule();
+    ASSERT_EQ(p.chunks.size(), 2u);
+    EXPECT_EQ(p.chunks[0].seq_id, 1u);  // the older decode goes first
+    EXPECT_EQ(p.chunks[0].tokens.size(), 1u);
+    EXPECT_EQ(p.chunks[1].seq_id, 2u);
+    EXPECT_EQ(p.chunks[1].start_pos, prefilled);
+    EXPECT_LE(p.num_batched_tokens, 16);
+    prefilled += static_cast<int64_t>(p.chunks[1].tokens.size());
+    EXPECT_EQ(p.chunks[1].sample, prefilled == 40);
+    auto r = ex.execute(p);
+    ASSERT_TRUE(r.ok());
+    s->update(p, *r);
+    ++prefill_steps;
+  }
+  EXPECT_EQ(prefill_steps, 3);  // 15 + 15 + 10
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
+TEST(SchedulerTest, FirstComeFirstServedWithOneSlot) {
+  SchedulerOptions o = small_options(64);
+  o.max_num_seqs = 1;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(9);
+  for (SequenceId id = 1; id <= 5; ++id) {
+    ASSERT_TRUE(
+        s->add(spec(id, random_tokens(rng, 3 + static_cast<int>(id)), 4, std::nullopt)).ok());
+  }
+  std::map<SequenceId, std::vector<TokenId>> out;
+  RunStats stats = run_to_completion(*s, ex, &out);
+  EXPECT_EQ(stats.finish_order, (std::vector<SequenceId>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(stats.max_running, 1);
+}
+
+TEST(SchedulerTest, LongHeadOfQueueIsNotOvertaken) {
+  // A waiting prompt that does not fit yet blocks later (smaller) ones: no starvation.
+  SchedulerOptions o = small_options(/*num_blocks=*/10);
+  auto s = make(o);
+  FakeExecutor ex(10, 4, kVocab);
+  std::mt19937 rng(3);
+  ASSERT_TRUE(s->add(spec(1, random_tokens(rng, 20), 8, std::nullopt)).ok());  // 7 blocks
+  StepPlan p = s->schedule();
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  s->update(p, *r);
+  // Sequence 1 now holds 6 blocks; sequence 2's first chunk needs 5 of the 4 left.
+  ASSERT_TRUE(s->add(spec(2, random_tokens(rng, 20), 4, std::nullopt)).ok());
+  ASSERT_TRUE(s->add(spec(3, random_tokens(rng, 2), 2, std::nullopt)).ok());  // 1 block
+  StepPlan p2 = s->schedule();
+  // Sequence 2 does not fit next to 1, and 3 must not jump ahead of it.
+  ASSERT_EQ(p2.chunks.size(), 1u);
+  EXPECT_EQ(p2.chunks[0].seq_id, 1u);
+  r = ex.execute(p2);
+  ASSERT_TRUE(r.ok());
+  s->update(p2, *r);
+  std::map<SequenceId, std::vector<TokenId>> out;
+  RunStats stats = run_to_completion(*s, ex, &out);
+  ASSERT_EQ(stats.finish_order.size(), 3u);
+  EXPECT_EQ(stats.finish_order[0], 1u);
+}
+
+TEST(SchedulerTest, PreemptsTheNewestAndRecomputesToTheSameTokens) {
+  // 12 blocks of 4 tokens; four sequences that each grow to 10 blocks at most.
+  SchedulerOptions o = small_options(12);
+  o.block_pool.enable_prefix_caching = false;  // recompute from scratch
+  auto s = make(o);
+  FakeExecutor ex(12, 4, kVocab);
+  std::mt19937 rng(11);
+  std::map<SequenceId, std::vector<TokenId>> prompts;
+  for (SequenceId id = 1; id <= 4; ++id) {
+    prompts[id] = random_tokens(rng, 6);
+    ASSERT_TRUE(s->add(spec(id, prompts[id], 30, std::nullopt)).ok());
+  }
+  std::map<SequenceId, std::vector<TokenId>> out;
+  RunStats stats = run_to_completion(*s, ex, &out);
+  EXPECT_GT(s->stats().num_preemptions, 0);
+  for (SequenceId id = 1; id <= 4; ++id) {
+    EXPECT_EQ(out[id], reference_generate(prompts[id], 30, kVocab, std::nullopt)) << id;
+  }
+  // The oldest is never preempted, so it finishes first.
+  EXPECT_EQ(stats.finish_order[0], 1u);
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
+TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(21);
+  std::vector<TokenId> prefix = random_tokens(rng, 13);
+  std::vector<TokenId> a = prefix, b = prefix;
+  a.push_back(30);
+  b.push_back(31);
+  ASSERT_TRUE(s->add(spec(1, a, 6, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  const int64_t hits_before = s->stats().pool.prefix_hit_tokens;
+  ASSERT_TRUE(s->add(spec(2, b, 6, std::nullopt)).ok());
+  StepPlan p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  // 13 shared tokens = 3 full blocks of 4: only the last 2 prompt tokens are computed.
+  EXPECT_EQ(p.chunks[0].start_pos, 12);
+  EXPECT_EQ(p.chunks[0].tokens.size(), 2u);
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  for (const auto& u : s->update(p, *r)) {
+    if (u.token) out[u.seq_id].push_back(u.token->token);
+    EXPECT_EQ(u.num_cached_prompt_tokens, 12);
+  }
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(s->stats().pool.prefix_hit_tokens - hits_before, 12);
+  EXPECT_EQ(out[1], reference_generate(a, 6, kVocab, std::nullopt));
+  EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
+}
+
+TEST(SchedulerTest, PublishesOnlyBlocksWhoseKvIsComputed) {
+  SchedulerOptions o = small_options(64);
+  o.max_num_batched_tokens = 6;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(4);
+  std::vector<TokenId> prompt = random_tokens(rng, 13);
+  std::vector<BlockHash> chain;
+  extend_block_hash_chain(prompt, 4, &chain);
+  ASSERT_EQ(chain.size(), 3u);
+  ASSERT_TRUE(s->add(spec(1, prompt, 3, std::nullopt)).ok());
+  const std::vector<size_t> expected_published = {1, 3, 3};  // after 6, 12, 13 tokens
+  for (size_t step = 0; step < expected_published.size(); ++step) {
+    StepPlan p = s->schedule();
+    auto r = ex.execute(p);
+    ASSERT_TRUE(r.ok());
+    // Nothing is published before the step that computes it has finished.
+    EXPECT_EQ(s->block_pool().match_prefix(chain).size(),
+              step == 0 ? 0 : expected_published[step - 1]);
+    s->update(p, *r);
+    EXPECT_EQ(s->block_pool().match_prefix(chain).size(), expected_published[step]) << step;
+  }
+}
+
+TEST(SchedulerTest, FullyCachedPromptStillComputesItsLastToken) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::vector<TokenId> prompt = {9, 10, 11, 12, 13, 14, 15, 16};  // exactly 2 blocks
+  ASSERT_TRUE(s->add(spec(1, prompt, 1, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  ASSERT_TRUE(s->add(spec(2, prompt, 1, std::nullopt)).ok());
+  StepPlan p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].start_pos, 4);  // one block shared, the last block recomputed
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  s->update(p, *r);
+  EXPECT_EQ(out[1], reference_generate(prompt, 1, kVocab, std::nullopt));
+}
+
+TEST(SchedulerTest, FinishFreesBlocksAndStopsScheduling) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  ASSERT_TRUE(s->add(spec(1, std::vector<TokenId>(9, 20), 50, std::nullopt)).ok());
+  StepPlan p = s->schedule();
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  s->update(p, *r);
+  EXPECT_GT(s->stats().num_used_blocks, 0);
+  s->finish(1, FinishReason::kAbort);
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+  EXPECT_FALSE(s->has_work());
+  EXPECT_EQ(s->find(1), nullptr);
+  s->finish(12345, FinishReason::kAbort);  // unknown ids are ignored
+}
+
+TEST(SchedulerTest, StopTokensEosAndLength) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::vector<TokenId> prompt = {20, 21, 22};
+  std::vector<TokenId> ref = reference_generate(prompt, 10, kVocab, std::nullopt);
+  // Stop on the third generated token via stop_token_ids.
+  SequenceSpec a = spec(1, prompt, 10, std::nullopt);
+  a.stop_token_ids = {ref[2]};
+  ASSERT_TRUE(s->add(a).ok());
+  // Treat the second generated token as EOS.
+  ASSERT_TRUE(s->add(spec(2, prompt, 10, ref[1])).ok());
+  // Length.
+  ASSERT_TRUE(s->add(spec(3, prompt, 4, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  std::map<SequenceId, FinishReason> reasons;
+  run_to_completion(*s, ex, &out, &reasons);
+  auto first = [&](size_t n) { return std::vector<TokenId>(ref.begin(), ref.begin() + n); };
+  // The stop/EOS token itself is part of the output tokens. Earlier repeats of the same id
+  // would stop earlier, so compare with the first occurrence.
+  auto stop_at = [&](TokenId t) {
+    return static_cast<size_t>(std::find(ref.begin(), ref.end(), t) - ref.begin()) + 1;
+  };
+  EXPECT_EQ(out[1], first(stop_at(ref[2])));
+  EXPECT_EQ(reasons[1], FinishReason::kStop);
+  EXPECT_EQ(out[2], first(stop_at(ref[1])));
+  EXPECT_EQ(reasons[2], FinishReason::kStop);
+  EXPECT_EQ(out[3], first(4));
+  EXPECT_EQ(reasons[3], FinishReason::kLength);
+}
+
+TEST(SchedulerTest, ContextLengthEndsGeneration) {
+  SchedulerOptions o = small_options(64);
+  o.max_model_len = 12;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::vector<TokenId> prompt = {20, 21, 22, 23, 24};
+  ASSERT_TRUE(s->add(spec(1, prompt, 7, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  std::map<SequenceId, FinishReason> reasons;
+  run_to_completion(*s, ex, &out, &reasons);
+  EXPECT_EQ(out[1].size(), 7u);
+  EXPECT_EQ(reasons[1], FinishReason::kLength);
+}
+
+// Many sequences with shared prefixes, a small pool (preemption), a small budget (chunked
+// prefill), few slots and sequences arriving while others run: every sequence must produce
+// exactly its reference tokens, and the pool must end empty.
+TEST(SchedulerTest, RandomWorkloadMatchesReferenceGeneration) {
+  for (bool caching : {true, false}) {
+    for (int32_t block_size : {1, 4, 16}) {
+      SchedulerOptions o = small_options(/*num_blocks=*/320 / block_size, block_size);
+      o.max_num_seqs = 6;
+      o.max_num_batched_tokens = 24;
+      o.block_pool.enable_prefix_caching = caching;
+      auto s = make(o);
+      FakeExecutor ex(o.block_pool.num_blocks, block_size, kVocab);
+      std::mt19937 rng(77 + block_size);
+      std::vector<std::vector<TokenId>> prefixes = {random_tokens(rng, 37), random_tokens(rng, 9)};
+      std::map<SequenceId, std::vector<TokenId>> prompts;
+      std::map<SequenceId, int32_t> max_tokens;
+      std::map<SequenceId, std::vector<TokenId>> out;
+      SequenceId next_id = 1;
+      auto add_random = [&] {
+        std::vector<TokenId> p;
+        if (rng() % 3 != 0) p = prefixes[rng() % prefixes.size()];
+        auto tail = random_tokens(rng, 1 + static_cast<int>(rng() % 20));
+        p.insert(p.end(), tail.begin(), tail.end());
+        const int32_t mt = 1 + static_cast<int32_t>(rng() % 40);
+        prompts[next_id] = p;
+        max_tokens[next_id] = mt;
+        ASSERT_TRUE(s->add(spec(next_id, p, mt)).ok());
+        ++next_id;
+      };
+      for (int i = 0; i < 10; ++i) add_random();
+      for (int step = 0; step < 20000 && (s->has_work() || next_id <= 40); ++step) {
+        if (next_id <= 40 && rng() % 4 == 0) add_random();
+        if (!s->has_work()) continue;
+        StepPlan plan = s->schedule();
+        ASSERT_FALSE(plan.empty());
+        ASSERT_LE(plan.num_batched_tokens, o.max_num_batched_tokens);
+        ASSERT_LE(s->stats().num_running, o.max_num_seqs);
+        auto result = ex.execute(plan);
+        ASSERT_TRUE(result.ok()) << result.status().to_string();
+        for (const SequenceUpdate& u : s->update(plan, *result)) {
+          if (u.token) out[u.seq_id].push_back(u.token->token);
+        }
+      }
+      ASSERT_FALSE(s->has_work());
+      for (const auto& [id, prompt] : prompts) {
+        ASSERT_EQ(out[id], reference_generate(prompt, max_tokens[id], kVocab, kEos))
+            << "sequence " << id << " caching=" << caching << " block_size=" << block_size;
+      }
+      EXPECT_EQ(s->stats().num_used_blocks, 0);
+      if (caching) {
+        EXPECT_GT(s->stats().pool.prefix_hit_tokens, 0);
+      }
+    }
+  }
+}
+
+TEST(SchedulerTest, RandomWorkloadUnderMemoryPressurePreemptsAndStaysCorrect) {
+  SchedulerOptions o = small_options(/*num_blocks=*/24, /*block_size=*/4);
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 20;
+  auto s = make(o);
+  FakeExecutor ex(24, 4, kVocab);
+  std::mt19937 rng(2024);
+  std::vector<TokenId> prefix = random_tokens(rng, 10);
+  std::map<SequenceId, std::vector<TokenId>> prompts;
+  for (SequenceId id = 1; id <= 20; ++id) {
+    std::vector<TokenId> p = prefix;
+    auto tail = random_tokens(rng, 1 + static_cast<int>(rng() % 8));
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts[id] = p;
+    ASSERT_TRUE(s->add(spec(id, p, 40, std::nullopt)).ok());
+  }
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  EXPECT_GT(s->stats().num_preemptions, 0);
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_EQ(out[id], reference_generate(prompt, 40, kVocab, std::nullopt)) << id;
+  }
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
+}  // namespace
+}  // namespace peerserve
