@@ -38,16 +38,16 @@ enum class ActivationPrecision : uint8_t {
 // One product. Strides are in elements; 0 means "dense" (k for x and w, n for y).
 template <typename Weight>
 struct MatmulArgs {
-  const float* x = nullptr;    // [m, k]: row i starts at x + i * x_stride
-  int64_t x_stride = 0;        // >= k, or 0 for k
-  const Weight* w = nullptr;   // [n, k]: row j starts at w + j * w_stride
-  int64_t w_stride = 0;        // >= k, or 0 for k
-  float* y = nullptr;          // [m, n]: row i starts at y + i * y_stride; must not overlap x, w
-  int64_t y_stride = 0;        // >= n, or 0 for n
-  int64_t m = 0;               // rows of x and y; 0 is allowed (nothing happens)
-  int64_t n = 0;               // rows of w, columns of y
-  int64_t k = 0;               // columns of x and w; 0 gives y = 0 (or y unchanged)
-  bool accumulate = false;     // y += x w^T instead of y = x w^T
+  const float* x = nullptr;   // [m, k]: row i starts at x + i * x_stride
+  int64_t x_stride = 0;       // >= k, or 0 for k
+  const Weight* w = nullptr;  // [n, k]: row j starts at w + j * w_stride
+  int64_t w_stride = 0;       // >= k, or 0 for k
+  float* y = nullptr;         // [m, n]: row i starts at y + i * y_stride; must not overlap x, w
+  int64_t y_stride = 0;       // >= n, or 0 for n
+  int64_t m = 0;              // rows of x and y; 0 is allowed (nothing happens)
+  int64_t n = 0;              // rows of w, columns of y
+  int64_t k = 0;              // columns of x and w; 0 gives y = 0 (or y unchanged)
+  bool accumulate = false;    // y += x w^T instead of y = x w^T
 };
 
 using MatmulBf16Args = MatmulArgs<bf16>;

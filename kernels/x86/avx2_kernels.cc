@@ -1,0 +1,257 @@
+// AVX2 + FMA kernels: 8-lane fp32 multiply-add. Compiled with -mavx2 -mfma; see
+// internal/kernel_table.h for why nothing here calls inline code from other headers.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/internal/kernel_table.h"
+#include "kernels/x86/avx2_math.h"
+#include "kernels/x86/fma_matmul.h"
+
+namespace peerserve::kernels::internal {
+namespace {
+
+struct Avx2Ops {
+  using Reg = __m256;
+  static constexpr int64_t kLanes = 8;
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg load_x(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load_x_part(const float* p, int count) { return load_part(p, count); }
+  static Reg load_w(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load_w_part(const float* p, int count) { return load_part(p, count); }
+  static Reg load_w(const uint16_t* p) {
+    return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static Reg load_w_part(const uint16_t* p, int count) { return load_part(p, count); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float reduce(Reg v) { return reduce_add(v); }
+};
+
+// ---- matmul: 16 ymm registers allow 3 x 4 accumulators + 4 weights ----
+
+void matmul_f32_bf16(const MatmulTile& t) {
+  if (t.m == 1) {
+    fma_tile<Avx2Ops, 1, 8, float, uint16_t>(t);
+  } else {
+    fma_tile<Avx2Ops, 3, 4, float, uint16_t>(t);
+  }
+}
+
+void matmul_f32_f32(const MatmulTile& t) {
+  if (t.m == 1) {
+    fma_tile<Avx2Ops, 1, 8, float, float>(t);
+  } else {
+    fma_tile<Avx2Ops, 3, 4, float, float>(t);
+  }
+}
+
+// ---- conversions ----
+
+void bf16_to_fp32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  if (i < n)
+    store_part(dst + i, load_part(src + i, static_cast<int>(n - i)), static_cast<int>(n - i));
+}
+
+// 8 rounded bf16 bit patterns, packed into the low 128 bits.
+__m128i round_pack(__m256i u) {
+  const __m256i hi = _mm256_srli_epi32(round_bf16_bits(u), 16);
+  // packus works per 128-bit lane: [a0..a3, a0..a3, b0..b3, b0..b3] -> pick qwords 0 and 2.
+  const __m256i packed = _mm256_packus_epi32(hi, hi);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     round_pack(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    uint16_t buffer[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(buffer),
+                     round_pack(_mm256_castps_si256(load_part(src + i, rest))));
+    std::memcpy(dst + i, buffer, static_cast<size_t>(rest) * sizeof(uint16_t));
+  }
+}
+
+void round_to_bf16(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(dst + i),
+        round_bf16_bits(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    store_part(dst + i,
+               _mm256_castsi256_ps(round_bf16_bits(_mm256_castps_si256(load_part(src + i, rest)))),
+               rest);
+  }
+}
+
+// ---- vector ops ----
+
+__m256 load_f(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+__m256 load_f(const uint16_t* p) {
+  return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <typename B>
+float dot(const float* a, const B* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(load_f(a + i), load_f(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(load_f(a + i + 8), load_f(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(load_f(a + i + 16), load_f(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(load_f(a + i + 24), load_f(b + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load_f(a + i), load_f(b + i), acc0);
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    acc0 = _mm256_fmadd_ps(load_part(a + i, rest), load_part(b + i, rest), acc0);
+  }
+  return reduce_add(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+template <typename X>
+void axpy(float alpha, const X* x, float* y, int64_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load_f(x + i), _mm256_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    store_part(y + i, _mm256_fmadd_ps(a, load_part(x + i, rest), load_part(y + i, rest)), rest);
+  }
+}
+
+void scale(float alpha, float* x, int64_t n) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(a, _mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    store_part(x + i, _mm256_mul_ps(a, load_part(x + i, rest)), rest);
+  }
+}
+
+// ---- row kernels ----
+
+template <typename W>
+void rmsnorm(const float* x, const W* weight, float* out, int64_t dim, float eps) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  int64_t i = 0;
+  for (; i + 16 <= dim; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    acc0 = _mm256_fmadd_ps(a, a, acc0);
+    acc1 = _mm256_fmadd_ps(b, b, acc1);
+  }
+  for (; i + 8 <= dim; i += 8) {
+    const __m256 a = _mm256_loadu_ps(x + i);
+    acc0 = _mm256_fmadd_ps(a, a, acc0);
+  }
+  if (i < dim) {
+    const __m256 a = load_part(x + i, static_cast<int>(dim - i));
+    acc0 = _mm256_fmadd_ps(a, a, acc0);
+  }
+  const float sum_sq = reduce_add(_mm256_add_ps(acc0, acc1));
+  const __m256 inv_rms = _mm256_set1_ps(1.0f / sqrt_ss(sum_sq / static_cast<float>(dim) + eps));
+  for (i = 0; i + 8 <= dim; i += 8) {
+    _mm256_storeu_ps(
+        out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv_rms), load_f(weight + i)));
+  }
+  if (i < dim) {
+    const int rest = static_cast<int>(dim - i);
+    store_part(
+        out + i,
+        _mm256_mul_ps(_mm256_mul_ps(load_part(x + i, rest), inv_rms), load_part(weight + i, rest)),
+        rest);
+  }
+}
+
+__m256 silu_mul_vec(__m256 g, __m256 u) {
+  const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, silu_mul_vec(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    store_part(out + i, silu_mul_vec(load_part(gate + i, rest), load_part(up + i, rest)), rest);
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  const float neg_inf = -__builtin_inff();
+  __m256 vmax = _mm256_set1_ps(neg_inf);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  float max = neg_inf;
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  for (float v : lanes) max = v > max ? v : max;
+  for (; i < n; ++i) max = x[i] > max ? x[i] : max;
+  if (max == neg_inf) {
+    for (i = 0; i < n; ++i) x[i] = 0.0f;
+    return;
+  }
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 sum = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(load_part(x + i, rest), m)),
+                                   _mm256_castsi256_ps(first_lanes(rest)));
+    store_part(x + i, e, rest);
+    sum = _mm256_add_ps(sum, e);
+  }
+  scale(1.0f / reduce_add(sum), x, n);
+}
+
+KernelTable make_avx2_table() {
+  KernelTable t;
+  t.level = IsaLevel::kAvx2;
+  t.matmul_f32_bf16 = &matmul_f32_bf16;
+  t.matmul_f32_f32 = &matmul_f32_f32;
+  t.matmul_bf16_bf16 = nullptr;
+  t.bf16_to_fp32 = &bf16_to_fp32;
+  t.fp32_to_bf16 = &fp32_to_bf16;
+  t.round_to_bf16 = &round_to_bf16;
+  t.dot_f32 = &dot<float>;
+  t.dot_bf16 = &dot<uint16_t>;
+  t.axpy_f32 = &axpy<float>;
+  t.axpy_bf16 = &axpy<uint16_t>;
+  t.scale = &scale;
+  t.rmsnorm_f32 = &rmsnorm<float>;
+  t.rmsnorm_bf16 = &rmsnorm<uint16_t>;
+  t.silu_mul = &silu_mul;
+  t.softmax = &softmax;
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernel_table() {
+  static const KernelTable table = make_avx2_table();
+  return table;
+}
+
+}  // namespace peerserve::kernels::internal

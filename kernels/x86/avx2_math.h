@@ -1,0 +1,90 @@
+// AVX2 building blocks: bf16 widening and rounding that agree bit for bit with
+// tensor/float_convert.h, the canonical 8-lane reduction, partial loads, and exp.
+// Internal linkage on purpose (see internal/kernel_table.h).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace peerserve::kernels::internal {
+namespace {  // NOLINT: internal linkage per ISA translation unit, on purpose
+
+// 8 bf16 (raw bits) -> 8 fp32.
+inline __m256 widen_bf16(__m128i bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// As round_bf16_bits in avx512_math.h.
+inline __m256i round_bf16_bits(__m256i u) {
+  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  // Signed compare is fine: abs is non-negative.
+  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  return _mm256_and_si256(_mm256_blendv_epi8(rounded, quiet, nan), high);
+}
+
+// Lane sum in the fixed halving order: lanes (l, l+4), then (l, l+2), (l, l+1).
+inline float reduce_add(__m256 v) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+inline float sqrt_ss(float v) {
+  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(v)));
+}
+
+// Mask of the first `count` (0..8) int32 lanes, for maskload/maskstore.
+inline __m256i first_lanes(int count) {
+  alignas(32) static const int32_t kTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                 0,  0,  0,  0,  0,  0,  0,  0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - count));
+}
+
+inline __m256 load_part(const float* p, int count) {
+  return _mm256_maskload_ps(p, first_lanes(count));
+}
+
+inline __m256 load_part(const uint16_t* p, int count) {
+  uint16_t buffer[8] = {};
+  std::memcpy(buffer, p, static_cast<size_t>(count) * sizeof(uint16_t));
+  return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buffer)));
+}
+
+inline void store_part(float* p, __m256 v, int count) {
+  _mm256_maskstore_ps(p, first_lanes(count), v);
+}
+
+// exp(x) as in avx512_math.h, with 2^n built in the exponent bits: x is clamped to
+// [-87, 88] so that n stays a normal exponent, and the result set to 0 below -87 (true
+// value < 1.7e-38) and to inf above 88.72. NaN stays NaN.
+inline __m256 exp_ps(__m256 x_in) {
+  __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x_in);
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  result = _mm256_andnot_ps(_mm256_cmp_ps(x_in, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), result);
+  return _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()),
+                          _mm256_cmp_ps(x_in, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ));
+}
+
+}  // namespace
+}  // namespace peerserve::kernels::internal

@@ -1,0 +1,144 @@
+// AVX512_BF16 kernels: the bf16 x bf16 matmul with vdpbf16ps; everything else is the
+// AVX-512 table. Compiled with -mavx512bf16 (see internal/kernel_table.h).
+//
+// Summation order of y[i, j] (the same in every register block: batch invariance): one
+// 16-lane fp32 accumulator; each k step of 32 adds lane l's pair x[2l, 2l+1] * w[2l, 2l+1]
+// (vdpbf16ps, one instruction per step); the k tail is zero-padded (x by the caller's
+// packing, w by a masked load); then the canonical lane reduction (reduce_add).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/internal/kernel_table.h"
+#include "kernels/x86/avx512_math.h"
+
+namespace peerserve::kernels::internal {
+namespace {
+
+constexpr int64_t kStep = 32;  // bf16 elements per vdpbf16ps
+// x rows (bf16) kept in L2 while a block of weight rows streams through L1.
+constexpr int64_t kRowBlockBytes = 256 * 1024;
+
+template <typename T>
+constexpr T min_of(T a, T b) {
+  return a < b ? a : b;
+}
+
+inline __m512bh as_bh(__m512i v) {
+  return reinterpret_cast<__m512bh>(v);
+}
+
+template <int MR, int NR>
+inline void dp_block(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+                     int64_t k, float* y, int64_t y_stride, bool accumulate) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  int64_t p = 0;
+  for (; p + kStep <= k; p += kStep) {
+    __m512i wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * w_stride + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512i xv = _mm512_loadu_si512(x + i * x_stride + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], as_bh(xv), as_bh(wv[j]));
+    }
+  }
+  if (p < k) {
+    const __mmask32 mask = static_cast<__mmask32>((1ull << (k - p)) - 1u);
+    __m512i wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_epi16(mask, w + j * w_stride + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512i xv = _mm512_loadu_si512(x + i * x_stride + p);  // zero-padded by the caller
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], as_bh(xv), as_bh(wv[j]));
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const float s = reduce_add(acc[i][j]);
+      float& out = y[i * y_stride + j];
+      out = accumulate ? out + s : s;
+    }
+  }
+}
+
+template <int MR, int NR>
+inline void dp_rows(int rows, const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                    int64_t w_stride, int64_t k, float* y, int64_t y_stride, bool accumulate) {
+  static_assert(MR <= 4);
+  switch (rows) {
+    case 4:
+      if constexpr (MR >= 4) dp_block<4, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+      break;
+    case 3:
+      if constexpr (MR >= 3) dp_block<3, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+      break;
+    case 2:
+      if constexpr (MR >= 2) dp_block<2, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+      break;
+    default:
+      dp_block<1, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+      break;
+  }
+}
+
+template <int MR, int NR>
+void dp_tile(const MatmulTile& t) {
+  const uint16_t* x = static_cast<const uint16_t*>(t.x);
+  const uint16_t* w = static_cast<const uint16_t*>(t.w);
+  const int64_t row_block =
+      min_of<int64_t>(t.m, (kRowBlockBytes / (t.x_stride * 2) + MR - 1) / MR * MR);
+  for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
+    const int64_t i1 = min_of(t.m, i0 + row_block);
+    int64_t j = t.n_begin;
+    for (; j + NR <= t.n_end; j += NR) {
+      for (int64_t i = i0; i < i1; i += MR) {
+        dp_rows<MR, NR>(static_cast<int>(min_of<int64_t>(MR, i1 - i)), x + i * t.x_stride,
+                        t.x_stride, w + j * t.w_stride, t.w_stride, t.k, t.y + i * t.y_stride + j,
+                        t.y_stride, t.accumulate);
+      }
+    }
+    for (; j < t.n_end; ++j) {
+      for (int64_t i = i0; i < i1; i += MR) {
+        dp_rows<MR, 1>(static_cast<int>(min_of<int64_t>(MR, i1 - i)), x + i * t.x_stride,
+                       t.x_stride, w + j * t.w_stride, t.w_stride, t.k, t.y + i * t.y_stride + j,
+                       t.y_stride, t.accumulate);
+      }
+    }
+  }
+}
+
+void matmul_bf16_bf16(const MatmulTile& t) {
+  if (t.m == 1) {
+    dp_tile<1, 8>(t);
+  } else {
+    dp_tile<4, 6>(t);
+  }
+}
+
+KernelTable make_avx512_bf16_table() {
+  KernelTable t = avx512_kernel_table();
+  t.level = IsaLevel::kAvx512Bf16;
+  t.matmul_bf16_bf16 = &matmul_bf16_bf16;
+  t.bf16_x_k_multiple = kStep;
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& avx512_bf16_kernel_table() {
+  static const KernelTable table = make_avx512_bf16_table();
+  return table;
+}
+
+}  // namespace peerserve::kernels::internal

@@ -1,0 +1,65 @@
+// AVX-512 building blocks shared by the AVX-512 files: bf16 widening and rounding that
+// agree bit for bit with tensor/float_convert.h, the canonical lane reduction, and exp.
+// Internal linkage on purpose (see internal/kernel_table.h).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace peerserve::kernels::internal {
+namespace {  // NOLINT: internal linkage per ISA translation unit, on purpose
+
+// 16 bf16 (raw bits) -> 16 fp32: the bits become the high half of each float.
+inline __m512 widen_bf16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// fp32 bits -> the bits of the nearest bf16 value (ties to even) in the high half, low half
+// zero; NaN stays NaN with the quiet bit set. Same as float_to_bf16 (no flushing).
+inline __m512i round_bf16_bits(__m512i u) {
+  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i quiet = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+  return _mm512_and_si512(_mm512_mask_mov_epi32(rounded, nan, quiet), high);
+}
+
+// Lane sum in the fixed halving order: lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
+inline float reduce_add(__m512 v) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+inline float sqrt_ss(float v) {
+  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(v)));
+}
+
+// exp(x), within 2 ulp of the correctly rounded value (Cephes expf polynomial; range
+// reduction by n = round(x / ln 2), scaling by 2^n with vscalefps, which gives 0 below
+// the subnormal range and inf above FLT_MAX). NaN stays NaN.
+inline __m512 exp_ps(__m512 x) {
+  // max/min take the second operand when one is NaN, so a NaN x passes through.
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace
+}  // namespace peerserve::kernels::internal

@@ -1,0 +1,266 @@
+// rmsnorm, silu_mul, softmax, dot/axpy/scale and the bf16 conversions against independent
+// references (double precision, or tensor/float_convert.h bit for bit) at every ISA level.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "kernel_test_support.h"
+#include "kernels/activation.h"
+#include "kernels/bf16_convert.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/softmax.h"
+#include "kernels/vector_ops.h"
+
+namespace peerserve::kernels {
+namespace {
+
+using testing::kUnitRoundoff;
+using testing::level_label;
+using testing::levels_to_test;
+using testing::Random;
+using testing::summation_chain;
+
+// Lengths with every tail for 8- and 16-lane loops, plus longer rows.
+const int64_t kLengths[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000, 2048, 4099};
+
+uint32_t bits_of(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+
+// Inputs that exercise the rounding rule: random bit patterns (NaNs, infinities,
+// subnormals included) plus exact ties and values next to them.
+std::vector<float> conversion_inputs(Random& rng, size_t n) {
+  std::vector<float> v(n);
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                               0x7f800001u, 0xffbfffffu, 0x00008000u, 0x00018000u, 0x3f808000u,
+                               0x3f818000u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu, 0x00000001u,
+                               0x007fffffu, 0x3f7fffffu};
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t b = i < std::size(specials) ? specials[i] : rng.bits();
+    v[i] = std::bit_cast<float>(b);
+  }
+  return v;
+}
+
+TEST(Bf16Convert, AgreesBitForBitWithScalarDefinition) {
+  Random rng(3);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    // Every bf16 bit pattern.
+    std::vector<bf16> all(65536);
+    for (uint32_t i = 0; i < 65536; ++i) all[i].bits = static_cast<uint16_t>(i);
+    std::vector<float> widened(65536 + 1, 0.0f);
+    bf16_to_fp32(all.data(), widened.data(), 65536);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      ASSERT_EQ(bits_of(widened[i]), bits_of(bf16_to_float(all[i]))) << i;
+    }
+    for (int64_t n : kLengths) {
+      const std::vector<float> src = conversion_inputs(rng, static_cast<size_t>(n));
+      std::vector<bf16> narrow(static_cast<size_t>(n) + 1, bf16{0xabcd});
+      fp32_to_bf16(src.data(), narrow.data(), n);
+      std::vector<float> rounded(static_cast<size_t>(n) + 1, 7.0f);
+      round_to_bf16(src.data(), rounded.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const bf16 expect = float_to_bf16(src[i]);
+        ASSERT_EQ(narrow[i].bits, expect.bits)
+            << "n=" << n << " i=" << i << " in=" << bits_of(src[i]);
+        ASSERT_EQ(bits_of(rounded[i]), bits_of(bf16_to_float(expect))) << "n=" << n << " i=" << i;
+      }
+      EXPECT_EQ(narrow[n].bits, 0xabcd) << "wrote past the end";
+      EXPECT_EQ(rounded[n], 7.0f) << "wrote past the end";
+      // In place.
+      std::vector<float> in_place = src;
+      round_to_bf16(in_place.data(), in_place.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits_of(in_place[i]), bits_of(rounded[i]));
+    }
+    // Partial tails of the widening too.
+    for (int64_t n : kLengths) {
+      if (n > 65536) continue;
+      std::vector<float> out(static_cast<size_t>(n) + 1, 7.0f);
+      bf16_to_fp32(all.data() + 1000, out.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits_of(out[i]), bits_of(widened[1000 + i]));
+      EXPECT_EQ(out[n], 7.0f);
+    }
+  }
+}
+
+TEST(VectorOps, DotMatchesDoubleReference) {
+  Random rng(5);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      const std::vector<float> a = rng.floats(static_cast<size_t>(n));
+      const std::vector<float> b = rng.floats(static_cast<size_t>(n));
+      const std::vector<bf16> c = rng.bf16s(static_cast<size_t>(n));
+      double ref = 0, ref_bf16 = 0, mag = 0, mag_bf16 = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ref += static_cast<double>(a[i]) * b[i];
+        mag += std::fabs(static_cast<double>(a[i]) * b[i]);
+        ref_bf16 += static_cast<double>(a[i]) * bf16_to_float(c[i]);
+        mag_bf16 += std::fabs(static_cast<double>(a[i]) * bf16_to_float(c[i]));
+      }
+      // Summation bound; products are rounded once more (or fused), hence +1.
+      const double chain = summation_chain(level, n) + 1;
+      EXPECT_NEAR(dot(a.data(), b.data(), n), ref, chain * kUnitRoundoff * mag) << n;
+      EXPECT_NEAR(dot(a.data(), c.data(), n), ref_bf16, chain * kUnitRoundoff * mag_bf16) << n;
+    }
+    EXPECT_EQ(dot(static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), 0), 0.0f);
+  }
+}
+
+TEST(VectorOps, AxpyAndScale) {
+  Random rng(6);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      const float alpha = rng.uniform(-2, 2);
+      const std::vector<float> x = rng.floats(static_cast<size_t>(n));
+      const std::vector<bf16> xb = rng.bf16s(static_cast<size_t>(n));
+      const std::vector<float> y0 = rng.floats(static_cast<size_t>(n) + 1);
+      std::vector<float> y = y0, yb = y0, s = y0;
+      axpy(alpha, x.data(), y.data(), n);
+      axpy(alpha, xb.data(), yb.data(), n);
+      scale(alpha, s.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        // Two roundings at most (multiply, add; or one fused).
+        const double ref = y0[i] + static_cast<double>(alpha) * x[i];
+        ASSERT_NEAR(y[i], ref, 2 * kUnitRoundoff * (std::fabs(y0[i]) + std::fabs(alpha * x[i])));
+        const double ref_b = y0[i] + static_cast<double>(alpha) * bf16_to_float(xb[i]);
+        ASSERT_NEAR(
+            yb[i], ref_b,
+            2 * kUnitRoundoff * (std::fabs(y0[i]) + std::fabs(alpha * bf16_to_float(xb[i]))));
+        ASSERT_EQ(s[i], alpha * y0[i]);  // one correctly rounded multiply
+      }
+      EXPECT_EQ(y[n], y0[n]);
+      EXPECT_EQ(yb[n], y0[n]);
+      EXPECT_EQ(s[n], y0[n]);
+    }
+  }
+}
+
+TEST(RmsNorm, MatchesDoubleReferenceWithBothWeightTypes) {
+  Random rng(7);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t dim : kLengths) {
+      const int64_t rows = 3, stride = dim + 5;
+      const std::vector<float> x = rng.floats(static_cast<size_t>(rows * stride), -3, 3);
+      const std::vector<float> wf = rng.floats(static_cast<size_t>(dim), 0.5f, 1.5f);
+      const std::vector<bf16> wb = rng.bf16s(static_cast<size_t>(dim), 0.5f, 1.5f);
+      std::vector<float> out_f(static_cast<size_t>(rows * dim)), out_b(out_f.size());
+      RmsNormArgs args;
+      args.x = x.data();
+      args.x_stride = stride;
+      args.rows = rows;
+      args.dim = dim;
+      args.eps = 1e-6f;
+      args.out = out_f.data();
+      rmsnorm(args, wf.data());
+      args.out = out_b.data();
+      rmsnorm(args, wb.data());
+      // Relative error: half the sum-of-squares bound (through the square root), plus the
+      // divide, sqrt, the eps add and the two multiplies.
+      const double tol = (summation_chain(level, dim) / 2 + 6) * kUnitRoundoff;
+      for (int64_t r = 0; r < rows; ++r) {
+        double sum_sq = 0;
+        for (int64_t i = 0; i < dim; ++i)
+          sum_sq += static_cast<double>(x[r * stride + i]) * x[r * stride + i];
+        const double inv = 1.0 / std::sqrt(sum_sq / static_cast<double>(dim) + 1e-6);
+        for (int64_t i = 0; i < dim; ++i) {
+          const double ref_f = x[r * stride + i] * inv * wf[i];
+          const double ref_b = x[r * stride + i] * inv * bf16_to_float(wb[i]);
+          ASSERT_NEAR(out_f[r * dim + i], ref_f, tol * std::fabs(ref_f) + 1e-30) << dim << " " << i;
+          ASSERT_NEAR(out_b[r * dim + i], ref_b, tol * std::fabs(ref_b) + 1e-30) << dim << " " << i;
+        }
+      }
+      // In place gives the same bits.
+      std::vector<float> in_place = x;
+      args.x = in_place.data();
+      args.out = in_place.data();
+      args.out_stride = stride;
+      rmsnorm(args, wf.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < dim; ++i) ASSERT_EQ(in_place[r * stride + i], out_f[r * dim + i]);
+      }
+    }
+  }
+}
+
+TEST(SiluMul, MatchesDoubleReference) {
+  Random rng(8);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      std::vector<float> gate = rng.floats(static_cast<size_t>(n), -20, 20);
+      if (n > 4) {
+        gate[0] = 0.0f;
+        gate[1] = -100.0f;  // exp(100) overflows fp32 in the scalar form; result ~ -0
+        gate[2] = 100.0f;
+        gate[3] = -87.5f;
+      }
+      const std::vector<float> up = rng.floats(static_cast<size_t>(n), -2, 2);
+      std::vector<float> out(static_cast<size_t>(n) + 1, 7.0f);
+      silu_mul(gate.data(), up.data(), out.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = gate[i];
+        const double ref = g / (1.0 + std::exp(-g)) * up[i];
+        // exp within 2 ulp (the vector polynomial; libm is better), then add, divide,
+        // multiply: 6 ulp relative, plus an absolute floor for results near underflow.
+        ASSERT_NEAR(out[i], ref, 6 * 2 * kUnitRoundoff * std::fabs(ref) + 1e-35)
+            << "g=" << g << " up=" << up[i];
+      }
+      EXPECT_EQ(out[n], 7.0f);
+      std::vector<float> in_place = gate;
+      silu_mul(in_place.data(), up.data(), in_place.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(in_place[i], out[i]);
+    }
+  }
+}
+
+TEST(Softmax, MatchesDoubleReferenceAndHandlesMasks) {
+  Random rng(9);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      std::vector<float> x = rng.floats(static_cast<size_t>(n), -30, 10);
+      if (n > 3) x[2] = -inf;  // a masked position
+      std::vector<float> out = x;
+      out.push_back(7.0f);
+      softmax(out.data(), n);
+      double max = -inf;
+      for (float v : x) max = std::max<double>(max, v);
+      double sum = 0;
+      for (float v : x) sum += std::exp(v - max);
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] == -inf) continue;  // checked exactly below
+        const double ref = std::exp(x[i] - max) / sum;
+        // x - max is rounded (error |x - max| u, which exp turns into a relative error of
+        // the same size), exp within 2 ulp, the sum's bound, the reciprocal and multiply.
+        const double rel = (std::fabs(x[i] - max) + summation_chain(level, n) + 6) * kUnitRoundoff;
+        ASSERT_NEAR(out[i], ref, rel * ref + 1e-37) << "n=" << n << " i=" << i;
+      }
+      if (n > 3) {
+        EXPECT_EQ(out[2], 0.0f);
+      }
+      EXPECT_EQ(out[n], 7.0f);
+    }
+    std::vector<float> masked(19, -inf);
+    softmax(masked.data(), 19);
+    for (float v : masked) EXPECT_EQ(v, 0.0f);
+    std::vector<float> single = {3.5f};
+    softmax(single.data(), 1);
+    EXPECT_EQ(single[0], 1.0f);
+  }
+}
+
+}  // namespace
+}  // namespace peerserve::kernels
