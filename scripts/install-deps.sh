@@ -16,6 +16,7 @@ command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
 if [[ "${PEERSERVE_WITH_TRAINING:-0}" == 1 ]]; then
   packages+=(python3-torch linux-doc-6.1 debian-reference-en fortunes)
+  packages+=(libopenblas0-pthread)  # else Debian's torch runs on the reference BLAS (~1 GFLOP/s)
 fi
 
 missing=()
