@@ -30,9 +30,13 @@ class MappedFile {
   void advise_will_need(size_t offset, size_t length) const;
 
  private:
-  MappedFile(std::string path, const std::byte* data, size_t size)
+  struct ConstructionKey {};  // only open() constructs, but make_shared needs a public ctor
+
+ public:
+  MappedFile(ConstructionKey, std::string path, const std::byte* data, size_t size)
       : path_(std::move(path)), data_(data), size_(size) {}
 
+ private:
   std::string path_;
   const std::byte* data_ = nullptr;
   size_t size_ = 0;

@@ -1,0 +1,458 @@
+#include "model/checkpoint/checkpoint.h"
+
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "model/checkpoint/fp8_block_scaling.h"
+#include "model/checkpoint/safetensors.h"
+#include "model/checkpoint/tensor_layout.h"
+
+namespace peerserve {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kSingleFile = "model.safetensors";
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return io_error(path + ": read failed");
+  return text.str();
+}
+
+// Reads `count` elements of a possibly unaligned little-endian array as T.
+template <typename T>
+std::vector<T> copy_elements(std::span<const std::byte> bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+struct TensorEntry {
+  std::string name;
+  size_t shard = 0;
+  const SafetensorsTensorInfo* info = nullptr;  // points into shards[shard].header()
+};
+
+}  // namespace
+
+int64_t WeightTensor::numel() const {
+  return numel_of(shape);
+}
+
+size_t WeightTensor::nbytes() const {
+  return static_cast<size_t>(numel()) * dtype_size(dtype);
+}
+
+const bf16* WeightTensor::bf16_data() const {
+  PS_CHECK(dtype == DType::kBF16) << "tensor dtype is " << dtype_name(dtype);
+  return static_cast<const bf16*>(data);
+}
+
+struct Checkpoint::Impl {
+  std::string dir;
+  ModelConfig config;
+  CheckpointOptions options;
+  std::vector<SafetensorsFile> shards;
+  std::vector<TensorEntry> entries;                  // sorted by name
+  std::map<std::string, size_t, std::less<>> index;  // name -> entries position
+  uint64_t total_bytes = 0;
+  std::atomic<uint64_t> bytes_done{0};
+
+  std::mutex used_mutex;
+  std::vector<bool> used;  // by entries position; guarded by used_mutex
+
+  const TensorEntry* find(std::string_view name) const {
+    const auto it = index.find(name);
+    return it == index.end() ? nullptr : &entries[it->second];
+  }
+  const std::string& file_of(const TensorEntry& e) const { return shards[e.shard].path(); }
+  std::span<const std::byte> bytes_of(const TensorEntry& e) const {
+    return shards[e.shard].tensor_bytes(*e.info);
+  }
+
+  Result<const TensorEntry*> lookup(std::string_view name) const {
+    const TensorEntry* e = find(name);
+    if (e == nullptr) {
+      return not_found(dir + ": tensor '" + std::string(name) + "' not found in the checkpoint");
+    }
+    return e;
+  }
+
+  Status check_shape(const TensorEntry& e, const std::vector<int64_t>& expected) const {
+    if (e.info->shape == expected) return ok_status();
+    return invalid_argument(file_of(e) + ": tensor '" + e.name + "' has shape " +
+                            shape_string(e.info->shape) + ", expected " + shape_string(expected));
+  }
+
+  void mark_used(const TensorEntry& e) {
+    const size_t position = index.find(e.name)->second;
+    bool newly_used = false;
+    {
+      std::lock_guard<std::mutex> lock(used_mutex);
+      newly_used = !used[position];
+      used[position] = true;
+    }
+    if (newly_used && options.progress) {
+      const uint64_t size = e.info->end - e.info->begin;
+      options.progress(bytes_done.fetch_add(size) + size, total_bytes);
+    }
+  }
+
+  // The block scales of an FP8 weight, validated against the config and the weight's shape.
+  Result<std::vector<float>> fp8_scales(const TensorEntry& weight, Fp8BlockShape& shape) const {
+    const std::string where = file_of(weight) + ": tensor '" + weight.name + "'";
+    if (!config.fp8_block_rows || !config.fp8_block_cols) {
+      return invalid_argument(where +
+                              " is F8_E4M3, but config.json has no "
+                              "quantization_config.weight_block_size");
+    }
+    if (weight.info->shape.size() != 2) {
+      return invalid_argument(where + " is F8_E4M3 with shape " + shape_string(weight.info->shape) +
+                              ", expected a 2-D matrix");
+    }
+    shape = {weight.info->shape[0], weight.info->shape[1], *config.fp8_block_rows,
+             *config.fp8_block_cols};
+    const std::string scale_name = fp8_scale_inv_name(weight.name);
+    const TensorEntry* scale = find(scale_name);
+    if (scale == nullptr) {
+      return not_found(where + " is F8_E4M3, but its block scales '" + scale_name +
+                       "' are missing");
+    }
+    const std::vector<int64_t> expected = {shape.scale_rows(), shape.scale_cols()};
+    if (scale->info->shape != expected) {
+      return invalid_argument(
+          file_of(*scale) + ": tensor '" + scale_name + "' has shape " +
+          shape_string(scale->info->shape) + ", expected " + shape_string(expected) + " (weight " +
+          shape_string(weight.info->shape) + " in blocks of " + std::to_string(shape.block_rows) +
+          "x" + std::to_string(shape.block_cols) + ")");
+    }
+    const std::span<const std::byte> bytes = bytes_of(*scale);
+    switch (scale->info->dtype) {
+      case DType::kF32:
+        return copy_elements<float>(bytes);
+      case DType::kBF16: {
+        std::vector<float> out;
+        for (uint16_t bits : copy_elements<uint16_t>(bytes)) out.push_back(bf16_to_float({bits}));
+        return out;
+      }
+      default:
+        return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' has dtype " +
+                                std::string(dtype_name(scale->info->dtype)) +
+                                ", expected F32 (or BF16) block scales");
+    }
+  }
+
+  // Converts any float dtype to BF16 into owned memory.
+  Result<std::shared_ptr<std::vector<bf16>>> convert_to_bf16(const TensorEntry& e) {
+    const std::span<const std::byte> bytes = bytes_of(e);
+    auto out = std::make_shared<std::vector<bf16>>(static_cast<size_t>(e.info->numel()));
+    switch (e.info->dtype) {
+      case DType::kBF16: {
+        std::memcpy(out->data(), bytes.data(), bytes.size());
+        break;
+      }
+      case DType::kF32: {
+        const std::vector<float> values = copy_elements<float>(bytes);
+        for (size_t i = 0; i < values.size(); ++i) (*out)[i] = float_to_bf16(values[i]);
+        break;
+      }
+      case DType::kF16: {
+        const std::vector<uint16_t> values = copy_elements<uint16_t>(bytes);
+        for (size_t i = 0; i < values.size(); ++i) {
+          (*out)[i] = float_to_bf16(f16_to_float(values[i]));
+        }
+        break;
+      }
+      case DType::kF8E4M3: {
+        Fp8BlockShape shape;
+        PS_ASSIGN_OR_RETURN(std::vector<float> scales, fp8_scales(e, shape));
+        dequantize_fp8_blocks_to_bf16(
+            shape, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, scales, *out);
+        mark_used(*find(fp8_scale_inv_name(e.name)));
+        break;
+      }
+      default:
+        return unimplemented(file_of(e) + ": tensor '" + e.name + "' has dtype " +
+                             std::string(dtype_name(e.info->dtype)) +
+                             ", expected a float type (F32, BF16, F16, F8_E4M3)");
+    }
+    return out;
+  }
+
+  Status prefetch() {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    constexpr size_t kChunk = size_t{64} << 20;
+    const uint64_t file_total = [&] {
+      uint64_t t = 0;
+      for (const SafetensorsFile& s : shards) t += s.mapping()->size();
+      return t;
+    }();
+    uint64_t done = 0;
+    for (const SafetensorsFile& shard : shards) {
+      const std::span<const std::byte> bytes = shard.mapping()->bytes();
+      for (size_t begin = 0; begin < bytes.size(); begin += kChunk) {
+        const size_t end = std::min(bytes.size(), begin + kChunk);
+        shard.mapping()->advise_will_need(begin, end - begin);
+        // Touch one byte per page so the pages are resident before the model reads them.
+        unsigned sink = 0;
+        for (size_t i = begin; i < end; i += page) sink += std::to_integer<unsigned>(bytes[i]);
+        asm volatile("" : : "r"(sink));
+        done += end - begin;
+        if (options.progress) options.progress(done, file_total);
+      }
+    }
+    return ok_status();
+  }
+};
+
+Checkpoint::Checkpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+Checkpoint::~Checkpoint() = default;
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->dir = dir;
+  impl->options = options;
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return not_found(dir + ": not a directory");
+  PS_ASSIGN_OR_RETURN(impl->config, load_model_config((root / "config.json").string()));
+
+  // shard file name -> tensors the index assigns to it (empty for a single file).
+  std::map<std::string, std::set<std::string>> shard_tensors;
+  const std::string index_path = (root / kIndexFile).string();
+  const bool sharded = fs::exists(index_path, ec);
+  if (sharded) {
+    PS_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
+    const json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.is_object()) {
+      return invalid_argument(index_path + ": not a valid JSON object");
+    }
+    const auto map_it = index.find("weight_map");
+    if (map_it == index.end() || !map_it->is_object()) {
+      return invalid_argument(index_path + ": missing object 'weight_map'");
+    }
+    for (const auto& [name, file] : map_it->items()) {
+      if (!file.is_string()) {
+        return invalid_argument(index_path + ": weight_map['" + name + "'] is not a file name");
+      }
+      const std::string shard = file.get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+        return invalid_argument(index_path + ": weight_map['" + name + "'] = '" + shard +
+                                "', expected a file name in the checkpoint directory");
+      }
+      shard_tensors[shard].insert(name);
+    }
+  } else if (fs::exists(root / kSingleFile, ec)) {
+    shard_tensors[kSingleFile];
+  } else {
+    return not_found(dir + ": no " + kIndexFile + " or " + kSingleFile + " found");
+  }
+
+  for (const auto& [shard_name, names] : shard_tensors) {
+    PS_ASSIGN_OR_RETURN(SafetensorsFile shard, SafetensorsFile::open((root / shard_name).string()));
+    if (sharded) {
+      for (const std::string& name : names) {
+        if (shard.find(name) == nullptr) {
+          return not_found(index_path + ": weight_map puts tensor '" + name + "' in " +
+                           shard.path() + ", which has no such tensor");
+        }
+      }
+      for (const SafetensorsTensorInfo& t : shard.header().tensors) {
+        if (!names.contains(t.name)) {
+          return invalid_argument(shard.path() + ": tensor '" + t.name + "' is not listed in " +
+                                  index_path + " for this shard");
+        }
+      }
+    }
+    impl->shards.push_back(std::move(shard));
+  }
+
+  for (size_t s = 0; s < impl->shards.size(); ++s) {
+    for (const SafetensorsTensorInfo& t : impl->shards[s].header().tensors) {
+      impl->entries.push_back({t.name, s, &t});
+      impl->total_bytes += t.end - t.begin;
+    }
+  }
+  std::sort(impl->entries.begin(), impl->entries.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  for (size_t i = 0; i < impl->entries.size(); ++i) {
+    if (!impl->index.emplace(impl->entries[i].name, i).second) {
+      return invalid_argument(dir + ": tensor '" + impl->entries[i].name +
+                              "' is stored in more than one file");
+    }
+  }
+  impl->used.assign(impl->entries.size(), false);
+  if (options.prefetch) PS_RETURN_IF_ERROR(impl->prefetch());
+  return Checkpoint(std::move(impl));
+}
+
+const ModelConfig& Checkpoint::config() const {
+  return impl_->config;
+}
+
+const std::string& Checkpoint::dir() const {
+  return impl_->dir;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> names;
+  for (const TensorEntry& e : impl_->entries) names.push_back(e.name);
+  return names;
+}
+
+bool Checkpoint::contains(std::string_view name) const {
+  return impl_->find(name) != nullptr;
+}
+
+Result<CheckpointTensorInfo> Checkpoint::info(std::string_view name) const {
+  PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
+  return CheckpointTensorInfo{e->name, impl_->file_of(*e), e->info->dtype, e->info->shape};
+}
+
+uint64_t Checkpoint::total_tensor_bytes() const {
+  return impl_->total_bytes;
+}
+
+Result<WeightTensor> Checkpoint::get_raw(std::string_view name) {
+  PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
+  impl_->mark_used(*e);
+  WeightTensor t;
+  t.dtype = e->info->dtype;
+  t.shape = e->info->shape;
+  t.data = impl_->bytes_of(*e).data();
+  t.storage = impl_->shards[e->shard].mapping();
+  t.zero_copy = true;
+  return t;
+}
+
+Result<WeightTensor> Checkpoint::get_bf16(std::string_view name,
+                                          const std::vector<int64_t>& expected_shape) {
+  PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
+  PS_RETURN_IF_ERROR(impl_->check_shape(*e, expected_shape));
+  const std::span<const std::byte> bytes = impl_->bytes_of(*e);
+  WeightTensor t;
+  t.dtype = DType::kBF16;
+  t.shape = e->info->shape;
+  if (e->info->dtype == DType::kBF16 &&
+      reinterpret_cast<uintptr_t>(bytes.data()) % alignof(bf16) == 0) {
+    t.data = bytes.data();
+    t.storage = impl_->shards[e->shard].mapping();
+    t.zero_copy = true;
+  } else {
+    PS_ASSIGN_OR_RETURN(std::shared_ptr<std::vector<bf16>> owned, impl_->convert_to_bf16(*e));
+    t.data = owned->data();
+    t.storage = std::move(owned);
+  }
+  impl_->mark_used(*e);
+  return t;
+}
+
+Result<std::vector<float>> Checkpoint::get_f32(std::string_view name,
+                                               const std::vector<int64_t>& expected_shape) {
+  PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
+  PS_RETURN_IF_ERROR(impl_->check_shape(*e, expected_shape));
+  std::vector<float> out;
+  if (e->info->dtype == DType::kF32) {
+    out = copy_elements<float>(impl_->bytes_of(*e));
+  } else {
+    PS_ASSIGN_OR_RETURN(std::shared_ptr<std::vector<bf16>> converted, impl_->convert_to_bf16(*e));
+    out.reserve(converted->size());
+    for (bf16 v : *converted) out.push_back(bf16_to_float(v));
+  }
+  impl_->mark_used(*e);
+  return out;
+}
+
+std::vector<std::string> Checkpoint::unused_tensors() const {
+  std::vector<std::string> names;
+  std::lock_guard<std::mutex> lock(impl_->used_mutex);
+  for (size_t i = 0; i < impl_->entries.size(); ++i) {
+    if (!impl_->used[i]) names.push_back(impl_->entries[i].name);
+  }
+  return names;
+}
+
+Status Checkpoint::check_all_used() const {
+  const std::vector<std::string> unused = unused_tensors();
+  if (unused.empty()) return ok_status();
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 5; ++i) {
+    const TensorEntry* e = impl_->find(unused[i]);
+    list += (i ? ", " : "") + std::string("'") + unused[i] + "' (" + impl_->file_of(*e) + ")";
+  }
+  if (unused.size() > 5) list += ", ...";
+  return invalid_argument(impl_->dir + ": " + std::to_string(unused.size()) +
+                          " unexpected tensor(s) that the model does not use: " + list);
+}
+
+Status Checkpoint::validate_layout() const {
+  const Impl& im = *impl_;
+  std::set<std::string, std::less<>> expected;
+  std::vector<std::string> missing;
+  for (const TensorSpec& spec : deepseek_tensor_layout(im.config)) {
+    expected.insert(spec.name);
+    const TensorEntry* e = im.find(spec.name);
+    if (e == nullptr) {
+      missing.push_back(spec.name + " " + shape_string(spec.shape));
+      continue;
+    }
+    PS_RETURN_IF_ERROR(im.check_shape(*e, spec.shape));
+    const DType dtype = e->info->dtype;
+    const bool float_type = dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+    const bool fp8_allowed = spec.role != TensorRole::kNorm && spec.role != TensorRole::kRouterBias;
+    if (dtype == DType::kF8E4M3 && fp8_allowed) {
+      Fp8BlockShape shape;
+      PS_RETURN_IF_ERROR(im.fp8_scales(*e, shape).status());
+      expected.insert(fp8_scale_inv_name(spec.name));
+    } else if (!float_type) {
+      return invalid_argument(im.file_of(*e) + ": tensor '" + spec.name + "' has dtype " +
+                              std::string(dtype_name(dtype)) + ", expected F32, BF16 or F16" +
+                              (fp8_allowed ? " (or F8_E4M3 with block scales)" : ""));
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 5) list += ", ...";
+    return not_found(im.dir + ": " + std::to_string(missing.size()) +
+                     " tensor(s) missing from the checkpoint: " + list);
+  }
+  for (const TensorEntry& e : im.entries) {
+    if (!expected.contains(e.name)) {
+      return invalid_argument(im.file_of(e) + ": unexpected tensor '" + e.name +
+                              "' (not part of the DeepSeek layout for this config.json)");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace peerserve
