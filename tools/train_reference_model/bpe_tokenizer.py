@@ -224,6 +224,21 @@ def train(texts, vocab_size, log=print):
     return Tokenizer(vocab, merges)
 
 
+def render_chat(messages, add_generation_prompt=True):
+    """What CHAT_TEMPLATE renders for system/user/assistant messages without tool calls
+    (written out so that no jinja2 is needed here; checked against jinja2 by the tests)."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    out = BOS + system
+    for m in messages:
+        if m["role"] == "user":
+            out += "<｜User｜>" + m["content"]
+        elif m["role"] == "assistant":
+            out += "<｜Assistant｜>" + m["content"] + EOS
+        elif m["role"] != "system":
+            raise ValueError(f"render_chat: role {m['role']!r} is not supported")
+    return out + ("<｜Assistant｜>" if add_generation_prompt else "")
+
+
 def _added_token(id_, content, special, normalized):
     return {"id": id_, "content": content, "single_word": False, "lstrip": False,
             "rstrip": False, "normalized": normalized, "special": special}
