@@ -61,10 +61,11 @@ class DeepseekModel {
   // Errors name the file, tensor and expected shape.
   static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir,
                                                      const ModelOptions& options);
-  // Same, from an already opened checkpoint; the model keeps views into its mapping, so
-  // the checkpoint must outlive the model (load() arranges that itself).
-  static Result<std::unique_ptr<DeepseekModel>> from_checkpoint(
-      std::shared_ptr<Checkpoint> checkpoint, const ModelOptions& options);
+  // Same, from an already opened checkpoint (weights keep their mapping alive themselves,
+  // so the checkpoint may be closed afterwards). Fails if a tensor the model needs is
+  // missing or misshaped, or if the checkpoint has tensors the model does not use.
+  static Result<std::unique_ptr<DeepseekModel>> from_checkpoint(Checkpoint& checkpoint,
+                                                                const ModelOptions& options);
 
   ~DeepseekModel();
   DeepseekModel(const DeepseekModel&) = delete;

@@ -1,0 +1,162 @@
+#include "model/deepseek_weights.h"
+
+#include <string>
+#include <utility>
+
+#include "model/checkpoint/checkpoint.h"
+
+namespace peerserve {
+namespace {
+
+class WeightReader {
+ public:
+  explicit WeightReader(Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+
+  Result<Bf16Matrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
+    PS_ASSIGN_OR_RETURN(WeightTensor t, checkpoint_.get_bf16(name, {rows, cols}));
+    return Bf16Matrix{t.bf16_data(), rows, cols, std::move(t.storage)};
+  }
+  Result<std::vector<float>> vector(const std::string& name, int64_t size) {
+    return checkpoint_.get_f32(name, {size});
+  }
+  Result<std::vector<float>> f32_matrix(const std::string& name, int64_t rows, int64_t cols) {
+    return checkpoint_.get_f32(name, {rows, cols});
+  }
+
+ private:
+  Checkpoint& checkpoint_;
+};
+
+Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t hidden,
+                            int64_t inter) {
+  MlpWeights w;
+  PS_ASSIGN_OR_RETURN(w.gate, r.matrix(prefix + "gate_proj.weight", inter, hidden));
+  PS_ASSIGN_OR_RETURN(w.up, r.matrix(prefix + "up_proj.weight", inter, hidden));
+  PS_ASSIGN_OR_RETURN(w.down, r.matrix(prefix + "down_proj.weight", hidden, inter));
+  return w;
+}
+
+Result<AttentionWeights> load_attention(WeightReader& r, const ModelConfig& c,
+                                        const std::string& prefix) {
+  const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
+  const int64_t nope = c.qk_nope_head_dim, v = c.v_head_dim, lora = c.kv_lora_rank;
+  AttentionWeights w;
+  if (c.q_lora_rank) {
+    const int64_t q_lora = *c.q_lora_rank;
+    PS_ASSIGN_OR_RETURN(w.q_a, r.matrix(prefix + "q_a_proj.weight", q_lora, hidden));
+    PS_ASSIGN_OR_RETURN(w.q_a_norm, r.vector(prefix + "q_a_layernorm.weight", q_lora));
+    PS_ASSIGN_OR_RETURN(w.q_b,
+                        r.matrix(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), q_lora));
+  } else {
+    PS_ASSIGN_OR_RETURN(w.q_proj,
+                        r.matrix(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden));
+  }
+  PS_ASSIGN_OR_RETURN(
+      w.kv_a, r.matrix(prefix + "kv_a_proj_with_mqa.weight", lora + c.qk_rope_head_dim, hidden));
+  PS_ASSIGN_OR_RETURN(w.kv_a_norm, r.vector(prefix + "kv_a_layernorm.weight", lora));
+  PS_ASSIGN_OR_RETURN(w.kv_b, r.matrix(prefix + "kv_b_proj.weight", heads * (nope + v), lora));
+  PS_ASSIGN_OR_RETURN(w.o_proj, r.matrix(prefix + "o_proj.weight", hidden, heads * v));
+
+  // W_UK per head, transposed so that q_nope W_UK becomes an ordinary x w^T product.
+  w.w_uk_t.resize(static_cast<size_t>(heads * lora * nope));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t d = 0; d < nope; ++d) {
+      const bf16* row = w.kv_b.data + (h * (nope + v) + d) * lora;
+      for (int64_t col = 0; col < lora; ++col) w.w_uk_t[(h * lora + col) * nope + d] = row[col];
+    }
+  }
+  return w;
+}
+
+Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, int64_t index) {
+  const std::string prefix = "model.layers." + std::to_string(index) + ".";
+  const int64_t hidden = c.hidden_size;
+  DecoderLayerWeights w;
+  w.index = index;
+  PS_ASSIGN_OR_RETURN(w.input_norm, r.vector(prefix + "input_layernorm.weight", hidden));
+  PS_ASSIGN_OR_RETURN(w.post_attention_norm,
+                      r.vector(prefix + "post_attention_layernorm.weight", hidden));
+  PS_ASSIGN_OR_RETURN(w.attention, load_attention(r, c, prefix + "self_attn."));
+  if (!c.is_moe_layer(index)) {
+    PS_ASSIGN_OR_RETURN(w.dense_mlp, load_mlp(r, prefix + "mlp.", hidden, c.intermediate_size));
+    return w;
+  }
+  MoeWeights moe;
+  const int64_t n = c.n_routed_experts;
+  PS_ASSIGN_OR_RETURN(moe.router, r.f32_matrix(prefix + "mlp.gate.weight", n, hidden));
+  if (c.topk_method == TopkMethod::kNoAuxTc) {
+    PS_ASSIGN_OR_RETURN(moe.bias, r.vector(prefix + "mlp.gate.e_score_correction_bias", n));
+  }
+  moe.experts.reserve(n);
+  for (int64_t e = 0; e < n; ++e) {
+    PS_ASSIGN_OR_RETURN(MlpWeights expert,
+                        load_mlp(r, prefix + "mlp.experts." + std::to_string(e) + ".", hidden,
+                                 c.moe_intermediate_size));
+    moe.experts.push_back(std::move(expert));
+  }
+  if (c.n_shared_experts > 0) {
+    PS_ASSIGN_OR_RETURN(moe.shared, load_mlp(r, prefix + "mlp.shared_experts.", hidden,
+                                             c.moe_intermediate_size * c.n_shared_experts));
+  }
+  w.moe = std::move(moe);
+  return w;
+}
+
+Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index) {
+  const std::string prefix = "model.layers." + std::to_string(index) + ".";
+  const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
+  MtpWeights w;
+  PS_ASSIGN_OR_RETURN(w.embed, r.matrix(prefix + "embed_tokens.weight", vocab, hidden));
+  PS_ASSIGN_OR_RETURN(w.enorm, r.vector(prefix + "enorm.weight", hidden));
+  PS_ASSIGN_OR_RETURN(w.hnorm, r.vector(prefix + "hnorm.weight", hidden));
+  PS_ASSIGN_OR_RETURN(w.eh_proj, r.matrix(prefix + "eh_proj.weight", hidden, 2 * hidden));
+  PS_ASSIGN_OR_RETURN(w.layer, load_layer(r, c, index));
+  PS_ASSIGN_OR_RETURN(w.head_norm, r.vector(prefix + "shared_head.norm.weight", hidden));
+  PS_ASSIGN_OR_RETURN(w.head, r.matrix(prefix + "shared_head.head.weight", vocab, hidden));
+  return w;
+}
+
+}  // namespace
+
+Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer) {
+  const ModelConfig& c = checkpoint.config();
+  WeightReader r(checkpoint);
+  DeepseekWeights w;
+  PS_ASSIGN_OR_RETURN(w.embed, r.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size));
+  w.layers.reserve(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    PS_ASSIGN_OR_RETURN(DecoderLayerWeights layer, load_layer(r, c, i));
+    w.layers.push_back(std::move(layer));
+  }
+  PS_ASSIGN_OR_RETURN(w.final_norm, r.vector("model.norm.weight", c.hidden_size));
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed;
+  } else {
+    PS_ASSIGN_OR_RETURN(w.lm_head, r.matrix("lm_head.weight", c.vocab_size, c.hidden_size));
+  }
+  // Only the first MTP layer is used (DeepSeek-V3 ships one).
+  if (load_mtp_layer && c.num_nextn_predict_layers > 0) {
+    PS_ASSIGN_OR_RETURN(w.mtp, load_mtp(r, c, c.num_hidden_layers));
+  }
+
+  // Every stored tensor must have been read, except MTP layers we chose not to load.
+  const int64_t first_skipped_mtp = c.num_hidden_layers + (w.mtp ? 1 : 0);
+  std::vector<std::string> unexpected;
+  for (const std::string& name : checkpoint.unused_tensors()) {
+    bool skipped_mtp = false;
+    for (int64_t i = first_skipped_mtp; i < c.num_hidden_layers + c.num_nextn_predict_layers; ++i) {
+      if (name.starts_with("model.layers." + std::to_string(i) + ".")) skipped_mtp = true;
+    }
+    if (!skipped_mtp) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unexpected.size() && i < 5; ++i) list += (i ? ", " : "") + unexpected[i];
+    if (unexpected.size() > 5) list += ", ...";
+    return invalid_argument(checkpoint.dir() + ": " + std::to_string(unexpected.size()) +
+                            " tensor(s) the model does not use: " + list);
+  }
+  return w;
+}
+
+}  // namespace peerserve

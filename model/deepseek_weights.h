@@ -1,0 +1,89 @@
+// The weights of a DeepSeek-V3-family model as the forward pass uses them, loaded from a
+// Checkpoint by the Hugging Face names of model/checkpoint/tensor_layout.h.
+//
+// Linear weights are bf16 [out, in] (zero-copy views into the checkpoint mapping when
+// stored as BF16; dequantized copies for FP8); norms, router weights and the router bias
+// are fp32. Each BF16 view keeps its storage alive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "base/status.h"
+#include "model/model_config.h"
+#include "tensor/float_convert.h"
+
+namespace peerserve {
+
+class Checkpoint;
+
+// A bf16 matrix [rows, cols], row-major.
+struct Bf16Matrix {
+  const bf16* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::shared_ptr<const void> storage;
+};
+
+struct MlpWeights {  // down(silu(gate(x)) * up(x))
+  Bf16Matrix gate;   // [inter, hidden]
+  Bf16Matrix up;     // [inter, hidden]
+  Bf16Matrix down;   // [hidden, inter]
+};
+
+struct AttentionWeights {
+  // q_lora_rank set: q = q_b(q_a_norm(q_a(x))); else q = q_proj(x).
+  std::optional<Bf16Matrix> q_a;     // [q_lora_rank, hidden]
+  std::vector<float> q_a_norm;       // [q_lora_rank]
+  std::optional<Bf16Matrix> q_b;     // [heads * qk_head_dim, q_lora_rank]
+  std::optional<Bf16Matrix> q_proj;  // [heads * qk_head_dim, hidden]
+  Bf16Matrix kv_a;                   // [kv_lora_rank + qk_rope_head_dim, hidden]
+  std::vector<float> kv_a_norm;      // [kv_lora_rank]
+  Bf16Matrix kv_b;                   // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  Bf16Matrix o_proj;                 // [hidden, heads * v_head_dim]
+  // W_UK of head h transposed, for the absorbed form: [heads, kv_lora_rank, qk_nope_head_dim],
+  // w_uk_t[h][c][d] = kv_b[h * (nope + v) + d][c]. Owned.
+  std::vector<bf16> w_uk_t;
+};
+
+struct MoeWeights {
+  std::vector<float> router;  // [n_routed_experts, hidden]
+  std::vector<float> bias;    // [n_routed_experts] (V3's e_score_correction_bias) or empty
+  std::vector<MlpWeights> experts;
+  std::optional<MlpWeights> shared;  // intermediate moe_intermediate_size * n_shared_experts
+};
+
+struct DecoderLayerWeights {
+  int64_t index = 0;  // HF layer index (num_hidden_layers for the MTP layer)
+  std::vector<float> input_norm;
+  std::vector<float> post_attention_norm;
+  AttentionWeights attention;
+  std::optional<MlpWeights> dense_mlp;  // first_k_dense_replace layers
+  std::optional<MoeWeights> moe;
+};
+
+struct MtpWeights {
+  Bf16Matrix embed;          // [vocab, hidden]
+  std::vector<float> enorm;  // [hidden]
+  std::vector<float> hnorm;  // [hidden]
+  Bf16Matrix eh_proj;        // [hidden, 2 * hidden]
+  DecoderLayerWeights layer;
+  std::vector<float> head_norm;  // shared_head.norm
+  Bf16Matrix head;               // shared_head.head [vocab, hidden]
+};
+
+struct DeepseekWeights {
+  Bf16Matrix embed;  // [vocab, hidden]
+  std::vector<DecoderLayerWeights> layers;
+  std::vector<float> final_norm;
+  Bf16Matrix lm_head;  // [vocab, hidden] (embed_tokens when tie_word_embeddings)
+  std::optional<MtpWeights> mtp;
+};
+
+// Loads every weight the model uses; with load_mtp == false the MTP tensors are read as
+// unused-but-expected. Fails on a missing or misshaped tensor, and on tensors left over.
+Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp);
+
+}  // namespace peerserve

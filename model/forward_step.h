@@ -1,0 +1,44 @@
+// Internal: how one forward step's ragged batch is laid out for the layers.
+//
+// All new tokens of all chunks are stacked into one activation matrix of num_rows rows
+// (chunk by chunk, in order); every layer runs its projections over the whole stack, and
+// attention walks the chunks.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "kernels/matmul.h"
+#include "model/deepseek_weights.h"
+
+namespace peerserve {
+
+struct StepChunk {
+  int64_t row_begin = 0;   // first row of the stacked activations
+  int64_t num_tokens = 0;  // rows of this chunk
+  int64_t start_pos = 0;   // position of its first row
+  std::span<const int32_t> block_table;
+  bool absorbed = false;  // attention form for this chunk
+  int64_t context() const { return start_pos + num_tokens; }
+};
+
+struct StepRows {
+  std::vector<StepChunk> chunks;
+  int64_t num_rows = 0;
+  std::vector<int64_t> positions;  // [num_rows]
+  std::vector<float> rope_cos;     // [num_rows, qk_rope_head_dim / 2]
+  std::vector<float> rope_sin;     // [num_rows, qk_rope_head_dim / 2]
+};
+
+struct ComputeContext {
+  ThreadPool* pool = nullptr;
+  kernels::ActivationPrecision precision = kernels::ActivationPrecision::kBf16;
+};
+
+// y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense).
+void linear(const ComputeContext& ctx, const float* x, int64_t m, const Bf16Matrix& w, float* y,
+            int64_t x_stride = 0, int64_t y_stride = 0, bool accumulate = false);
+
+}  // namespace peerserve

@@ -1,0 +1,316 @@
+#include "model/mla_attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/bf16_convert.h"
+#include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/softmax.h"
+#include "kernels/vector_ops.h"
+
+namespace peerserve {
+namespace {
+
+// Queries per work item of the plain form: the scores of a tile are [tile, context] floats.
+constexpr int64_t kQueryTile = 32;
+
+}  // namespace
+
+bool choose_absorbed_form(const ModelConfig& c, AttentionForm form, int64_t num_tokens,
+                          int64_t context) {
+  if (form == AttentionForm::kPlain) return false;
+  if (form == AttentionForm::kAbsorbed) return true;
+  const double h = static_cast<double>(c.num_attention_heads);
+  const double lora = static_cast<double>(c.kv_lora_rank);
+  const double nope = static_cast<double>(c.qk_nope_head_dim);
+  const double rope = static_cast<double>(c.qk_rope_head_dim);
+  const double v = static_cast<double>(c.v_head_dim);
+  const double n = static_cast<double>(num_tokens), s = static_cast<double>(context);
+  const double plain = s * h * lora * (nope + v) + n * s * h * (nope + rope + v);
+  const double absorbed = n * h * (nope * lora + lora * v) + n * s * h * (2 * lora + rope);
+  return absorbed < plain;
+}
+
+MlaAttention::MlaAttention(const ModelConfig& config, const RotaryEmbedding& rope)
+    : config_(config), rope_(rope), scale_(static_cast<float>(mla_softmax_scale(config))) {}
+
+void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
+                           const StepRows& rows, int64_t kv_layer, const float* x_norm,
+                           LatentKvCache& cache, float* out) {
+  const int64_t t_rows = rows.num_rows, heads = config_.num_attention_heads;
+  const int64_t qk = config_.qk_head_dim(), nope = config_.qk_nope_head_dim;
+  const int64_t rope = config_.qk_rope_head_dim, lora = config_.kv_lora_rank;
+  const int64_t width = lora + rope, v = config_.v_head_dim;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+
+  // {t_rows, heads * qk}
+  q_.resize(t_rows * heads * qk);
+  if (w.q_a) {
+    const int64_t q_lora = w.q_a->rows;
+    q_a_.resize(t_rows * q_lora);
+    linear(ctx, x_norm, t_rows, *w.q_a, q_a_.data());
+    kernels::rmsnorm(
+        {.x = q_a_.data(), .out = q_a_.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
+        w.q_a_norm.data());
+    linear(ctx, q_a_.data(), t_rows, *w.q_b, q_.data());
+  } else {
+    linear(ctx, x_norm, t_rows, *w.q_proj, q_.data());
+  }
+  // {t_rows, lora + rope}: c_kv then k_pe
+  kv_a_.resize(t_rows * width);
+  linear(ctx, x_norm, t_rows, w.kv_a, kv_a_.data());
+  kernels::rmsnorm({.x = kv_a_.data(),
+                    .x_stride = width,
+                    .out = kv_a_.data(),
+                    .out_stride = width,
+                    .rows = t_rows,
+                    .dim = lora,
+                    .eps = eps},
+                   w.kv_a_norm.data());
+  const int64_t half = rope / 2;
+  for (int64_t t = 0; t < t_rows; ++t) {
+    const float* cos = rows.rope_cos.data() + t * half;
+    const float* sin = rows.rope_sin.data() + t * half;
+    rope_.rotate(cos, sin, kv_a_.data() + t * width + lora);
+    for (int64_t h = 0; h < heads; ++h)
+      rope_.rotate(cos, sin, q_.data() + (t * heads + h) * qk + nope);
+  }
+
+  // The new tokens' latents go into the cache first; attention then reads every context
+  // token from the cache, so a token's keys are the same whichever step wrote them.
+  const int64_t block_size = cache.layout().block_size;
+  for (const StepChunk& chunk : rows.chunks) {
+    for (int64_t i = 0; i < chunk.num_tokens; ++i) {
+      const int64_t pos = chunk.start_pos + i;
+      const float* entry = kv_a_.data() + (chunk.row_begin + i) * width;
+      cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
+                        {entry, static_cast<size_t>(lora)},
+                        {entry + lora, static_cast<size_t>(rope)});
+    }
+  }
+
+  attn_.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}
+  for (const StepChunk& chunk : rows.chunks) {
+    if (!chunk.absorbed) attend_plain(ctx, w, chunk, kv_layer, cache);
+  }
+  attend_absorbed(ctx, w, rows, kv_layer, cache);
+  linear(ctx, attn_.data(), t_rows, w.o_proj, out);
+}
+
+void MlaAttention::gather_context(const StepChunk& chunk, int64_t kv_layer,
+                                  const LatentKvCache& cache) {
+  const KvLayout& layout = cache.layout();
+  const int64_t width = layout.token_width(), block_size = layout.block_size;
+  const int64_t context = chunk.context();
+  ctx_.resize(context * width);  // {context, lora + rope}
+  for (int64_t b = 0; b * block_size < context; ++b) {
+    const int64_t tokens = std::min(block_size, context - b * block_size);
+    const std::byte* src = cache.layer_block(kv_layer, chunk.block_table[b]);
+    float* dst = ctx_.data() + b * block_size * width;
+    if (layout.dtype == DType::kBF16) {
+      kernels::bf16_to_fp32(reinterpret_cast<const bf16*>(src), dst, tokens * width);
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(tokens * width) * sizeof(float));
+    }
+  }
+}
+
+void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeights& w,
+                                const StepChunk& chunk, int64_t kv_layer,
+                                const LatentKvCache& cache) {
+  const int64_t heads = config_.num_attention_heads, qk = config_.qk_head_dim();
+  const int64_t nope = config_.qk_nope_head_dim, rope = config_.qk_rope_head_dim;
+  const int64_t lora = config_.kv_lora_rank, v = config_.v_head_dim, width = lora + rope;
+  const int64_t context = chunk.context(), n = chunk.num_tokens, kv_width = heads * (nope + v);
+
+  gather_context(chunk, kv_layer, cache);
+  // Decompress the whole context: {context, heads * (nope + v)}
+  kv_.resize(context * kv_width);
+  linear(ctx, ctx_.data(), context, w.kv_b, kv_.data(), /*x_stride=*/width);
+
+  // Per head: keys {context, nope + rope} = [k_nope ; k_pe], values transposed {v, context}.
+  keys_.resize(heads * context * qk);
+  values_t_.resize(heads * v * context);
+  ctx.pool->parallel_for(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      float* keys = keys_.data() + h * context * qk;
+      float* values_t = values_t_.data() + h * v * context;
+      for (int64_t j = 0; j < context; ++j) {
+        const float* kv = kv_.data() + j * kv_width + h * (nope + v);
+        std::memcpy(keys + j * qk, kv, nope * sizeof(float));
+        std::memcpy(keys + j * qk + nope, ctx_.data() + j * width + lora, rope * sizeof(float));
+        for (int64_t d = 0; d < v; ++d) values_t[d * context + j] = kv[nope + d];
+      }
+    }
+  });
+
+  const int64_t tiles = (n + kQueryTile - 1) / kQueryTile;
+  ctx.pool->parallel_for(heads * tiles, [&](int64_t item0, int64_t item1) {
+    std::vector<float> scores;
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t h = item / tiles, i0 = (item % tiles) * kQueryTile;
+      const int64_t i1 = std::min(n, i0 + kQueryTile), rows = i1 - i0;
+      const int64_t limit = chunk.start_pos + i1;  // keys visible to the tile's last query
+      scores.resize(rows * limit);
+      kernels::MatmulF32Args qk_args;
+      qk_args.x = q_.data() + ((chunk.row_begin + i0) * heads + h) * qk;
+      qk_args.x_stride = heads * qk;
+      qk_args.w = keys_.data() + h * context * qk;
+      qk_args.y = scores.data();
+      qk_args.m = rows;
+      qk_args.n = limit;
+      qk_args.k = qk;
+      kernels::matmul_f32(qk_args, nullptr);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = chunk.start_pos + i0 + r + 1;  // causal
+        float* row = scores.data() + r * limit;
+        kernels::scale(scale_, row, visible);
+        kernels::softmax(row, visible);
+        std::fill(row + visible, row + limit, 0.0f);
+      }
+      kernels::MatmulF32Args pv_args;
+      pv_args.x = scores.data();
+      pv_args.w = values_t_.data() + h * v * context;
+      pv_args.w_stride = context;
+      pv_args.y = attn_.data() + (chunk.row_begin + i0) * heads * v + h * v;
+      pv_args.y_stride = heads * v;
+      pv_args.m = rows;
+      pv_args.n = v;
+      pv_args.k = limit;
+      kernels::matmul_f32(pv_args, nullptr);
+    }
+  });
+}
+
+void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWeights& w,
+                                   const StepRows& rows, int64_t kv_layer,
+                                   const LatentKvCache& cache) {
+  const int64_t heads = config_.num_attention_heads, qk = config_.qk_head_dim();
+  const int64_t nope = config_.qk_nope_head_dim, rope = config_.qk_rope_head_dim;
+  const int64_t lora = config_.kv_lora_rank, v = config_.v_head_dim, width = lora + rope;
+  const KvLayout& layout = cache.layout();
+  const int64_t block_size = layout.block_size;
+
+  std::vector<const StepChunk*> chunks;
+  std::vector<int64_t> first_row;  // of each absorbed chunk within the absorbed rows
+  int64_t num_rows = 0;
+  for (const StepChunk& chunk : rows.chunks) {
+    if (!chunk.absorbed) continue;
+    chunks.push_back(&chunk);
+    first_row.push_back(num_rows);
+    num_rows += chunk.num_tokens;
+  }
+  if (num_rows == 0) return;
+
+  // {num_rows, heads * qk}: the absorbed chunks' queries, stacked.
+  q_abs_.resize(num_rows * heads * qk);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::memcpy(q_abs_.data() + first_row[c] * heads * qk,
+                q_.data() + chunks[c]->row_begin * heads * qk,
+                chunks[c]->num_tokens * heads * qk * sizeof(float));
+  }
+  // {num_rows, heads, lora + rope}: [q_nope W_UK ; q_pe] per head.
+  q_full_.resize(num_rows * heads * width);
+  std::vector<kernels::MatmulBf16Args> problems(heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    kernels::MatmulBf16Args& p = problems[h];
+    p.x = q_abs_.data() + h * qk;
+    p.x_stride = heads * qk;
+    p.w = w.w_uk_t.data() + h * lora * nope;
+    p.y = q_full_.data() + h * width;
+    p.y_stride = heads * width;
+    p.m = num_rows;
+    p.n = lora;
+    p.k = nope;
+  }
+  kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
+  for (int64_t a = 0; a < num_rows * heads; ++a) {
+    std::memcpy(q_full_.data() + a * width + lora, q_abs_.data() + a * qk + nope,
+                rope * sizeof(float));
+  }
+
+  // {num_rows, heads, lora}: attention-weighted sums of the cached latents.
+  o_lat_.assign(num_rows * heads * lora, 0.0f);
+  const bool bf16_cache = layout.dtype == DType::kBF16;
+  const size_t elem = dtype_size(layout.dtype);
+  const int64_t items = static_cast<int64_t>(chunks.size()) * heads;
+  ctx.pool->parallel_for(items, [&](int64_t item0, int64_t item1) {
+    std::vector<float> scores;
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t c = item / heads, h = item % heads;
+      const StepChunk& chunk = *chunks[c];
+      const int64_t context = chunk.context(), n = chunk.num_tokens;
+      const float* q = q_full_.data() + (first_row[c] * heads + h) * width;
+      scores.resize(n * context);
+      for (int64_t b = 0; b * block_size < context; ++b) {
+        const int64_t tokens = std::min(block_size, context - b * block_size);
+        const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
+        if (bf16_cache) {
+          kernels::MatmulBf16Args s;
+          s.x = q;
+          s.x_stride = heads * width;
+          s.w = reinterpret_cast<const bf16*>(block);
+          s.y = scores.data() + b * block_size;
+          s.y_stride = context;
+          s.m = n;
+          s.n = tokens;
+          s.k = width;
+          kernels::matmul_bf16(s, kernels::ActivationPrecision::kFp32, nullptr);
+        } else {
+          kernels::MatmulF32Args s;
+          s.x = q;
+          s.x_stride = heads * width;
+          s.w = reinterpret_cast<const float*>(block);
+          s.y = scores.data() + b * block_size;
+          s.y_stride = context;
+          s.m = n;
+          s.n = tokens;
+          s.k = width;
+          kernels::matmul_f32(s, nullptr);
+        }
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t visible = chunk.start_pos + r + 1;  // causal
+        float* p = scores.data() + r * context;
+        kernels::scale(scale_, p, visible);
+        kernels::softmax(p, visible);
+        float* o = o_lat_.data() + ((first_row[c] + r) * heads + h) * lora;
+        for (int64_t j = 0; j < visible; ++j) {
+          const std::byte* entry = cache.layer_block(kv_layer, chunk.block_table[j / block_size]) +
+                                   static_cast<size_t>((j % block_size) * width) * elem;
+          if (bf16_cache) {
+            kernels::axpy(p[j], reinterpret_cast<const bf16*>(entry), o, lora);
+          } else {
+            kernels::axpy(p[j], reinterpret_cast<const float*>(entry), o, lora);
+          }
+        }
+      }
+    }
+  });
+
+  // {num_rows, heads * v}: W_UV per head, then back into the step's rows.
+  attn_abs_.resize(num_rows * heads * v);
+  for (int64_t h = 0; h < heads; ++h) {
+    kernels::MatmulBf16Args& p = problems[h];
+    p = {};
+    p.x = o_lat_.data() + h * lora;
+    p.x_stride = heads * lora;
+    p.w = w.kv_b.data + (h * (nope + v) + nope) * lora;
+    p.w_stride = lora;
+    p.y = attn_abs_.data() + h * v;
+    p.y_stride = heads * v;
+    p.m = num_rows;
+    p.n = v;
+    p.k = lora;
+  }
+  kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::memcpy(attn_.data() + chunks[c]->row_begin * heads * v,
+                attn_abs_.data() + first_row[c] * heads * v,
+                chunks[c]->num_tokens * heads * v * sizeof(float));
+  }
+}
+
+}  // namespace peerserve

@@ -1,0 +1,64 @@
+// Multi-head latent attention (MLA) of one decoder layer over the paged latent cache.
+//
+// Per token: q = q_b(rmsnorm(q_a(x))) (or q_proj(x)), split per head into q_nope and q_pe;
+// [c_kv ; k_pe] = kv_a_proj_with_mqa(x), c_kv = rmsnorm(c_kv); q_pe and k_pe are rotated
+// (decoupled RoPE). c_kv and k_pe go into the cache; then each chunk attends over its
+// whole context read back from the cache, in one of two forms:
+//
+//   plain:    [k_nope ; v] = kv_b_proj(c_kv) for every context token, then per head
+//             softmax(scale * (q_nope k_nope + q_pe k_pe)) v.
+//   absorbed: q_lat = W_UK^T q_nope per head (kv_lora_rank wide), then
+//             softmax(scale * (q_lat c_kv + q_pe k_pe)) over the cached latents,
+//             o_lat = sum p c_kv, and v-out = W_UV o_lat per head.
+//
+// Both end in o_proj. The absorbed form never decompresses the context, so it wins when few
+// queries share a long context (decode); the plain form pays the decompression once and then
+// attends in 192/128-wide heads instead of 576/512-wide ones, so it wins for prefill.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+#include "model/forward_step.h"
+#include "model/rotary_embedding.h"
+
+namespace peerserve {
+
+// FLOP counts of the two forms for `num_tokens` new queries over a context of `context`
+// tokens (causal halving ignored: it is the same for both):
+//   plain    = context * H * lora * (nope + v) + num_tokens * context * H * (qk + v)
+//   absorbed = num_tokens * H * (nope * lora + lora * v) + num_tokens * context * H * (2 * lora +
+//   rope)
+// kAuto picks absorbed when it is strictly cheaper: every decode step (1 token), and
+// short chunks (e.g. verification of a few draft tokens) against long contexts.
+bool choose_absorbed_form(const ModelConfig& config, AttentionForm form, int64_t num_tokens,
+                          int64_t context);
+
+class MlaAttention {
+ public:
+  MlaAttention(const ModelConfig& config, const RotaryEmbedding& rope);
+
+  // x_norm: [rows.num_rows, hidden] (after input_layernorm); out: [rows.num_rows, hidden].
+  // Writes the rows' latents into cache layer slot `kv_layer` before attending.
+  void forward(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
+               int64_t kv_layer, const float* x_norm, LatentKvCache& cache, float* out);
+
+ private:
+  void attend_plain(const ComputeContext& ctx, const AttentionWeights& w, const StepChunk& chunk,
+                    int64_t kv_layer, const LatentKvCache& cache);
+  void attend_absorbed(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
+                       int64_t kv_layer, const LatentKvCache& cache);
+  // Context latents [context, kv_lora_rank + rope] of a chunk as fp32 into ctx_.
+  void gather_context(const StepChunk& chunk, int64_t kv_layer, const LatentKvCache& cache);
+
+  const ModelConfig& config_;
+  const RotaryEmbedding& rope_;
+  float scale_;
+  // Scratch, reused across layers and steps.
+  std::vector<float> q_a_, q_, kv_a_, attn_, ctx_, kv_, keys_, values_t_;
+  std::vector<float> q_abs_, q_full_, o_lat_, attn_abs_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,86 @@
+#include "model/rotary_embedding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "base/check.h"
+
+namespace peerserve {
+namespace {
+
+// The dimension index at which rotations complete num_rotations turns within max_pos.
+double yarn_find_correction_dim(double num_rotations, double dim, double base, double max_pos) {
+  return (dim * std::log(max_pos / (num_rotations * 2.0 * std::numbers::pi))) /
+         (2.0 * std::log(base));
+}
+
+}  // namespace
+
+double yarn_get_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double mla_softmax_scale(const ModelConfig& config) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(config.qk_head_dim()));
+  if (config.rope_scaling && config.rope_scaling->mscale_all_dim != 0.0) {
+    const double m =
+        yarn_get_mscale(config.rope_scaling->factor, config.rope_scaling->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+RotaryEmbedding::RotaryEmbedding(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
+  PS_CHECK(dim_ > 0 && dim_ % 2 == 0) << "qk_rope_head_dim " << dim_;
+  const int64_t half = dim_ / 2;
+  const double base = config.rope_theta;
+  inv_freq_.resize(half);
+  if (!config.rope_scaling) {
+    for (int64_t i = 0; i < half; ++i) {
+      inv_freq_[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / dim_));
+    }
+    return;
+  }
+  const YarnScaling& yarn = *config.rope_scaling;
+  const double d = static_cast<double>(dim_);
+  const double orig = static_cast<double>(yarn.original_max_position_embeddings);
+  double low = std::floor(yarn_find_correction_dim(yarn.beta_fast, d, base, orig));
+  double high = std::ceil(yarn_find_correction_dim(yarn.beta_slow, d, base, orig));
+  low = std::max(low, 0.0);
+  high = std::min(high, d - 1.0);
+  if (low == high) high += 0.001;  // avoid a zero-width ramp, as HF does
+  for (int64_t i = 0; i < half; ++i) {
+    const double extra = 1.0 / std::pow(base, static_cast<double>(2 * i) / d);
+    const double inter = extra / yarn.factor;
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double mask = 1.0 - ramp;
+    inv_freq_[i] = static_cast<float>(inter * (1.0 - mask) + extra * mask);
+  }
+  mscale_ = static_cast<float>(yarn_get_mscale(yarn.factor, yarn.mscale) /
+                               yarn_get_mscale(yarn.factor, yarn.mscale_all_dim));
+}
+
+void RotaryEmbedding::cos_sin(int64_t pos, float* cos, float* sin) const {
+  const float t = static_cast<float>(pos);
+  for (size_t i = 0; i < inv_freq_.size(); ++i) {
+    const float angle = t * inv_freq_[i];
+    cos[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * mscale_;
+    sin[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * mscale_;
+  }
+}
+
+void RotaryEmbedding::rotate(const float* cos, const float* sin, float* x) const {
+  const int64_t half = dim_ / 2;
+  float tmp[512];
+  PS_CHECK_LE(dim_, 512);
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    tmp[i] = a * cos[i] - b * sin[i];
+    tmp[half + i] = b * cos[i] + a * sin[i];
+  }
+  std::copy(tmp, tmp + dim_, x);
+}
+
+}  // namespace peerserve
