@@ -31,7 +31,7 @@ for (const text of input.texts) {
   out.texts.push({
     ids: Array.from(ids),
     pieces: tokenizer.pre_tokenizer.pre_tokenize(text),
-    decoded: tokenizer.decode(ids, {skip_special_tokens: true}),
+    decoded: ids.length ? tokenizer.decode(ids, {skip_special_tokens: true}) : "",
   });
 }
 for (const chat of input.chats || []) {
