@@ -1,0 +1,290 @@
+// peerserve_bench_kernels: the machine's ceilings, then each kernel's achieved throughput
+// as a fraction of its ceiling, measured in the same run (medians of several runs).
+//
+//   peerserve_bench_kernels [--quick] [--all-isa] [--threads N]
+//
+// GEMV (m = 1) is judged against the streaming read bandwidth: its weights rotate through
+// copies totalling several times the last-level cache, as a decode step streams a model's
+// weights from memory. GEMM (m >= 64) is judged against the arithmetic peak of its
+// precision (vdpbf16ps for bf16 activations, FMA for fp32).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/ceilings/machine_ceilings.h"
+#include "kernels/activation.h"
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+
+namespace peerserve::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kernels::ActivationPrecision;
+using kernels::IsaLevel;
+
+struct Flags {
+  bool quick = false;
+  bool all_isa = false;
+  int threads = 0;
+};
+
+struct Ceilings {
+  MachineCeilings machine;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
+  std::vector<bf16> v(n);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (bf16& b : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    b = float_to_bf16(static_cast<float>(static_cast<int64_t>(s % 2001) - 1000) * 1e-5f);
+  }
+  return v;
+}
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 7;
+  for (float& f : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    f = static_cast<float>(static_cast<int64_t>(s % 2001) - 1000) * 1e-3f;
+  }
+  return v;
+}
+
+const char* precision_name(ActivationPrecision p) {
+  return p == ActivationPrecision::kBf16 ? "bf16" : "fp32";
+}
+
+void print_row(const std::string& kernel, IsaLevel level, const std::string& shape,
+               const char* precision, double ms, double achieved, const char* unit,
+               double ceiling) {
+  std::printf("%-24s %-12s %-16s %-5s %9.3f %9.1f %-7s %7.1f %6.1f%%\n", kernel.c_str(),
+              std::string(kernels::isa_level_name(level)).c_str(), shape.c_str(), precision, ms,
+              achieved, unit, ceiling, 100.0 * achieved / ceiling);
+}
+
+std::string shape_name(int64_t m, int64_t n, int64_t k) {
+  return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+}
+
+// GEMV 1 x n x k over rotating weight copies (total >= rotate_bytes).
+void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level, int64_t n,
+                int64_t k, ActivationPrecision precision) {
+  kernels::ScopedIsaLevel isa(level);
+  const int64_t matrix_bytes = n * k * 2;
+  const int64_t rotate_bytes = int64_t{flags.quick ? 128 : 384} << 20;
+  const int64_t copies = std::max<int64_t>(2, rotate_bytes / matrix_bytes);
+  std::vector<std::vector<bf16>> weights;
+  for (int64_t i = 0; i < copies; ++i)
+    weights.push_back(random_bf16(static_cast<size_t>(n * k), i + 1));
+  const std::vector<float> x = random_floats(static_cast<size_t>(k), 3);
+  std::vector<float> y(static_cast<size_t>(n));
+  kernels::MatmulBf16Args args;
+  args.x = x.data();
+  args.y = y.data();
+  args.m = 1;
+  args.n = n;
+  args.k = k;
+  const int runs = flags.quick ? 3 : 7;
+  std::vector<double> times;
+  for (int r = 0; r < runs + 1; ++r) {
+    const auto start = Clock::now();
+    for (const auto& w : weights) {
+      args.w = w.data();
+      kernels::matmul_bf16(args, precision, &pool);
+    }
+    if (r > 0) times.push_back(seconds_since(start) / static_cast<double>(copies));
+  }
+  const double t = median(times);
+  const double bytes = static_cast<double>(matrix_bytes + k * 4 + n * 4);
+  print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), t * 1e3,
+            bytes / t / 1e9, "GB/s", c.machine.read_bandwidth_gbs);
+}
+
+void bench_gemm(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level, int64_t m,
+                int64_t n, int64_t k, ActivationPrecision precision) {
+  kernels::ScopedIsaLevel isa(level);
+  const std::vector<bf16> w = random_bf16(static_cast<size_t>(n * k), 5);
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 6);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  kernels::MatmulBf16Args args;
+  args.x = x.data();
+  args.w = w.data();
+  args.y = y.data();
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  const int runs = flags.quick ? 3 : 5;
+  std::vector<double> times;
+  for (int r = 0; r < runs + 1; ++r) {
+    const auto start = Clock::now();
+    kernels::matmul_bf16(args, precision, &pool);
+    if (r > 0) times.push_back(seconds_since(start));
+  }
+  const double t = median(times);
+  const double gflops = 2.0 * static_cast<double>(m * n * k) / t / 1e9;
+  // The ceiling of the instruction the path uses: vdpbf16ps only for bf16 activations on
+  // an AVX512_BF16 CPU; fp32 FMA otherwise.
+  const bool dot = precision == ActivationPrecision::kBf16 && level == IsaLevel::kAvx512Bf16;
+  print_row("matmul_bf16 gemm", level, shape_name(m, n, k), precision_name(precision), t * 1e3,
+            gflops, "GFLOP/s", dot ? c.machine.bf16_dot_gflops : c.machine.fp32_fma_gflops);
+}
+
+// One MoE decode step at batch 1: `active` experts of 1 token each, gate and up in one
+// grouped call, silu*mul, down in a second grouped call. Experts are drawn from a pool
+// larger than the cache. With grouped = false, the same work as one matmul_bf16 per
+// matrix (the baseline the grouped call must beat).
+void bench_experts(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level,
+                   int64_t hidden, int64_t inter, int64_t num_experts, int64_t active,
+                   bool grouped) {
+  kernels::ScopedIsaLevel isa(level);
+  struct Expert {
+    std::vector<bf16> gate, up, down;
+  };
+  std::vector<Expert> experts;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    experts.push_back({random_bf16(static_cast<size_t>(inter * hidden), 3 * e + 1),
+                       random_bf16(static_cast<size_t>(inter * hidden), 3 * e + 2),
+                       random_bf16(static_cast<size_t>(hidden * inter), 3 * e + 3)});
+  }
+  const std::vector<float> x = random_floats(static_cast<size_t>(hidden), 9);
+  std::vector<float> gate_out(static_cast<size_t>(active * inter)),
+      up_out(static_cast<size_t>(active * inter)), down_out(static_cast<size_t>(active * hidden));
+  const int steps = static_cast<int>(std::max<int64_t>(8, 2 * num_experts / active));
+  const int runs = flags.quick ? 3 : 7;
+  std::vector<double> times;
+  uint64_t pick = 1;
+  for (int r = 0; r < runs + 1; ++r) {
+    const auto start = Clock::now();
+    for (int s = 0; s < steps; ++s) {
+      std::vector<kernels::MatmulBf16Args> first, second;
+      for (int64_t a = 0; a < active; ++a) {
+        pick = pick * 6364136223846793005ull + 1442695040888963407ull;
+        const Expert& e = experts[(pick >> 33) % static_cast<uint64_t>(num_experts)];
+        kernels::MatmulBf16Args g;
+        g.x = x.data();
+        g.m = 1;
+        g.n = inter;
+        g.k = hidden;
+        g.w = e.gate.data();
+        g.y = gate_out.data() + a * inter;
+        first.push_back(g);
+        g.w = e.up.data();
+        g.y = up_out.data() + a * inter;
+        first.push_back(g);
+        kernels::MatmulBf16Args d;
+        d.x = gate_out.data() + a * inter;
+        d.m = 1;
+        d.n = hidden;
+        d.k = inter;
+        d.w = e.down.data();
+        d.y = down_out.data() + a * hidden;
+        second.push_back(d);
+      }
+      if (grouped) {
+        kernels::grouped_matmul_bf16(first, ActivationPrecision::kBf16, &pool);
+      } else {
+        for (const auto& p : first) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
+      }
+      kernels::silu_mul(gate_out.data(), up_out.data(), gate_out.data(), active * inter);
+      if (grouped) {
+        kernels::grouped_matmul_bf16(second, ActivationPrecision::kBf16, &pool);
+      } else {
+        for (const auto& p : second) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
+      }
+    }
+    if (r > 0) times.push_back(seconds_since(start) / steps);
+  }
+  const double t = median(times);
+  const double bytes = static_cast<double>(active * 3 * inter * hidden * 2);
+  print_row(
+      grouped ? "experts grouped" : "experts one-by-one", level,
+      std::to_string(active) + "x(" + std::to_string(hidden) + "," + std::to_string(inter) + ")",
+      "bf16", t * 1e3, bytes / t / 1e9, "GB/s", c.machine.read_bandwidth_gbs);
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      f.quick = true;
+    } else if (std::strcmp(argv[i], "--all-isa") == 0) {
+      f.all_isa = true;
+    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      f.threads = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--all-isa] [--threads N]\n", argv[0]);
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+int run(int argc, char** argv) {
+  const Flags flags = parse_flags(argc, argv);
+  ThreadPool pool(flags.threads);
+  CeilingOptions options;
+  if (flags.quick) {
+    options.bandwidth_buffer_bytes = int64_t{256} << 20;
+    options.runs = 3;
+    options.peak_run_seconds = 0.05;
+  }
+  Ceilings c{measure_machine_ceilings(pool, options)};
+  std::printf("threads %d, best ISA %s\n", c.machine.threads, c.machine.isa.c_str());
+  std::printf("ceiling: read bandwidth      %8.1f GB/s\n", c.machine.read_bandwidth_gbs);
+  std::printf("ceiling: fp32 FMA peak       %8.1f GFLOP/s\n", c.machine.fp32_fma_gflops);
+  std::printf("ceiling: bf16 dot peak       %8.1f GFLOP/s\n", c.machine.bf16_dot_gflops);
+  std::printf("measured matmul_bf16 512x2048x2048: %.1f GFLOP/s\n\n", c.machine.matmul_bf16_gflops);
+  std::printf("%-24s %-12s %-16s %-5s %9s %9s %-7s %7s %7s\n", "kernel", "isa", "m x n x k", "act",
+              "median_ms", "achieved", "unit", "ceiling", "ratio");
+
+  std::vector<IsaLevel> levels = {kernels::best_isa_level()};
+  if (flags.all_isa) levels = kernels::supported_isa_levels();
+  // GEMV shapes: the issue's examples and the mini model's projections.
+  const int64_t gemv_shapes[][2] = {{2048, 2048}, {4096, 2048}, {1024, 1024},
+                                    {2816, 1024}, {1024, 2816}, {2048, 256}};
+  for (IsaLevel level : levels) {
+    for (const auto& s : gemv_shapes) {
+      for (ActivationPrecision p : {ActivationPrecision::kBf16, ActivationPrecision::kFp32}) {
+        bench_gemv(pool, flags, c, level, s[0], s[1], p);
+      }
+    }
+  }
+  const int64_t gemm_shapes[][3] = {
+      {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;  // seconds per call; the tests cover it
+    for (const auto& s : gemm_shapes) {
+      for (ActivationPrecision p : {ActivationPrecision::kBf16, ActivationPrecision::kFp32}) {
+        bench_gemm(pool, flags, c, level, s[0], s[1], s[2], p);
+      }
+    }
+  }
+  for (IsaLevel level : levels) {
+    // The mini model's experts (hidden 1024, moe_intermediate 512, 64 experts), 8 active
+    // as in the issue, and the issue's larger example shape.
+    bench_experts(pool, flags, c, level, 1024, 512, 64, 8, true);
+    bench_experts(pool, flags, c, level, 1024, 512, 64, 8, false);
+    bench_experts(pool, flags, c, level, 2048, 1024, flags.quick ? 16 : 32, 8, true);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace peerserve::bench
+
+int main(int argc, char** argv) {
+  return peerserve::bench::run(argc, argv);
+}

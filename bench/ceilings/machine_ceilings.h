@@ -1,0 +1,57 @@
+// Ceilings of this machine, measured in the same run as the benchmarks that are judged
+// against them: streaming read bandwidth and the register-resident arithmetic peaks.
+// They bound what any kernel can reach (decode is bandwidth-bound, prefill compute-bound);
+// benchmarks print achieved / ceiling.
+//
+// Every figure is the median of several runs, on all threads of the given pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+
+namespace peerserve::bench {
+
+struct CeilingOptions {
+  // Bytes read per bandwidth run; far above the last-level cache. Default: 1 GiB.
+  int64_t bandwidth_buffer_bytes = int64_t{1} << 30;
+  // Runs per figure; the median is reported. Default: 7.
+  int runs = 7;
+  // Approximate duration of one arithmetic-peak run. Default: 0.1 s.
+  double peak_run_seconds = 0.1;
+};
+
+struct MachineCeilings {
+  int threads = 0;
+  std::string isa;                // the kernels' active ISA level, e.g. "avx512_bf16"
+  double read_bandwidth_gbs = 0;  // streaming read, 1e9 bytes/s
+  double fp32_fma_gflops = 0;     // fused multiply-add, widest vectors available
+  double bf16_dot_gflops = 0;     // vdpbf16ps (2 flops per bf16 pair); 0 without AVX512_BF16
+  double matmul_bf16_gflops = 0;  // measured matmul_bf16 (kBf16) on a large GEMM
+};
+
+// Streaming read bandwidth in GB/s: every thread sums its contiguous share of a buffer of
+// `buffer_bytes` (allocated and touched here); median over `runs`.
+double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs);
+
+// Peak fp32 FMA throughput in GFLOP/s (2 flops per lane per FMA), independent
+// register-resident chains on every thread; AVX-512 if present, else AVX2, else scalar.
+double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds);
+
+// Peak vdpbf16ps throughput in GFLOP/s (each bf16 pair counts 2 multiply-adds = 4 flops
+// per fp32 lane); 0 if the CPU has no AVX512_BF16.
+double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds);
+
+// Throughput of kernels::matmul_bf16 with bf16 activations on m x n x k, in GFLOP/s
+// (2 m n k flops). The best a real GEMM reaches here: the "measured matmul peak".
+double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs);
+
+// All of the above (matmul on 512 x 2048 x 2048).
+MachineCeilings measure_machine_ceilings(ThreadPool& pool, const CeilingOptions& options);
+
+// The median of `values` (the mean of the two middle ones for an even count); 0 if empty.
+double median(std::vector<double> values);
+
+}  // namespace peerserve::bench
