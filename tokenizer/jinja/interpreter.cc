@@ -1,0 +1,1026 @@
+#include "tokenizer/jinja/interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <unordered_map>
+
+#include "tokenizer/internal/utf8.h"
+#include "tokenizer/jinja/builtins.h"
+#include "tokenizer/jinja/lexer.h"
+
+namespace peerserve::jinja {
+namespace {
+
+const std::set<std::string_view> kFilters = {
+    "length", "count", "string", "trim",    "upper",   "lower",      "default", "d",     "join",
+    "first",  "last",  "list",   "tojson",  "replace", "capitalize", "title",   "items", "int",
+    "float",  "abs",   "round",  "reverse", "sort",    "unique",     "safe"};
+const std::set<std::string_view> kTests = {
+    "defined",  "undefined",   "none",  "string",  "number",  "mapping", "iterable",
+    "sequence", "boolean",     "true",  "false",   "integer", "float",   "odd",
+    "even",     "divisibleby", "eq",    "equalto", "ne",      "lt",      "le",
+    "gt",       "ge",          "==",    "!=",      "<",       "<=",      ">",
+    ">=",       "in",          "lower", "upper",   "sameas",  "callable"};
+const std::set<std::string_view> kFunctions = {"raise_exception", "namespace", "range", "dict"};
+const std::set<std::string_view> kMethods = {"strip",    "lstrip", "rstrip", "split",  "startswith",
+                                             "endswith", "upper",  "lower",  "title",  "capitalize",
+                                             "replace",  "items",  "keys",   "values", "get"};
+
+// Python's str.isspace() for the code points templates meet.
+bool is_python_space(char32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85 ||
+         c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+std::vector<std::string> code_points(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const utf8::Sequence seq = utf8::next_sequence(std::string_view(s).substr(pos));
+    out.push_back(s.substr(pos, seq.length));
+    pos += seq.length;
+  }
+  return out;
+}
+
+char32_t first_code_point(const std::string& cp) {
+  return utf8::decode_valid(cp);
+}
+
+// str.strip/lstrip/rstrip: whitespace, or any of the code points in `chars`.
+std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
+  const std::vector<std::string> cps = code_points(s);
+  std::vector<std::string> set;
+  if (chars != nullptr && chars->is_string()) set = code_points(chars->as_string());
+  const auto strip_this = [&](const std::string& cp) {
+    if (chars != nullptr && chars->is_string())
+      return std::find(set.begin(), set.end(), cp) != set.end();
+    return is_python_space(first_code_point(cp));
+  };
+  size_t begin = 0;
+  size_t end = cps.size();
+  if (left) {
+    while (begin < end && strip_this(cps[begin])) ++begin;
+  }
+  if (right) {
+    while (end > begin && strip_this(cps[end - 1])) --end;
+  }
+  std::string out;
+  for (size_t i = begin; i < end; ++i) out += cps[i];
+  return out;
+}
+
+// Case mapping is ASCII-only (templates only change the case of ASCII role names).
+std::string ascii_upper(std::string s) {
+  for (char& c : s) {
+    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+  }
+  return s;
+}
+std::string ascii_lower(std::string s) {
+  for (char& c : s) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return s;
+}
+bool is_ascii_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+std::string title_case(const std::string& s) {
+  std::string out = s;
+  bool previous_cased = false;
+  for (char& c : out) {
+    if (is_ascii_alpha(c)) {
+      c = previous_cased ? ascii_lower(std::string(1, c))[0] : ascii_upper(std::string(1, c))[0];
+      previous_cased = true;
+    } else {
+      previous_cased = (static_cast<unsigned char>(c) & 0x80) != 0 && previous_cased;
+    }
+  }
+  return out;
+}
+
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
+                        int64_t count) {
+  if (from.empty()) {
+    // Python inserts `to` between code points (and at both ends).
+    std::string out;
+    int64_t done = 0;
+    for (const std::string& cp : code_points(s)) {
+      if (count < 0 || done < count) {
+        out += to;
+        ++done;
+      }
+      out += cp;
+    }
+    if (count < 0 || done < count) out += to;
+    return out;
+  }
+  std::string out;
+  size_t pos = 0;
+  int64_t done = 0;
+  while (count < 0 || done < count) {
+    const size_t hit = s.find(from, pos);
+    if (hit == std::string::npos) break;
+    out.append(s, pos, hit - pos);
+    out += to;
+    pos = hit + from.size();
+    ++done;
+  }
+  out.append(s, pos, std::string::npos);
+  return out;
+}
+
+// Python str.split(sep=None, maxsplit=-1).
+List split(const std::string& s, const Value* sep, int64_t maxsplit) {
+  List out;
+  if (sep == nullptr || sep->is_none()) {
+    const std::vector<std::string> cps = code_points(s);
+    size_t i = 0;
+    int64_t splits = 0;
+    while (i < cps.size()) {
+      while (i < cps.size() && is_python_space(first_code_point(cps[i]))) ++i;
+      if (i >= cps.size()) break;
+      std::string word;
+      if (maxsplit >= 0 && splits >= maxsplit) {
+        for (; i < cps.size(); ++i) word += cps[i];  // the rest, trailing spaces kept
+        out.emplace_back(std::move(word));
+        break;
+      }
+      while (i < cps.size() && !is_python_space(first_code_point(cps[i]))) word += cps[i++];
+      out.emplace_back(std::move(word));
+      ++splits;
+    }
+    return out;
+  }
+  const std::string& separator = sep->as_string();
+  size_t pos = 0;
+  int64_t splits = 0;
+  while (maxsplit < 0 || splits < maxsplit) {
+    const size_t hit = s.find(separator, pos);
+    if (hit == std::string::npos) break;
+    out.emplace_back(s.substr(pos, hit - pos));
+    pos = hit + separator.size();
+    ++splits;
+  }
+  out.emplace_back(s.substr(pos));
+  return out;
+}
+
+enum class Flow { kNormal, kBreak, kContinue };
+
+class Interpreter {
+ public:
+  Interpreter(std::string_view source, const nlohmann::json& variables) : src_(source) {
+    for (const auto& [key, value] : variables.items()) globals_[key] = Value::from_json(value);
+    frames_.emplace_back();
+  }
+
+  Result<std::string> run(const NodeList& nodes) {
+    std::string out;
+    PS_ASSIGN_OR_RETURN(Flow flow, exec(nodes, out));
+    (void)flow;
+    return out;
+  }
+
+ private:
+  using Frame = std::unordered_map<std::string, Value>;
+
+  Status error(size_t offset, const std::string& what) const {
+    return invalid_argument("chat template " + position_text(src_, offset) + ": " + what);
+  }
+  static std::string undefined_label(const Value& v) {
+    return v.undefined_name().empty() ? "undefined value"
+                                      : "'" + v.undefined_name() + "' (undefined)";
+  }
+  static std::string describe(const Value& v) {
+    return v.is_undefined() ? undefined_label(v) : std::string(v.type_name());
+  }
+
+  Value lookup(const std::string& name) const {
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+      const auto found = it->find(name);
+      if (found != it->end()) return found->second;
+    }
+    const auto found = globals_.find(name);
+    if (found != globals_.end()) return found->second;
+    return Value::undefined(name);
+  }
+
+  // ---- statements ----
+  Result<Flow> exec(const NodeList& nodes, std::string& out) {
+    for (const NodePtr& node : nodes) {
+      PS_ASSIGN_OR_RETURN(Flow flow, exec_node(*node, out));
+      if (flow != Flow::kNormal) return flow;
+    }
+    return Flow::kNormal;
+  }
+
+  Result<Flow> exec_node(const Node& node, std::string& out) {
+    switch (node.kind) {
+      case NodeKind::kText:
+        out += node.text;
+        return Flow::kNormal;
+      case NodeKind::kOutput: {
+        PS_ASSIGN_OR_RETURN(Value v, eval(*node.expr));
+        out += to_str(v);
+        return Flow::kNormal;
+      }
+      case NodeKind::kIf:
+        for (const auto& [condition, body] : node.branches) {
+          PS_ASSIGN_OR_RETURN(Value test, eval(*condition));
+          if (test.truthy()) return exec(body, out);
+        }
+        return exec(node.else_body, out);
+      case NodeKind::kFor:
+        return exec_for(node, out);
+      case NodeKind::kSet:
+        PS_RETURN_IF_ERROR(exec_set(node));
+        return Flow::kNormal;
+      case NodeKind::kBreak:
+        return Flow::kBreak;
+      case NodeKind::kContinue:
+        return Flow::kContinue;
+      case NodeKind::kScope:
+        return exec(node.body, out);
+    }
+    return Flow::kNormal;
+  }
+
+  Status assign_targets(const Node& node, const std::vector<std::string>& targets,
+                        const Value& value) {
+    if (targets.size() == 1) {
+      frames_.back()[targets[0]] = value;
+      return ok_status();
+    }
+    if (!value.is_list() || value.as_list().size() != targets.size()) {
+      return error(node.offset, "cannot unpack a " + describe(value) + " into " +
+                                    std::to_string(targets.size()) + " names");
+    }
+    for (size_t i = 0; i < targets.size(); ++i) frames_.back()[targets[i]] = value.as_list()[i];
+    return ok_status();
+  }
+
+  Status exec_set(const Node& node) {
+    Value value;
+    if (node.expr) {
+      PS_ASSIGN_OR_RETURN(value, eval(*node.expr));
+    } else {
+      std::string text;
+      PS_ASSIGN_OR_RETURN(Flow flow, exec(node.body, text));
+      (void)flow;
+      value = Value(std::move(text));
+    }
+    if (!node.attribute.empty()) {
+      const Value target = lookup(node.targets[0]);
+      if (!target.is_namespace()) {
+        return error(node.offset, "cannot set attribute '" + node.attribute + "' on " +
+                                      describe(target) + " '" + node.targets[0] +
+                                      "' (only namespace() objects are assignable)");
+      }
+      target.as_namespace()[node.attribute] = std::move(value);
+      return ok_status();
+    }
+    return assign_targets(node, node.targets, value);
+  }
+
+  Result<List> iterate(const Value& v, size_t offset) const {
+    if (v.is_list()) return v.as_list();
+    if (v.is_undefined()) return List{};
+    if (v.is_dict()) {
+      List keys;
+      for (const auto& [key, item] : v.as_dict()) keys.emplace_back(key);
+      return keys;
+    }
+    if (v.is_string()) {
+      List chars;
+      for (std::string& cp : code_points(v.as_string())) chars.emplace_back(std::move(cp));
+      return chars;
+    }
+    return error(offset, std::string("'") + v.type_name() + "' object is not iterable");
+  }
+
+  Result<Flow> exec_for(const Node& node, std::string& out) {
+    PS_ASSIGN_OR_RETURN(Value iterable, eval(*node.expr));
+    PS_ASSIGN_OR_RETURN(List items, iterate(iterable, node.expr->offset));
+    frames_.emplace_back();
+    if (node.filter) {
+      List kept;
+      for (const Value& item : items) {
+        PS_RETURN_IF_ERROR(assign_targets(node, node.targets, item));
+        PS_ASSIGN_OR_RETURN(Value keep, eval(*node.filter));
+        if (keep.truthy()) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    const auto n = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < n; ++i) {
+      PS_RETURN_IF_ERROR(assign_targets(node, node.targets, items[static_cast<size_t>(i)]));
+      Dict loop = {
+          {"index", Value(i + 1)},
+          {"index0", Value(i)},
+          {"revindex", Value(n - i)},
+          {"revindex0", Value(n - i - 1)},
+          {"first", Value(i == 0)},
+          {"last", Value(i == n - 1)},
+          {"length", Value(n)},
+          {"depth", Value(1)},
+          {"depth0", Value(0)},
+          {"previtem",
+           i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("loop.previtem")},
+          {"nextitem",
+           i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("loop.nextitem")},
+      };
+      frames_.back()["loop"] = Value(std::move(loop));
+      Result<Flow> flow = exec(node.body, out);
+      if (!flow.ok()) {
+        frames_.pop_back();
+        return flow.status();
+      }
+      if (*flow == Flow::kBreak) break;
+    }
+    frames_.pop_back();
+    if (n == 0) return exec(node.else_body, out);
+    return Flow::kNormal;
+  }
+
+  // ---- expressions ----
+  Result<Value> eval(const Expr& e) {
+    switch (e.kind) {
+      case ExprKind::kLiteral:
+        return e.literal;
+      case ExprKind::kName:
+        return lookup(e.name);
+      case ExprKind::kList:
+      case ExprKind::kTuple: {
+        List items;
+        for (const ExprPtr& arg : e.args) {
+          PS_ASSIGN_OR_RETURN(Value v, eval(*arg));
+          items.push_back(std::move(v));
+        }
+        return Value(std::move(items));
+      }
+      case ExprKind::kDict: {
+        Dict dict;
+        for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+          PS_ASSIGN_OR_RETURN(Value key, eval(*e.args[i]));
+          if (!key.is_string()) return error(e.args[i]->offset, "dict keys must be strings");
+          PS_ASSIGN_OR_RETURN(Value value, eval(*e.args[i + 1]));
+          auto existing = std::find_if(dict.begin(), dict.end(),
+                                       [&](auto& kv) { return kv.first == key.as_string(); });
+          if (existing != dict.end()) {
+            existing->second = std::move(value);
+          } else {
+            dict.emplace_back(key.as_string(), std::move(value));
+          }
+        }
+        return Value(std::move(dict));
+      }
+      case ExprKind::kAttribute: {
+        PS_ASSIGN_OR_RETURN(Value object, eval(*e.args[0]));
+        if (object.is_undefined()) {
+          return error(e.offset,
+                       "cannot read attribute '" + e.name + "' of " + undefined_label(object));
+        }
+        if (const Value* member = object.find(e.name)) return *member;
+        return Value::undefined(e.name);
+      }
+      case ExprKind::kItem: {
+        PS_ASSIGN_OR_RETURN(Value object, eval(*e.args[0]));
+        PS_ASSIGN_OR_RETURN(Value key, eval(*e.args[1]));
+        return get_item(object, key, e.offset);
+      }
+      case ExprKind::kSlice:
+        return eval_slice(e);
+      case ExprKind::kCall:
+        return call_function(e);
+      case ExprKind::kMethodCall:
+        return call_method(e);
+      case ExprKind::kFilter:
+        return apply_filter(e);
+      case ExprKind::kTest: {
+        PS_ASSIGN_OR_RETURN(bool result, apply_test(e));
+        return Value(result != e.negated);
+      }
+      case ExprKind::kNegate:
+      case ExprKind::kPlus: {
+        PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
+        if (!v.is_number()) {
+          return error(e.offset, std::string("bad operand type for unary ") +
+                                     (e.kind == ExprKind::kNegate ? "-" : "+") + ": " +
+                                     describe(v));
+        }
+        if (e.kind == ExprKind::kPlus)
+          return v.is_bool() ? Value(static_cast<int64_t>(v.as_bool())) : v;
+        if (v.is_float()) return Value(-v.as_double());
+        return Value(-(v.is_bool() ? static_cast<int64_t>(v.as_bool()) : v.as_int()));
+      }
+      case ExprKind::kNot: {
+        PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
+        return Value(!v.truthy());
+      }
+      case ExprKind::kAnd: {
+        PS_ASSIGN_OR_RETURN(Value left, eval(*e.args[0]));
+        if (!left.truthy()) return left;
+        return eval(*e.args[1]);
+      }
+      case ExprKind::kOr: {
+        PS_ASSIGN_OR_RETURN(Value left, eval(*e.args[0]));
+        if (left.truthy()) return left;
+        return eval(*e.args[1]);
+      }
+      case ExprKind::kConditional: {
+        PS_ASSIGN_OR_RETURN(Value test, eval(*e.args[1]));
+        if (test.truthy()) return eval(*e.args[0]);
+        if (e.args[2]) return eval(*e.args[2]);
+        return Value::undefined();
+      }
+      case ExprKind::kBinary:
+        return eval_binary(e);
+      case ExprKind::kCompare:
+        return eval_compare(e);
+    }
+    return error(e.offset, "internal: unknown expression");
+  }
+
+  Result<Value> get_item(const Value& object, const Value& key, size_t offset) const {
+    if (object.is_undefined()) {
+      return error(offset, "cannot read item " + to_repr(key) + " of " + undefined_label(object));
+    }
+    if ((object.is_dict() || object.is_namespace()) && key.is_string()) {
+      if (const Value* member = object.find(key.as_string())) return *member;
+      return Value::undefined(key.as_string());
+    }
+    if ((object.is_list() || object.is_string()) && (key.is_int() || key.is_bool())) {
+      const int64_t raw = key.is_bool() ? key.as_bool() : key.as_int();
+      if (object.is_list()) {
+        const auto n = static_cast<int64_t>(object.as_list().size());
+        const int64_t i = raw < 0 ? raw + n : raw;
+        if (i < 0 || i >= n) return Value::undefined();
+        return object.as_list()[static_cast<size_t>(i)];
+      }
+      const std::vector<std::string> cps = code_points(object.as_string());
+      const auto n = static_cast<int64_t>(cps.size());
+      const int64_t i = raw < 0 ? raw + n : raw;
+      if (i < 0 || i >= n) return Value::undefined();
+      return Value(cps[static_cast<size_t>(i)]);
+    }
+    return Value::undefined();
+  }
+
+  Result<Value> eval_slice(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value object, eval(*e.args[0]));
+    std::optional<int64_t> bounds[3];
+    for (int i = 0; i < 3; ++i) {
+      if (!e.args[static_cast<size_t>(i) + 1]) continue;
+      PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[static_cast<size_t>(i) + 1]));
+      if (v.is_none()) continue;
+      if (!v.is_int()) return error(e.offset, "slice indices must be integers, got " + describe(v));
+      bounds[i] = v.as_int();
+    }
+    const int64_t step = bounds[2].value_or(1);
+    if (step == 0) return error(e.offset, "slice step cannot be zero");
+    List items;
+    bool is_string = false;
+    if (object.is_list()) {
+      items = object.as_list();
+    } else if (object.is_string()) {
+      is_string = true;
+      for (std::string& cp : code_points(object.as_string())) items.emplace_back(std::move(cp));
+    } else {
+      return error(e.offset, "cannot slice " + describe(object));
+    }
+    const auto n = static_cast<int64_t>(items.size());
+    // Python's slice.indices().
+    const auto clamp = [&](std::optional<int64_t> v, int64_t fallback) {
+      if (!v) return fallback;
+      int64_t x = *v < 0 ? *v + n : *v;
+      if (step > 0) return std::clamp<int64_t>(x, 0, n);
+      return std::clamp<int64_t>(x, -1, n - 1);
+    };
+    const int64_t start = clamp(bounds[0], step > 0 ? 0 : n - 1);
+    const int64_t stop = clamp(bounds[1], step > 0 ? n : -1);
+    List out;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+      out.push_back(items[static_cast<size_t>(i)]);
+    if (!is_string) return Value(std::move(out));
+    std::string text;
+    for (const Value& cp : out) text += cp.as_string();
+    return Value(std::move(text));
+  }
+
+  Result<Value> eval_binary(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
+    PS_ASSIGN_OR_RETURN(Value b, eval(*e.args[1]));
+    const std::string& op = e.name;
+    if (op == "~") return Value(to_str(a) + to_str(b));
+    const auto type_error = [&]() {
+      return error(e.offset, "unsupported operand types for " + op + ": " + describe(a) + " and " +
+                                 describe(b));
+    };
+    if (op == "+") {
+      if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+      if (a.is_list() && b.is_list()) {
+        List out = a.as_list();
+        out.insert(out.end(), b.as_list().begin(), b.as_list().end());
+        return Value(std::move(out));
+      }
+    }
+    if (op == "*") {
+      const Value* text = a.is_string() || a.is_list()   ? &a
+                          : b.is_string() || b.is_list() ? &b
+                                                         : nullptr;
+      const Value* count = text == &a ? &b : &a;
+      if (text != nullptr && (count->is_int() || count->is_bool())) {
+        const int64_t times = count->is_bool() ? count->as_bool() : count->as_int();
+        if (times > 1000000) return error(e.offset, "repetition count too large");
+        if (text->is_string()) {
+          std::string out;
+          for (int64_t i = 0; i < times; ++i) out += text->as_string();
+          return Value(std::move(out));
+        }
+        List out;
+        for (int64_t i = 0; i < times; ++i)
+          out.insert(out.end(), text->as_list().begin(), text->as_list().end());
+        return Value(std::move(out));
+      }
+    }
+    if (!a.is_number() || !b.is_number()) return type_error();
+    const bool floats = a.is_float() || b.is_float() || op == "/";
+    if (floats || op == "**") {
+      const double x = a.as_double();
+      const double y = b.as_double();
+      if (op == "**" && !floats) {
+        const int64_t base = a.is_bool() ? a.as_bool() : a.as_int();
+        const int64_t exponent = b.is_bool() ? b.as_bool() : b.as_int();
+        if (exponent >= 0) {
+          int64_t result = 1;
+          for (int64_t i = 0; i < exponent && i < 64; ++i) result *= base;
+          return Value(result);
+        }
+        return Value(std::pow(x, y));
+      }
+      if (op == "+") return Value(x + y);
+      if (op == "-") return Value(x - y);
+      if (op == "*") return Value(x * y);
+      if (op == "**") return Value(std::pow(x, y));
+      if (y == 0.0) return error(e.offset, "division by zero");
+      if (op == "/") return Value(x / y);
+      if (op == "//") return Value(std::floor(x / y));
+      if (op == "%") return Value(x - std::floor(x / y) * y);
+      return type_error();
+    }
+    const int64_t x = a.is_bool() ? a.as_bool() : a.as_int();
+    const int64_t y = b.is_bool() ? b.as_bool() : b.as_int();
+    if (op == "+") return Value(x + y);
+    if (op == "-") return Value(x - y);
+    if (op == "*") return Value(x * y);
+    if (y == 0) return error(e.offset, "integer division or modulo by zero");
+    // Python floors (the result of % takes the divisor's sign).
+    int64_t q = x / y;
+    if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+    if (op == "//") return Value(q);
+    if (op == "%") return Value(x - q * y);
+    return type_error();
+  }
+
+  Result<bool> contains(const Value& container, const Value& item, size_t offset) const {
+    if (container.is_string()) {
+      if (!item.is_string()) {
+        return error(offset, "'in <string>' requires a string on the left, not " + describe(item));
+      }
+      return container.as_string().find(item.as_string()) != std::string::npos;
+    }
+    if (container.is_list()) {
+      for (const Value& v : container.as_list()) {
+        if (equals(v, item)) return true;
+      }
+      return false;
+    }
+    if (container.is_dict() || container.is_namespace()) {
+      return item.is_string() && container.find(item.as_string()) != nullptr;
+    }
+    if (container.is_undefined()) return false;
+    return error(offset,
+                 std::string("argument of type '") + container.type_name() + "' is not iterable");
+  }
+
+  Result<Value> eval_compare(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
+    PS_ASSIGN_OR_RETURN(Value b, eval(*e.args[1]));
+    return compare(e.name, a, b, e.offset);
+  }
+
+  Result<Value> compare(const std::string& op, const Value& a, const Value& b,
+                        size_t offset) const {
+    if (op == "==") return Value(equals(a, b));
+    if (op == "!=") return Value(!equals(a, b));
+    if (op == "in" || op == "notin") {
+      PS_ASSIGN_OR_RETURN(bool found, contains(b, a, offset));
+      return Value(op == "in" ? found : !found);
+    }
+    Result<bool> less = op == "<" || op == ">=" ? less_than(a, b) : less_than(b, a);
+    if (!less.ok()) return error(offset, less.status().message());
+    if (op == "<" || op == ">") return Value(*less);
+    return Value(!*less);  // <= is !(b < a); >= is !(a < b)
+  }
+
+  // ---- calls ----
+  struct Args {
+    std::vector<Value> positional;
+    std::vector<std::pair<std::string, Value>> keyword;
+    const Value* get(size_t index, const char* name) const {
+      for (const auto& [key, value] : keyword) {
+        if (key == name) return &value;
+      }
+      return index < positional.size() ? &positional[index] : nullptr;
+    }
+  };
+
+  // Evaluates e.args[first..] and e.kwargs.
+  Result<Args> eval_args(const Expr& e, size_t first) {
+    Args args;
+    for (size_t i = first; i < e.args.size(); ++i) {
+      PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[i]));
+      args.positional.push_back(std::move(v));
+    }
+    for (const auto& [key, expr] : e.kwargs) {
+      PS_ASSIGN_OR_RETURN(Value v, eval(*expr));
+      args.keyword.emplace_back(key, std::move(v));
+    }
+    return args;
+  }
+
+  Result<int64_t> int_arg(const Value* v, int64_t fallback, const Expr& e, const char* what) const {
+    if (v == nullptr || v->is_none()) return fallback;
+    if (!v->is_int())
+      return error(e.offset, std::string(what) + " must be an integer, got " + describe(*v));
+    return v->as_int();
+  }
+
+  Result<Value> call_function(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 0));
+    if (e.name == "raise_exception") {
+      const std::string message = args.positional.empty() ? "" : to_str(args.positional[0]);
+      return invalid_argument("chat template raised an error: " + message);
+    }
+    if (e.name == "namespace") {
+      auto ns = std::make_shared<Namespace>();
+      for (const Value& v : args.positional) {
+        if (!v.is_dict()) return error(e.offset, "namespace() takes keyword arguments or a dict");
+        for (const auto& [key, item] : v.as_dict()) (*ns)[key] = item;
+      }
+      for (auto& [key, value] : args.keyword) (*ns)[key] = value;
+      return Value(ns);
+    }
+    if (e.name == "dict") {
+      Dict dict;
+      for (auto& [key, value] : args.keyword) dict.emplace_back(key, value);
+      return Value(std::move(dict));
+    }
+    if (e.name == "range") {
+      if (args.positional.empty() || args.positional.size() > 3) {
+        return error(e.offset, "range() takes 1 to 3 integer arguments");
+      }
+      int64_t bounds[3] = {0, 0, 1};
+      for (size_t i = 0; i < args.positional.size(); ++i) {
+        if (!args.positional[i].is_int())
+          return error(e.offset, "range() arguments must be integers");
+      }
+      if (args.positional.size() == 1) {
+        bounds[1] = args.positional[0].as_int();
+      } else {
+        bounds[0] = args.positional[0].as_int();
+        bounds[1] = args.positional[1].as_int();
+        if (args.positional.size() == 3) bounds[2] = args.positional[2].as_int();
+      }
+      if (bounds[2] == 0) return error(e.offset, "range() step must not be zero");
+      List out;
+      for (int64_t i = bounds[0]; bounds[2] > 0 ? i < bounds[1] : i > bounds[1]; i += bounds[2]) {
+        if (out.size() >= 1000000) return error(e.offset, "range() longer than 1000000 items");
+        out.emplace_back(i);
+      }
+      return Value(std::move(out));
+    }
+    return error(e.offset, "unsupported function '" + e.name + "()'");
+  }
+
+  Result<Value> call_method(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value object, eval(*e.args[0]));
+    PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 1));
+    const std::string& m = e.name;
+    if (object.is_string()) {
+      const std::string& s = object.as_string();
+      if (m == "strip" || m == "lstrip" || m == "rstrip") {
+        return Value(strip(s, args.get(0, "chars"), m != "rstrip", m != "lstrip"));
+      }
+      if (m == "split") {
+        const Value* sep = args.get(0, "sep");
+        if (sep != nullptr && !sep->is_none() && (!sep->is_string() || sep->as_string().empty())) {
+          return error(e.offset, "split() separator must be a non-empty string");
+        }
+        PS_ASSIGN_OR_RETURN(int64_t maxsplit, int_arg(args.get(1, "maxsplit"), -1, e, "maxsplit"));
+        return Value(split(s, sep, maxsplit));
+      }
+      if (m == "startswith" || m == "endswith") {
+        const Value* what = args.get(0, "prefix");
+        if (what == nullptr) return error(e.offset, m + "() needs an argument");
+        List options = what->is_list() ? what->as_list() : List{*what};
+        for (const Value& option : options) {
+          if (!option.is_string()) return error(e.offset, m + "() argument must be a string");
+          const std::string& p = option.as_string();
+          const bool hit = p.size() <= s.size() &&
+                           (m == "startswith" ? s.compare(0, p.size(), p) == 0
+                                              : s.compare(s.size() - p.size(), p.size(), p) == 0);
+          if (hit) return Value(true);
+        }
+        return Value(false);
+      }
+      if (m == "upper") return Value(ascii_upper(s));
+      if (m == "lower") return Value(ascii_lower(s));
+      if (m == "title") return Value(title_case(s));
+      if (m == "capitalize") {
+        std::string out = ascii_lower(s);
+        if (!out.empty()) out[0] = ascii_upper(out.substr(0, 1))[0];
+        return Value(out);
+      }
+      if (m == "replace") {
+        const Value* from = args.get(0, "old");
+        const Value* to = args.get(1, "new");
+        if (from == nullptr || to == nullptr || !from->is_string() || !to->is_string()) {
+          return error(e.offset, "replace() takes two strings");
+        }
+        PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
+        return Value(replace_all(s, from->as_string(), to->as_string(), count));
+      }
+    }
+    if (object.is_dict() || object.is_namespace()) {
+      Dict items;
+      if (object.is_dict()) {
+        items = object.as_dict();
+      } else {
+        for (const auto& [key, value] : object.as_namespace()) items.emplace_back(key, value);
+      }
+      if (m == "items") {
+        List out;
+        for (const auto& [key, value] : items) out.emplace_back(List{Value(key), value});
+        return Value(std::move(out));
+      }
+      if (m == "keys" || m == "values") {
+        List out;
+        for (const auto& [key, value] : items) out.push_back(m == "keys" ? Value(key) : value);
+        return Value(std::move(out));
+      }
+      if (m == "get") {
+        const Value* key = args.get(0, "key");
+        if (key == nullptr) return error(e.offset, "get() needs a key");
+        if (key->is_string()) {
+          if (const Value* found = object.find(key->as_string())) return *found;
+        }
+        const Value* fallback = args.get(1, "default");
+        return fallback != nullptr ? *fallback : Value::none();
+      }
+    }
+    return error(e.offset, "'" + std::string(object.type_name()) + "' has no method '" + m + "()'" +
+                               (object.is_undefined() ? " (" + undefined_label(object) + ")" : ""));
+  }
+
+  // ---- filters ----
+  Result<Value> apply_filter(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
+    PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 1));
+    const std::string& f = e.name;
+    if (f == "default" || f == "d") {
+      const Value* fallback = args.get(0, "default_value");
+      const Value* boolean = args.get(1, "boolean");
+      const bool use = v.is_undefined() || (boolean != nullptr && boolean->truthy() && !v.truthy());
+      return use ? (fallback != nullptr ? *fallback : Value(std::string())) : v;
+    }
+    if (f == "safe") return v;
+    if (f == "string") return Value(to_str(v));
+    if (f == "length" || f == "count") {
+      if (v.is_string()) return Value(static_cast<int64_t>(code_point_count(v.as_string())));
+      if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
+      if (v.is_dict()) return Value(static_cast<int64_t>(v.as_dict().size()));
+      if (v.is_undefined()) return Value(0);
+      return error(e.offset, "object of type '" + std::string(v.type_name()) + "' has no len()");
+    }
+    if (f == "trim") return Value(strip(to_str(v), args.get(0, "chars"), true, true));
+    if (f == "upper") return Value(ascii_upper(to_str(v)));
+    if (f == "lower") return Value(ascii_lower(to_str(v)));
+    if (f == "title") return Value(title_case(to_str(v)));
+    if (f == "capitalize") {
+      std::string out = ascii_lower(to_str(v));
+      if (!out.empty()) out[0] = ascii_upper(out.substr(0, 1))[0];
+      return Value(out);
+    }
+    if (f == "replace") {
+      const Value* from = args.get(0, "old");
+      const Value* to = args.get(1, "new");
+      if (from == nullptr || to == nullptr) return error(e.offset, "replace needs two arguments");
+      PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
+      return Value(replace_all(to_str(v), to_str(*from), to_str(*to), count));
+    }
+    if (f == "tojson") {
+      PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, e, "indent"));
+      const Value* sort_keys = args.get(99, "sort_keys");
+      auto text =
+          to_json_text(v, static_cast<int>(indent), sort_keys != nullptr && sort_keys->truthy());
+      if (!text.ok()) return error(e.offset, text.status().message());
+      return Value(std::move(text).value());
+    }
+    if (f == "int") {
+      if (v.is_int()) return v;
+      if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+      if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+      if (v.is_string()) {
+        try {
+          size_t used = 0;
+          const std::string s = strip(v.as_string(), nullptr, true, true);
+          const long long parsed = std::stoll(s, &used);
+          if (used == s.size()) return Value(static_cast<int64_t>(parsed));
+        } catch (...) {
+        }
+      }
+      const Value* fallback = args.get(0, "default");
+      return fallback != nullptr ? *fallback : Value(0);
+    }
+    if (f == "float") {
+      if (v.is_number()) return Value(v.as_double());
+      if (v.is_string()) {
+        try {
+          size_t used = 0;
+          const std::string s = strip(v.as_string(), nullptr, true, true);
+          const double parsed = std::stod(s, &used);
+          if (used == s.size()) return Value(parsed);
+        } catch (...) {
+        }
+      }
+      const Value* fallback = args.get(0, "default");
+      return fallback != nullptr ? *fallback : Value(0.0);
+    }
+    if (f == "abs") {
+      if (v.is_float()) return Value(std::fabs(v.as_double()));
+      if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+      if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
+      return error(e.offset, "bad operand type for abs(): " + describe(v));
+    }
+    if (f == "round") {
+      if (!v.is_number()) return error(e.offset, "round needs a number, got " + describe(v));
+      PS_ASSIGN_OR_RETURN(int64_t precision, int_arg(args.get(0, "precision"), 0, e, "precision"));
+      const Value* method = args.get(1, "method");
+      const std::string how =
+          method != nullptr && method->is_string() ? method->as_string() : "common";
+      const double scale = std::pow(10.0, static_cast<double>(precision));
+      const double x = v.as_double() * scale;
+      double r;
+      if (how == "floor") {
+        r = std::floor(x);
+      } else if (how == "ceil") {
+        r = std::ceil(x);
+      } else if (how == "common") {
+        r = std::round(x);
+      } else {
+        return error(e.offset, "round method must be common, ceil or floor");
+      }
+      return Value(r / scale);
+    }
+    if (f == "items") {
+      if (v.is_undefined()) return Value(List{});
+      if (!v.is_dict()) return error(e.offset, "items filter needs a mapping, got " + describe(v));
+      List out;
+      for (const auto& [key, value] : v.as_dict()) out.emplace_back(List{Value(key), value});
+      return Value(std::move(out));
+    }
+    // Filters over sequences.
+    PS_ASSIGN_OR_RETURN(List items, iterate(v, e.offset));
+    if (f == "list") return Value(std::move(items));
+    if (f == "first") return items.empty() ? Value::undefined("first") : items.front();
+    if (f == "last") return items.empty() ? Value::undefined("last") : items.back();
+    if (f == "join") {
+      const Value* separator = args.get(0, "d");
+      const std::string sep = separator != nullptr ? to_str(*separator) : "";
+      std::string out;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += sep;
+        out += to_str(items[i]);
+      }
+      return Value(std::move(out));
+    }
+    if (f == "reverse") {
+      std::reverse(items.begin(), items.end());
+      if (!v.is_string()) return Value(std::move(items));
+      std::string out;
+      for (const Value& cp : items) out += cp.as_string();
+      return Value(std::move(out));
+    }
+    if (f == "sort" || f == "unique") {
+      if (f == "unique") {
+        List out;
+        for (const Value& item : items) {
+          if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equals(o, item); }))
+            out.push_back(item);
+        }
+        return Value(std::move(out));
+      }
+      const Value* reverse = args.get(0, "reverse");
+      Status failure = ok_status();
+      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
+        Result<bool> less = less_than(a, b);
+        if (!less.ok()) {
+          failure = less.status();
+          return false;
+        }
+        return *less;
+      });
+      if (!failure.ok()) return error(e.offset, failure.message());
+      if (reverse != nullptr && reverse->truthy()) std::reverse(items.begin(), items.end());
+      return Value(std::move(items));
+    }
+    return error(e.offset, "unsupported filter '|" + f + "'");
+  }
+
+  // ---- tests ----
+  Result<bool> apply_test(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
+    PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 1));
+    const std::string& t = e.name;
+    const Value* arg = args.get(0, "other");
+    if (t == "defined") return !v.is_undefined();
+    if (t == "undefined") return v.is_undefined();
+    if (t == "none") return v.is_none();
+    if (t == "string") return v.is_string();
+    if (t == "number") return v.is_number();
+    if (t == "integer") return v.is_int();
+    if (t == "float") return v.is_float();
+    if (t == "boolean") return v.is_bool();
+    if (t == "true") return v.is_bool() && v.as_bool();
+    if (t == "false") return v.is_bool() && !v.as_bool();
+    if (t == "mapping") return v.is_dict();
+    if (t == "iterable") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+    if (t == "sequence") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+    if (t == "callable") return false;
+    if (t == "lower" || t == "upper") {
+      if (!v.is_string()) return false;
+      const std::string& s = v.as_string();
+      return t == "lower" ? s == ascii_lower(s) && s != ascii_upper(s)
+                          : s == ascii_upper(s) && s != ascii_lower(s);
+    }
+    if (t == "odd" || t == "even" || t == "divisibleby") {
+      if (!v.is_int())
+        return error(e.offset, "test '" + t + "' needs an integer, got " + describe(v));
+      if (t == "odd") return v.as_int() % 2 != 0;
+      if (t == "even") return v.as_int() % 2 == 0;
+      if (arg == nullptr || !arg->is_int() || arg->as_int() == 0) {
+        return error(e.offset, "divisibleby needs a non-zero integer");
+      }
+      return v.as_int() % arg->as_int() == 0;
+    }
+    if (arg == nullptr) return error(e.offset, "test '" + t + "' needs an argument");
+    if (t == "sameas") return equals(v, *arg) && v.type_name() == arg->type_name();
+    if (t == "in") {
+      PS_ASSIGN_OR_RETURN(bool found, contains(*arg, v, e.offset));
+      return found;
+    }
+    static const std::unordered_map<std::string, std::string> kAliases = {
+        {"eq", "=="}, {"equalto", "=="}, {"ne", "!="}, {"lt", "<"},  {"le", "<="},
+        {"gt", ">"},  {"ge", ">="},      {"==", "=="}, {"!=", "!="}, {"<", "<"},
+        {"<=", "<="}, {">", ">"},        {">=", ">="}};
+    const auto alias = kAliases.find(t);
+    if (alias == kAliases.end()) return error(e.offset, "unsupported test 'is " + t + "'");
+    PS_ASSIGN_OR_RETURN(Value result, compare(alias->second, v, *arg, e.offset));
+    return result.as_bool();
+  }
+
+  std::string_view src_;
+  std::unordered_map<std::string, Value> globals_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+bool is_supported_filter(std::string_view name) {
+  return kFilters.count(name) > 0;
+}
+bool is_supported_test(std::string_view name) {
+  return kTests.count(name) > 0;
+}
+bool is_supported_function(std::string_view name) {
+  return kFunctions.count(name) > 0;
+}
+bool is_supported_method(std::string_view name) {
+  return kMethods.count(name) > 0;
+}
+
+Result<std::string> render_template(std::string_view source, const NodeList& nodes,
+                                    const nlohmann::json& variables) {
+  if (!variables.is_object()) {
+    return invalid_argument("chat template: variables must be a JSON object, got " +
+                            std::string(variables.type_name()));
+  }
+  return Interpreter(source, variables).run(nodes);
+}
+
+}  // namespace peerserve::jinja

@@ -1,0 +1,102 @@
+// Values of the Jinja subset, with Python's semantics where templates can observe them
+// (str(), repr(), ==, ordering, truthiness, json.dumps as transformers' tojson calls it).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+
+namespace peerserve::jinja {
+
+class Value;
+using List = std::vector<Value>;
+// Insertion-ordered like a Python dict; small, so lookups are linear.
+using Dict = std::vector<std::pair<std::string, Value>>;
+// namespace(...) objects are the one mutable value: shared by reference.
+using Namespace = std::map<std::string, Value>;
+
+struct Undefined {
+  std::string name;  // what was looked up, for error messages
+};
+struct None {};
+
+class Value {
+ public:
+  Value() : data_(Undefined{}) {}
+  static Value undefined(std::string name = "") { return Value(Undefined{std::move(name)}); }
+  static Value none() { return Value(None{}); }
+  Value(bool b) : data_(b) {}                                                 // NOLINT
+  Value(int64_t i) : data_(i) {}                                              // NOLINT
+  Value(int i) : data_(static_cast<int64_t>(i)) {}                            // NOLINT
+  Value(double d) : data_(d) {}                                               // NOLINT
+  Value(std::string s) : data_(std::move(s)) {}                               // NOLINT
+  Value(const char* s) : data_(std::string(s)) {}                             // NOLINT
+  Value(List list) : data_(std::make_shared<const List>(std::move(list))) {}  // NOLINT
+  Value(Dict dict) : data_(std::make_shared<const Dict>(std::move(dict))) {}  // NOLINT
+  Value(std::shared_ptr<Namespace> ns) : data_(std::move(ns)) {}              // NOLINT
+
+  static Value from_json(const nlohmann::json& json);
+
+  bool is_undefined() const { return std::holds_alternative<Undefined>(data_); }
+  bool is_none() const { return std::holds_alternative<None>(data_); }
+  bool is_bool() const { return std::holds_alternative<bool>(data_); }
+  bool is_int() const { return std::holds_alternative<int64_t>(data_); }
+  bool is_float() const { return std::holds_alternative<double>(data_); }
+  bool is_number() const { return is_int() || is_float() || is_bool(); }
+  bool is_string() const { return std::holds_alternative<std::string>(data_); }
+  bool is_list() const { return std::holds_alternative<std::shared_ptr<const List>>(data_); }
+  bool is_dict() const { return std::holds_alternative<std::shared_ptr<const Dict>>(data_); }
+  bool is_namespace() const { return std::holds_alternative<std::shared_ptr<Namespace>>(data_); }
+
+  bool as_bool() const { return std::get<bool>(data_); }
+  int64_t as_int() const { return std::get<int64_t>(data_); }
+  // Numeric value of a bool/int/float.
+  double as_double() const;
+  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const List& as_list() const { return *std::get<std::shared_ptr<const List>>(data_); }
+  const Dict& as_dict() const { return *std::get<std::shared_ptr<const Dict>>(data_); }
+  Namespace& as_namespace() const { return *std::get<std::shared_ptr<Namespace>>(data_); }
+  const std::string& undefined_name() const { return std::get<Undefined>(data_).name; }
+
+  // Python's bool(x).
+  bool truthy() const;
+  // Python's type name ("str", "int", "list", "dict", "NoneType", "Undefined", ...).
+  const char* type_name() const;
+  // Member of a dict or namespace; nullptr if absent or not a mapping.
+  const Value* find(const std::string& key) const;
+
+ private:
+  explicit Value(Undefined u) : data_(std::move(u)) {}
+  explicit Value(None n) : data_(n) {}
+  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
+               std::shared_ptr<const Dict>, std::shared_ptr<Namespace>>
+      data_;
+};
+
+// Python str(x) (what {{ x }} and ~ print; Undefined prints as "").
+std::string to_str(const Value& value);
+// Python repr(x).
+std::string to_repr(const Value& value);
+// Python repr() of a float ("1.0", "0.1", "1e-05", "1e+16").
+std::string float_repr(double value);
+// json.dumps(x, ensure_ascii=False, indent=indent) (indent < 0: None), as transformers'
+// tojson filter. Fails for Undefined and namespaces.
+Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys);
+
+// Python ==.
+bool equals(const Value& a, const Value& b);
+// Python <: numbers with numbers, strings with strings, lists element-wise.
+Result<bool> less_than(const Value& a, const Value& b);
+
+// Number of code points (Python len of a str).
+size_t code_point_count(const std::string& text);
+
+}  // namespace peerserve::jinja

@@ -1,0 +1,403 @@
+#include "tokenizer/tokenizer.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "tokenizer/internal/added_vocabulary.h"
+#include "tokenizer/internal/bpe_model.h"
+#include "tokenizer/internal/pre_tokenizer.h"
+#include "tokenizer/internal/utf8.h"
+
+namespace peerserve {
+namespace {
+
+using nlohmann::json;
+
+Result<json> parse_json(std::string_view text, const std::string& name) {
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return invalid_argument(name + ": not valid JSON");
+  if (!value.is_object())
+    return invalid_argument(name + ": expected a JSON object at the top level");
+  return value;
+}
+
+std::string component_type(const json& config) {
+  const auto it = config.find("type");
+  return it != config.end() && it->is_string() ? it->get<std::string>()
+                                               : config.dump().substr(0, 100);
+}
+
+Status check_normalizer(const json& config) {
+  if (config.is_null()) return ok_status();
+  const std::string type = component_type(config);
+  if (type == "Sequence") {
+    const auto it = config.find("normalizers");
+    if (it == config.end() || !it->is_array()) {
+      return invalid_argument("tokenizer.json: normalizer Sequence needs an array 'normalizers'");
+    }
+    for (const auto& child : *it) PS_RETURN_IF_ERROR(check_normalizer(child));
+    return ok_status();
+  }
+  return unimplemented("tokenizer.json: normalizer type '" + type +
+                       "' is not supported (supported: null or an empty Sequence)");
+}
+
+Status check_decoder(const json& config) {
+  if (config.is_null()) {
+    return unimplemented("tokenizer.json: decoder null is not supported (expected ByteLevel)");
+  }
+  const std::string type = component_type(config);
+  if (type == "ByteLevel") return ok_status();
+  if (type == "Sequence") {
+    const auto it = config.find("decoders");
+    if (it == config.end() || !it->is_array() || it->empty()) {
+      return invalid_argument(
+          "tokenizer.json: decoder Sequence needs a non-empty array 'decoders'");
+    }
+    for (const auto& child : *it) PS_RETURN_IF_ERROR(check_decoder(child));
+    return ok_status();
+  }
+  return unimplemented("tokenizer.json: decoder type '" + type +
+                       "' is not supported (supported: ByteLevel)");
+}
+
+// Token ids a post-processor puts around a single sequence.
+struct SpecialTokenTemplate {
+  std::vector<TokenId> before;
+  std::vector<TokenId> after;
+};
+
+Status parse_post_processor(const json& config, SpecialTokenTemplate& out) {
+  if (config.is_null()) return ok_status();
+  const std::string type = component_type(config);
+  if (type == "ByteLevel") return ok_status();  // offsets only; ids unchanged
+  if (type == "Sequence") {
+    const auto it = config.find("processors");
+    if (it == config.end() || !it->is_array()) {
+      return invalid_argument(
+          "tokenizer.json: post_processor Sequence needs an array 'processors'");
+    }
+    for (const auto& child : *it) PS_RETURN_IF_ERROR(parse_post_processor(child, out));
+    return ok_status();
+  }
+  if (type == "TemplateProcessing") {
+    const auto single = config.find("single");
+    const auto specials = config.find("special_tokens");
+    if (single == config.end() || !single->is_array() || specials == config.end() ||
+        !specials->is_object()) {
+      return invalid_argument(
+          "tokenizer.json: post_processor TemplateProcessing needs 'single' (array) and "
+          "'special_tokens' (object)");
+    }
+    bool seen_sequence = false;
+    for (const auto& piece : *single) {
+      if (piece.contains("Sequence")) {
+        seen_sequence = true;
+        continue;
+      }
+      if (!piece.contains("SpecialToken") || !piece["SpecialToken"].contains("id")) {
+        return invalid_argument(
+            "tokenizer.json: post_processor TemplateProcessing: unexpected piece " + piece.dump());
+      }
+      const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+      const auto special = specials->find(name);
+      if (special == specials->end() || !special->contains("ids") ||
+          !(*special)["ids"].is_array()) {
+        return invalid_argument(
+            "tokenizer.json: post_processor TemplateProcessing: special token '" + name +
+            "' has no ids");
+      }
+      for (const auto& id : (*special)["ids"]) {
+        (seen_sequence ? out.after : out.before).push_back(id.get<TokenId>());
+      }
+    }
+    return ok_status();
+  }
+  return unimplemented("tokenizer.json: post_processor type '" + type +
+                       "' is not supported (supported: ByteLevel, TemplateProcessing, Sequence)");
+}
+
+// bos_token/eos_token in tokenizer_config.json: a string or {"content": ...}.
+std::string config_token(const json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it == config.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return "";
+}
+
+Result<std::string> read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found(path.string() + ": cannot open");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return io_error(path.string() + ": read failed");
+  return buffer.str();
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  PreTokenizer pre_tokenizer;
+  BpeModel model;
+  AddedVocabulary added;
+  SpecialTokenTemplate post_template;  // used when the config has no add_*_token keys
+  bool config_sets_special = false;
+  bool add_bos = false;
+  bool add_eos = false;
+  std::string bos_token;
+  std::string eos_token;
+  std::optional<TokenId> bos_id;
+  std::optional<TokenId> eos_id;
+  int32_t vocab_size = 0;
+  std::optional<ChatTemplate> chat_template;
+  Status chat_template_status = not_found("tokenizer_config.json has no chat_template");
+
+  Impl(PreTokenizer p, BpeModel m, AddedVocabulary a)
+      : pre_tokenizer(std::move(p)), model(std::move(m)), added(std::move(a)) {}
+};
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Result<Tokenizer> Tokenizer::load_from_dir(const std::filesystem::path& dir) {
+  TokenizerSources sources;
+  PS_ASSIGN_OR_RETURN(sources.tokenizer_json, read_file(dir / "tokenizer.json"));
+  const auto config_path = dir / "tokenizer_config.json";
+  if (std::filesystem::exists(config_path)) {
+    PS_ASSIGN_OR_RETURN(sources.tokenizer_config_json, read_file(config_path));
+  }
+  return from_sources(sources);
+}
+
+Result<Tokenizer> Tokenizer::from_sources(const TokenizerSources& sources) {
+  PS_ASSIGN_OR_RETURN(json root, parse_json(sources.tokenizer_json, "tokenizer.json"));
+  for (const char* key : {"truncation", "padding"}) {
+    if (root.contains(key) && !root[key].is_null()) {
+      return unimplemented(std::string("tokenizer.json: '") + key +
+                           "' is not supported (expected null)");
+    }
+  }
+  PS_RETURN_IF_ERROR(check_normalizer(root.value("normalizer", json())));
+  PS_RETURN_IF_ERROR(check_decoder(root.value("decoder", json())));
+  PS_ASSIGN_OR_RETURN(PreTokenizer pre_tokenizer,
+                      PreTokenizer::from_json(root.value("pre_tokenizer", json())));
+  if (!pre_tokenizer.has_byte_level()) {
+    return unimplemented(
+        "tokenizer.json: a BPE model without a ByteLevel pre_tokenizer is not supported");
+  }
+  if (!root.contains("model")) return invalid_argument("tokenizer.json: missing 'model'");
+  PS_ASSIGN_OR_RETURN(BpeModel model, BpeModel::from_json(root["model"], /*byte_level=*/true));
+  PS_ASSIGN_OR_RETURN(AddedVocabulary added,
+                      AddedVocabulary::from_json(root.value("added_tokens", json())));
+  auto impl = std::make_unique<Impl>(std::move(pre_tokenizer), std::move(model), std::move(added));
+  PS_RETURN_IF_ERROR(
+      parse_post_processor(root.value("post_processor", json()), impl->post_template));
+
+  int32_t max_id = impl->model.max_id();
+  // An added token whose id is also a model token wins for decode, as in Hugging Face.
+  for (const AddedToken& token : impl->added.tokens()) max_id = std::max(max_id, token.id);
+  impl->vocab_size = max_id + 1;
+
+  if (!sources.tokenizer_config_json.empty()) {
+    PS_ASSIGN_OR_RETURN(json config,
+                        parse_json(sources.tokenizer_config_json, "tokenizer_config.json"));
+    if (config.value("clean_up_tokenization_spaces", false)) {
+      return unimplemented(
+          "tokenizer_config.json: clean_up_tokenization_spaces = true is not supported "
+          "(it breaks byte-exact streaming decode; expected false)");
+    }
+    impl->bos_token = config_token(config, "bos_token");
+    impl->eos_token = config_token(config, "eos_token");
+    impl->config_sets_special =
+        config.contains("add_bos_token") || config.contains("add_eos_token");
+    impl->add_bos = config.value("add_bos_token", false);
+    impl->add_eos = config.value("add_eos_token", false);
+    if (const auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {
+      std::optional<std::string> source;
+      if (it->is_string()) {
+        source = it->get<std::string>();
+      } else if (it->is_array()) {
+        for (const auto& named : *it) {
+          if (named.value("name", "") == "default" && named.contains("template")) {
+            source = named["template"].get<std::string>();
+          }
+        }
+      }
+      if (!source) {
+        impl->chat_template_status = invalid_argument(
+            "tokenizer_config.json: chat_template must be a string or a list with a "
+            "'default' entry");
+      } else {
+        auto parsed = ChatTemplate::parse(*source);
+        if (parsed.ok()) {
+          impl->chat_template.emplace(std::move(parsed).value());
+          impl->chat_template_status = ok_status();
+        } else {
+          impl->chat_template_status =
+              parsed.status().with_context("tokenizer_config.json: chat_template");
+        }
+      }
+    }
+  }
+  Tokenizer tokenizer(std::move(impl));
+  Impl& self = *tokenizer.impl_;
+  if (!self.bos_token.empty()) self.bos_id = tokenizer.token_id(self.bos_token);
+  if (!self.eos_token.empty()) self.eos_id = tokenizer.token_id(self.eos_token);
+  if (self.add_bos && !self.bos_id) {
+    return invalid_argument("tokenizer_config.json: add_bos_token is true but bos_token '" +
+                            self.bos_token + "' is not a token");
+  }
+  if (self.add_eos && !self.eos_id) {
+    return invalid_argument("tokenizer_config.json: add_eos_token is true but eos_token '" +
+                            self.eos_token + "' is not a token");
+  }
+  return tokenizer;
+}
+
+Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
+                                               const EncodeOptions& options) const {
+  const Impl& self = *impl_;
+  std::string valid_copy;
+  if (!utf8::is_valid(text)) {
+    valid_copy = utf8::make_valid(text);
+    text = valid_copy;
+  }
+  std::vector<TokenId> ids;
+  if (options.add_special_tokens) {
+    if (self.config_sets_special) {
+      if (self.add_bos) ids.push_back(*self.bos_id);
+    } else {
+      ids = self.post_template.before;
+    }
+  }
+  std::vector<TextSegment> segments =
+      options.match_added_tokens ? self.added.split(text) : std::vector<TextSegment>{{text, -1}};
+  std::vector<std::string> pieces;
+  for (const TextSegment& segment : segments) {
+    if (segment.added_id >= 0) {
+      ids.push_back(segment.added_id);
+      continue;
+    }
+    PS_RETURN_IF_ERROR(self.pre_tokenizer.split(segment.text, pieces));
+    for (const std::string& piece : pieces) self.model.encode_word(piece, ids);
+  }
+  if (options.add_special_tokens) {
+    if (self.config_sets_special) {
+      if (self.add_eos) ids.push_back(*self.eos_id);
+    } else {
+      ids.insert(ids.end(), self.post_template.after.begin(), self.post_template.after.end());
+    }
+  }
+  return ids;
+}
+
+bool Tokenizer::has_token(TokenId id) const {
+  return impl_->added.find_by_id(id) != nullptr || impl_->model.has_id(id);
+}
+
+std::string_view Tokenizer::token_bytes(TokenId id) const {
+  if (const AddedToken* token = impl_->added.find_by_id(id)) return token->content;
+  PS_CHECK(impl_->model.has_id(id)) << "token id " << id << " is not in the vocabulary";
+  return impl_->model.id_bytes(id);
+}
+
+std::string_view Tokenizer::token_text(TokenId id) const {
+  if (const AddedToken* token = impl_->added.find_by_id(id)) return token->content;
+  PS_CHECK(impl_->model.has_id(id)) << "token id " << id << " is not in the vocabulary";
+  return impl_->model.id_text(id);
+}
+
+std::optional<TokenId> Tokenizer::token_id(std::string_view text) const {
+  if (const AddedToken* token = impl_->added.find_by_content(text)) return token->id;
+  const auto& map = impl_->model.text_to_id();
+  const auto it = map.find(std::string(text));
+  if (it == map.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Tokenizer::is_special(TokenId id) const {
+  const AddedToken* token = impl_->added.find_by_id(id);
+  return token != nullptr && token->special;
+}
+
+bool Tokenizer::is_added(TokenId id) const {
+  return impl_->added.find_by_id(id) != nullptr;
+}
+
+Result<std::string> Tokenizer::decode(std::span<const TokenId> ids,
+                                      const DecodeOptions& options) const {
+  std::string bytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const TokenId id = ids[i];
+    if (!has_token(id)) {
+      return invalid_argument("decode: token id " + std::to_string(id) + " at position " +
+                              std::to_string(i) + " is not in the vocabulary (ids are 0.." +
+                              std::to_string(impl_->vocab_size - 1) + ")");
+    }
+    if (options.skip_special_tokens && is_special(id)) continue;
+    bytes.append(token_bytes(id));
+  }
+  if (utf8::is_valid(bytes)) return bytes;
+  return utf8::make_valid(bytes);
+}
+
+int32_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
+std::optional<TokenId> Tokenizer::bos_id() const {
+  return impl_->bos_id;
+}
+std::optional<TokenId> Tokenizer::eos_id() const {
+  return impl_->eos_id;
+}
+const std::string& Tokenizer::bos_token() const {
+  return impl_->bos_token;
+}
+const std::string& Tokenizer::eos_token() const {
+  return impl_->eos_token;
+}
+bool Tokenizer::add_bos_token() const {
+  return impl_->config_sets_special ? impl_->add_bos : !impl_->post_template.before.empty();
+}
+bool Tokenizer::add_eos_token() const {
+  return impl_->config_sets_special ? impl_->add_eos : !impl_->post_template.after.empty();
+}
+
+const ChatTemplate* Tokenizer::chat_template() const {
+  return impl_->chat_template ? &*impl_->chat_template : nullptr;
+}
+
+Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& input) const {
+  if (!impl_->chat_template) return impl_->chat_template_status;
+  if (!input.messages.is_array()) {
+    return invalid_argument("chat template: messages must be an array, got " +
+                            std::string(input.messages.type_name()));
+  }
+  json variables = input.extra_variables.is_null() ? json::object() : input.extra_variables;
+  if (!variables.is_object()) {
+    return invalid_argument("chat template: extra variables must be an object");
+  }
+  for (const char* reserved : {"messages", "add_generation_prompt", "bos_token", "eos_token"}) {
+    if (variables.contains(reserved)) {
+      return invalid_argument(std::string("chat template: extra variable '") + reserved +
+                              "' is set by the tokenizer and may not be overridden");
+    }
+  }
+  variables["messages"] = input.messages;
+  variables["add_generation_prompt"] = input.add_generation_prompt;
+  variables["bos_token"] = impl_->bos_token;
+  variables["eos_token"] = impl_->eos_token;
+  return impl_->chat_template->render(variables);
+}
+
+Result<std::vector<TokenId>> Tokenizer::encode_chat(const ChatTemplateInput& input) const {
+  PS_ASSIGN_OR_RETURN(std::string text, apply_chat_template(input));
+  return encode(text, {.add_special_tokens = false, .match_added_tokens = true});
+}
+
+}  // namespace peerserve
