@@ -1,0 +1,187 @@
+#include "plan/analytic/decode_model.h"
+
+#include <cmath>
+
+#include "plan/analytic/device_rates.h"
+#include "plan/analytic/expert_load.h"
+
+namespace peerserve::plan {
+namespace {
+
+// Everything one decode layer evaluation needs, resolved once per estimate.
+struct DecodeContext {
+  const ModelProfile& model;
+  const HardwareProfile& hw;
+  const DecodeDeployment& deployment;
+  DeviceRates rates;
+  double weight_bytes = 1.0;
+  double kv_bytes = 2.0;
+  double dispatch_bytes = 0.0;
+  double combine_bytes = 0.0;
+};
+
+std::vector<OperatorTime> layer_operators(const DecodeContext& cx, double tokens, double requests,
+                                          double context, bool moe) {
+  const ModelProfile& m = cx.model;
+  std::vector<OperatorTime> ops;
+  const auto attention = OperatorStream::kAttention;
+  const auto moe_stream = OperatorStream::kMoe;
+  ops.push_back(
+      {"mla_prolog", attention, false,
+       gemm_seconds(cx.rates, attention_weights_before_core(m), tokens, cx.weight_bytes)});
+  const double core_flops = tokens * attention_core_flops_decode(m, context);
+  const double core_bytes = requests * context * kv_elements_per_token_per_layer(m) * cx.kv_bytes;
+  ops.push_back(
+      {"attention_core", attention, false, attention_seconds(cx.rates, core_flops, core_bytes)});
+  ops.push_back({"o_proj", attention, false,
+                 gemm_seconds(cx.rates, attention_weights_after_core(m), tokens, cx.weight_bytes)});
+  if (!moe) {
+    ops.push_back({"dense_ffn", moe_stream, false,
+                   gemm_seconds(cx.rates, dense_ffn_weights(m), tokens, cx.weight_bytes)});
+    return ops;
+  }
+  const ExpertPlacement& placement = cx.deployment.experts;
+  const ExpertLoad load = expert_load(m, placement, tokens);
+  ops.push_back(
+      {"gate", moe_stream, false,
+       gemm_seconds(cx.rates, gate_weights(m), tokens, bytes_per_element(Precision::kBf16))});
+  AllToAllCall call;
+  call.ranks = placement.devices;
+  call.tokens = tokens;
+  call.copies_per_token = load.copies_per_token;
+  call.bytes_per_copy = cx.dispatch_bytes;
+  const AllToAllTime dispatch = all_to_all_time(cx.hw, call);
+  ops.push_back({"dispatch_pack", moe_stream, false, dispatch.message_s});
+  ops.push_back({"dispatch", moe_stream, true, dispatch.link_s()});
+  ops.push_back({"experts", moe_stream, false, expert_seconds(m, load, cx.rates, cx.weight_bytes)});
+  call.bytes_per_copy = cx.combine_bytes;
+  const AllToAllTime combine = all_to_all_time(cx.hw, call);
+  ops.push_back({"combine_pack", moe_stream, false, combine.message_s});
+  ops.push_back({"combine", moe_stream, true, combine.link_s()});
+  return ops;
+}
+
+LayerEstimate estimate_layer(const DecodeContext& cx, double tokens, double requests,
+                             double context, bool moe) {
+  LayerEstimate layer;
+  layer.operators = layer_operators(cx, tokens, requests, context, moe);
+  layer.sequential_s = stream_totals(layer.operators).sequential();
+  const StreamTotals half =
+      stream_totals(layer_operators(cx, tokens / 2.0, requests / 2.0, context, moe));
+  const PipelinePeriod period = two_stream_period(half);
+  layer.microbatched_s = 2.0 * period.period_s;
+  layer.attention_share = period.attention_share;
+  switch (cx.deployment.microbatching) {
+    case Microbatching::kOff:
+      layer.microbatched = false;
+      break;
+    case Microbatching::kOn:
+      layer.microbatched = true;
+      break;
+    case Microbatching::kAuto:
+      layer.microbatched = layer.microbatched_s < layer.sequential_s;
+      break;
+  }
+  layer.seconds = layer.microbatched ? layer.microbatched_s : layer.sequential_s;
+  return layer;
+}
+
+DecodeMemory decode_memory(const DecodeContext& cx, double batch, double tokens, double max_context,
+                           bool microbatched) {
+  const ModelProfile& m = cx.model;
+  const ExpertPlacement& placement = cx.deployment.experts;
+  const ExpertLoad load = expert_load(m, placement, tokens);
+  const double w = cx.weight_bytes;
+  const double moe_layers = m.num_moe_layers() + m.num_mtp_layers;
+  DecodeMemory mem;
+  mem.weight_bytes = (m.num_layers + m.num_mtp_layers) * attention_weights_per_layer(m) * w +
+                     m.num_dense_layers * dense_ffn_weights(m) * w +
+                     2.0 * embedding_weights(m) * w +
+                     moe_layers * (load.experts_per_routed_device * expert_weights(m) * w +
+                                   gate_weights(m) * bytes_per_element(Precision::kBf16));
+  mem.kv_bytes = batch * max_context * kv_elements_per_token_per_layer(m) * cx.kv_bytes *
+                 (m.num_layers + m.num_mtp_layers);
+  const double tokens_per_call = microbatched ? tokens / 2.0 : tokens;
+  mem.buffers = expert_buffers(placement.devices, std::ceil(tokens_per_call), m.experts_per_token,
+                               static_cast<int>(std::ceil(load.slots_per_routed_device)),
+                               cx.dispatch_bytes, cx.combine_bytes);
+  mem.buffer_bytes = mem.buffers.total_bytes();
+  mem.reserved_bytes = cx.hw.reserved_memory_gb * 1e9;
+  mem.capacity_bytes = cx.hw.hbm_capacity_gb * 1e9;
+  return mem;
+}
+
+}  // namespace
+
+Result<DecodeEstimate> estimate_decode(const ModelProfile& model, const HardwareProfile& hw,
+                                       const DecodeDeployment& deployment, double batch_per_device,
+                                       double context_tokens, double max_context_tokens) {
+  PS_RETURN_IF_ERROR(validate_decode_deployment(deployment, model));
+  if (!(batch_per_device > 0.0)) {
+    return invalid_argument("decode batch per device must be > 0");
+  }
+  if (!(context_tokens >= 0.0) || !(max_context_tokens >= context_tokens)) {
+    return invalid_argument("decode context must satisfy 0 <= mean context <= max context");
+  }
+  PS_ASSIGN_OR_RETURN(DeviceRates rates, device_rates(hw, deployment.precision, false));
+  DecodeContext cx{model, hw, deployment, rates};
+  cx.weight_bytes = bytes_per_element(deployment.precision.weights);
+  cx.kv_bytes = bytes_per_element(deployment.precision.kv_cache);
+  cx.dispatch_bytes = dispatch_bytes_per_copy(model, deployment.precision);
+  cx.combine_bytes = combine_bytes_per_copy(model, deployment.precision);
+
+  DecodeEstimate e;
+  e.batch_per_device = batch_per_device;
+  e.context_tokens = context_tokens;
+  const int drafts = deployment.mtp.draft_tokens;
+  e.tokens_per_device = batch_per_device * (1.0 + drafts);
+  e.moe_layer = estimate_layer(cx, e.tokens_per_device, batch_per_device, context_tokens, true);
+  e.dense_layer = estimate_layer(cx, e.tokens_per_device, batch_per_device, context_tokens, false);
+  double step =
+      model.num_moe_layers() * e.moe_layer.seconds + model.num_dense_layers * e.dense_layer.seconds;
+  if (drafts > 0) {
+    // Each draft token runs one MTP module on one token per request.
+    e.mtp_layer = estimate_layer(cx, batch_per_device, batch_per_device, context_tokens, true);
+    step += drafts * std::max(1, model.num_mtp_layers) * e.mtp_layer.seconds;
+  }
+  // LM head: main model on every token, and once per draft for the MTP module.
+  e.lm_head_s =
+      gemm_seconds(rates, embedding_weights(model), e.tokens_per_device, cx.weight_bytes) +
+      drafts * gemm_seconds(rates, embedding_weights(model), batch_per_device, cx.weight_bytes);
+  e.fixed_s = hw.fixed.decode_step_ms * 1e-3;
+  e.step_s = step + e.lm_head_s + e.fixed_s;
+  e.tokens_per_step = deployment.mtp.tokens_per_step();
+  e.tpot_s = e.step_s / e.tokens_per_step;
+  e.throughput_per_device = batch_per_device / e.tpot_s;
+  e.throughput_per_package = e.throughput_per_device * hw.devices_per_package;
+  PS_ASSIGN_OR_RETURN(const double peak, hw.peak_flops(deployment.precision.weights));
+  e.tokens_per_s_per_tflops = e.throughput_per_device / (peak / 1e12);
+  e.memory = decode_memory(cx, batch_per_device, e.tokens_per_device, max_context_tokens,
+                           e.moe_layer.microbatched);
+  return e;
+}
+
+Result<std::optional<SloBatch>> largest_batch_under_slo(const ModelProfile& model,
+                                                        const HardwareProfile& hw,
+                                                        const DecodeDeployment& deployment,
+                                                        double tpot_slo_s, double context_tokens,
+                                                        double max_context_tokens, int max_batch) {
+  if (!(tpot_slo_s > 0.0)) return invalid_argument("TPOT SLO must be > 0 seconds");
+  if (max_batch < 1) return invalid_argument("max_batch must be >= 1");
+  std::optional<SloBatch> best;
+  for (int b = 1; b <= max_batch; ++b) {
+    PS_ASSIGN_OR_RETURN(DecodeEstimate e, estimate_decode(model, hw, deployment, b, context_tokens,
+                                                          max_context_tokens));
+    const bool fits = e.memory.fits();
+    if (e.tpot_s <= tpot_slo_s && fits) {
+      best = SloBatch{b, false, std::move(e)};
+      continue;
+    }
+    // TPOT grows with the batch, so the first miss ends the search.
+    if (best) best->memory_bound = !fits;
+    break;
+  }
+  return best;
+}
+
+}  // namespace peerserve::plan
