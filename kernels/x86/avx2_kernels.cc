@@ -24,7 +24,10 @@ struct Avx2Ops {
   }
   static Reg load_w_part(const uint16_t* p, int count) { return load_part(p, count); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static float reduce(Reg v) { return reduce_add(v); }
+  template <int N>
+  static void reduce_many(const Reg* v, float* out) {
+    for (int a = 0; a < N; ++a) out[a] = reduce_add(v[a]);
+  }
 };
 
 // ---- matmul: 16 ymm registers allow 3 x 4 accumulators + 4 weights ----

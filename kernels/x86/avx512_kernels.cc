@@ -32,7 +32,10 @@ struct Avx512Ops {
     return widen_bf16(_mm256_maskz_loadu_epi16(first_lanes(count), p));
   }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static float reduce(Reg v) { return reduce_add(v); }
+  template <int N>
+  static void reduce_many(const Reg* v, float* out) {
+    reduce_add_many<N>(v, out);
+  }
 };
 
 // ---- matmul ----

@@ -5,7 +5,8 @@
 // Summation order of y[i, j] (the same in every register block, which makes the kernels
 // batch-invariant): an accumulator of V::kLanes fp32 lanes, lane l summing
 // x[i, p] * w[j, p] for p = l, l + L, l + 2L, ... with one fused multiply-add each (the
-// k tail is zero-padded), then the lanes reduced by V::reduce in a fixed halving tree.
+// k tail is zero-padded), then the lanes reduced by V::reduce_many: each sum in a fixed halving
+// tree.
 //
 // Register block MR x NR: NR weight vectors are loaded (and widened) once per k step and
 // reused for MR rows of x. x rows are blocked by about kRowBlockBytes so that they stay in
@@ -61,11 +62,13 @@ inline void fma_block(const XT* x, int64_t x_stride, const WT* w, int64_t w_stri
       for (int j = 0; j < NR; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
     }
   }
+  float sums[(MR * NR + 15) / 16 * 16];
+  V::template reduce_many<MR * NR>(&acc[0][0], sums);
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const float s = V::reduce(acc[i][j]);
+      const float s = sums[i * NR + j];
       float& out = y[i * y_stride + j];
       out = accumulate ? out + s : s;
     }
