@@ -291,12 +291,10 @@ class MoE(nn.Module):
         counts = torch.bincount(slots, minlength=c.n_routed_experts)
         token_of_slot = order // k
         slot_weight = weights.reshape(-1)[order].unsqueeze(-1)
-        gathered = flat[token_of_slot]
-        outputs, start = [], 0
-        for e, n in enumerate(counts.tolist()):
-            if n:
-                outputs.append(self.experts[e](gathered[start:start + n]))
-                start += n
+        # split() (not slicing) so that the backward pass concatenates the expert
+        # gradients once instead of adding one full-size gradient per expert.
+        groups = flat[token_of_slot].split(counts.tolist())
+        outputs = [self.experts[e](g) for e, g in enumerate(groups) if g.shape[0]]
         routed = torch.zeros_like(flat).index_add_(0, token_of_slot,
                                                    torch.cat(outputs) * slot_weight)
         self.last_load = counts.detach().float()

@@ -132,22 +132,16 @@ def cmd_time_steps(args):
     opts = training.TrainOptions(steps=args.warmup + args.steps, batch_size=args.batch_size,
                                  seq_len=args.seq_len, seed=args.seed, log_every=10 ** 9)
     # Time the steps after `warmup` untimed ones (allocator and thread-pool start-up).
-    wall0 = cpu0 = None
-    original = training.update_balance_bias
-    step_count = [0]
+    marks = {}
 
-    def counting_update(m, gamma):
-        nonlocal wall0, cpu0
-        original(m, gamma)
-        step_count[0] += 1
-        if step_count[0] == args.warmup:
-            wall0, cpu0 = time.time(), time.process_time()
+    def on_step(step):
+        if step == args.warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            marks["wall"], marks["cpu"] = time.time(), time.process_time()
 
-    training.update_balance_bias = counting_update
-    try:
-        training.train(model, stream, opts, device, log=log)
-    finally:
-        training.update_balance_bias = original
+    training.train(model, stream, opts, device, log=log, on_step=on_step)
+    wall0, cpu0 = marks["wall"], marks["cpu"]
     wall, cpu = time.time() - wall0, time.process_time() - cpu0
     counts = parameter_counts(model)
     result = {"preset": args.preset, "steps_timed": args.steps, "batch_size": args.batch_size,

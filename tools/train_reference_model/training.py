@@ -67,8 +67,9 @@ def update_balance_bias(model, gamma):
         moe.gate.e_score_correction_bias += gamma * torch.sign(load.mean() - load)
 
 
-def train(model, stream, opts, device, log=print):
-    """Trains on random windows of the token stream (numpy uint16); returns a summary."""
+def train(model, stream, opts, device, log=print, on_step=None):
+    """Trains on random windows of the token stream (numpy uint16); returns a summary.
+    on_step(step) runs after each step (step counts from 1)."""
     rng = np.random.default_rng(opts.seed)
     optimizer = _optimizer(model, opts)
     model.train()
@@ -92,6 +93,8 @@ def train(model, stream, opts, device, log=print):
         torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip)
         optimizer.step()
         update_balance_bias(model, opts.bias_update_speed)
+        if on_step:
+            on_step(step + 1)
         loads = [m.last_load for m in model.moe_layers().values()]
         acc["loss"] += main.item()
         acc["mtp"] += mtp.item()
