@@ -1,0 +1,387 @@
+// DeepseekModel on the tiny preset: attention forms, paged incremental decode, ragged
+// batches, FP8 checkpoints, the expert seam, MTP and input validation.
+#include "model/deepseek_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/safetensors_writer.h"
+#include "model/checkpoint/tensor_layout.h"
+#include "model/expert_backend.h"
+#include "tests/model/forward_test_util.h"
+#include "tests/model/test_checkpoints.h"
+
+namespace peerserve {
+namespace {
+
+using testing::load_model;
+using testing::make_cache;
+using testing::max_rel_diff;
+using testing::test_tokens;
+using testing::TestSequence;
+using testing::tiny_checkpoint_dir;
+
+ModelOptions fp32_options(AttentionForm form = AttentionForm::kAuto) {
+  ModelOptions o;
+  o.num_threads = 2;
+  o.gemm_precision = GemmPrecision::kFp32;
+  o.attention_form = form;
+  return o;
+}
+
+// Runs `seq` forward by `n` tokens; returns the logits rows.
+std::vector<float> step(DeepseekModel& model, LatentKvCache& cache, TestSequence& seq, int64_t n,
+                        bool all_logits) {
+  const SequenceChunk chunk = seq.next_chunk(n, all_logits);
+  ForwardOutput out;
+  const Status s = model.forward({&chunk, 1}, cache, &out);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  seq.cached += n;
+  return out.logits;
+}
+
+std::vector<int32_t> iota_blocks(int64_t n, int32_t first = 0) {
+  std::vector<int32_t> b(n);
+  for (int64_t i = 0; i < n; ++i) b[i] = first + static_cast<int32_t>(i);
+  return b;
+}
+
+TEST(DeepseekModelTest, AbsorbedAndPlainAttentionAgree) {
+  auto plain = load_model(tiny_checkpoint_dir(), fp32_options(AttentionForm::kPlain));
+  auto absorbed = load_model(tiny_checkpoint_dir(), fp32_options(AttentionForm::kAbsorbed));
+  const int64_t vocab = plain->config().vocab_size;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    LatentKvCache cache_p = make_cache(*plain, 4, dtype, 32);
+    LatentKvCache cache_a = make_cache(*absorbed, 4, dtype, 32);
+    TestSequence seq_p{test_tokens(26, vocab, 1), iota_blocks(8), 0};
+    TestSequence seq_a = seq_p;
+    // A prefill of 19 tokens (every row), then a continuation chunk of 4 and 3 decode steps.
+    for (int64_t n : {19, 4, 1, 1, 1}) {
+      const std::vector<float> lp = step(*plain, cache_p, seq_p, n, true);
+      const std::vector<float> la = step(*absorbed, cache_a, seq_a, n, true);
+      ASSERT_EQ(lp.size(), static_cast<size_t>(n * vocab));
+      // Same math in fp32 with different summation orders (kv_lora_rank-wide dot products
+      // against 192-wide ones, W_UK folded into q): a few fp32 ulps per operation, far
+      // below 1e-5 of the logit scale after 3 layers.
+      EXPECT_LT(max_rel_diff(lp, la), 1e-5) << "chunk of " << n << ", dtype " << dtype_name(dtype);
+    }
+  }
+}
+
+TEST(DeepseekModelTest, IncrementalDecodeOnPagedCacheEqualsFullRecomputation) {
+  auto model = load_model(tiny_checkpoint_dir(), fp32_options());
+  const int64_t vocab = model->config().vocab_size;
+  const std::vector<int32_t> all = test_tokens(24, vocab, 2);
+  for (int64_t block_size : {1, 3, 16}) {
+    const int64_t num_blocks = 64;
+    LatentKvCache cache = make_cache(*model, block_size, DType::kF32, num_blocks);
+    // Scattered, non-contiguous block ids: 61, 58, 55, ...
+    TestSequence seq;
+    seq.tokens = all;
+    for (int64_t b = 0; b < (24 + block_size - 1) / block_size; ++b) {
+      seq.blocks.push_back(
+          static_cast<int32_t>((num_blocks - 3 - 3 * b + 3 * num_blocks) % num_blocks));
+    }
+    // Prefill in two chunks (the second continues at start_pos 7), then decode one by one.
+    std::vector<std::vector<float>> incremental;
+    step(*model, cache, seq, 7, false);
+    incremental.push_back(step(*model, cache, seq, 9, false));
+    while (seq.cached < static_cast<int64_t>(all.size())) {
+      incremental.push_back(step(*model, cache, seq, 1, false));
+    }
+    // Full recomputation of each prefix in a fresh cache.
+    for (size_t k = 0; k < incremental.size(); ++k) {
+      const int64_t len = 16 + static_cast<int64_t>(k);
+      LatentKvCache fresh = make_cache(*model, 16, DType::kF32, 4);
+      TestSequence full{std::vector<int32_t>(all.begin(), all.begin() + len), iota_blocks(2), 0};
+      const std::vector<float> logits = step(*model, fresh, full, len, false);
+      // Plain (full prefill) vs absorbed (decode) forms and different chunkings: fp32
+      // rounding only (see AbsorbedAndPlainAttentionAgree).
+      EXPECT_LT(max_rel_diff(logits, incremental[k]), 1e-5)
+          << "block size " << block_size << ", length " << len;
+    }
+  }
+}
+
+TEST(DeepseekModelTest, RaggedBatchEqualsSequencesRunOneByOneBitwise) {
+  ModelOptions options;  // the inference defaults: bf16 activations, auto attention form
+  options.num_threads = 2;
+  auto model = load_model(tiny_checkpoint_dir(), options);
+  ModelOptions one_thread = options;
+  one_thread.num_threads = 1;
+  auto model_1t = load_model(tiny_checkpoint_dir(), one_thread);
+  const int64_t vocab = model->config().vocab_size;
+
+  // Three sequences with disjoint blocks in one cache (batched) and in private caches.
+  std::vector<TestSequence> batched = {
+      {test_tokens(12, vocab, 3), {0, 1, 2}, 0},
+      {test_tokens(9, vocab, 4), {5, 3, 4}, 0},
+      {test_tokens(14, vocab, 5), {9, 6, 7, 8}, 0},
+  };
+  std::vector<TestSequence> alone = batched;
+  LatentKvCache shared_cache = make_cache(*model, 4, DType::kBF16, 10);
+  std::vector<LatentKvCache> own_caches;
+  for (int i = 0; i < 3; ++i) own_caches.push_back(make_cache(*model, 4, DType::kBF16, 10));
+
+  // Step plans: tokens per sequence per step (prefill, continued prefill, decode mixed).
+  const std::vector<std::vector<int64_t>> plan = {{7, 4, 9}, {1, 3, 1}, {1, 2, 1}, {1, 0, 3}};
+  for (size_t s = 0; s < plan.size(); ++s) {
+    std::vector<SequenceChunk> chunks;
+    std::vector<int> which;
+    for (int i = 0; i < 3; ++i) {
+      if (plan[s][i] == 0) continue;
+      chunks.push_back(batched[i].next_chunk(plan[s][i], /*all_logits=*/i == 1));
+      which.push_back(i);
+    }
+    ForwardOutput out;
+    ASSERT_TRUE(model->forward(chunks, shared_cache, &out).ok());
+    ASSERT_EQ(out.row_offsets.size(), chunks.size() + 1);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int i = which[c];
+      batched[i].cached += plan[s][i];
+      // The same sequence alone (alternating 1 and 2 threads) in its own cache.
+      DeepseekModel& solo = (s + i) % 2 ? *model_1t : *model;
+      const std::vector<float> expected =
+          step(solo, own_caches[i], alone[i], plan[s][i], /*all_logits=*/i == 1);
+      const std::span<const float> got(out.logits.data() + out.row_offsets[c] * vocab,
+                                       (out.row_offsets[c + 1] - out.row_offsets[c]) * vocab);
+      ASSERT_EQ(got.size(), expected.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)))
+          << "step " << s << ", sequence " << i << ": max rel diff " << max_rel_diff(expected, got);
+    }
+  }
+}
+
+// Writes a BF16 checkpoint holding the dequantized values of an FP8 one.
+std::string write_dequantized_copy(const std::string& fp8_dir) {
+  auto ckpt = Checkpoint::open(fp8_dir);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  const std::string out_dir = testing::make_temp_dir("dequantized");
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> weight_map;
+  uint64_t total = 0;
+  for (const TensorSpec& spec : deepseek_tensor_layout(ckpt->config())) {
+    TensorToWrite t;
+    t.name = spec.name;
+    t.shape = spec.shape;
+    if (spec.role == TensorRole::kRouterBias) {
+      auto values = ckpt->get_f32(spec.name, spec.shape);
+      EXPECT_TRUE(values.ok());
+      t.dtype = DType::kF32;
+      t.bytes.resize(values->size() * 4);
+      std::memcpy(t.bytes.data(), values->data(), t.bytes.size());
+    } else {
+      auto w = ckpt->get_bf16(spec.name, spec.shape);
+      EXPECT_TRUE(w.ok()) << w.status().to_string();
+      t.dtype = DType::kBF16;
+      t.bytes.resize(w->nbytes());
+      std::memcpy(t.bytes.data(), w->data, t.bytes.size());
+    }
+    total += t.bytes.size();
+    weight_map[t.name] = "model.safetensors";
+    tensors.push_back(std::move(t));
+  }
+  EXPECT_TRUE(write_safetensors_file(out_dir + "/model.safetensors", tensors).ok());
+  EXPECT_TRUE(
+      write_safetensors_index(out_dir + "/model.safetensors.index.json", total, weight_map).ok());
+  std::ifstream in(fp8_dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config.erase("quantization_config");
+  std::ofstream(out_dir + "/config.json") << config.dump(2);
+  return out_dir;
+}
+
+TEST(DeepseekModelTest, Fp8CheckpointEqualsBf16CheckpointOfItsDequantizedValues) {
+  const std::string fp8_dir = tiny_checkpoint_dir(/*fp8=*/true);
+  const std::string bf16_dir = write_dequantized_copy(fp8_dir);
+  auto fp8_model = load_model(fp8_dir, fp32_options());
+  auto bf16_model = load_model(bf16_dir, fp32_options());
+  const int64_t vocab = fp8_model->config().vocab_size;
+  LatentKvCache cache_a = make_cache(*fp8_model, 8, DType::kF32, 4);
+  LatentKvCache cache_b = make_cache(*bf16_model, 8, DType::kF32, 4);
+  TestSequence a{test_tokens(13, vocab, 6), iota_blocks(2), 0};
+  TestSequence b = a;
+  for (int64_t n : {11, 1, 1}) {
+    const std::vector<float> la = step(*fp8_model, cache_a, a, n, true);
+    const std::vector<float> lb = step(*bf16_model, cache_b, b, n, true);
+    // Identical weights after dequantization, identical code path: bitwise equal.
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)));
+  }
+}
+
+// Records the layers it is asked about, and delegates nothing: all routed outputs are zero.
+class RecordingBackend final : public ExpertBackend {
+ public:
+  Status run(const RoutedTokens& tokens, std::span<float> out) override {
+    layers.push_back(tokens.layer);
+    rows += tokens.num_tokens;
+    EXPECT_EQ(tokens.expert_ids.size(), static_cast<size_t>(tokens.num_tokens * tokens.top_k));
+    std::fill(out.begin(), out.end(), 0.0f);
+    return ok_status();
+  }
+  std::vector<int64_t> layers;
+  int64_t rows = 0;
+};
+
+TEST(DeepseekModelTest, RoutedExpertsGoThroughTheExpertBackend) {
+  auto model = load_model(tiny_checkpoint_dir(), fp32_options());
+  const int64_t vocab = model->config().vocab_size;
+  LatentKvCache cache = make_cache(*model, 8, DType::kF32, 4);
+  TestSequence seq{test_tokens(5, vocab, 7), iota_blocks(1), 0};
+  const std::vector<float> with_experts = step(*model, cache, seq, 5, false);
+
+  auto backend = std::make_shared<RecordingBackend>();
+  model->set_expert_backend(backend);
+  LatentKvCache cache2 = make_cache(*model, 8, DType::kF32, 4);
+  TestSequence seq2{seq.tokens, iota_blocks(1), 0};
+  const std::vector<float> without = step(*model, cache2, seq2, 5, false);
+  // Layers 1 and 2 are MoE (first_k_dense_replace = 1); each sees the 5 tokens.
+  EXPECT_EQ(backend->layers, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(backend->rows, 10);
+  EXPECT_GT(max_rel_diff(with_experts, without), 1e-3);
+}
+
+TEST(DeepseekModelTest, MtpLayerProducesDraftLogits) {
+  auto model = load_model(tiny_checkpoint_dir(), fp32_options());
+  ASSERT_TRUE(model->has_mtp());
+  const ModelConfig& c = model->config();
+  EXPECT_EQ(model->kv_layout(4, DType::kBF16).num_layers, c.num_hidden_layers + 1);
+  LatentKvCache cache = make_cache(*model, 4, DType::kF32, 8);
+  TestSequence seq{test_tokens(9, c.vocab_size, 8), iota_blocks(3), 0};
+  const SequenceChunk chunk = seq.next_chunk(8, true);
+  ForwardOutput main_out;
+  ASSERT_TRUE(model->forward({&chunk, 1}, cache, &main_out).ok());
+  ASSERT_EQ(main_out.hidden.size(), static_cast<size_t>(8 * c.hidden_size));
+
+  // Draft for positions 0..7: hidden at p with the token at p + 1.
+  MtpChunk mtp;
+  mtp.next_tokens = std::span<const int32_t>(seq.tokens).subspan(1, 8);
+  mtp.hidden = main_out.hidden;
+  mtp.start_pos = 0;
+  mtp.block_table = seq.blocks;
+  mtp.all_logits = true;
+  ForwardOutput draft;
+  ASSERT_TRUE(model->forward_mtp({&mtp, 1}, cache, &draft).ok());
+  EXPECT_EQ(draft.num_rows(), 8);
+  EXPECT_EQ(draft.logits.size(), static_cast<size_t>(8 * c.vocab_size));
+  for (float v : draft.logits) ASSERT_TRUE(std::isfinite(v));
+
+  // Incremental MTP (its own KV slot) equals the full MTP pass.
+  LatentKvCache cache2 = make_cache(*model, 4, DType::kF32, 8);
+  ASSERT_TRUE(model->forward({&chunk, 1}, cache2, &main_out).ok());
+  MtpChunk first = mtp;
+  first.next_tokens = mtp.next_tokens.subspan(0, 5);
+  first.hidden = std::span<const float>(main_out.hidden).subspan(0, 5 * c.hidden_size);
+  ForwardOutput part;
+  ASSERT_TRUE(model->forward_mtp({&first, 1}, cache2, &part).ok());
+  MtpChunk rest = mtp;
+  rest.start_pos = 5;
+  rest.next_tokens = mtp.next_tokens.subspan(5, 3);
+  rest.hidden = std::span<const float>(main_out.hidden).subspan(5 * c.hidden_size);
+  ASSERT_TRUE(model->forward_mtp({&rest, 1}, cache2, &part).ok());
+  EXPECT_LT(
+      max_rel_diff(std::span<const float>(draft.logits).subspan(5 * c.vocab_size), part.logits),
+      1e-5);
+}
+
+class ValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = load_model(tiny_checkpoint_dir(), fp32_options());
+    cache_ = std::make_unique<LatentKvCache>(make_cache(*model_, 4, DType::kBF16, 6));
+    tokens_ = {3, 4, 5, 6, 7};
+    blocks_ = {0, 1};
+  }
+  // Runs the chunks; expects the error code and message part, and an untouched cache.
+  void expect_error(std::span<const SequenceChunk> chunks, StatusCode code,
+                    const std::string& part) {
+    std::vector<std::byte> before(cache_->total_bytes());
+    std::memcpy(before.data(), cache_->block_bytes(0).data(), before.size());
+    ForwardOutput out;
+    const Status s = model_->forward(chunks, *cache_, &out);
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(part), std::string::npos) << s.to_string();
+    EXPECT_EQ(0, std::memcmp(before.data(), cache_->block_bytes(0).data(), before.size()));
+  }
+  SequenceChunk chunk() const {
+    SequenceChunk c;
+    c.tokens = tokens_;
+    c.block_table = blocks_;
+    return c;
+  }
+  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<LatentKvCache> cache_;
+  std::vector<int32_t> tokens_, blocks_;
+};
+
+TEST_F(ValidationTest, RejectsBadInputWithClearErrors) {
+  // A valid second sequence in every batch shows that nothing is written before the check.
+  const std::vector<int32_t> ok_blocks = {4, 5};
+  SequenceChunk good = chunk();
+  good.block_table = ok_blocks;
+
+  SequenceChunk bad = chunk();
+  bad.tokens = {};
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "sequence 1: no new tokens");
+
+  std::vector<int32_t> bad_tokens = {3, 4, static_cast<int32_t>(model_->config().vocab_size)};
+  bad = chunk();
+  bad.tokens = bad_tokens;
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "outside the vocabulary");
+  bad_tokens[2] = -1;
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "token id -1 at index 2");
+
+  bad = chunk();
+  bad.block_table = std::span<const int32_t>(blocks_).subspan(0, 1);
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "block table has 1 blocks");
+
+  const std::vector<int32_t> out_of_cache = {0, 6};
+  bad = chunk();
+  bad.block_table = out_of_cache;
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "block id 6");
+
+  bad = chunk();
+  bad.start_pos = model_->config().max_position_embeddings - 2;
+  expect_error(std::vector{good, bad}, StatusCode::kOutOfRange, "max_position_embeddings");
+
+  bad = chunk();
+  bad.start_pos = -3;
+  expect_error(std::vector{good, bad}, StatusCode::kInvalidArgument, "start_pos = -3");
+
+  // Two sequences writing the same block.
+  expect_error(std::vector{chunk(), good, chunk()}, StatusCode::kInvalidArgument,
+               "also written by sequence 0");
+
+  // A cache without the layout the model needs.
+  KvLayout layout = model_->kv_layout(4, DType::kBF16);
+  layout.latent_dim += 1;
+  auto wrong = LatentKvCache::create(layout, 4);
+  ASSERT_TRUE(wrong.ok());
+  ForwardOutput out;
+  const SequenceChunk c = chunk();
+  EXPECT_EQ(model_->forward({&c, 1}, *wrong, &out).code(), StatusCode::kInvalidArgument);
+
+  // MTP: hidden of the wrong size.
+  MtpChunk mtp;
+  mtp.next_tokens = tokens_;
+  mtp.block_table = blocks_;
+  std::vector<float> hidden(3);
+  mtp.hidden = hidden;
+  const Status s = model_->forward_mtp({&mtp, 1}, *cache_, &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hidden has 3 values"), std::string::npos) << s.to_string();
+}
+
+TEST(DeepseekModelTest, LoadFailsOnMissingCheckpoint) {
+  auto model = DeepseekModel::load("/nonexistent/peerserve/model", ModelOptions{});
+  EXPECT_FALSE(model.ok());
+}
+
+}  // namespace
+}  // namespace peerserve
