@@ -20,9 +20,9 @@ AllToAllTime all_to_all_time(const HardwareProfile& hw, const AllToAllCall& call
   t.payload_bytes = copies * call.bytes_per_copy;
   if (call.ranks <= 1 || copies <= 0.0) return t;
   const double efficiency = hw.efficiency.all_to_all;
-  const LinkProfile& link = hw.link_for_group(call.ranks);
+  const LinkProfile& link = call.scale_out_only ? hw.scale_out : hw.link_for_group(call.ranks);
   const double remote_fraction = (call.ranks - 1.0) / call.ranks;
-  if (call.dedup_per_node && call.ranks > hw.scale_up_domain) {
+  if (call.dedup_per_node && !call.scale_out_only && call.ranks > hw.scale_up_domain) {
     const double scale_out_bytes = call.tokens * call.remote_nodes_per_token * call.bytes_per_copy;
     const double scale_up_bytes = t.payload_bytes * remote_fraction;
     t.network_bytes = scale_out_bytes;

@@ -17,6 +17,9 @@ struct AllToAllCall {
   // node (remote_nodes_per_token of them) and is forwarded over scale-up inside the node.
   bool dedup_per_node = false;
   double remote_nodes_per_token = 0.0;
+  // Every copy goes over scale-out even inside a scale-up domain (DeepEP low-latency kernels
+  // use RDMA only).
+  bool scale_out_only = false;
 };
 
 struct AllToAllTime {

@@ -64,6 +64,24 @@ ModelProfile qwen3_235b() {
   return m;
 }
 
+ModelProfile deepseek_v2() {
+  ModelProfile m = deepseek_v3();
+  m.name = "deepseek-v2";
+  m.num_layers = 60;
+  m.num_dense_layers = 1;
+  m.hidden_size = 5120;
+  m.vocab_size = 102400;
+  m.num_routed_experts = 160;
+  m.num_shared_experts = 2;
+  m.experts_per_token = 6;
+  m.moe_intermediate_size = 1536;
+  m.dense_intermediate_size = 12288;
+  m.num_expert_groups = 8;
+  m.topk_groups = 3;
+  m.num_mtp_layers = 0;
+  return m;
+}
+
 ModelProfile deepseek_v2_lite() {
   ModelProfile m;
   m.name = "deepseek-v2-lite";
@@ -97,6 +115,7 @@ const std::map<std::string, ModelProfile (*)()>& presets() {
        }},
       {"kimi-k2", &kimi_k2},
       {"qwen3-235b-a22b", &qwen3_235b},
+      {"deepseek-v2", &deepseek_v2},
       {"deepseek-v2-lite", &deepseek_v2_lite},
   };
   return kPresets;
@@ -308,6 +327,17 @@ double attention_core_flops_decode(const ModelProfile& m, double context) {
 
 double causal_mean_context(double cached_tokens, double new_tokens) {
   return cached_tokens + (new_tokens + 1.0) / 2.0;
+}
+
+}  // namespace peerserve::plan
+
+namespace peerserve::plan {
+
+double forward_flops_per_token(const ModelProfile& m, double sequence_tokens) {
+  const double linear = 2.0 * (activated_weights_per_token(m) + embedding_weights(m));
+  const double attention =
+      m.num_layers * attention_core_flops_prefill(m, causal_mean_context(0.0, sequence_tokens));
+  return linear + attention;
 }
 
 }  // namespace peerserve::plan

@@ -51,7 +51,7 @@ struct ModelProfile {
 };
 
 // Built-in presets: "deepseek-v3", "deepseek-r1" (same shape), "kimi-k2",
-// "qwen3-235b-a22b", "deepseek-v2-lite".
+// "qwen3-235b-a22b", "deepseek-v2", "deepseek-v2-lite".
 std::vector<std::string> model_preset_names();
 Result<ModelProfile> model_preset(std::string_view name);
 
@@ -77,6 +77,10 @@ double gate_weights(const ModelProfile& model);       // hidden * routed experts
 double embedding_weights(const ModelProfile& model);  // vocab * hidden (input; lm_head the same)
 double total_weights(const ModelProfile& model);      // without MTP modules
 double activated_weights_per_token(const ModelProfile& model);  // without embeddings
+
+// Forward FLOPs per token of a training sequence of `sequence_tokens`: 2 x (activated
+// weights + LM head) + causal attention at the mean context (plain multi-head form).
+double forward_flops_per_token(const ModelProfile& model, double sequence_tokens);
 
 // KV cache elements per token per layer: MLA kv_lora + rope; GQA 2 * kv_heads * head_dim.
 double kv_elements_per_token_per_layer(const ModelProfile& model);

@@ -11,6 +11,9 @@ struct ReproductionRow {
   double published = 0.0;   // the value printed in the paper
   double predicted = 0.0;   // peerserve's value for the same setting
   std::string note;         // where the paper is inconsistent, or what was assumed
+  // The row was used to fit a profile factor (so it is not an independent prediction), or is
+  // the paper's own arithmetic recomputed; the report counts such rows separately.
+  bool calibration = false;
 
   double relative_error() const {
     return published == 0.0 ? 0.0 : (predicted - published) / published;

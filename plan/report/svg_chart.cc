@@ -204,6 +204,20 @@ void write_legend(std::ostringstream& svg, const std::vector<std::string>& label
 
 }  // namespace
 
+ChartSeries line_series(std::string label, std::vector<double> x, std::vector<double> y) {
+  ChartSeries series;
+  series.label = std::move(label);
+  series.x = std::move(x);
+  series.y = std::move(y);
+  return series;
+}
+
+ChartSeries marker_series(std::string label, std::vector<double> x, std::vector<double> y) {
+  ChartSeries series = line_series(std::move(label), std::move(x), std::move(y));
+  series.style = SeriesStyle::kMarkers;
+  return series;
+}
+
 std::string render_line_chart_svg(const LineChart& chart) {
   const double width = std::max(chart.width, 200);
   const double height = std::max(chart.height, 150);

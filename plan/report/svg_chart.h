@@ -5,10 +5,9 @@
 //   chart.title = "Decode throughput vs batch (TPOT SLO 50 ms)";
 //   chart.x_axis.label = "batch per die";
 //   chart.y_axis.label = "tokens/s per NPU";
-//   chart.series.push_back({.label = "predicted", .x = xs, .y = ys});
-//   chart.series.push_back({.label = "paper Table 5", .x = px, .y = py,
-//                           .style = SeriesStyle::kMarkers});
-//   chart.x_markers.push_back({.value = 9.3, .label = "r* theory"});
+//   chart.series.push_back(line_series("predicted", xs, ys));
+//   chart.series.push_back(marker_series("paper Table 5", px, py));
+//   chart.x_markers.push_back(ChartMarker{9.3, "r* theory", ""});
 //   std::string svg = render_line_chart_svg(chart);
 //
 // Rendering never fails: empty or non-finite data gives an empty plot area with the title, and
@@ -38,6 +37,10 @@ struct ChartAxis {
   std::optional<double> min;  // default: from the data (0 included for linear y axes)
   std::optional<double> max;
 };
+
+ChartSeries line_series(std::string label, std::vector<double> x = {}, std::vector<double> y = {});
+ChartSeries marker_series(std::string label, std::vector<double> x = {},
+                          std::vector<double> y = {});
 
 // A vertical (x_markers) or horizontal (y_markers) reference line with a short label.
 struct ChartMarker {

@@ -1,0 +1,39 @@
+// The whole reproduction report: every paper's rows and charts, a summary of the relative
+// errors, the papers' own inconsistencies, as Markdown and as JSON (one record per row). The
+// caller (apps/) writes report.md, report.json and <chart>.svg into a folder.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "plan/report/paper_reproduction.h"
+
+namespace peerserve::plan {
+
+struct ReproductionReport {
+  std::vector<ReproductionRow> rows;
+  std::vector<NamedChart> charts;
+  std::vector<std::string> inconsistencies;
+  std::string markdown;
+  nlohmann::json json;
+};
+
+// Rows within `tolerance` relative error, counted over the rows that are predictions
+// (calibration rows excluded).
+struct ErrorSummary {
+  int rows = 0;
+  int predictions = 0;
+  int within_tolerance = 0;
+  double median_abs_error = 0.0;
+  double max_abs_error = 0.0;
+};
+ErrorSummary summarize_errors(const std::vector<ReproductionRow>& rows, double tolerance);
+
+// Papers 000 and 002 (this folder), 003 (plan/afd) and 004 (plan/placement). Needs the
+// hardware profiles "ascend-910c", "h800", "h100" and "gb200".
+Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware);
+
+}  // namespace peerserve::plan
