@@ -24,9 +24,15 @@ struct Avx2Ops {
   }
   static Reg load_w_part(const uint16_t* p, int count) { return load_part(p, count); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  template <int N>
-  static void reduce_many(const Reg* v, float* out) {
-    for (int a = 0; a < N; ++a) out[a] = reduce_add(v[a]);
+  template <int MR, int NR>
+  static void store_sums(const Reg (&acc)[MR][NR], float* y, int64_t y_stride, bool accumulate) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NR; ++j) {
+        const float s = reduce_add(acc[i][j]);
+        float& out = y[i * y_stride + j];
+        out = accumulate ? out + s : s;
+      }
+    }
   }
 };
 

@@ -61,17 +61,7 @@ inline void dp_block(const uint16_t* x, int64_t x_stride, const uint16_t* w, int
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], as_bh(xv), as_bh(wv[j]));
     }
   }
-  float sums[(MR * NR + 15) / 16 * 16];
-  reduce_add_many<MR * NR>(&acc[0][0], sums);
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const float s = sums[i * NR + j];
-      float& out = y[i * y_stride + j];
-      out = accumulate ? out + s : s;
-    }
-  }
+  store_block_sums<MR, NR>(acc, y, y_stride, accumulate);
 }
 
 template <int MR, int NR>

@@ -32,9 +32,9 @@ struct Avx512Ops {
     return widen_bf16(_mm256_maskz_loadu_epi16(first_lanes(count), p));
   }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  template <int N>
-  static void reduce_many(const Reg* v, float* out) {
-    reduce_add_many<N>(v, out);
+  template <int MR, int NR>
+  static void store_sums(const Reg (&acc)[MR][NR], float* y, int64_t y_stride, bool accumulate) {
+    store_block_sums<MR, NR>(acc, y, y_stride, accumulate);
   }
 };
 

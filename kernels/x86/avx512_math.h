@@ -35,10 +35,10 @@ inline float reduce_add(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
 
-// reduce_add of 16 vectors at once: lane a of the result is reduce_add(v[a]), bit for bit
-// (every addition has the same two operands as in reduce_add; only their lanes differ).
-// 45 shuffles/adds instead of 16 x 7.
-inline __m512 reduce_add_16(const __m512* v) {
+// reduce_add of 16 vectors at once, every addition with the same two operands as in
+// reduce_add (so each sum is bit for bit the same); 45 shuffles and adds instead of 16 x 7.
+// Lane p of the result holds the sum of v[transposed_lane(p)] (a 4 x 4 transpose).
+inline __m512 reduce_add_16_transposed(const __m512* v) {
   __m512 s1[8], s2[4], s3[2];
   for (int i = 0; i < 8; ++i) {  // (l, l + 8): 256-bit halves of v[2i] and v[2i+1]
     s1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
@@ -52,23 +52,65 @@ inline __m512 reduce_add_16(const __m512* v) {
     s3[i] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], 0x44),
                           _mm512_shuffle_ps(s2[2 * i], s2[2 * i + 1], 0xEE));
   }
-  // (l, l + 1); lane p now holds vector 4 * (p % 4) + p / 4: transpose back.
-  const __m512 s4 =
-      _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88), _mm512_shuffle_ps(s3[0], s3[1], 0xDD));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(order, s4);
+  // (l, l + 1)
+  return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88),
+                       _mm512_shuffle_ps(s3[0], s3[1], 0xDD));
 }
 
-// out[a] = reduce_add(v[a]) for a < N; out has room for N rounded up to 16.
-template <int N>
-inline void reduce_add_many(const __m512* v, float* out) {
-  if constexpr (N < 6) {
-    for (int a = 0; a < N; ++a) out[a] = reduce_add(v[a]);
+// The lane of reduce_add_16_transposed's result that holds the sum of v[a] (an involution).
+constexpr int transposed_lane(int a) {
+  return 4 * (a % 4) + a / 4;
+}
+
+// Permutation indices for rows of NR sums packed 16 / NR to a batched reduction: row r's
+// sums (of v[r * NR], ..., v[r * NR + NR - 1]) go to lanes 0 .. NR-1.
+template <int NR>
+struct RowGather {
+  int32_t lanes[16 / NR][16];
+  constexpr RowGather() : lanes{} {
+    for (int r = 0; r < 16 / NR; ++r) {
+      for (int l = 0; l < 16; ++l) lanes[r][l] = l < NR ? transposed_lane(r * NR + l) : 0;
+    }
+  }
+};
+
+// y[i * y_stride + j] (+)= reduce_add(acc[i][j]) for an MR x NR block: rows are packed
+// 16 / NR to a batched reduction, and each row of y is updated with one masked vector
+// load/add/store (y = y + sum, the same single addition as the scalar form).
+template <int MR, int NR>
+inline void store_block_sums(const __m512 (&acc)[MR][NR], float* y, int64_t y_stride,
+                             bool accumulate) {
+  static_assert(NR <= 16);
+  if constexpr (MR * NR < 6) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NR; ++j) {
+        const float s = reduce_add(acc[i][j]);
+        float& out = y[i * y_stride + j];
+        out = accumulate ? out + s : s;
+      }
+    }
   } else {
-    for (int g = 0; g < N; g += 16) {
+    constexpr int kRowsPerGroup = 16 / NR;
+    constexpr __mmask16 kRowMask = static_cast<__mmask16>((1u << NR) - 1u);
+#pragma GCC unroll 4
+    for (int r0 = 0; r0 < MR; r0 += kRowsPerGroup) {
       __m512 group[16];
-      for (int i = 0; i < 16; ++i) group[i] = g + i < N ? v[g + i] : _mm512_setzero_ps();
-      _mm512_storeu_ps(out + g, reduce_add_16(group));
+#pragma GCC unroll 16
+      for (int a = 0; a < 16; ++a) {
+        const int r = r0 + a / NR;
+        group[a] = a < kRowsPerGroup * NR && r < MR ? acc[r][a % NR] : _mm512_setzero_ps();
+      }
+      const __m512 sums = reduce_add_16_transposed(group);
+#pragma GCC unroll 4
+      for (int r = r0; r < r0 + kRowsPerGroup; ++r) {
+        if (r >= MR) break;
+        static constexpr RowGather<NR> kGather{};
+        const __m512 row = _mm512_permutexvar_ps(_mm512_loadu_si512(kGather.lanes[r - r0]), sums);
+        float* y_row = y + r * y_stride;
+        _mm512_mask_storeu_ps(
+            y_row, kRowMask,
+            accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(kRowMask, y_row), row) : row);
+      }
     }
   }
 }

@@ -62,17 +62,7 @@ inline void fma_block(const XT* x, int64_t x_stride, const WT* w, int64_t w_stri
       for (int j = 0; j < NR; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
     }
   }
-  float sums[(MR * NR + 15) / 16 * 16];
-  V::template reduce_many<MR * NR>(&acc[0][0], sums);
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const float s = sums[i * NR + j];
-      float& out = y[i * y_stride + j];
-      out = accumulate ? out + s : s;
-    }
-  }
+  V::template store_sums<MR, NR>(acc, y, y_stride, accumulate);
 }
 
 // Rows [i, i + rows) (rows <= MR) against columns [j, j + NR).
