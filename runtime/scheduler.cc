@@ -284,6 +284,11 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
   return updates;
 }
 
+void Scheduler::abandon(const StepPlan& plan) {
+  PS_CHECK(in_step_ || plan.empty()) << "abandon() without a matching schedule()";
+  in_step_ = false;
+}
+
 void Scheduler::publish_computed_blocks(Sequence& seq) {
   if (!pool_.prefix_caching_enabled()) return;
   const int64_t bs = pool_.block_size();

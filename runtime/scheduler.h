@@ -86,6 +86,9 @@ class Scheduler {
 
   StepPlan schedule();
   std::vector<SequenceUpdate> update(const StepPlan& plan, const StepResult& result);
+  // Ends a step whose execution failed: nothing of it is applied (no tokens, no published
+  // blocks); the caller then finishes the plan's sequences.
+  void abandon(const StepPlan& plan);
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   // nullptr for unknown or finished ids.

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -16,25 +18,34 @@
 
 namespace peerserve::testing {
 
-inline TokenId fake_next_token(std::span<const TokenId> context, int32_t vocab) {
+// The fake model's output vocabulary: `alphabet[i]` for i in [0, alphabet.size()).
+inline std::vector<TokenId> iota_alphabet(int32_t vocab) {
+  std::vector<TokenId> a(vocab);
+  for (int32_t i = 0; i < vocab; ++i) a[i] = i;
+  return a;
+}
+
+inline TokenId fake_next_token(std::span<const TokenId> context,
+                               const std::vector<TokenId>& alphabet) {
   uint64_t h = 1469598103934665603ULL;
   for (TokenId t : context) {
     h ^= static_cast<uint32_t>(t) + 0x9e37U;
     h *= 1099511628211ULL;
   }
   h ^= h >> 29;
-  return static_cast<TokenId>(h % static_cast<uint64_t>(vocab));
+  return alphabet[h % alphabet.size()];
 }
 
 // What the fake model generates for one sequence, computed without any paging.
 inline std::vector<TokenId> reference_generate(std::vector<TokenId> prompt, int32_t max_tokens,
-                                               int32_t vocab, std::optional<TokenId> eos,
+                                               const std::vector<TokenId>& alphabet,
+                                               std::optional<TokenId> eos,
                                                int64_t max_model_len = 1 << 30) {
   std::vector<TokenId> context = std::move(prompt);
   std::vector<TokenId> out;
   while (static_cast<int32_t>(out.size()) < max_tokens &&
          static_cast<int64_t>(context.size()) < max_model_len) {
-    const TokenId t = fake_next_token(context, vocab);
+    const TokenId t = fake_next_token(context, alphabet);
     out.push_back(t);
     context.push_back(t);
     if (eos && t == *eos) break;
@@ -42,16 +53,43 @@ inline std::vector<TokenId> reference_generate(std::vector<TokenId> prompt, int3
   return out;
 }
 
+inline std::vector<TokenId> reference_generate(std::vector<TokenId> prompt, int32_t max_tokens,
+                                               int32_t vocab, std::optional<TokenId> eos,
+                                               int64_t max_model_len = 1 << 30) {
+  return reference_generate(std::move(prompt), max_tokens, iota_alphabet(vocab), eos,
+                            max_model_len);
+}
+
 class FakeExecutor final : public Executor {
  public:
   FakeExecutor(int32_t num_blocks, int32_t block_size, int32_t vocab)
+      : FakeExecutor(num_blocks, block_size, iota_alphabet(vocab)) {}
+  FakeExecutor(int32_t num_blocks, int32_t block_size, std::vector<TokenId> alphabet)
       : block_size_(block_size),
-        vocab_(vocab),
+        alphabet_(std::move(alphabet)),
         slots_(static_cast<size_t>(num_blocks) * block_size, -1) {}
 
-  Result<StepResult> execute(const StepPlan& plan) override {
+  // Test hooks: fail the next execute() calls; block execute() until released.
+  void fail_next(int n) {
     std::lock_guard<std::mutex> lock(mutex_);
+    fail_next_ = n;
+  }
+  void hold(bool on) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      hold_ = on;
+    }
+    released_.notify_all();
+  }
+
+  Result<StepResult> execute(const StepPlan& plan) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    released_.wait_for(lock, std::chrono::seconds(30), [&] { return !hold_; });
     ++num_steps_;
+    if (fail_next_ > 0) {
+      --fail_next_;
+      return internal_error("injected executor failure");
+    }
     max_batched_tokens_seen_ = std::max(max_batched_tokens_seen_, plan.num_batched_tokens);
     StepResult result;
     // Write every chunk's tokens first, then read: a chunk of this step must never write a
@@ -91,7 +129,14 @@ class FakeExecutor final : public Executor {
         context[pos] = slots_[slot(chunk.block_table[pos / block_size_], pos % block_size_)];
       }
       SampledToken sampled;
-      sampled.token = fake_next_token(context, vocab_);
+      sampled.token = fake_next_token(context, alphabet_);
+      // A recognisable logprob so that tests can see it travel to the outputs.
+      sampled.logprob = -0.25f;
+      if (chunk.sampling != nullptr && chunk.sampling->want_logprobs) {
+        for (int32_t k = 0; k < chunk.sampling->top_logprobs; ++k) {
+          sampled.top_logprobs.push_back({alphabet_[k % alphabet_.size()], -1.0f - k});
+        }
+      }
       result.sampled.push_back(sampled);
     }
     return result;
@@ -112,9 +157,12 @@ class FakeExecutor final : public Executor {
   }
 
   int32_t block_size_;
-  int32_t vocab_;
+  std::vector<TokenId> alphabet_;
   std::vector<TokenId> slots_;
   mutable std::mutex mutex_;
+  std::condition_variable released_;
+  bool hold_ = false;
+  int fail_next_ = 0;
   int64_t num_steps_ = 0;
   int64_t max_batched_tokens_seen_ = 0;
 };

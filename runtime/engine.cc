@@ -1,0 +1,399 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+
+namespace peerserve {
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
+                                               std::unique_ptr<Executor> executor,
+                                               const Tokenizer* tokenizer) {
+  if (executor == nullptr) return invalid_argument("engine: no executor");
+  if (options.max_n < 1) {
+    return invalid_argument("engine: max_n = " + std::to_string(options.max_n) + ", expected >= 1");
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(options.scheduler));
+  return std::unique_ptr<Engine>(
+      new Engine(options, std::move(scheduler), std::move(executor), tokenizer));
+}
+
+Engine::Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
+               std::unique_ptr<Executor> executor, const Tokenizer* tokenizer)
+    : options_(options),
+      scheduler_(std::move(scheduler)),
+      executor_(std::move(executor)),
+      tokenizer_(tokenizer) {
+  seed_state_ = options.seed != 0 ? options.seed
+                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                                        std::random_device{}();
+  publish_scheduler_stats();
+}
+
+Engine::~Engine() {
+  stop();
+}
+
+void Engine::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (running_.load() || stopping_) return;
+  running_.store(true);
+  thread_ = std::thread([this] { run_loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  running_.store(false);
+}
+
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t Engine::default_max_tokens(int64_t num_prompt_tokens) const {
+  return max_tokens_limit(options_.scheduler, num_prompt_tokens);
+}
+
+Status Engine::validate(EngineRequest& request) const {
+  GenerationParams& params = request.params;
+  PS_RETURN_IF_ERROR(params.sampling.validate());
+  if (params.n < 1 || params.n > options_.max_n) {
+    return invalid_argument("n = " + std::to_string(params.n) + ", expected 1.." +
+                            std::to_string(options_.max_n));
+  }
+  const int64_t num_prompt = static_cast<int64_t>(request.prompt_tokens.size());
+  if (num_prompt == 0) return invalid_argument("the prompt is empty, expected >= 1 token");
+  if (options_.vocab_size > 0) {
+    for (TokenId t : request.prompt_tokens) {
+      if (t < 0 || t >= options_.vocab_size) {
+        return invalid_argument("prompt token id " + std::to_string(t) +
+                                " is outside the vocabulary [0, " +
+                                std::to_string(options_.vocab_size) + ")");
+      }
+    }
+  }
+  for (TokenId t : params.stop_token_ids) {
+    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
+      return invalid_argument("stop token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+  }
+  for (const std::string& s : params.stop_strings) {
+    if (s.empty()) return invalid_argument("stop strings must not be empty");
+  }
+  if (!params.stop_strings.empty() && tokenizer_ == nullptr) {
+    return invalid_argument("stop strings need a tokenizer, and this model has none");
+  }
+  if (!params.max_tokens) {
+    // Default: up to the context (or KV cache) limit; at least 1 so that a prompt that
+    // fills the context gets the "too long" error below.
+    params.max_tokens =
+        static_cast<int32_t>(std::clamp<int64_t>(default_max_tokens(num_prompt), 1, INT32_MAX));
+  }
+  return check_sequence_fits(options_.scheduler, num_prompt, *params.max_tokens);
+}
+
+Result<RequestId> Engine::submit(EngineRequest request, OutputSink sink) {
+  PS_RETURN_IF_ERROR(validate(request));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!running_.load() || stopping_) return unavailable("the engine is not running");
+  const int64_t queued = inbox_sequences_ + waiting_sequences_.load();
+  if (queued + request.params.n > options_.scheduler.max_waiting_seqs) {
+    return resource_exhausted(
+        "the waiting queue is full (" + std::to_string(queued) + " sequences waiting, limit " +
+        std::to_string(options_.scheduler.max_waiting_seqs) + "); retry later");
+  }
+  const RequestId id = next_request_id_++;
+  inbox_sequences_ += request.params.n;
+  inbox_.push_back(Pending{id, std::move(request), std::move(sink), now()});
+  wake_.notify_one();
+  return id;
+}
+
+void Engine::abort(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_inbox_.push_back(id);
+  }
+  wake_.notify_one();
+}
+
+void Engine::run_loop() {
+  while (true) {
+    std::vector<Pending> arrivals;
+    std::vector<RequestId> aborts;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || !abort_inbox_.empty() || scheduler_->has_work();
+      });
+      if (stopping_) break;
+      arrivals.swap(inbox_);
+      aborts.swap(abort_inbox_);
+      inbox_sequences_ = 0;
+    }
+    for (Pending& p : arrivals) admit(std::move(p));
+    for (RequestId id : aborts) abort_now(id, FinishReason::kAbort, ok_status());
+    if (scheduler_->has_work()) step();
+    publish_scheduler_stats();
+  }
+  // Shutdown: everything still queued or running ends with kAbort.
+  std::vector<Pending> leftovers;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    leftovers.swap(inbox_);
+    inbox_sequences_ = 0;
+  }
+  for (Pending& p : leftovers) admit(std::move(p));
+  std::vector<RequestId> ids;
+  for (const auto& [id, request] : live_) ids.push_back(id);
+  for (RequestId id : ids) abort_now(id, FinishReason::kAbort, ok_status());
+  publish_scheduler_stats();
+}
+
+void Engine::admit(Pending pending) {
+  LiveRequest live;
+  live.id = pending.id;
+  live.request = std::move(pending.request);
+  live.sink = std::move(pending.sink);
+  live.arrival_time = pending.arrival_time;
+  live.usage.prompt_tokens = static_cast<int64_t>(live.request.prompt_tokens.size());
+  const GenerationParams& params = live.request.params;
+  const uint64_t base_seed = params.sampling.seed ? *params.sampling.seed : splitmix64(seed_state_);
+
+  Status status;
+  for (int32_t i = 0; i < params.n; ++i) {
+    SequenceSpec spec;
+    spec.id = next_seq_id_++;
+    spec.prompt_tokens = live.request.prompt_tokens;
+    spec.max_tokens = *params.max_tokens;
+    spec.sampling = params.sampling;
+    spec.seed = base_seed + static_cast<uint64_t>(i);
+    spec.stop_token_ids = params.stop_token_ids;
+    if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
+    status = scheduler_->add(spec);
+    if (!status.ok()) break;
+    Choice choice;
+    choice.seq_id = spec.id;
+    if (tokenizer_ != nullptr) {
+      choice.detokenizer.emplace(*tokenizer_,
+                                 DecodeOptions{.skip_special_tokens = params.skip_special_tokens});
+    }
+    choice.stop_matcher = StopStringMatcher(params.stop_strings, params.include_stop_str_in_output);
+    owner_of_seq_[spec.id] = {live.id, i};
+    live.choices.push_back(std::move(choice));
+    ++live.num_unfinished;
+  }
+  const RequestId id = live.id;
+  live_.emplace(id, std::move(live));
+  if (!status.ok()) abort_now(id, FinishReason::kError, status);
+}
+
+void Engine::step() {
+  StepPlan plan = scheduler_->schedule();
+  // The scheduler always plans something when it has work (every queued sequence fits an
+  // empty pool), so an empty plan is a bug, not a state to wait in.
+  PS_CHECK(!plan.empty()) << "scheduler has work but planned an empty step";
+  const double start = now();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    auto owner = owner_of_seq_.find(chunk.seq_id);
+    if (owner == owner_of_seq_.end()) continue;
+    LiveRequest& request = live_.at(owner->second.first);
+    if (!request.first_scheduled_time) request.first_scheduled_time = start;
+  }
+  Result<StepResult> result = executor_->execute(plan);
+  if (!result.ok()) {
+    scheduler_->abandon(plan);
+    fail_plan(plan, result.status());
+    return;
+  }
+  std::vector<SequenceUpdate> updates = scheduler_->update(plan, *result);
+  const double end = now();
+  metrics_.update([&](EngineMetricsSnapshot& m) {
+    ++m.steps_total;
+    m.batched_tokens_total += plan.num_batched_tokens;
+  });
+  std::unordered_map<RequestId, RequestOutput> outputs;
+  for (const SequenceUpdate& update : updates) apply_update(update, end, &outputs);
+  deliver(&outputs, end);
+}
+
+void Engine::fail_plan(const StepPlan& plan, const Status& error) {
+  std::vector<RequestId> failed;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    auto owner = owner_of_seq_.find(chunk.seq_id);
+    if (owner != owner_of_seq_.end()) failed.push_back(owner->second.first);
+  }
+  std::sort(failed.begin(), failed.end());
+  failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
+  for (RequestId id : failed) abort_now(id, FinishReason::kError, error);
+}
+
+void Engine::apply_update(const SequenceUpdate& update, double now,
+                          std::unordered_map<RequestId, RequestOutput>* outputs) {
+  auto owner = owner_of_seq_.find(update.seq_id);
+  if (owner == owner_of_seq_.end()) return;
+  const auto [request_id, index] = owner->second;
+  LiveRequest& request = live_.at(request_id);
+  Choice& choice = request.choices[index];
+  if (choice.finished) return;
+  RequestOutput& out = (*outputs)[request_id];
+  out.request_id = request_id;
+  auto it = std::find_if(out.choices.begin(), out.choices.end(),
+                         [&](const ChoiceDelta& d) { return d.index == index; });
+  if (it == out.choices.end()) {
+    ChoiceDelta fresh;
+    fresh.index = index;
+    out.choices.push_back(std::move(fresh));
+    it = out.choices.end() - 1;
+  }
+  ChoiceDelta& delta = *it;
+
+  if (update.token) {
+    const TokenId token = update.token->token;
+    delta.token_ids.push_back(token);
+    if (request.request.params.sampling.want_logprobs) delta.logprobs.push_back(*update.token);
+    ++choice.num_generated;
+    ++request.usage.completion_tokens;
+    if (index == 0) request.usage.cached_prompt_tokens = update.num_cached_prompt_tokens;
+    const bool first_of_request = !request.first_token_time;
+    if (first_of_request) request.first_token_time = now;
+    const double itl = choice.num_generated > 1 ? now - choice.last_token_time : -1.0;
+    choice.last_token_time = now;
+    metrics_.update([&](EngineMetricsSnapshot& m) {
+      ++m.generation_tokens_total;
+      if (first_of_request) {
+        m.time_to_first_token.observe(now - request.arrival_time);
+        m.prompt_tokens_total += request.usage.prompt_tokens;
+        if (request.first_scheduled_time) {
+          m.queue_time.observe(*request.first_scheduled_time - request.arrival_time);
+        }
+      }
+      if (itl >= 0) m.inter_token_latency.observe(itl);
+    });
+    if (choice.detokenizer) {
+      // Ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
+      // contribute no text.
+      Result<std::string> piece = choice.detokenizer->push(token);
+      if (piece.ok()) {
+        StopStringMatcher::Step s = choice.stop_matcher.push(*piece);
+        delta.text += s.text;
+        if (s.matched) {
+          delta.stop_string = s.matched;
+          scheduler_->finish(update.seq_id, FinishReason::kStop);
+          finish_choice(request, index, FinishReason::kStop, &delta, now);
+          return;
+        }
+      }
+    }
+  }
+  if (update.finish_reason) {
+    delta.stop_token = update.stop_token;
+    finish_choice(request, index, *update.finish_reason, &delta, now);
+  }
+}
+
+void Engine::finish_choice(LiveRequest& request, int32_t index, FinishReason reason,
+                           ChoiceDelta* delta, double now) {
+  Choice& choice = request.choices[index];
+  if (choice.finished) return;
+  choice.finished = true;
+  --request.num_unfinished;
+  owner_of_seq_.erase(choice.seq_id);
+  delta->finish_reason = reason;
+  if (choice.detokenizer && !delta->stop_string) {
+    // Flush what was held back: an unfinished UTF-8 character, then a possible stop prefix.
+    StopStringMatcher::Step s = choice.stop_matcher.push(choice.detokenizer->finish());
+    delta->text += s.text;
+    if (s.matched) {
+      delta->stop_string = s.matched;
+    } else {
+      delta->text += choice.stop_matcher.flush();
+    }
+  }
+  if (index == 0 && request.first_token_time && choice.num_generated > 1) {
+    const double tpot = (now - *request.first_token_time) / (choice.num_generated - 1);
+    metrics_.update([&](EngineMetricsSnapshot& m) { m.time_per_output_token.observe(tpot); });
+  }
+}
+
+void Engine::deliver(std::unordered_map<RequestId, RequestOutput>* outputs, double now) {
+  for (auto& [id, out] : *outputs) {
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    LiveRequest& request = it->second;
+    out.usage = request.usage;
+    out.finished = request.num_unfinished == 0;
+    std::sort(out.choices.begin(), out.choices.end(),
+              [](const ChoiceDelta& a, const ChoiceDelta& b) { return a.index < b.index; });
+    if (out.finished) {
+      const FinishReason reason = out.choices.empty() || !out.choices[0].finish_reason
+                                      ? FinishReason::kStop
+                                      : *out.choices[0].finish_reason;
+      metrics_.update([&](EngineMetricsSnapshot& m) {
+        m.e2e_request_latency.observe(now - request.arrival_time);
+        ++m.requests_finished_total[static_cast<size_t>(reason)];
+      });
+      OutputSink sink = std::move(request.sink);
+      live_.erase(it);
+      if (sink) sink(std::move(out));
+    } else if (request.sink) {
+      request.sink(std::move(out));
+    }
+  }
+  outputs->clear();
+}
+
+void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  LiveRequest& request = it->second;
+  const double t = now();
+  RequestOutput out;
+  out.request_id = id;
+  for (int32_t i = 0; i < static_cast<int32_t>(request.choices.size()); ++i) {
+    Choice& choice = request.choices[i];
+    if (choice.finished) continue;
+    scheduler_->finish(choice.seq_id, reason);
+    ChoiceDelta delta;
+    delta.index = i;
+    choice.finished = true;
+    --request.num_unfinished;
+    owner_of_seq_.erase(choice.seq_id);
+    delta.finish_reason = reason;
+    out.choices.push_back(std::move(delta));
+  }
+  out.error = error;
+  out.usage = request.usage;
+  out.finished = true;
+  metrics_.update([&](EngineMetricsSnapshot& m) {
+    m.e2e_request_latency.observe(t - request.arrival_time);
+    ++m.requests_finished_total[static_cast<size_t>(reason)];
+  });
+  OutputSink sink = std::move(request.sink);
+  live_.erase(it);
+  if (sink) sink(std::move(out));
+}
+
+void Engine::publish_scheduler_stats() {
+  SchedulerStats stats = scheduler_->stats();
+  waiting_sequences_.store(stats.num_waiting);
+  metrics_.update([&](EngineMetricsSnapshot& m) { m.scheduler = stats; });
+}
+
+}  // namespace peerserve

@@ -1,0 +1,151 @@
+// Engine: the loop that keeps stepping. It owns the scheduler and the executor and runs them
+// on its own thread:
+//
+//   drain new requests and aborts -> schedule() -> execute() -> update() -> outputs
+//
+// Outputs are turned into text on the engine thread (incremental detokenizer per choice),
+// stop strings are matched there across token boundaries, and each request's sink is
+// called with the deltas of that step. Sinks run on the engine thread and must not block
+// (the HTTP front end posts them to its own event loop).
+//
+// Thread-safety: submit(), abort(), metrics() and stop() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "runtime/engine_metrics.h"
+#include "runtime/executor.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+#include "runtime/stop_string_matcher.h"
+#include "tokenizer/incremental_detokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  // Ends generation unless ignore_eos. Default: none.
+  std::optional<TokenId> eos_token_id;
+  // Prompt token ids must be below this (the model's vocabulary); 0 = unchecked.
+  int64_t vocab_size = 0;
+  // Choices per request at most. Default 16.
+  int32_t max_n = 16;
+  // Base of the seeds given to requests that bring none; 0 = from std::random_device.
+  uint64_t seed = 0;
+};
+
+class Engine {
+ public:
+  // Called on the engine thread with each output of a request, the last one with
+  // finished = true. Must not block and must not call back into the engine's submit().
+  using OutputSink = std::function<void(RequestOutput)>;
+
+  // `tokenizer` may be null: outputs then carry token ids only and stop strings are
+  // rejected. It must outlive the engine.
+  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options,
+                                                std::unique_ptr<Executor> executor,
+                                                const Tokenizer* tokenizer);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void start();
+  // Unfinished requests get a last output with finish reason kAbort; then the thread ends.
+  void stop();
+
+  // Queues a request. Errors (nothing is queued): InvalidArgument (bad parameters, empty
+  // prompt, token id outside the vocabulary), OutOfRange (longer than the context or the
+  // KV cache), ResourceExhausted (waiting queue full), Unavailable (engine not running).
+  Result<RequestId> submit(EngineRequest request, OutputSink sink);
+  // Ends a request early (its sink gets a last kAbort output unless it already finished).
+  // Unknown or finished ids are ignored.
+  void abort(RequestId id);
+
+  // max_tokens used when a request does not set one.
+  int64_t default_max_tokens(int64_t num_prompt_tokens) const;
+  const EngineOptions& options() const { return options_; }
+  EngineMetricsSnapshot metrics() const { return metrics_.snapshot(); }
+  bool running() const { return running_.load(); }
+
+ private:
+  struct Choice {
+    SequenceId seq_id = 0;
+    bool finished = false;
+    int64_t num_generated = 0;
+    double last_token_time = 0;
+    std::optional<IncrementalDetokenizer> detokenizer;
+    StopStringMatcher stop_matcher;
+  };
+  struct LiveRequest {
+    RequestId id = 0;
+    EngineRequest request;
+    OutputSink sink;
+    double arrival_time = 0;
+    std::optional<double> first_scheduled_time;
+    std::optional<double> first_token_time;
+    std::vector<Choice> choices;
+    int32_t num_unfinished = 0;
+    Usage usage;
+  };
+  struct Pending {
+    RequestId id;
+    EngineRequest request;
+    OutputSink sink;
+    double arrival_time;
+  };
+
+  Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
+         std::unique_ptr<Executor> executor, const Tokenizer* tokenizer);
+
+  Status validate(EngineRequest& request) const;
+  void run_loop();
+  void admit(Pending pending);
+  void step();
+  void fail_plan(const StepPlan& plan, const Status& error);
+  void abort_now(RequestId id, FinishReason reason, const Status& error);
+  // Applies one sequence update to its request's choice and delta.
+  void apply_update(const SequenceUpdate& update, double now,
+                    std::unordered_map<RequestId, RequestOutput>* outputs);
+  void finish_choice(LiveRequest& request, int32_t index, FinishReason reason, ChoiceDelta* delta,
+                     double now);
+  void deliver(std::unordered_map<RequestId, RequestOutput>* outputs, double now);
+  void publish_scheduler_stats();
+  double now() const;
+
+  EngineOptions options_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Executor> executor_;
+  const Tokenizer* tokenizer_;
+  EngineMetrics metrics_;
+
+  // Owned by the engine thread.
+  std::unordered_map<RequestId, LiveRequest> live_;
+  std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
+  SequenceId next_seq_id_ = 1;
+  uint64_t seed_state_ = 0;
+
+  // Shared with submitting threads.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Pending> inbox_;
+  std::vector<RequestId> abort_inbox_;
+  int64_t inbox_sequences_ = 0;
+  bool stopping_ = false;
+  RequestId next_request_id_ = 1;
+  std::atomic<int64_t> waiting_sequences_{0};
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+};
+
+}  // namespace peerserve

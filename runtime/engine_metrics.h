@@ -1,0 +1,51 @@
+// EngineMetrics: what /metrics reports about the engine: request latencies (TTFT, inter-
+// token latency, time per output token, end-to-end), token and request counters, and the
+// scheduler's state (running/waiting, KV blocks, prefix-cache hits, preemptions).
+//
+// Thread-safety: the engine thread records; any thread may take a snapshot().
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "runtime/histogram.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace peerserve {
+
+struct EngineMetricsSnapshot {
+  SchedulerStats scheduler;
+  Histogram time_to_first_token{latency_buckets_seconds()};
+  Histogram inter_token_latency{inter_token_buckets_seconds()};
+  Histogram time_per_output_token{inter_token_buckets_seconds()};
+  Histogram e2e_request_latency{latency_buckets_seconds()};
+  Histogram queue_time{latency_buckets_seconds()};
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  // Indexed by FinishReason.
+  std::array<int64_t, 4> requests_finished_total{};
+  int64_t steps_total = 0;
+  int64_t batched_tokens_total = 0;
+};
+
+class EngineMetrics {
+ public:
+  EngineMetricsSnapshot snapshot() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return data_;
+  }
+  // Runs `fn(EngineMetricsSnapshot&)` under the lock.
+  template <typename Fn>
+  void update(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fn(data_);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  EngineMetricsSnapshot data_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,122 @@
+#include "runtime/stop_string_matcher.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace peerserve {
+namespace {
+
+// Streams `pieces` through a matcher and returns everything it emitted.
+std::string stream(StopStringMatcher& m, const std::vector<std::string>& pieces,
+                   std::optional<std::string>* matched) {
+  std::string out;
+  for (const std::string& p : pieces) {
+    auto step = m.push(p);
+    out += step.text;
+    if (step.matched) {
+      *matched = step.matched;
+      return out;
+    }
+  }
+  return out + m.flush();
+}
+
+TEST(StopStringMatcherTest, MatchAcrossPieces) {
+  StopStringMatcher m({"Hello"}, false);
+  std::optional<std::string> matched;
+  EXPECT_EQ(stream(m, {"say He", "l", "lo world"}, &matched), "say ");
+  EXPECT_EQ(matched, "Hello");
+}
+
+TEST(StopStringMatcherTest, HoldsBackOnlyPossiblePrefixes) {
+  StopStringMatcher m({"abc"}, false);
+  auto s1 = m.push("xxab");
+  EXPECT_EQ(s1.text, "xx");
+  auto s2 = m.push("x");
+  EXPECT_EQ(s2.text, "abx");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopStringMatcherTest, IncludeStop) {
+  StopStringMatcher m({"\n\n"}, true);
+  std::optional<std::string> matched;
+  EXPECT_EQ(stream(m, {"line\n", "\nnext"}, &matched), "line\n\n");
+  EXPECT_EQ(matched, "\n\n");
+}
+
+TEST(StopStringMatcherTest, FirstStopToCompleteWinsWhateverTheSplit) {
+  for (auto pieces : {std::vector<std::string>{"ab", "cdef"}, {"abcdef"}, {"a", "b", "c", "def"}}) {
+    StopStringMatcher m({"bcde", "cd"}, false);
+    std::optional<std::string> matched;
+    EXPECT_EQ(stream(m, pieces, &matched), "ab");
+    EXPECT_EQ(matched, "cd");
+  }
+}
+
+TEST(StopStringMatcherTest, Utf8StopStrings) {
+  StopStringMatcher m({"停止"}, false);
+  std::optional<std::string> matched;
+  EXPECT_EQ(stream(m, {"好的", "停", "止了"}, &matched), "好的");
+  EXPECT_EQ(matched, "停止");
+}
+
+TEST(StopStringMatcherTest, NoStopsPassesThrough) {
+  StopStringMatcher m({""}, false);
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.push("abc").text, "abc");
+}
+
+// Random texts over a tiny alphabet (many partial matches), random stop sets and random
+// splits: the streamed output must equal the full text cut before its first stop string
+// (found with plain std::string::find on the whole text).
+TEST(StopStringMatcherTest, RandomSplitsMatchWholeTextReference) {
+  std::mt19937 rng(42);
+  const std::string alphabet = "aab";
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string text;
+    const int len = static_cast<int>(rng() % 30);
+    for (int i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
+    std::vector<std::string> stops;
+    const int num_stops = 1 + static_cast<int>(rng() % 3);
+    for (int s = 0; s < num_stops; ++s) {
+      std::string stop;
+      const int slen = 1 + static_cast<int>(rng() % 5);
+      for (int i = 0; i < slen; ++i) stop += alphabet[rng() % alphabet.size()];
+      stops.push_back(stop);
+    }
+    const bool include = rng() % 2;
+    // Reference: the shortest prefix of the text that contains a stop string; the stop
+    // found there that starts first (it is the longest of those ending at that point).
+    size_t cut = std::string::npos;
+    std::string first_stop;
+    for (size_t end = 1; end <= text.size() && cut == std::string::npos; ++end) {
+      for (const std::string& s : stops) {
+        if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0 &&
+            (cut == std::string::npos || end - s.size() < cut)) {
+          cut = end - s.size();
+          first_stop = s;
+        }
+      }
+    }
+    std::string expected = cut == std::string::npos ? text : text.substr(0, cut);
+    if (cut != std::string::npos && include) expected += first_stop;
+    // Streamed.
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < text.size();) {
+      const size_t n = 1 + rng() % 4;
+      pieces.push_back(text.substr(i, n));
+      i += n;
+    }
+    StopStringMatcher m(stops, include);
+    std::optional<std::string> matched;
+    ASSERT_EQ(stream(m, pieces, &matched), expected) << "text=" << text;
+    ASSERT_EQ(matched.has_value(), cut != std::string::npos) << "text=" << text;
+    if (matched) {
+      ASSERT_EQ(*matched, first_stop);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace peerserve
