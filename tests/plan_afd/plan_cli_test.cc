@@ -1,0 +1,165 @@
+// `peerserve plan afd` and `peerserve plan placement` driven through CLI11.
+#include <gtest/gtest.h>
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/command_registry.h"
+#include "plan/afd/afd_cli.h"
+#include "plan/placement/placement_cli.h"
+
+namespace peerserve::plan {
+namespace {
+
+struct CommandRun {
+  int exit_code = 0;
+  std::string out;
+  std::string err;
+};
+
+CommandRun run(std::vector<std::string> args) {
+  CLI::App root{"peerserve"};
+  auto* plan = root.add_subcommand("plan", "planner");
+  add_plan_afd_command(*plan);
+  add_plan_placement_command(*plan);
+  args.insert(args.begin(), "peerserve");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  set_command_exit_code(0);
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  CommandRun result;
+  try {
+    root.parse(static_cast<int>(argv.size()), argv.data());
+    result.exit_code = command_exit_code();
+  } catch (const CLI::ParseError& error) {
+    result.exit_code = 100 + error.get_exit_code();
+  }
+  result.out = testing::internal::GetCapturedStdout();
+  result.err = testing::internal::GetCapturedStderr();
+  return result;
+}
+
+std::string source_path(const std::string& relative) {
+  const char* root = std::getenv("PEERSERVE_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/" + relative;
+}
+
+TEST(PlanAfdCommand, PrintsTheOptimumAsJson) {
+  const CommandRun r = run({"plan", "afd", "--json", "--ratios", "1,9.3,32"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(out["optimum"]["ratio"].get<double>(), 9.30, 0.005);
+  EXPECT_EQ(out["optimum"]["binding"], "attention-bound");
+  ASSERT_EQ(out["ratio_sweep"].size(), 3u);
+  EXPECT_NEAR(out["ratio_sweep"][2]["throughput_per_instance"].get<double>(), 0.3183, 5e-5);
+}
+
+TEST(PlanAfdCommand, SweepsAndSimulates) {
+  const CommandRun r =
+      run({"plan", "afd", "--json", "--ratios", "1,2", "--simulate", "--requests-per-instance",
+           "200", "--sweep", "mu_D", "--values", "100,500"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(out["ratio_sweep"][0].contains("simulated"));
+  ASSERT_EQ(out["parameter_sweep"].size(), 2u);
+  EXPECT_NEAR(out["parameter_sweep"][0]["optimum"]["ratio"].get<double>(), 2.1694, 1e-4);
+}
+
+TEST(PlanAfdCommand, ExplainsBadInput) {
+  CommandRun r = run({"plan", "afd", "--batch", "0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("microbatch B"), std::string::npos) << r.err;
+  r = run({"plan", "afd", "--simulate", "--ratios", "2.5"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("whole number"), std::string::npos) << r.err;
+  r = run({"plan", "afd", "--sweep", "B"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("needs --values"), std::string::npos) << r.err;
+  r = run({"plan", "afd", "--convention", "other"});
+  EXPECT_GE(r.exit_code, 100);  // rejected by the flag parser
+}
+
+TEST(PlanAfdCommand, ReproducesThePaper) {
+  const CommandRun r = run({"plan", "afd", "--reproduce"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("17.25"), std::string::npos);
+  EXPECT_NE(r.out.find("[INCONSISTENT]"), std::string::npos);
+}
+
+TEST(PlanPlacementCommand, ComparesAlgorithmsOnSyntheticRouting) {
+  const auto dir = std::filesystem::temp_directory_path() / "peerserve_plan_cli_test_traces";
+  std::filesystem::remove_all(dir);
+  const CommandRun r = run({"plan",
+                            "placement",
+                            "--json",
+                            "--compare",
+                            "--experts",
+                            "32",
+                            "--top-k",
+                            "4",
+                            "--moe-layers",
+                            "2",
+                            "--requests",
+                            "4",
+                            "--prefill-min",
+                            "32",
+                            "--prefill-max",
+                            "32",
+                            "--decode-steps",
+                            "16",
+                            "--max-over-mean",
+                            "5",
+                            "--ranks",
+                            "4",
+                            "--redundant-per-rank",
+                            "1",
+                            "--stats",
+                            "--write-trace",
+                            dir.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  ASSERT_EQ(out["studies"].size(), 3u);
+  EXPECT_EQ(out["studies"][0]["algorithm"], "eplb");
+  EXPECT_EQ(out["studies"][1]["slots_per_rank"], 8);  // Remap keeps E/G
+  EXPECT_EQ(out["studies"][2]["slots_per_rank"], 9);  // Dup adds one per rank
+  EXPECT_EQ(out["statistics"]["max_over_mean_per_layer"].size(), 2u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "3.json"));
+
+  // The written traces read back through --trace.
+  const CommandRun again = run({"plan", "placement", "--trace", dir.string(), "--experts", "32",
+                                "--ranks", "4", "--algorithm", "remap"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("remap"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PlanPlacementCommand, ReadsTheCommittedSampleAndReportsFileErrors) {
+  CommandRun r =
+      run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json"),
+           "--experts", "8", "--ranks", "2", "--algorithm", "dup", "--redundant-per-rank", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run({"plan", "placement", "--trace", "/nonexistent/trace.json", "--experts", "8"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no such trace file or directory"), std::string::npos) << r.err;
+  r = run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json"),
+           "--experts", "4"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("tiny_request.json: routing trace: step 0 (prefill)"), std::string::npos)
+      << r.err;
+  r = run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--experts is required"), std::string::npos) << r.err;
+  r = run({"plan", "placement", "--algorithm", "remap", "--redundant-per-rank", "1", "--moe-layers",
+           "1", "--requests", "1", "--decode-steps", "1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("Remap keeps E/G"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace peerserve::plan
