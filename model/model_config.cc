@@ -439,6 +439,7 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["torch_dtype"] = "bfloat16";
   j["transformers_version"] = "4.46.3";
   j["use_cache"] = true;
+  j["v_head_dim"] = c.v_head_dim;
   j["vocab_size"] = c.vocab_size;
   return j.dump(2) + "\n";
 }

@@ -1,0 +1,71 @@
+// Loading a BF16 checkpoint must not need more resident memory than ~1.2x its size: BF16
+// tensors are used zero-copy from the file mapping, so reading every tensor adds the file's
+// pages (1.0x) and nothing else. A loader that copied the weights would add 2.0x.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/safetensors_writer.h"
+#include "model/checkpoint/tensor_layout.h"
+#include "model/checkpoint/test_model.h"
+#include "tests/model_loading/scratch_dir.h"
+
+namespace peerserve {
+namespace {
+
+int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST(MemoryTest, Bf16CheckpointResidentGrowthBelow1Point2xItsSize) {
+  testing::ScratchDir dir;
+  // A tiny-architecture config with a large vocabulary so that the checkpoint is ~64 MiB.
+  ModelConfig config = test_model_config(TestModelPreset::kTiny, false);
+  config.vocab_size = 131072;
+  testing::write_file_bytes(dir.file("config.json"), model_config_to_json(config));
+  uint64_t file_bytes = 0;
+  {
+    std::vector<TensorToWrite> tensors;
+    for (const TensorSpec& spec : deepseek_tensor_layout(config)) {
+      int64_t n = 1;
+      for (int64_t d : spec.shape) n *= d;
+      tensors.push_back({spec.name, DType::kBF16, spec.shape,
+                         std::vector<std::byte>(static_cast<size_t>(n) * 2, std::byte{0x3f})});
+      file_bytes += tensors.back().bytes.size();
+    }
+    ASSERT_TRUE(write_safetensors_file(dir.file("model.safetensors"), tensors).ok());
+  }  // writer buffers freed here
+  ASSERT_GT(file_bytes, 60ull << 20);
+
+  const int64_t before = resident_kib();
+  Result<Checkpoint> ckpt = Checkpoint::open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  std::vector<WeightTensor> weights;
+  uint64_t checksum = 0;
+  for (const TensorSpec& spec : deepseek_tensor_layout(config)) {
+    Result<WeightTensor> w = ckpt->get_bf16(spec.name, spec.shape);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_TRUE(w->zero_copy);
+    // Touch every element, as a forward pass would.
+    for (int64_t i = 0; i < w->numel(); ++i) checksum += w->bf16_data()[i].bits;
+    weights.push_back(*std::move(w));
+  }
+  const int64_t after = resident_kib();
+  EXPECT_EQ(checksum, static_cast<uint64_t>(file_bytes / 2) * 0x3f3f);
+  const double growth = static_cast<double>(after - before) * 1024.0;
+  RecordProperty("resident_growth_bytes", std::to_string(growth));
+  RecordProperty("checkpoint_bytes", std::to_string(file_bytes));
+  EXPECT_LT(growth, 1.2 * static_cast<double>(file_bytes))
+      << "resident set grew by " << growth / (1 << 20) << " MiB for a "
+      << static_cast<double>(file_bytes) / (1 << 20) << " MiB checkpoint";
+}
+
+}  // namespace
+}  // namespace peerserve
