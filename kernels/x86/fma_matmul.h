@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/x86/weight_prefetch.h"
 
 namespace peerserve::kernels::internal {
 namespace {  // NOLINT: internal linkage per ISA translation unit, on purpose
@@ -102,8 +103,11 @@ void fma_tile(const MatmulTile& t) {
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     int64_t j = t.n_begin;
+    WeightPrefetch prefetch(w, t.w_stride, t.k, NR, (i1 - i0 + MR - 1) / MR);
     for (; j + NR <= t.n_end; j += NR) {
+      prefetch.start_block(j + NR, j + 2 * NR <= t.n_end);
       for (int64_t i = i0; i < i1; i += MR) {
+        prefetch.step();
         fma_rows<V, MR, NR>(static_cast<int>(min_of<int64_t>(MR, i1 - i)), x + i * t.x_stride,
                             t.x_stride, w + j * t.w_stride, t.w_stride, t.k,
                             t.y + i * t.y_stride + j, t.y_stride, t.accumulate);
