@@ -26,13 +26,7 @@ struct Avx2Ops {
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   template <int MR, int NR>
   static void store_sums(const Reg (&acc)[MR][NR], float* y, int64_t y_stride, bool accumulate) {
-    for (int i = 0; i < MR; ++i) {
-      for (int j = 0; j < NR; ++j) {
-        const float s = reduce_add(acc[i][j]);
-        float& out = y[i * y_stride + j];
-        out = accumulate ? out + s : s;
-      }
-    }
+    store_block_sums<MR, NR>(acc, y, y_stride, accumulate);
   }
 };
 

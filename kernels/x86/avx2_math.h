@@ -35,15 +35,87 @@ inline float reduce_add(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
 }
 
-inline float sqrt_ss(float v) {
-  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(v)));
-}
-
 // Mask of the first `count` (0..8) int32 lanes, for maskload/maskstore.
 inline __m256i first_lanes(int count) {
   alignas(32) static const int32_t kTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
                                                  0,  0,  0,  0,  0,  0,  0,  0};
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - count));
+}
+
+// reduce_add of 8 vectors at once, every addition with the same two operands as in
+// reduce_add; lane p of the result holds the sum of v[transposed_lane(p)].
+inline __m256 reduce_add_8_transposed(const __m256* v) {
+  __m256 s1[4], s2[2];
+  for (int i = 0; i < 4; ++i) {  // (l, l + 4): 128-bit halves
+    s1[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                          _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {  // (l, l + 2)
+    s2[i] = _mm256_add_ps(_mm256_shuffle_ps(s1[2 * i], s1[2 * i + 1], 0x44),
+                          _mm256_shuffle_ps(s1[2 * i], s1[2 * i + 1], 0xEE));
+  }
+  // (l, l + 1)
+  return _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], 0x88),
+                       _mm256_shuffle_ps(s2[0], s2[1], 0xDD));
+}
+
+// The lane of reduce_add_8_transposed's result that holds the sum of v[a] (and back).
+constexpr int transposed_lane(int a) {
+  return 4 * (a % 2) + a / 2;
+}
+
+template <int NR>
+struct RowGather {
+  int32_t lanes[8 / NR][8];
+  constexpr RowGather() : lanes{} {
+    for (int r = 0; r < 8 / NR; ++r) {
+      for (int l = 0; l < 8; ++l) lanes[r][l] = l < NR ? transposed_lane(r * NR + l) : 0;
+    }
+  }
+};
+
+// y[i * y_stride + j] (+)= reduce_add(acc[i][j]) for an MR x NR block (as in avx512_math.h).
+template <int MR, int NR>
+inline void store_block_sums(const __m256 (&acc)[MR][NR], float* y, int64_t y_stride,
+                             bool accumulate) {
+  static_assert(NR <= 8);
+  if constexpr (MR * NR < 4) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NR; ++j) {
+        const float s = reduce_add(acc[i][j]);
+        float& out = y[i * y_stride + j];
+        out = accumulate ? out + s : s;
+      }
+    }
+  } else {
+    constexpr int kRowsPerGroup = 8 / NR;
+    const __m256i row_mask = first_lanes(NR);
+#pragma GCC unroll 4
+    for (int r0 = 0; r0 < MR; r0 += kRowsPerGroup) {
+      __m256 group[8];
+#pragma GCC unroll 8
+      for (int a = 0; a < 8; ++a) {
+        const int r = r0 + a / NR;
+        group[a] = a < kRowsPerGroup * NR && r < MR ? acc[r][a % NR] : _mm256_setzero_ps();
+      }
+      const __m256 sums = reduce_add_8_transposed(group);
+#pragma GCC unroll 4
+      for (int r = r0; r < r0 + kRowsPerGroup; ++r) {
+        if (r >= MR) break;
+        static constexpr RowGather<NR> kGather{};
+        const __m256 row = _mm256_permutevar8x32_ps(
+            sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kGather.lanes[r - r0])));
+        float* y_row = y + r * y_stride;
+        _mm256_maskstore_ps(
+            y_row, row_mask,
+            accumulate ? _mm256_add_ps(_mm256_maskload_ps(y_row, row_mask), row) : row);
+      }
+    }
+  }
+}
+
+inline float sqrt_ss(float v) {
+  return _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(v)));
 }
 
 inline __m256 load_part(const float* p, int count) {
