@@ -82,12 +82,13 @@ def _linux_doc_license(text):
 
 def _debian_reference_chapters():
     text = _read_text(DEBIAN_REFERENCE)
-    parts = re.split(r"(?m)^(?=Chapter \d+\. |Appendix [A-Z]\. )", text)
+    # Headings use no-break spaces ("Chapter\xa01.\xa0GNU/Linux tutorials").
+    parts = re.split(r"(?m)^(?=Chapter\s\d+\.\s|Appendix\s[A-Z]\.\s)", text)
     out = []
     for i, part in enumerate(parts):
         head = part.split("\n", 1)[0]
-        m = re.match(r"(Chapter \d+|Appendix [A-Z])\.", head)
-        label = m.group(1).replace(" ", "-").lower() if m else "front-matter"
+        m = re.match(r"(Chapter|Appendix)\s(\w+)\.", head)
+        label = f"{m.group(1)}-{m.group(2)}".lower() if m else "front-matter"
         out.append((f"{DEBIAN_REFERENCE}#{i:02d}-{label}", [part.strip("\n") + "\n"]))
     return out
 
