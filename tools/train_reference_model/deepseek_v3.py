@@ -373,7 +373,7 @@ class DeepseekV3(nn.Module):
         std = self.cfg.initializer_range
         residual_std = std / math.sqrt(2 * (self.cfg.num_hidden_layers + len(self.mtp)))
         for name, p in self.named_parameters():
-            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            if name.endswith("norm.weight"):  # every RMSNorm, including *_layernorm
                 nn.init.ones_(p)
             elif name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
                 nn.init.normal_(p, 0.0, residual_std)
