@@ -107,8 +107,10 @@ nlohmann::json layer_json(const LayerEstimate& layer) {
   for (const auto& op : layer.operators) {
     ops.push_back({{"name", op.name},
                    {"stream", op.stream == plan::OperatorStream::kAttention ? "attention" : "moe"},
-                   {"communication", op.communication},
-                   {"us", op.seconds * 1e6}});
+                   {"compute_us", op.compute_s * 1e6},
+                   {"link_us", op.link_s * 1e6},
+                   {"fixed_us", op.fixed_s * 1e6},
+                   {"us", op.seconds() * 1e6}});
   }
   return {{"operators_full_batch", ops},
           {"sequential_us", layer.sequential_s * 1e6},
@@ -121,9 +123,14 @@ nlohmann::json layer_json(const LayerEstimate& layer) {
 void print_layer(const char* title, const LayerEstimate& layer) {
   fmt::print("  {} (one pass over the whole batch, all resources):\n", title);
   for (const auto& op : layer.operators) {
-    fmt::print("    {:<16} {:>9} {:>10.1f} us{}\n", op.name,
+    fmt::print("    {:<16} {:>9} {:>10.1f} us", op.name,
                op.stream == plan::OperatorStream::kAttention ? "attention" : "moe",
-               op.seconds * 1e6, op.communication ? "  (link)" : "");
+               op.seconds() * 1e6);
+    if (op.communication()) {
+      fmt::print("  (cores {:.1f}, link {:.1f}, fixed {:.1f})", op.compute_s * 1e6, op.link_s * 1e6,
+                 op.fixed_s * 1e6);
+    }
+    fmt::print("\n");
   }
   fmt::print(
       "    back to back {:.1f} us; two microbatches {:.1f} us (attention share {:.2f}); "
@@ -418,6 +425,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       "reproduce", "Write the papers' reproduction report (Markdown, JSON, SVG charts)");
   auto out_dir = std::make_shared<std::string>();
   reproduce->add_option("--out", *out_dir, "output folder")->required();
+  reproduce->add_option("--data-dir", o->data_dir, "folder with hardware/*.json (default: ./data)");
   reproduce->callback(
       [o, out_dir] { set_command_exit_code(run_reproduce(o->data_dir, *out_dir)); });
 

@@ -32,7 +32,7 @@ AllToAllTime all_to_all_time(const HardwareProfile& hw, const AllToAllCall& call
     t.network_bytes = t.payload_bytes * remote_fraction;
     t.transfer_s = t.network_bytes / (link.bandwidth_gb_s * 1e9 * efficiency);
   }
-  t.message_s = copies * hw.fixed.all_to_all_per_token_copy_ns * 1e-9;
+  t.message_s = call.copy_engine ? 0.0 : copies * hw.fixed.all_to_all_per_token_copy_ns * 1e-9;
   t.fixed_s = (hw.fixed.all_to_all_us +
                hw.fixed.all_to_all_per_log2_rank_us * std::log2(static_cast<double>(call.ranks)) +
                link.latency_us) *

@@ -20,6 +20,9 @@ struct AllToAllCall {
   // Every copy goes over scale-out even inside a scale-up domain (DeepEP low-latency kernels
   // use RDMA only).
   bool scale_out_only = false;
+  // Bulk transfers on copy engines (SDMA; prefill): no per-message work on the compute cores,
+  // so message_s is 0. Decode's low-latency path issues every message from the cores.
+  bool copy_engine = false;
 };
 
 struct AllToAllTime {

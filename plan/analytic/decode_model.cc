@@ -26,64 +26,55 @@ std::vector<OperatorTime> layer_operators(const DecodeContext& cx, double tokens
   std::vector<OperatorTime> ops;
   const auto attention = OperatorStream::kAttention;
   const auto moe_stream = OperatorStream::kMoe;
-  ops.push_back(
-      {"mla_prolog", attention, false,
-       gemm_seconds(cx.rates, attention_weights_before_core(m), tokens, cx.weight_bytes)});
+  auto compute = [&ops](const char* name, OperatorStream stream, double seconds) {
+    OperatorTime op;
+    op.name = name;
+    op.stream = stream;
+    op.compute_s = seconds;
+    ops.push_back(op);
+  };
+  compute("mla_prolog", attention,
+          gemm_seconds(cx.rates, attention_weights_before_core(m), tokens, cx.weight_bytes));
   const double core_flops = tokens * attention_core_flops_decode(m, context);
   const double core_bytes = requests * context * kv_elements_per_token_per_layer(m) * cx.kv_bytes;
-  ops.push_back(
-      {"attention_core", attention, false, attention_seconds(cx.rates, core_flops, core_bytes)});
-  ops.push_back({"o_proj", attention, false,
-                 gemm_seconds(cx.rates, attention_weights_after_core(m), tokens, cx.weight_bytes)});
+  compute("attention_core", attention, attention_seconds(cx.rates, core_flops, core_bytes));
+  compute("o_proj", attention,
+          gemm_seconds(cx.rates, attention_weights_after_core(m), tokens, cx.weight_bytes));
   if (!moe) {
-    ops.push_back({"dense_ffn", moe_stream, false,
-                   gemm_seconds(cx.rates, dense_ffn_weights(m), tokens, cx.weight_bytes)});
+    compute("dense_ffn", moe_stream,
+            gemm_seconds(cx.rates, dense_ffn_weights(m), tokens, cx.weight_bytes));
     return ops;
   }
   const ExpertPlacement& placement = cx.deployment.experts;
   const ExpertLoad load = expert_load(m, placement, tokens);
-  ops.push_back(
-      {"gate", moe_stream, false,
-       gemm_seconds(cx.rates, gate_weights(m), tokens, bytes_per_element(Precision::kBf16))});
+  compute("gate", moe_stream,
+          gemm_seconds(cx.rates, gate_weights(m), tokens, bytes_per_element(Precision::kBf16)));
   AllToAllCall call;
   call.ranks = placement.devices;
   call.tokens = tokens;
   call.copies_per_token = load.copies_per_token;
-  call.bytes_per_copy = cx.dispatch_bytes;
-  const AllToAllTime dispatch = all_to_all_time(cx.hw, call);
-  ops.push_back({"dispatch_pack", moe_stream, false, dispatch.message_s});
-  ops.push_back({"dispatch", moe_stream, true, dispatch.link_s()});
-  ops.push_back({"experts", moe_stream, false, expert_seconds(m, load, cx.rates, cx.weight_bytes)});
-  call.bytes_per_copy = cx.combine_bytes;
-  const AllToAllTime combine = all_to_all_time(cx.hw, call);
-  ops.push_back({"combine_pack", moe_stream, false, combine.message_s});
-  ops.push_back({"combine", moe_stream, true, combine.link_s()});
+  auto exchange = [&](const char* name, double bytes_per_copy) {
+    call.bytes_per_copy = bytes_per_copy;
+    const AllToAllTime t = all_to_all_time(cx.hw, call);
+    OperatorTime op;
+    op.name = name;
+    op.stream = moe_stream;
+    op.compute_s = t.message_s;
+    op.link_s = t.transfer_s;
+    op.fixed_s = t.fixed_s;
+    ops.push_back(op);
+  };
+  exchange("dispatch", cx.dispatch_bytes);
+  compute("experts", moe_stream, expert_seconds(m, load, cx.rates, cx.weight_bytes));
+  exchange("combine", cx.combine_bytes);
   return ops;
 }
 
 LayerEstimate estimate_layer(const DecodeContext& cx, double tokens, double requests,
                              double context, bool moe) {
-  LayerEstimate layer;
-  layer.operators = layer_operators(cx, tokens, requests, context, moe);
-  layer.sequential_s = stream_totals(layer.operators).sequential();
-  const StreamTotals half =
-      stream_totals(layer_operators(cx, tokens / 2.0, requests / 2.0, context, moe));
-  const PipelinePeriod period = two_stream_period(half);
-  layer.microbatched_s = 2.0 * period.period_s;
-  layer.attention_share = period.attention_share;
-  switch (cx.deployment.microbatching) {
-    case Microbatching::kOff:
-      layer.microbatched = false;
-      break;
-    case Microbatching::kOn:
-      layer.microbatched = true;
-      break;
-    case Microbatching::kAuto:
-      layer.microbatched = layer.microbatched_s < layer.sequential_s;
-      break;
-  }
-  layer.seconds = layer.microbatched ? layer.microbatched_s : layer.sequential_s;
-  return layer;
+  return layer_estimate(layer_operators(cx, tokens, requests, context, moe),
+                        layer_operators(cx, tokens / 2.0, requests / 2.0, context, moe),
+                        cx.deployment.microbatching, PipelineKind::kPartitionedCores);
 }
 
 DecodeMemory decode_memory(const DecodeContext& cx, double batch, double tokens, double max_context,

@@ -20,11 +20,14 @@ struct PrefillContext {
 };
 
 // Collective inside the attention TP group: `bytes` received per device.
-double tp_collective_seconds(const PrefillContext& cx, double bytes) {
-  const int tp = cx.deployment.attention_tp;
-  if (tp <= 1 || bytes <= 0.0) return 0.0;
-  const LinkProfile& link = cx.hw.link_for_group(tp);
-  return link.latency_us * 1e-6 + bytes / (link.bandwidth_gb_s * 1e9 * cx.hw.efficiency.all_to_all);
+OperatorTime tp_collective(const PrefillContext& cx, const char* name, double bytes) {
+  OperatorTime op;
+  op.name = name;
+  op.stream = OperatorStream::kAttention;
+  const LinkProfile& link = cx.hw.link_for_group(cx.deployment.attention_tp);
+  op.fixed_s = link.latency_us * 1e-6;
+  op.link_s = bytes / (link.bandwidth_gb_s * 1e9 * cx.hw.efficiency.all_to_all);
+  return op;
 }
 
 std::vector<OperatorTime> layer_operators(const PrefillContext& cx, const PrefillBatch& b,
@@ -33,101 +36,91 @@ std::vector<OperatorTime> layer_operators(const PrefillContext& cx, const Prefil
   const auto attention = OperatorStream::kAttention;
   const auto moe_stream = OperatorStream::kMoe;
   const int tp = cx.deployment.attention_tp;
-  std::vector<OperatorTime> ops;
   const double w = cx.weight_bytes;
-  double down = 0.0;  // weights applied before any exchange (per token)
-  double up = 0.0;    // weights applied per head shard after the all-gather
+  std::vector<OperatorTime> ops;
+  auto compute = [&ops](const char* name, OperatorStream stream, double seconds) {
+    OperatorTime op;
+    op.name = name;
+    op.stream = stream;
+    op.compute_s = seconds;
+    ops.push_back(op);
+  };
   if (m.attention == AttentionKind::kMla) {
+    const double hidden = m.hidden_size;
     const double qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    const double q_down = m.q_lora_rank > 0 ? static_cast<double>(m.hidden_size) * m.q_lora_rank
-                                            : static_cast<double>(m.hidden_size) * m.num_heads * qk;
+    const double latent = m.kv_lora_rank + m.qk_rope_head_dim;
+    const double q_down = m.q_lora_rank > 0 ? hidden * m.q_lora_rank : hidden * m.num_heads * qk;
     const double q_up =
         m.q_lora_rank > 0 ? static_cast<double>(m.q_lora_rank) * m.num_heads * qk : 0.0;
-    const double kv_a = static_cast<double>(m.hidden_size) * (m.kv_lora_rank + m.qk_rope_head_dim);
     const double kv_b =
         static_cast<double>(m.kv_lora_rank) * m.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
-    down = q_down + kv_a;
-    up = q_up + kv_b;
-    ops.push_back({"mla_down", attention, false, gemm_seconds(cx.rates, down, b.new_tokens, w)});
+    compute("mla_down", attention,
+            gemm_seconds(cx.rates, q_down + hidden * latent, b.new_tokens, w));
     if (tp > 1) {
       const double q_width = m.q_lora_rank > 0 ? m.q_lora_rank : m.num_heads * qk;
-      const double latent = m.kv_lora_rank + m.qk_rope_head_dim;
       const double bytes = (tp - 1.0) *
                            (b.new_tokens * (q_width + latent) + b.cached_tokens * latent) *
                            cx.activation_bytes;
-      ops.push_back({"tp_all_gather", attention, true, tp_collective_seconds(cx, bytes)});
+      ops.push_back(tp_collective(cx, "tp_all_gather", bytes));
     }
-    ops.push_back({"mla_up", attention, false,
-                   gemm_seconds(cx.rates, up, b.new_tokens, w) +
-                       gemm_seconds(cx.rates, kv_b, b.cached_tokens, w)});
+    compute("mla_up", attention,
+            gemm_seconds(cx.rates, q_up + kv_b, b.new_tokens, w) +
+                gemm_seconds(cx.rates, kv_b, b.cached_tokens, w));
   } else {
-    down = attention_weights_before_core(m);
-    ops.push_back({"qkv_proj", attention, false, gemm_seconds(cx.rates, down, b.new_tokens, w)});
+    compute("qkv_proj", attention,
+            gemm_seconds(cx.rates, attention_weights_before_core(m), b.new_tokens, w));
   }
   const double core_flops = attention_core_flops_prefill(m, 1.0) * b.attended_context;
-  ops.push_back({"attention_core", attention, false, attention_seconds(cx.rates, core_flops, 0.0)});
+  compute("attention_core", attention, attention_seconds(cx.rates, core_flops, 0.0));
   if (tp > 1) {
     const double v_width =
         m.attention == AttentionKind::kMla ? m.num_heads * m.v_head_dim : m.num_heads * m.head_dim;
-    const double bytes = (tp - 1.0) / tp * b.new_tokens * v_width * cx.activation_bytes;
-    ops.push_back({"tp_all_to_all", attention, true, tp_collective_seconds(cx, bytes)});
+    ops.push_back(tp_collective(cx, "tp_all_to_all",
+                                (tp - 1.0) / tp * b.new_tokens * v_width * cx.activation_bytes));
   }
   const double o_weights = m.attention == AttentionKind::kMla
                                ? static_cast<double>(m.num_heads) * m.v_head_dim * m.hidden_size
                                : attention_weights_after_core(m);
-  ops.push_back({"o_proj", attention, false, gemm_seconds(cx.rates, o_weights, b.new_tokens, w)});
+  compute("o_proj", attention, gemm_seconds(cx.rates, o_weights, b.new_tokens, w));
   if (!moe) {
-    ops.push_back({"dense_ffn", moe_stream, false,
-                   gemm_seconds(cx.rates, dense_ffn_weights(m), b.new_tokens, w)});
+    compute("dense_ffn", moe_stream, gemm_seconds(cx.rates, dense_ffn_weights(m), b.new_tokens, w));
     return ops;
   }
   const ExpertPlacement& placement = cx.deployment.experts;
   const ExpertLoad load = expert_load(m, placement, b.new_tokens);
-  ops.push_back(
-      {"gate", moe_stream, false,
-       gemm_seconds(cx.rates, gate_weights(m), b.new_tokens, bytes_per_element(Precision::kBf16))});
+  compute(
+      "gate", moe_stream,
+      gemm_seconds(cx.rates, gate_weights(m), b.new_tokens, bytes_per_element(Precision::kBf16)));
   AllToAllCall call;
   call.ranks = placement.devices;
   call.tokens = b.new_tokens;
   call.copies_per_token = load.copies_per_token;
   call.dedup_per_node = cx.deployment.dedup_per_node;
   call.remote_nodes_per_token = cx.remote_nodes_per_token;
-  call.bytes_per_copy = cx.dispatch_bytes;
-  const AllToAllTime dispatch = all_to_all_time(cx.hw, call);
-  ops.push_back({"dispatch_pack", moe_stream, false, dispatch.message_s});
-  ops.push_back({"dispatch", moe_stream, true, dispatch.link_s()});
-  ops.push_back({"experts", moe_stream, false, expert_seconds(m, load, cx.rates, w)});
-  call.bytes_per_copy = cx.combine_bytes;
-  const AllToAllTime combine = all_to_all_time(cx.hw, call);
-  ops.push_back({"combine_pack", moe_stream, false, combine.message_s});
-  ops.push_back({"combine", moe_stream, true, combine.link_s()});
+  call.copy_engine = true;
+  auto exchange = [&](const char* name, double bytes_per_copy) {
+    call.bytes_per_copy = bytes_per_copy;
+    const AllToAllTime t = all_to_all_time(cx.hw, call);
+    OperatorTime op;
+    op.name = name;
+    op.stream = moe_stream;
+    op.link_s = t.transfer_s;
+    op.fixed_s = t.fixed_s;
+    ops.push_back(op);
+  };
+  exchange("dispatch", cx.dispatch_bytes);
+  compute("experts", moe_stream, expert_seconds(m, load, cx.rates, w));
+  exchange("combine", cx.combine_bytes);
   return ops;
 }
 
 LayerEstimate estimate_layer(const PrefillContext& cx, const PrefillBatch& b, bool moe) {
-  LayerEstimate layer;
-  layer.operators = layer_operators(cx, b, moe);
-  layer.sequential_s = stream_totals(layer.operators).sequential();
   PrefillBatch half = b;
   half.new_tokens /= 2.0;
   half.cached_tokens /= 2.0;
   half.attended_context /= 2.0;
-  const PipelinePeriod period = two_stream_period(stream_totals(layer_operators(cx, half, moe)));
-  layer.microbatched_s = 2.0 * period.period_s;
-  layer.attention_share = period.attention_share;
-  switch (cx.deployment.microbatching) {
-    case Microbatching::kOff:
-      layer.microbatched = false;
-      break;
-    case Microbatching::kOn:
-      layer.microbatched = true;
-      break;
-    case Microbatching::kAuto:
-      layer.microbatched = layer.microbatched_s < layer.sequential_s;
-      break;
-  }
-  layer.seconds = layer.microbatched ? layer.microbatched_s : layer.sequential_s;
-  return layer;
+  return layer_estimate(layer_operators(cx, b, moe), layer_operators(cx, half, moe),
+                        cx.deployment.microbatching, PipelineKind::kSharedCores);
 }
 
 }  // namespace

@@ -84,9 +84,9 @@ Status table3_prefill(const Setup& s, RowSink& out) {
   };
   const Case cases[] = {
       {"SGLang on H100 (Default)", s.h100, &s.hopper_prefill, kDefaultEplbImbalance, 6288, 3.18,
-       "EP32 over 4 nodes, default EPLB (imbalance 1.3)", false},
+       "EP32 over 4 nodes, default EPLB (imbalance 1.4)", false},
       {"CloudMatrix-Infer (Default)", s.ascend, &s.cm_prefill, kDefaultEplbImbalance, 5655, 3.76,
-       "cloudmatrix-prefill, default EPLB; this row fixes the default imbalance 1.3", true},
+       "cloudmatrix-prefill, default EPLB; this row fixes the default imbalance 1.4", true},
       {"DeepSeek on H800 (Profile)", s.h800, &s.hopper_prefill, 1.0, 7839, 3.96,
        "deepseek-h800-prefill; the profile simulates perfectly balanced routing", false},
       {"SGLang on H100 (Perfect EPLB)", s.h100, &s.hopper_prefill, 1.0, 7417, 3.75,

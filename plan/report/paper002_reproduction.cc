@@ -101,12 +101,14 @@ Result<PaperReproduction> reproduce_paper002(const HardwareSet& hardware) {
   with.mtp.acceptance = 0.85;
   DecodeDeployment without = with;
   without.mtp.draft_tokens = 0;
-  PS_ASSIGN_OR_RETURN(DecodeEstimate a, estimate_decode(v3, *h800, without, 64, 4096, 4096));
-  PS_ASSIGN_OR_RETURN(DecodeEstimate b, estimate_decode(v3, *h800, with, 64, 4096, 4096));
+  // Per-request speed at a small batch: the paper trades "slightly hurting the throughput"
+  // for latency, so the 1.8x is read as tokens/s of one request, not of the device.
+  PS_ASSIGN_OR_RETURN(DecodeEstimate a, estimate_decode(v3, *h800, without, 8, 4096, 4096));
+  PS_ASSIGN_OR_RETURN(DecodeEstimate b, estimate_decode(v3, *h800, with, 8, 4096, 4096));
   rows.push_back(row("§2.3.3", "generation TPS with / without MTP (ratio)", 1.8,
                      a.tpot_s / b.tpot_s,
-                     "deepseek-h800-decode, 64 requests per GPU, KV 4K, acceptance 85% (the "
-                     "paper's 80-90%)"));
+                     "deepseek-h800-decode, 8 requests per GPU, KV 4K, acceptance 85% (the "
+                     "paper's 80-90%); no batch is published"));
 
   result.inconsistencies = {
       "Table 1: 516.096 / 70.272 = 7.34, but the multiplier is printed as 7.28x.",

@@ -29,6 +29,6 @@ struct PaperReproduction {
 // load balancing, as opposed to their "perfect EPLB" runs. One value for every system: paper
 // 000 Table 3 shows the same default/perfect throughput ratio (1.18) for SGLang on H100 and
 // CloudMatrix; the value is fitted on the CloudMatrix pair and the SGLang pair is predicted.
-inline constexpr double kDefaultEplbImbalance = 1.3;
+inline constexpr double kDefaultEplbImbalance = 1.4;
 
 }  // namespace peerserve::plan
