@@ -18,7 +18,7 @@ ChatTemplate::~ChatTemplate() = default;
 
 Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
   auto impl = std::make_unique<Impl>();
-  impl->source = std::string(source);
+  impl->source = jinja::normalize_template_source(source);
   PS_ASSIGN_OR_RETURN(std::vector<jinja::Token> tokens, jinja::tokenize_template(impl->source));
   PS_ASSIGN_OR_RETURN(impl->nodes, jinja::parse_template(impl->source, tokens));
   return ChatTemplate(std::move(impl));

@@ -51,6 +51,7 @@ class ChatTemplate {
   // `variables` must be a JSON object; its members are the template's global names.
   Result<std::string> render(const nlohmann::json& variables) const;
 
+  // The template text as jinja2 sees it (newlines normalized, one trailing newline dropped).
   const std::string& source() const;
 
  private:

@@ -184,7 +184,8 @@ std::vector<std::string> corpus() {
       "한국어 문장도 테스트합니다. 안녕하세요!",
       "中文English混合Text测试123数字",
       // emoji
-      "I love it 😀😃😄😁 👍🏽👍🏿 👨‍👩‍👧‍👦 🇺🇸🇯🇵 1️⃣ ❤️ "
+      "I love it 😀😃😄😁 👍🏽👍🏿 👨‍👩‍👧‍👦 🇺🇸🇯🇵 1️⃣ "
+      "❤️ "
       "🏳️‍🌈",
       "🤖🤖🤖🤖🤖🤖🤖🤖",
       // mixed whitespace

@@ -360,6 +360,7 @@ class Interpreter {
           PS_ASSIGN_OR_RETURN(Value v, eval(*arg));
           items.push_back(std::move(v));
         }
+        if (e.kind == ExprKind::kTuple) return Value::tuple(std::move(items));
         return Value(std::move(items));
       }
       case ExprKind::kDict: {

@@ -286,6 +286,21 @@ std::string position_text(std::string_view source, size_t offset) {
   return std::to_string(line) + ":" + std::to_string(column);
 }
 
+std::string normalize_template_source(std::string_view source) {
+  std::string out;
+  out.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      out += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      out += source[i];
+    }
+  }
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
 Result<std::vector<Token>> tokenize_template(std::string_view source) {
   return Lexer(source).run();
 }

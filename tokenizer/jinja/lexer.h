@@ -36,6 +36,11 @@ struct Token {
 // "line:column" (1-based) of a byte offset in `source`.
 std::string position_text(std::string_view source, size_t offset);
 
+// jinja2's source preparation: newlines ("\r\n", "\r") become "\n" and one trailing
+// newline is dropped (keep_trailing_newline=False).
+std::string normalize_template_source(std::string_view source);
+
+// REQUIRES: source was normalized.
 Result<std::vector<Token>> tokenize_template(std::string_view source);
 
 }  // namespace peerserve::jinja

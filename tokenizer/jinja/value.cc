@@ -279,12 +279,13 @@ std::string to_str(const Value& v) {
 std::string to_repr(const Value& v) {
   if (v.is_string()) return string_repr(v.as_string());
   if (v.is_list()) {
-    std::string out = "[";
+    std::string out = v.is_tuple() ? "(" : "[";
     const List& list = v.as_list();
     for (size_t i = 0; i < list.size(); ++i) {
       if (i > 0) out += ", ";
       out += to_repr(list[i]);
     }
+    if (v.is_tuple()) return out + (list.size() == 1 ? ",)" : ")");
     return out + "]";
   }
   if (v.is_dict()) {

