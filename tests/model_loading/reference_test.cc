@@ -18,7 +18,7 @@ namespace {
 
 std::string source_dir() {
   const char* dir = std::getenv("PEERSERVE_SOURCE_DIR");
-  return dir ? dir : ".";
+  return std::filesystem::absolute(dir ? dir : ".").string();
 }
 
 // Runs a command, returns its stdout; exit status in `status`.
@@ -86,14 +86,14 @@ TEST(TokenizerReferenceTest, NpmTokenizerLoadsAndRoundTrips) {
   int status = 0;
   const std::string output =
       run("node " + source_dir() + "/tests/model_loading/reference_tokenizer.js " + modules + " " +
-              dir.path(),
+              dir.path() + " 2>&1",
           status);
   ASSERT_EQ(status, 0) << output;
   const auto r = nlohmann::json::parse(output);
   EXPECT_EQ(r["decoded"], "Hello world, the cat is in the house! 123 données ünïcode 你好");
-  // add_bos_token: the encoding starts with <｜begin▁of▁sentence｜> (id 0).
+  // (This library applies the ByteLevel post-processor as written and adds no BOS, exactly
+  // as it does for DeepSeek-V3's own tokenizer.json; the chat template adds it instead.)
   ASSERT_FALSE(r["ids"].empty());
-  EXPECT_EQ(r["ids"][0], 0);
   for (const auto& id : r["ids"]) EXPECT_LT(id.get<int64_t>(), test_tokenizer_vocab_size());
   // Merges apply: fewer tokens than bytes.
   EXPECT_LT(r["ids"].size(), 60u);

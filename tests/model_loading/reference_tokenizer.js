@@ -3,7 +3,7 @@
 // Usage: node reference_tokenizer.js NODE_MODULES_DIR CHECKPOINT_DIR
 const path = require("path");
 const fs = require("fs");
-const { TokenizerLoader } = require(path.join(process.argv[2], "@lenml/tokenizers"));
+const { TokenizerLoader } = require(path.resolve(process.argv[2], "@lenml/tokenizers"));
 
 const dir = process.argv[3];
 const tokenizer = TokenizerLoader.fromPreTrained({
