@@ -38,69 +38,17 @@ struct PlanOptions {
   std::string hardware = "ascend-910c";
   std::string model = "deepseek-v3";
   std::string model_config;
-  std::string decode_preset = "cloudmatrix-decode";
-  std::string prefill_preset = "cloudmatrix-prefill";
-  std::optional<int> decode_devices, decode_redundant, decode_shared_devices;
-  std::optional<int> prefill_devices, prefill_redundant, attention_tp;
-  std::string weights, attention, kv_cache, dispatch, combine;
-  std::string microbatching;
-  std::optional<int> mtp_drafts;
-  std::optional<double> mtp_acceptance;
-  double imbalance = 1.0;
+  plan_inputs::DeploymentFlags deployment;
   std::optional<double> batch;  // per device; default: the largest under the SLO
   double tpot_slo_ms = 50.0;
   double prompt_tokens = 4096.0;
   double output_tokens = 256.0;
   double reuse = 0.0;
-  std::optional<double> prefill_tokens_per_device;
   std::optional<int> mapping_prefill_tp;
   int mapping_decode_tp = 1;
   std::optional<int> device_budget;
   bool json = false;
 };
-
-Status apply_precisions(const PlanOptions& o, plan::PrecisionPlan& p) {
-  auto set = [](const std::string& name, plan::Precision& field) -> Status {
-    if (name.empty()) return ok_status();
-    PS_ASSIGN_OR_RETURN(field, plan::parse_precision(name));
-    return ok_status();
-  };
-  PS_RETURN_IF_ERROR(set(o.weights, p.weights));
-  PS_RETURN_IF_ERROR(set(o.attention, p.attention));
-  PS_RETURN_IF_ERROR(set(o.kv_cache, p.kv_cache));
-  PS_RETURN_IF_ERROR(set(o.dispatch, p.dispatch));
-  PS_RETURN_IF_ERROR(set(o.combine, p.combine));
-  return ok_status();
-}
-
-Result<plan::DecodeDeployment> decode_deployment(const PlanOptions& o) {
-  PS_ASSIGN_OR_RETURN(plan::DecodeDeployment d, plan::decode_preset(o.decode_preset));
-  if (o.decode_devices) d.experts.devices = *o.decode_devices;
-  if (o.decode_redundant) d.experts.redundant_experts = *o.decode_redundant;
-  if (o.decode_shared_devices) d.experts.shared_expert_devices = *o.decode_shared_devices;
-  d.experts.expert_imbalance = o.imbalance;
-  PS_RETURN_IF_ERROR(apply_precisions(o, d.precision));
-  if (!o.microbatching.empty()) {
-    PS_ASSIGN_OR_RETURN(d.microbatching, plan::parse_microbatching(o.microbatching));
-  }
-  if (o.mtp_drafts) d.mtp.draft_tokens = *o.mtp_drafts;
-  if (o.mtp_acceptance) d.mtp.acceptance = *o.mtp_acceptance;
-  return d;
-}
-
-Result<plan::PrefillDeployment> prefill_deployment(const PlanOptions& o) {
-  PS_ASSIGN_OR_RETURN(plan::PrefillDeployment d, plan::prefill_preset(o.prefill_preset));
-  if (o.prefill_devices) d.experts.devices = *o.prefill_devices;
-  if (o.prefill_redundant) d.experts.redundant_experts = *o.prefill_redundant;
-  if (o.attention_tp) d.attention_tp = *o.attention_tp;
-  if (o.prefill_tokens_per_device) d.max_tokens_per_device = *o.prefill_tokens_per_device;
-  d.experts.expert_imbalance = o.imbalance;
-  PS_RETURN_IF_ERROR(apply_precisions(o, d.precision));
-  if (!o.microbatching.empty()) {
-    PS_ASSIGN_OR_RETURN(d.microbatching, plan::parse_microbatching(o.microbatching));
-  }
-  return d;
-}
 
 nlohmann::json layer_json(const LayerEstimate& layer) {
   nlohmann::json ops = nlohmann::json::array();
@@ -140,6 +88,7 @@ void print_layer(const char* title, const LayerEstimate& layer) {
 }
 
 int run_plan(const PlanOptions& o) {
+  const plan_inputs::DeploymentFlags& flags = o.deployment;
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "peerserve plan: %s\n", status.to_string().c_str());
     return 1;
@@ -150,9 +99,9 @@ int run_plan(const PlanOptions& o) {
   if (!hw.ok()) return fail(hw.status());
   auto model = plan_inputs::load_model(o.model, o.model_config);
   if (!model.ok()) return fail(model.status());
-  auto decode = decode_deployment(o);
+  auto decode = o.deployment.decode();
   if (!decode.ok()) return fail(decode.status());
-  auto prefill = prefill_deployment(o);
+  auto prefill = o.deployment.prefill();
   if (!prefill.ok()) return fail(prefill.status());
   if (!(o.prompt_tokens >= 1.0) || !(o.output_tokens >= 1.0) ||
       !(o.reuse >= 0.0 && o.reuse < 1.0)) {
@@ -258,7 +207,7 @@ int run_plan(const PlanOptions& o) {
   fmt::print(
       "DECODE ({}: {} devices, {} redundant experts, {} shared-expert devices, MTP {} x "
       "{:.0f}%, imbalance {:.2f})\n",
-      o.decode_preset, decode->experts.devices, decode->experts.redundant_experts,
+      flags.decode_preset, decode->experts.devices, decode->experts.redundant_experts,
       decode->experts.shared_expert_devices, decode->mtp.draft_tokens, decode->mtp.acceptance * 100,
       decode->experts.expert_imbalance);
   fmt::print("  batch {} requests per device, mean KV {:.0f} tokens\n", batch, mean_context);
@@ -297,7 +246,7 @@ int run_plan(const PlanOptions& o) {
     fmt::print("  no batch meets TPOT <= {} ms\n", o.tpot_slo_ms);
   }
   fmt::print("\nPREFILL ({}: {} devices, attention TP {}, {:.0f} tokens per device)\n",
-             o.prefill_preset, prefill->experts.devices, prefill->attention_tp,
+             flags.prefill_preset, prefill->experts.devices, prefill->attention_tp,
              p->batch.new_tokens + p->batch.cached_tokens);
   print_layer("MoE layer", p->moe_layer);
   fmt::print(
@@ -376,31 +325,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   plan_cmd->add_option("--model", o->model, "model preset")->capture_default_str();
   plan_cmd->add_option("--model-config", o->model_config,
                        "Hugging Face config.json instead of a preset");
-  plan_cmd->add_option("--decode-preset", o->decode_preset, "decode deployment preset")
-      ->capture_default_str();
-  plan_cmd->add_option("--prefill-preset", o->prefill_preset, "prefill deployment preset")
-      ->capture_default_str();
-  plan_cmd->add_option("--decode-devices", o->decode_devices,
-                       "devices (EP ranks) per decode instance");
-  plan_cmd->add_option("--decode-redundant", o->decode_redundant,
-                       "redundant routed experts in decode");
-  plan_cmd->add_option("--decode-shared-devices", o->decode_shared_devices,
-                       "decode devices holding only a shared expert (0: on every rank)");
-  plan_cmd->add_option("--prefill-devices", o->prefill_devices, "devices per prefill instance");
-  plan_cmd->add_option("--prefill-redundant", o->prefill_redundant,
-                       "redundant routed experts in prefill");
-  plan_cmd->add_option("--attention-tp", o->attention_tp, "prefill attention TP degree");
-  plan_cmd->add_option("--weights", o->weights, "GEMM precision (fp4, fp8, int8, bf16)");
-  plan_cmd->add_option("--attention", o->attention, "attention precision");
-  plan_cmd->add_option("--kv-cache", o->kv_cache, "KV cache precision");
-  plan_cmd->add_option("--dispatch", o->dispatch, "dispatch payload precision");
-  plan_cmd->add_option("--combine", o->combine, "combine payload precision");
-  plan_cmd->add_option("--microbatching", o->microbatching, "on, off or auto");
-  plan_cmd->add_option("--mtp-drafts", o->mtp_drafts, "MTP draft tokens per step (0: off)");
-  plan_cmd->add_option("--mtp-acceptance", o->mtp_acceptance, "MTP acceptance probability");
-  plan_cmd
-      ->add_option("--imbalance", o->imbalance, "max/mean tokens per expert rank (1: perfect EPLB)")
-      ->capture_default_str();
+  o->deployment.add_to(*plan_cmd);
   plan_cmd->add_option("--batch", o->batch,
                        "decode requests per device (default: largest under the SLO)");
   plan_cmd->add_option("--tpot-slo-ms", o->tpot_slo_ms, "TPOT SLO in ms")->capture_default_str();
@@ -410,8 +335,6 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   plan_cmd->add_option("--reuse", o->reuse, "fraction of prompt tokens served by the context cache")
       ->capture_default_str();
-  plan_cmd->add_option("--prefill-tokens-per-device", o->prefill_tokens_per_device,
-                       "prefill batch budget per device");
   plan_cmd->add_option("--mapping-prefill-tp", o->mapping_prefill_tp,
                        "prefill TP size for the connection mapping (default: attention TP)");
   plan_cmd->add_option("--mapping-decode-tp", o->mapping_decode_tp, "decode TP size")

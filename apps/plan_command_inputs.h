@@ -10,9 +10,12 @@
 #include <string>
 #include <system_error>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/status.h"
+#include "plan/analytic/deployment_presets.h"
 #include "plan/profiles/hardware_profile.h"
 #include "plan/profiles/model_profile.h"
 #include "plan/report/paper_reproduction.h"
@@ -95,5 +98,88 @@ inline Result<plan::ModelProfile> load_model(const std::string& preset,
   const std::string name = fs::path(config_path).parent_path().filename().string();
   return plan::model_profile_from_hf_config(json, config_path, name.empty() ? "model" : name);
 }
+
+// The flags that pick and adjust the prefill and decode deployments, shared by both commands.
+struct DeploymentFlags {
+  std::string decode_preset = "cloudmatrix-decode";
+  std::string prefill_preset = "cloudmatrix-prefill";
+  std::optional<int> decode_devices, decode_redundant, decode_shared_devices;
+  std::optional<int> prefill_devices, prefill_redundant, attention_tp;
+  std::string weights, attention, kv_cache, dispatch, combine;
+  std::string microbatching;
+  std::optional<int> mtp_drafts;
+  std::optional<double> mtp_acceptance;
+  double imbalance = 1.0;
+  std::optional<double> prefill_tokens_per_device;
+
+  void add_to(CLI::App& app) {
+    app.add_option("--decode-preset", decode_preset, "decode deployment preset")
+        ->capture_default_str();
+    app.add_option("--prefill-preset", prefill_preset, "prefill deployment preset")
+        ->capture_default_str();
+    app.add_option("--decode-devices", decode_devices, "devices (EP ranks) per decode instance");
+    app.add_option("--decode-redundant", decode_redundant, "redundant routed experts in decode");
+    app.add_option("--decode-shared-devices", decode_shared_devices,
+                   "decode devices holding only a shared expert (0: on every rank)");
+    app.add_option("--prefill-devices", prefill_devices, "devices per prefill instance");
+    app.add_option("--prefill-redundant", prefill_redundant, "redundant routed experts in prefill");
+    app.add_option("--attention-tp", attention_tp, "prefill attention TP degree");
+    app.add_option("--weights", weights, "GEMM precision (fp4, fp8, int8, bf16)");
+    app.add_option("--attention", attention, "attention precision");
+    app.add_option("--kv-cache", kv_cache, "KV cache precision");
+    app.add_option("--dispatch", dispatch, "dispatch payload precision");
+    app.add_option("--combine", combine, "combine payload precision");
+    app.add_option("--microbatching", microbatching, "on, off or auto");
+    app.add_option("--mtp-drafts", mtp_drafts, "MTP draft tokens per step (0: off)");
+    app.add_option("--mtp-acceptance", mtp_acceptance, "MTP acceptance probability");
+    app.add_option("--imbalance", imbalance, "max/mean tokens per expert rank (1: perfect EPLB)")
+        ->capture_default_str();
+    app.add_option("--prefill-tokens-per-device", prefill_tokens_per_device,
+                   "prefill batch budget per device");
+  }
+
+  Status apply_precisions(plan::PrecisionPlan& p) const {
+    auto set = [](const std::string& name, plan::Precision& field) -> Status {
+      if (name.empty()) return ok_status();
+      PS_ASSIGN_OR_RETURN(field, plan::parse_precision(name));
+      return ok_status();
+    };
+    PS_RETURN_IF_ERROR(set(weights, p.weights));
+    PS_RETURN_IF_ERROR(set(attention, p.attention));
+    PS_RETURN_IF_ERROR(set(kv_cache, p.kv_cache));
+    PS_RETURN_IF_ERROR(set(dispatch, p.dispatch));
+    PS_RETURN_IF_ERROR(set(combine, p.combine));
+    return ok_status();
+  }
+
+  Result<plan::DecodeDeployment> decode() const {
+    PS_ASSIGN_OR_RETURN(plan::DecodeDeployment d, plan::decode_preset(decode_preset));
+    if (decode_devices) d.experts.devices = *decode_devices;
+    if (decode_redundant) d.experts.redundant_experts = *decode_redundant;
+    if (decode_shared_devices) d.experts.shared_expert_devices = *decode_shared_devices;
+    d.experts.expert_imbalance = imbalance;
+    PS_RETURN_IF_ERROR(apply_precisions(d.precision));
+    if (!microbatching.empty()) {
+      PS_ASSIGN_OR_RETURN(d.microbatching, plan::parse_microbatching(microbatching));
+    }
+    if (mtp_drafts) d.mtp.draft_tokens = *mtp_drafts;
+    if (mtp_acceptance) d.mtp.acceptance = *mtp_acceptance;
+    return d;
+  }
+
+  Result<plan::PrefillDeployment> prefill() const {
+    PS_ASSIGN_OR_RETURN(plan::PrefillDeployment d, plan::prefill_preset(prefill_preset));
+    if (prefill_devices) d.experts.devices = *prefill_devices;
+    if (prefill_redundant) d.experts.redundant_experts = *prefill_redundant;
+    if (attention_tp) d.attention_tp = *attention_tp;
+    if (prefill_tokens_per_device) d.max_tokens_per_device = *prefill_tokens_per_device;
+    d.experts.expert_imbalance = imbalance;
+    PS_RETURN_IF_ERROR(apply_precisions(d.precision));
+    if (!microbatching.empty()) {
+      PS_ASSIGN_OR_RETURN(d.microbatching, plan::parse_microbatching(microbatching));
+    }
+    return d;
+  }
+};
 
 }  // namespace peerserve::plan_inputs
