@@ -35,9 +35,11 @@ using TokenId = int32_t;
 struct SamplingParams {
   // 0 = greedy. Default: 1 (OpenAI).
   float temperature = 1.0f;
-  // Keep the k most likely tokens; 0 = off. Default: 0.
+  // Keep the k most likely tokens (and any tied with the k-th, as transformers does);
+  // 0 or -1 = off. Default: 0.
   int32_t top_k = 0;
-  // Keep the smallest set of most likely tokens whose mass reaches top_p; 1 = off.
+  // Keep the smallest set of most likely tokens whose mass reaches top_p (ties ordered by
+  // lower id first); 1 = off.
   float top_p = 1.0f;
   // Drop tokens whose probability is below min_p * (the largest probability); 0 = off.
   float min_p = 0.0f;
@@ -74,7 +76,7 @@ struct SampledToken {
 struct SamplingContext {
   // Tokens generated so far for this request (the prompt excluded); its size is the
   // output position t that selects the random draw.
-  std::span<const TokenId> generated;
+  std::span<const TokenId> generated = {};
   // The request's resolved seed.
   uint64_t seed = 0;
 };
@@ -83,6 +85,15 @@ struct SamplingContext {
 // logits non-empty and free of NaN, every generated id in [0, logits.size()).
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
                           const SamplingContext& context);
+
+// The distribution sample_token draws from: the kept tokens in ascending id order and
+// their probabilities (summing to 1). For greedy requests, the single argmax token.
+struct TokenDistribution {
+  std::vector<TokenId> tokens;
+  std::vector<double> probs;
+};
+TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,
+                                     std::span<const TokenId> generated);
 
 // The uniform draw in [0, 1) that sample_token uses for (seed, position), exposed so that
 // speculative decoding can use the same per-request stream (pass a distinct `stream` for

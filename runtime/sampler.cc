@@ -1,0 +1,288 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+namespace peerserve {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+uint64_t mix64(uint64_t x) {
+  // SplitMix64's finalizer: a bijective avalanche over 64 bits.
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  return x;
+}
+
+bool is_greedy(const SamplingParams& params) {
+  return params.temperature == 0.0f;
+}
+bool has_penalties(const SamplingParams& params) {
+  return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+         params.frequency_penalty != 0.0f;
+}
+
+// Lowest id among the largest values (NaN never wins; all NaN gives 0).
+TokenId argmax(std::span<const float> values) {
+  TokenId best = 0;
+  bool found = false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) continue;
+    if (!found || values[i] > values[static_cast<size_t>(best)]) {
+      best = static_cast<TokenId>(i);
+      found = true;
+    }
+  }
+  return best;
+}
+
+// Descending value, then ascending id: the order top-k/top-p and top_logprobs use.
+struct ByLikelihood {
+  const float* values;
+  bool operator()(int32_t a, int32_t b) const {
+    return values[a] != values[b] ? values[a] > values[b] : a < b;
+  }
+};
+
+// The truncated distribution in unnormalised form: weight[i] = exp(scaled[i] - max) for
+// kept tokens, 0 for dropped ones.
+struct Truncation {
+  std::vector<float> scaled;   // penalised logits / temperature
+  std::vector<double> weight;  // 0 for dropped tokens
+  double total = 0.0;
+  float max_scaled = kNegInf;
+};
+
+Truncation truncate(std::span<const float> logits, const SamplingParams& params,
+                    std::span<const TokenId> generated) {
+  Truncation t;
+  const size_t n = logits.size();
+  t.scaled.assign(logits.begin(), logits.end());
+  apply_penalties(t.scaled, params, generated);
+  const float inv_temperature = 1.0f / params.temperature;
+  for (float& v : t.scaled) {
+    v = std::isnan(v) ? kNegInf : v * inv_temperature;
+    t.max_scaled = std::max(t.max_scaled, v);
+  }
+  t.weight.resize(n);
+  if (t.max_scaled == kNegInf) {  // nothing has non-zero probability: keep the argmax
+    std::fill(t.weight.begin(), t.weight.end(), 0.0);
+    t.weight[static_cast<size_t>(argmax(logits))] = 1.0;
+    t.total = 1.0;
+    return t;
+  }
+  for (size_t i = 0; i < n; ++i)
+    t.weight[i] = std::exp(static_cast<double>(t.scaled[i] - t.max_scaled));
+
+  // top-k: drop everything below the k-th largest value (ties with it stay).
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
+    std::vector<float> copy(t.scaled);
+    std::nth_element(copy.begin(), copy.begin() + (params.top_k - 1), copy.end(), std::greater<>());
+    const float threshold = copy[static_cast<size_t>(params.top_k - 1)];
+    for (size_t i = 0; i < n; ++i) {
+      if (t.scaled[i] < threshold) t.weight[i] = 0.0;
+    }
+  }
+
+  // top-p: keep tokens (most likely first) while the mass before them is below top_p.
+  if (params.top_p < 1.0f) {
+    double total = 0.0;
+    std::vector<int32_t> candidates;
+    candidates.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (t.weight[i] > 0.0) {
+        candidates.push_back(static_cast<int32_t>(i));
+        total += t.weight[i];
+      }
+    }
+    const double target = static_cast<double>(params.top_p) * total;
+    const ByLikelihood order{t.scaled.data()};
+    // Sort only as many of the most likely tokens as the cut needs: a few hundred usually
+    // hold the mass; grow geometrically otherwise.
+    size_t sorted = std::min<size_t>(256, candidates.size());
+    size_t keep = candidates.size();
+    while (true) {
+      std::partial_sort(candidates.begin(),
+                        candidates.begin() + static_cast<std::ptrdiff_t>(sorted), candidates.end(),
+                        order);
+      double mass = 0.0;
+      bool cut = false;
+      for (size_t r = 0; r < sorted; ++r) {
+        if (mass >= target && r > 0) {
+          keep = r;
+          cut = true;
+          break;
+        }
+        mass += t.weight[static_cast<size_t>(candidates[r])];
+      }
+      if (cut || sorted == candidates.size()) break;
+      sorted = std::min(candidates.size(), sorted * 4);
+    }
+    for (size_t r = keep; r < candidates.size(); ++r)
+      t.weight[static_cast<size_t>(candidates[r])] = 0.0;
+  }
+
+  // min-p: drop tokens whose probability is below min_p times the largest one. The most
+  // likely token has weight 1 and always survives top-k and top-p.
+  if (params.min_p > 0.0f) {
+    const double threshold = static_cast<double>(params.min_p);
+    for (double& w : t.weight) {
+      if (w < threshold) w = 0.0;
+    }
+  }
+  for (double w : t.weight) t.total += w;
+  return t;
+}
+
+std::vector<TokenLogprob> top_entries(std::span<const float> values, std::span<const double> weight,
+                                      double log_total, float offset, int32_t count) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (weight.empty() || weight[i] > 0.0) ids.push_back(static_cast<int32_t>(i));
+  }
+  const size_t n = std::min<size_t>(static_cast<size_t>(count), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                    ByLikelihood{values.data()});
+  std::vector<TokenLogprob> out;
+  out.reserve(n);
+  for (size_t r = 0; r < n; ++r) {
+    const auto id = static_cast<size_t>(ids[r]);
+    out.push_back(
+        {ids[r], static_cast<float>(static_cast<double>(values[id] - offset) - log_total)});
+  }
+  return out;
+}
+
+}  // namespace
+
+Status SamplingParams::validate() const {
+  const auto out_of = [](const char* field, double value, const char* range) {
+    return invalid_argument(std::string("sampling: ") + field + " = " + std::to_string(value) +
+                            ", expected " + range);
+  };
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return out_of("temperature", temperature, "a finite value >= 0 (0 = greedy)");
+  }
+  if (top_k < -1) return out_of("top_k", top_k, ">= 0 (0 or -1 = off)");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return out_of("top_p", top_p, "in (0, 1]");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return out_of("min_p", min_p, "in [0, 1]");
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return out_of("presence_penalty", presence_penalty, "in [-2, 2]");
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return out_of("frequency_penalty", frequency_penalty, "in [-2, 2]");
+  }
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f) {
+    return out_of("repetition_penalty", repetition_penalty, "a finite value > 0 (1 = off)");
+  }
+  if (top_logprobs < 0 || top_logprobs > 20)
+    return out_of("top_logprobs", top_logprobs, "in [0, 20]");
+  if (top_logprobs > 0 && !want_logprobs) {
+    return invalid_argument("sampling: top_logprobs = " + std::to_string(top_logprobs) +
+                            " needs logprobs to be enabled");
+  }
+  return ok_status();
+}
+
+double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
+  uint64_t h = mix64(seed + 0x9E3779B97F4A7C15ULL * (position + 1));
+  h = mix64(h ^ (0xD1B54A32D192ED03ULL * (static_cast<uint64_t>(stream) + 1)));
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+void apply_penalties(std::span<float> logits, const SamplingParams& params,
+                     std::span<const TokenId> generated) {
+  if (!has_penalties(params) || generated.empty()) return;
+  std::unordered_map<TokenId, int32_t> counts;
+  counts.reserve(generated.size());
+  for (TokenId id : generated) {
+    PS_CHECK(id >= 0 && static_cast<size_t>(id) < logits.size()) << "generated token " << id;
+    ++counts[id];
+  }
+  for (const auto& [id, count] : counts) {
+    float& logit = logits[static_cast<size_t>(id)];
+    if (params.repetition_penalty != 1.0f) {
+      logit = logit > 0.0f ? logit / params.repetition_penalty : logit * params.repetition_penalty;
+    }
+    logit -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+  }
+}
+
+TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,
+                                     std::span<const TokenId> generated) {
+  PS_CHECK(!logits.empty());
+  TokenDistribution out;
+  if (is_greedy(params)) {
+    std::vector<float> work(logits.begin(), logits.end());
+    apply_penalties(work, params, generated);
+    out.tokens.push_back(argmax(work));
+    out.probs.push_back(1.0);
+    return out;
+  }
+  const Truncation t = truncate(logits, params, generated);
+  for (size_t i = 0; i < t.weight.size(); ++i) {
+    if (t.weight[i] > 0.0) {
+      out.tokens.push_back(static_cast<TokenId>(i));
+      out.probs.push_back(t.weight[i] / t.total);
+    }
+  }
+  return out;
+}
+
+SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
+                          const SamplingContext& context) {
+  PS_CHECK(!logits.empty());
+  SampledToken result;
+  if (is_greedy(params)) {
+    if (!has_penalties(params) && !params.want_logprobs) {
+      result.token = argmax(logits);
+      return result;
+    }
+    std::vector<float> work(logits.begin(), logits.end());
+    apply_penalties(work, params, context.generated);
+    result.token = argmax(work);
+    if (params.want_logprobs) {
+      // log_softmax of the penalised logits.
+      float max_value = kNegInf;
+      for (float v : work) max_value = std::max(max_value, v);
+      double total = 0.0;
+      for (float v : work) total += std::exp(static_cast<double>(v - max_value));
+      const double log_total = std::log(total);
+      result.logprob = static_cast<float>(
+          static_cast<double>(work[static_cast<size_t>(result.token)] - max_value) - log_total);
+      result.top_logprobs = top_entries(work, {}, log_total, max_value, params.top_logprobs);
+    }
+    return result;
+  }
+
+  const Truncation t = truncate(logits, params, context.generated);
+  const double u = sampling_uniform(context.seed, context.generated.size());
+  const double target = u * t.total;
+  double cumulative = 0.0;
+  TokenId chosen = -1;
+  for (size_t i = 0; i < t.weight.size(); ++i) {
+    if (t.weight[i] <= 0.0) continue;
+    chosen = static_cast<TokenId>(i);
+    cumulative += t.weight[i];
+    if (cumulative > target) break;
+  }
+  PS_CHECK(chosen >= 0) << "no token kept";
+  result.token = chosen;
+  if (params.want_logprobs) {
+    const double log_total = std::log(t.total);
+    result.logprob = static_cast<float>(
+        static_cast<double>(t.scaled[static_cast<size_t>(chosen)] - t.max_scaled) - log_total);
+    result.top_logprobs =
+        top_entries(t.scaled, t.weight, log_total, t.max_scaled, params.top_logprobs);
+  }
+  return result;
+}
+
+}  // namespace peerserve

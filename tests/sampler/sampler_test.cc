@@ -1,0 +1,393 @@
+// The sampler against plain references written here: argmax loops, a full-sort top-k /
+// top-p / min-p, OpenAI's penalty formula, and softmax(logits / T) for the empirical
+// distribution (chi-square with fixed seeds, so the test is deterministic).
+#include "runtime/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace peerserve {
+namespace {
+
+std::vector<float> random_logits(size_t n, uint32_t seed, float scale = 3.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> logits(n);
+  for (float& v : logits) v = normal(rng);
+  return logits;
+}
+
+// ---- plain references ----
+
+TokenId reference_argmax(const std::vector<float>& v) {
+  TokenId best = 0;
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<TokenId>(i);
+  }
+  return best;
+}
+
+// OpenAI: logit -= frequency * count + presence * (count > 0); transformers' repetition
+// penalty first.
+std::vector<float> reference_penalties(std::vector<float> logits, const SamplingParams& p,
+                                       const std::vector<TokenId>& generated) {
+  std::map<TokenId, int> counts;
+  for (TokenId id : generated) counts[id]++;
+  for (auto [id, c] : counts) {
+    float& x = logits[static_cast<size_t>(id)];
+    if (p.repetition_penalty != 1.0f)
+      x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+    x = x - p.frequency_penalty * static_cast<float>(c) - p.presence_penalty;
+  }
+  return logits;
+}
+
+// softmax(logits / T), then top-k (ties with the k-th kept), top-p (full sort, most likely
+// first, ties by id; keep while the mass before the token is below top_p), min-p; renormalised.
+std::map<TokenId, double> reference_distribution(const std::vector<float>& raw,
+                                                 const SamplingParams& p,
+                                                 const std::vector<TokenId>& generated) {
+  std::vector<float> logits = reference_penalties(raw, p, generated);
+  const size_t n = logits.size();
+  std::vector<float> scaled(n);
+  const float inv_t = 1.0f / p.temperature;
+  for (size_t i = 0; i < n; ++i) scaled[i] = logits[i] * inv_t;
+  const float max_value = *std::max_element(scaled.begin(), scaled.end());
+  std::vector<double> prob(n);
+  for (size_t i = 0; i < n; ++i) prob[i] = std::exp(static_cast<double>(scaled[i] - max_value));
+  std::vector<bool> keep(n, true);
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
+    std::vector<float> sorted = scaled;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const float kth = sorted[static_cast<size_t>(p.top_k) - 1];
+    for (size_t i = 0; i < n; ++i) keep[i] = keep[i] && scaled[i] >= kth;
+  }
+  if (p.top_p < 1.0f) {
+    std::vector<size_t> order;
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (keep[i]) {
+        order.push_back(i);
+        total += prob[i];
+      }
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return scaled[a] != scaled[b] ? scaled[a] > scaled[b] : a < b;
+    });
+    double before = 0;
+    for (size_t r = 0; r < order.size(); ++r) {
+      if (r > 0 && before >= p.top_p * total) keep[order[r]] = false;
+      before += prob[order[r]];
+    }
+  }
+  if (p.min_p > 0.0f) {
+    double best = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (keep[i]) best = std::max(best, prob[i]);
+    }
+    for (size_t i = 0; i < n; ++i) keep[i] = keep[i] && prob[i] >= p.min_p * best;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += keep[i] ? prob[i] : 0.0;
+  std::map<TokenId, double> out;
+  for (size_t i = 0; i < n; ++i) {
+    if (keep[i]) out[static_cast<TokenId>(i)] = prob[i] / total;
+  }
+  return out;
+}
+
+// ---- tests ----
+
+TEST(SamplerTest, GreedyIsArgmax) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    const auto logits = random_logits(1000 + seed, seed);
+    EXPECT_EQ(sample_token(logits, params, {}).token, reference_argmax(logits));
+  }
+  // Ties go to the lowest id.
+  const std::vector<float> tied = {1.0f, 5.0f, 2.0f, 5.0f};
+  EXPECT_EQ(sample_token(tied, params, {}).token, 1);
+}
+
+TEST(SamplerTest, GreedyWithPenaltiesIsArgmaxOfPenalisedLogits) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.frequency_penalty = 1.5f;
+  params.presence_penalty = 0.5f;
+  params.repetition_penalty = 1.3f;
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    const auto logits = random_logits(500, seed);
+    std::vector<TokenId> generated;
+    // Generate the current top tokens a few times so that penalties change the winner.
+    std::vector<TokenId> order(500);
+    for (TokenId i = 0; i < 500; ++i) order[static_cast<size_t>(i)] = i;
+    std::sort(order.begin(), order.end(),
+              [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
+    for (int r = 0; r < 5; ++r) {
+      for (int k = 0; k <= r; ++k) generated.push_back(order[static_cast<size_t>(r)]);
+    }
+    const auto expected = reference_argmax(reference_penalties(logits, params, generated));
+    EXPECT_EQ(sample_token(logits, params, {.generated = generated, .seed = 1}).token, expected);
+  }
+}
+
+TEST(SamplerTest, PenaltiesFollowOpenAiFormula) {
+  SamplingParams params;
+  params.frequency_penalty = 0.5f;
+  params.presence_penalty = 1.0f;
+  std::vector<float> logits = {1.0f, 2.0f, -3.0f, 4.0f};
+  const std::vector<TokenId> generated = {1, 1, 1, 2};
+  apply_penalties(logits, params, generated);
+  // token 1: 2 - 0.5*3 - 1 = -0.5; token 2: -3 - 0.5 - 1 = -4.5; others unchanged.
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);
+  EXPECT_FLOAT_EQ(logits[1], -0.5f);
+  EXPECT_FLOAT_EQ(logits[2], -4.5f);
+  EXPECT_FLOAT_EQ(logits[3], 4.0f);
+
+  SamplingParams repetition;
+  repetition.repetition_penalty = 2.0f;
+  std::vector<float> more = {1.0f, 2.0f, -3.0f, 4.0f};
+  apply_penalties(more, repetition, generated);
+  EXPECT_FLOAT_EQ(more[1], 1.0f);   // positive: divided
+  EXPECT_FLOAT_EQ(more[2], -6.0f);  // negative: multiplied
+  EXPECT_FLOAT_EQ(more[3], 4.0f);
+
+  // Negative penalties encourage repetition (OpenAI allows [-2, 2]).
+  SamplingParams encourage;
+  encourage.presence_penalty = -2.0f;
+  std::vector<float> again = {0.0f, 0.0f};
+  const std::vector<TokenId> once = {1};
+  apply_penalties(again, encourage, once);
+  EXPECT_FLOAT_EQ(again[1], 2.0f);
+}
+
+TEST(SamplerTest, SeededRequestsReproduce) {
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_p = 0.95f;
+  const auto logits = random_logits(2000, 3, 2.0f);
+  for (uint64_t seed : {0ull, 1ull, 42ull, 0xFFFFFFFFFFFFull}) {
+    std::vector<TokenId> first;
+    std::vector<TokenId> second;
+    for (int step = 0; step < 30; ++step) {
+      first.push_back(sample_token(logits, params, {.generated = first, .seed = seed}).token);
+    }
+    // Recomputed independently (as another batch slot would): same tokens.
+    for (int step = 0; step < 30; ++step) {
+      second.push_back(sample_token(logits, params, {.generated = second, .seed = seed}).token);
+    }
+    EXPECT_EQ(first, second);
+  }
+  // Different seeds give different streams.
+  std::set<std::vector<TokenId>> streams;
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    std::vector<TokenId> tokens;
+    for (int step = 0; step < 10; ++step) {
+      tokens.push_back(sample_token(logits, params, {.generated = tokens, .seed = seed}).token);
+    }
+    streams.insert(tokens);
+  }
+  EXPECT_EQ(streams.size(), 10u);
+}
+
+TEST(SamplerTest, TruncationKeepsExactlyTheReferenceTokens) {
+  struct Setting {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+  };
+  const std::vector<Setting> settings = {
+      {1.0f, 0, 1.0f, 0.0f},   {0.7f, 10, 1.0f, 0.0f},   {1.0f, 0, 0.9f, 0.0f},
+      {1.3f, 0, 0.5f, 0.0f},   {1.0f, 0, 1.0f, 0.05f},   {0.8f, 50, 0.8f, 0.0f},
+      {1.0f, 20, 0.95f, 0.1f}, {2.0f, 0, 0.99f, 0.01f},  {1.0f, 1, 1.0f, 0.0f},
+      {1.0f, 0, 0.001f, 0.0f}, {0.5f, 5000, 0.7f, 0.2f},
+  };
+  for (size_t s = 0; s < settings.size(); ++s) {
+    for (uint32_t seed = 0; seed < 5; ++seed) {
+      SamplingParams params;
+      params.temperature = settings[s].temperature;
+      params.top_k = settings[s].top_k;
+      params.top_p = settings[s].top_p;
+      params.min_p = settings[s].min_p;
+      params.frequency_penalty = seed % 2 ? 0.3f : 0.0f;
+      ASSERT_TRUE(params.validate().ok());
+      // Small vocab, and one as large as DeepSeek-V3's (top-p grows its partial sort).
+      const size_t n = seed == 4 ? 129280 : 3000;
+      const auto logits =
+          random_logits(n, seed * 31 + static_cast<uint32_t>(s), seed == 4 ? 1.0f : 3.0f);
+      const std::vector<TokenId> generated = {1, 2, 2, 7};
+      const auto expected = reference_distribution(logits, params, generated);
+      const TokenDistribution got = final_distribution(logits, params, generated);
+      ASSERT_EQ(got.tokens.size(), expected.size()) << "setting " << s << " seed " << seed;
+      for (size_t i = 0; i < got.tokens.size(); ++i) {
+        ASSERT_TRUE(expected.count(got.tokens[i])) << "token " << got.tokens[i] << " setting " << s;
+        // Both normalise the same float logits in double: equal to rounding.
+        EXPECT_NEAR(got.probs[i], expected.at(got.tokens[i]),
+                    1e-12 + 1e-9 * expected.at(got.tokens[i]));
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, TopKKeepsTies) {
+  SamplingParams params;
+  params.top_k = 2;
+  const std::vector<float> logits = {3.0f, 1.0f, 3.0f, 3.0f, 0.0f};
+  const TokenDistribution d = final_distribution(logits, params, {});
+  EXPECT_EQ(d.tokens, (std::vector<TokenId>{0, 2, 3}));
+}
+
+// The empirical distribution of many seeded draws matches softmax(logits / T): Pearson's
+// chi-square against the reference probabilities, with fixed seeds (deterministic).
+TEST(SamplerTest, SamplesFollowSoftmaxOfTemperatureScaledLogits) {
+  struct Setting {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  for (const Setting setting :
+       {Setting{1.0f, 0, 1.0f}, Setting{0.6f, 0, 1.0f}, Setting{1.7f, 0, 1.0f},
+        Setting{1.0f, 8, 1.0f}, Setting{1.0f, 0, 0.8f}}) {
+    SamplingParams params;
+    params.temperature = setting.temperature;
+    params.top_k = setting.top_k;
+    params.top_p = setting.top_p;
+    const std::vector<float> logits = {2.0f, 1.5f,  1.0f, 0.5f, 0.0f,  -0.5f, -1.0f, 0.3f,
+                                       1.2f, -2.0f, 0.8f, 1.7f, -0.2f, 0.1f,  0.9f,  -1.5f};
+    const auto expected = reference_distribution(logits, params, {});
+    constexpr int kDraws = 200000;
+    std::vector<int> counts(logits.size(), 0);
+    for (int i = 0; i < kDraws; ++i) {
+      counts[static_cast<size_t>(
+          sample_token(logits, params, {.seed = static_cast<uint64_t>(i)}).token)]++;
+    }
+    double chi_square = 0.0;
+    int cells = 0;
+    for (size_t t = 0; t < logits.size(); ++t) {
+      const auto it = expected.find(static_cast<TokenId>(t));
+      if (it == expected.end()) {
+        EXPECT_EQ(counts[t], 0) << "token " << t << " was truncated but drawn";
+        continue;
+      }
+      const double e = it->second * kDraws;
+      chi_square += (counts[t] - e) * (counts[t] - e) / e;
+      ++cells;
+    }
+    // cells-1 <= 15 degrees of freedom: the 99.999th percentile is about 45; a broken
+    // sampler (e.g. ignoring the temperature) gives thousands.
+    EXPECT_LT(chi_square, 50.0) << "T=" << setting.temperature << " top_k=" << setting.top_k
+                                << " top_p=" << setting.top_p << " cells=" << cells;
+  }
+}
+
+TEST(SamplerTest, LogprobsDescribeTheFinalDistribution) {
+  const auto logits = random_logits(5000, 11);
+  // Greedy: log_softmax of the logits.
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.want_logprobs = true;
+  greedy.top_logprobs = 5;
+  const SampledToken g = sample_token(logits, greedy, {});
+  double max_value = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (float v : logits) total += std::exp(v - max_value);
+  const auto log_softmax = [&](TokenId t) {
+    return logits[static_cast<size_t>(t)] - max_value - std::log(total);
+  };
+  EXPECT_NEAR(g.logprob, log_softmax(g.token), 1e-5);
+  ASSERT_EQ(g.top_logprobs.size(), 5u);
+  EXPECT_EQ(g.top_logprobs[0].token, g.token);
+  std::vector<TokenId> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<TokenId>(i);
+  std::sort(order.begin(), order.end(),
+            [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
+  for (size_t r = 0; r < 5; ++r) {
+    EXPECT_EQ(g.top_logprobs[r].token, order[r]);
+    EXPECT_NEAR(g.top_logprobs[r].logprob, log_softmax(order[r]), 1e-5);
+  }
+
+  // Sampling with truncation: logprobs of the renormalised truncated distribution.
+  SamplingParams sampled;
+  sampled.temperature = 0.8f;
+  sampled.top_k = 3;
+  sampled.want_logprobs = true;
+  sampled.top_logprobs = 10;
+  const SampledToken s = sample_token(logits, sampled, {.seed = 5});
+  const auto expected = reference_distribution(logits, sampled, {});
+  ASSERT_EQ(s.top_logprobs.size(), 3u);  // only tokens with non-zero probability
+  double mass = 0;
+  for (const TokenLogprob& entry : s.top_logprobs) {
+    ASSERT_TRUE(expected.count(entry.token));
+    // fp32 logprobs of probabilities computed in double: ~1e-6 absolute.
+    EXPECT_NEAR(entry.logprob, std::log(expected.at(entry.token)), 1e-5);
+    mass += std::exp(entry.logprob);
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-5);
+  EXPECT_NEAR(s.logprob, std::log(expected.at(s.token)), 1e-5);
+}
+
+TEST(SamplerTest, ValidateNamesTheField) {
+  const auto message = [](SamplingParams p) { return p.validate().message(); };
+  SamplingParams p;
+  EXPECT_TRUE(p.validate().ok());
+  p.temperature = -1.0f;
+  EXPECT_NE(message(p).find("temperature"), std::string::npos);
+  p = {};
+  p.top_p = 0.0f;
+  EXPECT_NE(message(p).find("top_p"), std::string::npos);
+  p = {};
+  p.top_k = -5;
+  EXPECT_NE(message(p).find("top_k"), std::string::npos);
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_NE(message(p).find("min_p"), std::string::npos);
+  p = {};
+  p.presence_penalty = 3.0f;
+  EXPECT_NE(message(p).find("presence_penalty"), std::string::npos);
+  p = {};
+  p.frequency_penalty = -2.5f;
+  EXPECT_NE(message(p).find("frequency_penalty"), std::string::npos);
+  p = {};
+  p.repetition_penalty = 0.0f;
+  EXPECT_NE(message(p).find("repetition_penalty"), std::string::npos);
+  p = {};
+  p.top_logprobs = 21;
+  p.want_logprobs = true;
+  EXPECT_NE(message(p).find("top_logprobs"), std::string::npos);
+  p = {};
+  p.top_logprobs = 3;
+  EXPECT_NE(message(p).find("logprobs"), std::string::npos);
+  p = {};
+  p.temperature = std::nanf("");
+  EXPECT_FALSE(p.validate().ok());
+}
+
+TEST(SamplerTest, UniformDrawsAreUniformAndStreamsDiffer) {
+  constexpr int kBins = 20;
+  constexpr int kDraws = 100000;
+  std::vector<int> bins(kBins, 0);
+  int same_as_other_stream = 0;
+  for (int i = 0; i < kDraws; ++i) {
+    const double u = sampling_uniform(12345, static_cast<uint64_t>(i));
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    bins[static_cast<size_t>(u * kBins)]++;
+    if (u == sampling_uniform(12345, static_cast<uint64_t>(i), 1)) ++same_as_other_stream;
+  }
+  double chi_square = 0;
+  const double e = static_cast<double>(kDraws) / kBins;
+  for (int c : bins) chi_square += (c - e) * (c - e) / e;
+  EXPECT_LT(chi_square, 50.0);  // 19 degrees of freedom; 99.999th percentile is about 49
+  EXPECT_EQ(same_as_other_stream, 0);
+}
+
+}  // namespace
+}  // namespace peerserve
