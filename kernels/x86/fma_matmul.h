@@ -67,29 +67,17 @@ inline void fma_block(const XT* x, int64_t x_stride, const WT* w, int64_t w_stri
 }
 
 // Rows [i, i + rows) (rows <= MR) against columns [j, j + NR).
-template <typename V, int MR, int NR, typename XT, typename WT>
+template <typename V, int MR, int NR, int R = MR, typename XT, typename WT>
 inline void fma_rows(int rows, const XT* x, int64_t x_stride, const WT* w, int64_t w_stride,
                      int64_t k, float* y, int64_t y_stride, bool accumulate) {
-  static_assert(MR <= 4);
-  switch (rows) {
-    case 4:
-      if constexpr (MR >= 4) {
-        fma_block<V, 4, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
-      }
-      break;
-    case 3:
-      if constexpr (MR >= 3) {
-        fma_block<V, 3, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
-      }
-      break;
-    case 2:
-      if constexpr (MR >= 2) {
-        fma_block<V, 2, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
-      }
-      break;
-    default:
-      fma_block<V, 1, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
-      break;
+  if constexpr (R == 1) {
+    fma_block<V, 1, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+  } else {
+    if (rows == R) {
+      fma_block<V, R, NR>(x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+    } else {
+      fma_rows<V, MR, NR, R - 1>(rows, x, x_stride, w, w_stride, k, y, y_stride, accumulate);
+    }
   }
 }
 
