@@ -23,6 +23,7 @@ struct AfdCommandOptions {
   double mean_prefill = 100;
   double mean_decode = 500;
   double requests_per_instance = 10000;  // 0 = N -> infinity
+  bool requests_per_instance_set = false;
   std::string convention = "steps-from-one";
   std::vector<double> ratios = {1, 2, 4, 8, 16, 24, 32};
   bool simulate = false;
@@ -64,8 +65,8 @@ int fail(const Status& status) {
   return 2;
 }
 
-int run_reproduce(bool json) {
-  const AfdReproduction reproduction = afd_reproduction();
+int run_reproduce(const AfdReproductionOptions& options, bool json) {
+  const AfdReproduction reproduction = afd_reproduction(options);
   if (json) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& row : reproduction.rows) {
@@ -88,7 +89,13 @@ int run_reproduce(bool json) {
 }
 
 int run_afd(const AfdCommandOptions& options) {
-  if (options.reproduce) return run_reproduce(options.json);
+  if (options.reproduce) {
+    AfdReproductionOptions reproduction;
+    if (options.requests_per_instance_set) {
+      reproduction.simulated_requests_per_instance = options.requests_per_instance;
+    }
+    return run_reproduce(reproduction, options.json);
+  }
   AfdWorkload workload;
   workload.microbatch = options.microbatch;
   workload.mean_prefill = options.mean_prefill;
@@ -222,7 +229,8 @@ void add_plan_afd_command(CLI::App& plan) {
       ->capture_default_str();
   sub->add_option("--mu-decode", options->mean_decode, "mean decode length")->capture_default_str();
   sub->add_option("--requests-per-instance", options->requests_per_instance,
-                  "N, requests per Attention instance over the horizon (0 = N -> infinity)")
+                  "N, requests per Attention instance over the horizon (0 = N -> infinity); with "
+                  "--reproduce, N of the simulated rows")
       ->capture_default_str();
   sub->add_option("--convention", options->convention,
                   "steps-from-one: p = 1/mu_D (reproduces the printed values); paper: "
@@ -246,7 +254,10 @@ void add_plan_afd_command(CLI::App& plan) {
   sub->add_flag("--reproduce", options->reproduce,
                 "print paper 003's published numbers next to peerserve's");
   sub->add_flag("--json", options->json, "machine-readable output");
-  sub->callback([options] { set_command_exit_code(run_afd(*options)); });
+  sub->callback([options, sub] {
+    options->requests_per_instance_set = sub->count("--requests-per-instance") > 0;
+    set_command_exit_code(run_afd(*options));
+  });
 }
 
 }  // namespace peerserve::plan

@@ -64,7 +64,7 @@ const AfdSimulationResult& simulated_at(const std::vector<AfdRatioSweepPoint>& s
 
 }  // namespace
 
-AfdReproduction afd_reproduction() {
+AfdReproduction afd_reproduction(const AfdReproductionOptions& options) {
   AfdReproduction out;
   const char* batch_note =
       "[INCONSISTENT] the batch ablation fits no single N: solving eq. 19 for N gives about "
@@ -94,8 +94,10 @@ AfdReproduction afd_reproduction() {
   for (int r : {16, 20, 24, 28, 32}) ratios.push_back(r);
   AfdSimulationOptions simulation;
   simulation.seed = 1;
+  AfdWorkload simulated = paper003_baseline_workload();
+  simulated.requests_per_instance = options.simulated_requests_per_instance;
   Result<std::vector<AfdRatioSweepPoint>> sweep =
-      afd_ratio_sweep(paper003_latency_model(), paper003_baseline_workload(), ratios, simulation);
+      afd_ratio_sweep(paper003_latency_model(), simulated, ratios, simulation);
   PS_CHECK(sweep.ok()) << sweep.status().to_string();
   out.ratio_sweep = std::move(sweep).value();
   const auto& points = out.ratio_sweep;

@@ -17,13 +17,19 @@ struct AfdReproduction {
   std::vector<AfdRatioSweepPoint> ratio_sweep;
 };
 
+struct AfdReproductionOptions {
+  // N for the simulated rows and the sweep; the paper's is 10,000. Smaller is faster and
+  // noisier; the closed-form rows do not depend on it.
+  double simulated_requests_per_instance = 10000;
+};
+
 // Conventions behind every predicted value: Table 2 coefficients, the finite-N horizon
 // average with N = 10,000 per Attention instance and p = 1/mu_D (DecodeLengthConvention::
 // kStepsFromOne), the only reading under which the printed 9.30 and 17.25 come out exactly.
 // Deterministic; runs the simulator (a fraction of a second).
-AfdReproduction afd_reproduction();
+AfdReproduction afd_reproduction(const AfdReproductionOptions& options = {});
 
-// afd_reproduction().rows.
+// afd_reproduction().rows with the paper's N.
 std::vector<ReproductionRow> afd_reproduction_rows();
 
 }  // namespace peerserve::plan

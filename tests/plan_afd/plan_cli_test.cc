@@ -86,7 +86,7 @@ TEST(PlanAfdCommand, ExplainsBadInput) {
 }
 
 TEST(PlanAfdCommand, ReproducesThePaper) {
-  const CommandRun r = run({"plan", "afd", "--reproduce"});
+  const CommandRun r = run({"plan", "afd", "--reproduce", "--requests-per-instance", "300"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("17.25"), std::string::npos);
   EXPECT_NE(r.out.find("[INCONSISTENT]"), std::string::npos);
