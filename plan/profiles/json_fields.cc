@@ -48,7 +48,9 @@ bool JsonFields::has(std::string_view key) const {
 }
 
 void JsonFields::add_error(std::string_view key, std::string message) {
-  errors_->push_back(field_path(key) + ": " + message);
+  // "path = value, expected ..." for bad values, "path: missing ..." otherwise.
+  const bool value = message.rfind("= ", 0) == 0;
+  errors_->push_back(field_path(key) + (value ? " " : ": ") + message);
 }
 
 std::optional<double> JsonFields::number(std::string_view key, std::string_view what,

@@ -72,21 +72,20 @@ class Simulation {
       switch (e.kind) {
         case EventKind::kArrival:
           prefill_queue_.push_back(e.index);
-          for (int p = 0; p < static_cast<int>(prefill_.size()); ++p) {
-            PS_RETURN_IF_ERROR(try_start_prefill(p));
-          }
           break;
         case EventKind::kPrefillDone:
-          PS_RETURN_IF_ERROR(finish_prefill(e.index));
+          finish_prefill(e.index);
           break;
         case EventKind::kTransferDone:
           decode_[e.target].pending.push_back(e.index);
-          if (!decode_[e.target].busy) PS_RETURN_IF_ERROR(start_step(e.target));
           break;
         case EventKind::kDecodeStepDone:
-          PS_RETURN_IF_ERROR(finish_step(e.index));
+          finish_step(e.index);
           break;
       }
+      // Idle instances start work only once every event of this instant is applied, so that
+      // requests arriving together are batched together.
+      if (events_.empty() || events_.top().time > now_) PS_RETURN_IF_ERROR(start_idle_work());
     }
     return summarize_run();
   }
@@ -130,7 +129,17 @@ class Simulation {
     return ok_status();
   }
 
-  Status finish_prefill(int p) {
+  Status start_idle_work() {
+    for (int p = 0; p < static_cast<int>(prefill_.size()); ++p) {
+      PS_RETURN_IF_ERROR(try_start_prefill(p));
+    }
+    for (int d = 0; d < static_cast<int>(decode_.size()); ++d) {
+      if (!decode_[d].busy) PS_RETURN_IF_ERROR(start_step(d));
+    }
+    return ok_status();
+  }
+
+  void finish_prefill(int p) {
     PrefillInstance& inst = prefill_[p];
     for (int i : inst.batch) {
       RequestRecord& rec = records_[i];
@@ -153,7 +162,6 @@ class Simulation {
     }
     inst.batch.clear();
     inst.busy = false;
-    return try_start_prefill(p);
   }
 
   Status start_step(int d) {
@@ -184,7 +192,7 @@ class Simulation {
     return ok_status();
   }
 
-  Status finish_step(int d) {
+  void finish_step(int d) {
     DecodeInstance& inst = decode_[d];
     const MtpOptions& mtp = options_.decode.mtp;
     size_t kept = 0;
@@ -206,7 +214,7 @@ class Simulation {
       }
     }
     inst.active.resize(kept);
-    return start_step(d);
+    inst.busy = false;
   }
 
   SimulationResult summarize_run() {
