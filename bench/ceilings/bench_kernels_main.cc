@@ -7,6 +7,13 @@
 // copies totalling several times the last-level cache, as a decode step streams a model's
 // weights from memory. GEMM (m >= 64) is judged against the arithmetic peak of its
 // precision (vdpbf16ps for bf16 activations, FMA for fp32).
+//
+// Each kernel run is paired with a ceiling run right before it, and the ratio column is the
+// median of the per-pair ratios: on a shared machine the load drifts during the benchmark,
+// and a pair sees (nearly) the same conditions. The ceiling column is the median of the
+// paired ceiling runs.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +40,47 @@ struct Flags {
 
 struct Ceilings {
   MachineCeilings machine;
+  ReadBandwidthProbe* bandwidth = nullptr;
 };
+
+struct Measurement {
+  double seconds = 0;     // median time of one unit of work
+  double achieved = 0;    // median rate (work / s / 1e9)
+  double ceiling = 0;     // median paired ceiling
+  double ratio = 0;       // median of achieved / ceiling per pair
+  double best_ratio = 0;  // fastest kernel run / fastest ceiling run
+};
+
+// Runs ceiling() then kernel() `runs` times (after one warm-up of each). kernel() returns the
+// seconds of one unit of `work` (bytes or flops); ceiling() returns GB/s or GFLOP/s.
+template <typename Kernel, typename Ceiling>
+Measurement measure_paired(int runs, double work, const Kernel& kernel, const Ceiling& ceiling) {
+  ceiling();
+  kernel();
+  std::vector<double> seconds, achieved, ceilings, ratios;
+  for (int r = 0; r < runs; ++r) {
+    const double c = ceiling();
+    const double t = kernel();
+    seconds.push_back(t);
+    achieved.push_back(work / t / 1e9);
+    ceilings.push_back(c);
+    ratios.push_back(work / t / 1e9 / c);
+  }
+  const double best = *std::max_element(achieved.begin(), achieved.end()) /
+                      *std::max_element(ceilings.begin(), ceilings.end());
+  return {median(seconds), median(achieved), median(ceilings), median(ratios), best};
+}
+
+// Paired ceilings: one bandwidth run on the probe; short arithmetic-peak runs.
+double bandwidth_now(const Ceilings& c) {
+  return c.bandwidth->measure_gbs();
+}
+double bf16_peak_now(ThreadPool& pool) {
+  return measure_bf16_dot_peak(pool, 1, 0.05);
+}
+double fp32_peak_now(ThreadPool& pool) {
+  return measure_fp32_fma_peak(pool, 1, 0.05);
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -68,11 +115,10 @@ const char* precision_name(ActivationPrecision p) {
 }
 
 void print_row(const std::string& kernel, IsaLevel level, const std::string& shape,
-               const char* precision, double ms, double achieved, const char* unit,
-               double ceiling) {
-  std::printf("%-24s %-12s %-16s %-5s %9.3f %9.1f %-7s %7.1f %6.1f%%\n", kernel.c_str(),
-              std::string(kernels::isa_level_name(level)).c_str(), shape.c_str(), precision, ms,
-              achieved, unit, ceiling, 100.0 * achieved / ceiling);
+               const char* precision, const Measurement& m, const char* unit) {
+  std::printf("%-24s %-12s %-16s %-5s %9.3f %9.1f %-7s %7.1f %6.1f%% %6.1f%%\n", kernel.c_str(),
+              std::string(kernels::isa_level_name(level)).c_str(), shape.c_str(), precision,
+              m.seconds * 1e3, m.achieved, unit, m.ceiling, 100.0 * m.ratio, 100.0 * m.best_ratio);
 }
 
 std::string shape_name(int64_t m, int64_t n, int64_t k) {
@@ -97,24 +143,23 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
   args.m = 1;
   args.n = n;
   args.k = k;
-  const int runs = flags.quick ? 3 : 7;
-  std::vector<double> times;
-  for (int r = 0; r < runs + 1; ++r) {
-    const auto start = Clock::now();
-    for (const auto& w : weights) {
-      args.w = w.data();
-      kernels::matmul_bf16(args, precision, &pool);
-    }
-    if (r > 0) times.push_back(seconds_since(start) / static_cast<double>(copies));
-  }
-  const double t = median(times);
   const double bytes = static_cast<double>(matrix_bytes + k * 4 + n * 4);
-  print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), t * 1e3,
-            bytes / t / 1e9, "GB/s", c.machine.read_bandwidth_gbs);
+  const Measurement m = measure_paired(
+      flags.quick ? 3 : 7, bytes,
+      [&] {
+        const auto start = Clock::now();
+        for (const auto& w : weights) {
+          args.w = w.data();
+          kernels::matmul_bf16(args, precision, &pool);
+        }
+        return seconds_since(start) / static_cast<double>(copies);
+      },
+      [&] { return bandwidth_now(c); });
+  print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), m, "GB/s");
 }
 
-void bench_gemm(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level, int64_t m,
-                int64_t n, int64_t k, ActivationPrecision precision) {
+void bench_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m, int64_t n,
+                int64_t k, ActivationPrecision precision) {
   kernels::ScopedIsaLevel isa(level);
   const std::vector<bf16> w = random_bf16(static_cast<size_t>(n * k), 5);
   const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 6);
@@ -126,20 +171,19 @@ void bench_gemm(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
   args.m = m;
   args.n = n;
   args.k = k;
-  const int runs = flags.quick ? 3 : 5;
-  std::vector<double> times;
-  for (int r = 0; r < runs + 1; ++r) {
-    const auto start = Clock::now();
-    kernels::matmul_bf16(args, precision, &pool);
-    if (r > 0) times.push_back(seconds_since(start));
-  }
-  const double t = median(times);
-  const double gflops = 2.0 * static_cast<double>(m * n * k) / t / 1e9;
   // The ceiling of the instruction the path uses: vdpbf16ps only for bf16 activations on
   // an AVX512_BF16 CPU; fp32 FMA otherwise.
   const bool dot = precision == ActivationPrecision::kBf16 && level == IsaLevel::kAvx512Bf16;
-  print_row("matmul_bf16 gemm", level, shape_name(m, n, k), precision_name(precision), t * 1e3,
-            gflops, "GFLOP/s", dot ? c.machine.bf16_dot_gflops : c.machine.fp32_fma_gflops);
+  const Measurement r = measure_paired(
+      flags.quick ? 3 : 5, 2.0 * static_cast<double>(m * n * k),
+      [&] {
+        const auto start = Clock::now();
+        kernels::matmul_bf16(args, precision, &pool);
+        return seconds_since(start);
+      },
+      [&] { return dot ? bf16_peak_now(pool) : fp32_peak_now(pool); });
+  print_row("matmul_bf16 gemm", level, shape_name(m, n, k), precision_name(precision), r,
+            "GFLOP/s");
 }
 
 // One MoE decode step at batch 1: `active` experts of 1 token each, gate and up in one
@@ -163,56 +207,56 @@ void bench_experts(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaL
   std::vector<float> gate_out(static_cast<size_t>(active * inter)),
       up_out(static_cast<size_t>(active * inter)), down_out(static_cast<size_t>(active * hidden));
   const int steps = static_cast<int>(std::max<int64_t>(8, 2 * num_experts / active));
-  const int runs = flags.quick ? 3 : 7;
-  std::vector<double> times;
   uint64_t pick = 1;
-  for (int r = 0; r < runs + 1; ++r) {
-    const auto start = Clock::now();
-    for (int s = 0; s < steps; ++s) {
-      std::vector<kernels::MatmulBf16Args> first, second;
-      for (int64_t a = 0; a < active; ++a) {
-        pick = pick * 6364136223846793005ull + 1442695040888963407ull;
-        const Expert& e = experts[(pick >> 33) % static_cast<uint64_t>(num_experts)];
-        kernels::MatmulBf16Args g;
-        g.x = x.data();
-        g.m = 1;
-        g.n = inter;
-        g.k = hidden;
-        g.w = e.gate.data();
-        g.y = gate_out.data() + a * inter;
-        first.push_back(g);
-        g.w = e.up.data();
-        g.y = up_out.data() + a * inter;
-        first.push_back(g);
-        kernels::MatmulBf16Args d;
-        d.x = gate_out.data() + a * inter;
-        d.m = 1;
-        d.n = hidden;
-        d.k = inter;
-        d.w = e.down.data();
-        d.y = down_out.data() + a * hidden;
-        second.push_back(d);
-      }
-      if (grouped) {
-        kernels::grouped_matmul_bf16(first, ActivationPrecision::kBf16, &pool);
-      } else {
-        for (const auto& p : first) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
-      }
-      kernels::silu_mul(gate_out.data(), up_out.data(), gate_out.data(), active * inter);
-      if (grouped) {
-        kernels::grouped_matmul_bf16(second, ActivationPrecision::kBf16, &pool);
-      } else {
-        for (const auto& p : second) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
-      }
+  const auto step = [&] {
+    std::vector<kernels::MatmulBf16Args> first, second;
+    for (int64_t a = 0; a < active; ++a) {
+      pick = pick * 6364136223846793005ull + 1442695040888963407ull;
+      const Expert& e = experts[(pick >> 33) % static_cast<uint64_t>(num_experts)];
+      kernels::MatmulBf16Args g;
+      g.x = x.data();
+      g.m = 1;
+      g.n = inter;
+      g.k = hidden;
+      g.w = e.gate.data();
+      g.y = gate_out.data() + a * inter;
+      first.push_back(g);
+      g.w = e.up.data();
+      g.y = up_out.data() + a * inter;
+      first.push_back(g);
+      kernels::MatmulBf16Args d;
+      d.x = gate_out.data() + a * inter;
+      d.m = 1;
+      d.n = hidden;
+      d.k = inter;
+      d.w = e.down.data();
+      d.y = down_out.data() + a * hidden;
+      second.push_back(d);
     }
-    if (r > 0) times.push_back(seconds_since(start) / steps);
-  }
-  const double t = median(times);
-  const double bytes = static_cast<double>(active * 3 * inter * hidden * 2);
+    if (grouped) {
+      kernels::grouped_matmul_bf16(first, ActivationPrecision::kBf16, &pool);
+    } else {
+      for (const auto& p : first) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
+    }
+    kernels::silu_mul(gate_out.data(), up_out.data(), gate_out.data(), active * inter);
+    if (grouped) {
+      kernels::grouped_matmul_bf16(second, ActivationPrecision::kBf16, &pool);
+    } else {
+      for (const auto& p : second) kernels::matmul_bf16(p, ActivationPrecision::kBf16, &pool);
+    }
+  };
+  const Measurement m = measure_paired(
+      flags.quick ? 3 : 7, static_cast<double>(active * 3 * inter * hidden * 2),
+      [&] {
+        const auto start = Clock::now();
+        for (int s = 0; s < steps; ++s) step();
+        return seconds_since(start) / steps;
+      },
+      [&] { return bandwidth_now(c); });
   print_row(
       grouped ? "experts grouped" : "experts one-by-one", level,
       std::to_string(active) + "x(" + std::to_string(hidden) + "," + std::to_string(inter) + ")",
-      "bf16", t * 1e3, bytes / t / 1e9, "GB/s", c.machine.read_bandwidth_gbs);
+      "bf16", m, "GB/s");
 }
 
 Flags parse_flags(int argc, char** argv) {
@@ -242,13 +286,19 @@ int run(int argc, char** argv) {
     options.peak_run_seconds = 0.05;
   }
   Ceilings c{measure_machine_ceilings(pool, options)};
+  // Paired bandwidth runs read 256 MiB (8x the last-level cache of the reference machine).
+  ReadBandwidthProbe probe(pool, int64_t{256} << 20);
+  c.bandwidth = &probe;
   std::printf("threads %d, best ISA %s\n", c.machine.threads, c.machine.isa.c_str());
   std::printf("ceiling: read bandwidth      %8.1f GB/s\n", c.machine.read_bandwidth_gbs);
   std::printf("ceiling: fp32 FMA peak       %8.1f GFLOP/s\n", c.machine.fp32_fma_gflops);
   std::printf("ceiling: bf16 dot peak       %8.1f GFLOP/s\n", c.machine.bf16_dot_gflops);
   std::printf("measured matmul_bf16 512x2048x2048: %.1f GFLOP/s\n\n", c.machine.matmul_bf16_gflops);
-  std::printf("%-24s %-12s %-16s %-5s %9s %9s %-7s %7s %7s\n", "kernel", "isa", "m x n x k", "act",
-              "median_ms", "achieved", "unit", "ceiling", "ratio");
+  std::printf("%-24s %-12s %-16s %-5s %9s %9s %-7s %7s %7s %7s\n", "kernel", "isa", "m x n x k",
+              "act", "median_ms", "achieved", "unit", "ceiling", "ratio", "best");
+  std::printf(
+      "(medians; each kernel run is paired with a ceiling run: ceiling = median of those, ratio ="
+      " median of per-pair ratios, best = fastest kernel run / fastest ceiling run)\n");
 
   std::vector<IsaLevel> levels = {kernels::best_isa_level()};
   if (flags.all_isa) levels = kernels::supported_isa_levels();
@@ -268,7 +318,7 @@ int run(int argc, char** argv) {
     if (level == IsaLevel::kScalar) continue;  // seconds per call; the tests cover it
     for (const auto& s : gemm_shapes) {
       for (ActivationPrecision p : {ActivationPrecision::kBf16, ActivationPrecision::kFp32}) {
-        bench_gemm(pool, flags, c, level, s[0], s[1], s[2], p);
+        bench_gemm(pool, flags, level, s[0], s[1], s[2], p);
       }
     }
   }

@@ -59,25 +59,32 @@ double median(std::vector<double> values) {
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs) {
-  const int64_t n = buffer_bytes / static_cast<int64_t>(sizeof(float));
-  std::vector<float> buffer(static_cast<size_t>(n));
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes)
+    : pool_(pool), buffer_(static_cast<size_t>(buffer_bytes / int64_t{sizeof(float)})) {
   // Touch every page from the threads that will read it.
-  pool.parallel_for(
-      n, [&](int64_t b, int64_t e) { std::fill(buffer.data() + b, buffer.data() + e, 1.0f); });
+  const int64_t n = static_cast<int64_t>(buffer_.size());
+  pool_.parallel_for(
+      n, [&](int64_t b, int64_t e) { std::fill(buffer_.data() + b, buffer_.data() + e, 1.0f); });
+}
+
+double ReadBandwidthProbe::measure_gbs() {
+  const int64_t n = static_cast<int64_t>(buffer_.size());
   const bool avx2 = has(kernels::IsaLevel::kAvx2);
+  const auto start = Clock::now();
+  pool_.run_on_all([&](int t, int nt) {
+    const float* begin = buffer_.data() + n * t / nt;
+    const float* end = buffer_.data() + n * (t + 1) / nt;
+    sink.store(avx2 ? internal::read_sum_avx2(begin, end) : internal::read_sum_scalar(begin, end),
+               std::memory_order_relaxed);
+  });
+  return static_cast<double>(n) * sizeof(float) / seconds_since(start) / 1e9;
+}
+
+double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs) {
+  ReadBandwidthProbe probe(pool, buffer_bytes);
+  probe.measure_gbs();  // warm-up
   std::vector<double> rates;
-  for (int r = 0; r < runs + 1; ++r) {
-    const auto start = Clock::now();
-    pool.run_on_all([&](int t, int nt) {
-      const float* begin = buffer.data() + n * t / nt;
-      const float* end = buffer.data() + n * (t + 1) / nt;
-      sink.store(avx2 ? internal::read_sum_avx2(begin, end) : internal::read_sum_scalar(begin, end),
-                 std::memory_order_relaxed);
-    });
-    const double t = seconds_since(start);
-    if (r > 0) rates.push_back(static_cast<double>(n) * sizeof(float) / t / 1e9);  // run 0 warms up
-  }
+  for (int r = 0; r < runs; ++r) rates.push_back(probe.measure_gbs());
   return median(rates);
 }
 

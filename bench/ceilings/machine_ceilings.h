@@ -36,6 +36,19 @@ struct MachineCeilings {
 // `buffer_bytes` (allocated and touched here); median over `runs`.
 double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs);
 
+// The same measurement with the buffer kept between runs, so that a benchmark can measure
+// the ceiling right next to each kernel run (on a shared machine the load drifts).
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes);
+  // One run, GB/s.
+  double measure_gbs();
+
+ private:
+  ThreadPool& pool_;
+  std::vector<float> buffer_;
+};
+
 // Peak fp32 FMA throughput in GFLOP/s (2 flops per lane per FMA), independent
 // register-resident chains on every thread; AVX-512 if present, else AVX2, else scalar.
 double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds);
