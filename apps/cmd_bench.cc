@@ -1,0 +1,120 @@
+// peerserve bench: load generator against an OpenAI-compatible server (see
+// serve/bench_client.h), in the manner of vLLM's benchmark_serving.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/command_registry.h"
+#include "serve/bench_client.h"
+
+namespace peerserve {
+namespace {
+
+struct BenchCli {
+  BenchOptions options;
+  std::string request_rate = "inf";
+  std::vector<std::string> goodput;
+  std::string token_range;
+  std::string json_path;
+  bool no_progress = false;
+};
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  return 2;
+}
+
+int run_bench_command(BenchCli cli) {
+  BenchOptions& o = cli.options;
+  if (cli.request_rate == "inf" || cli.request_rate == "infinity") {
+    o.request_rate = std::numeric_limits<double>::infinity();
+  } else {
+    try {
+      o.request_rate = std::stod(cli.request_rate);
+    } catch (...) {
+      return fail("--request-rate '" + cli.request_rate + "': expected a number or inf");
+    }
+  }
+  for (const std::string& slo : cli.goodput) {
+    const size_t colon = slo.find(':');
+    double value = 0;
+    try {
+      value = colon == std::string::npos ? -1 : std::stod(slo.substr(colon + 1));
+    } catch (...) {
+      value = -1;
+    }
+    const std::string name = slo.substr(0, colon);
+    if (value <= 0 || (name != "ttft" && name != "tpot" && name != "e2el")) {
+      return fail("--goodput '" + slo + "': expected ttft:MS, tpot:MS or e2el:MS");
+    }
+    (name == "ttft" ? o.slo_ttft_ms : name == "tpot" ? o.slo_tpot_ms : o.slo_e2el_ms) = value;
+  }
+  if (!cli.token_range.empty()) {
+    const size_t colon = cli.token_range.find(':');
+    try {
+      if (colon == std::string::npos) throw 0;
+      o.token_low = std::stoi(cli.token_range.substr(0, colon));
+      o.token_high = std::stoi(cli.token_range.substr(colon + 1));
+    } catch (...) {
+      return fail("--token-range '" + cli.token_range + "': expected LO:HI");
+    }
+  }
+  if (Status s = o.validate(); !s.ok()) return fail(s.message());
+
+  BenchProgress progress;
+  if (!cli.no_progress) {
+    progress = [](int32_t done, int32_t total) {
+      const int width = 40, filled = done * width / total;
+      std::fprintf(stderr, "\r[%s%s] %d/%d", std::string(filled, '#').c_str(),
+                   std::string(width - filled, ' ').c_str(), done, total);
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+  }
+  Result<BenchReport> report = run_bench(o, progress);
+  if (!report.ok()) return fail(report.status().message());
+  std::printf("%s", report->to_text(o).c_str());
+  if (!cli.json_path.empty()) {
+    std::ofstream out(cli.json_path);
+    out << report->to_json(o).dump(2) << "\n";
+    if (!out) return fail("cannot write " + cli.json_path);
+  }
+  return report->failed == 0 ? 0 : 1;
+}
+
+const bool kRegistered = register_command([](CLI::App& root) {
+  auto* sub = root.add_subcommand("bench",
+                                  "Benchmark an OpenAI-compatible server (streamed "
+                                  "completions, synthetic prompts)");
+  auto cli = std::make_shared<BenchCli>();
+  BenchOptions& o = cli->options;
+  sub->add_option("--url", o.url, "Server base URL (http://host:port)")->capture_default_str();
+  sub->add_option("--endpoint", o.endpoint, "API route")->capture_default_str();
+  sub->add_option("--model", o.model, "Model name (default: the server's first model)");
+  sub->add_option("--api-key", o.api_key, "Bearer token");
+  sub->add_option("--num-prompts", o.num_prompts, "Requests to send")->capture_default_str();
+  sub->add_option("--request-rate", cli->request_rate,
+                  "Poisson arrival rate in requests/s (inf = all at once)")
+      ->capture_default_str();
+  sub->add_option("--max-concurrency", o.max_concurrency, "Requests in flight at most (0 = no cap)")
+      ->capture_default_str();
+  sub->add_option("--input-len", o.input_len, "Prompt tokens per request")->capture_default_str();
+  sub->add_option("--output-len", o.output_len, "Generated tokens per request (ignore_eos)")
+      ->capture_default_str();
+  sub->add_option("--prefix-share", o.prefix_share,
+                  "Fraction of the prompt shared by all requests (0..1)")
+      ->capture_default_str();
+  sub->add_option("--seed", o.seed, "Seed for prompts and arrivals")->capture_default_str();
+  sub->add_option("--token-range", cli->token_range,
+                  "Prompt token ids drawn from LO:HI (default 10:250)");
+  sub->add_option("--goodput", cli->goodput, "SLOs for goodput: ttft:MS tpot:MS e2el:MS");
+  sub->add_option("--json", cli->json_path, "Also write the results as JSON to this file");
+  sub->add_flag("--no-progress", cli->no_progress, "No progress bar");
+  sub->callback([cli] { set_command_exit_code(run_bench_command(*cli)); });
+});
+
+}  // namespace
+}  // namespace peerserve

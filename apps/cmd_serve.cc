@@ -1,0 +1,238 @@
+// peerserve serve: the OpenAI-compatible server, everything in one process (the embedded
+// default): model + paged KV cache + engine thread + asynchronous HTTP front end.
+#include <pthread.h>
+#include <signal.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "apps/command_registry.h"
+#include "model/deepseek_model.h"
+#include "runtime/engine.h"
+#include "runtime/model_executor.h"
+#include "serve/openai_server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+struct ServeCli {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  std::string kv_cache_memory = "512MiB";
+  std::string api_key;
+  int64_t max_model_len = 0;
+  int block_size = 16;
+  int max_waiting_requests = 4096;
+  uint64_t max_body_bytes = 8u << 20;
+  int threads = 0;
+  bool no_prefix_caching = false;
+  bool fp32 = false;
+  uint64_t seed = 0;
+};
+
+// "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples).
+std::optional<uint64_t> parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  if (pos == 0) return std::nullopt;
+  const uint64_t number = std::stoull(text.substr(0, pos));
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  uint64_t scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kb" || unit == "kib") {
+    scale = 1ULL << 10;
+  } else if (unit == "m" || unit == "mb" || unit == "mib") {
+    scale = 1ULL << 20;
+  } else if (unit == "g" || unit == "gb" || unit == "gib") {
+    scale = 1ULL << 30;
+  } else {
+    return std::nullopt;
+  }
+  return number * scale;
+}
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  return 1;
+}
+
+int run_serve(const ServeCli& cli) {
+  // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
+  // (threads created from here on inherit the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::optional<uint64_t> kv_bytes = parse_bytes(cli.kv_cache_memory);
+  if (!kv_bytes) {
+    return fail(invalid_argument("--kv-cache-memory '" + cli.kv_cache_memory +
+                                 "': expected bytes, optionally with K/M/G (e.g. 512MiB)"));
+  }
+  if (cli.port < 0 || cli.port > 65535) {
+    return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
+  }
+
+  std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
+  ModelOptions model_options;
+  model_options.num_threads = cli.threads;
+  model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
+  auto last_percent = std::make_shared<int>(-1);
+  model_options.progress = [last_percent](uint64_t done, uint64_t total) {
+    const int percent = total == 0 ? 100 : static_cast<int>(done * 100 / total);
+    if (percent == *last_percent) return;
+    *last_percent = percent;
+    const int filled = percent * 40 / 100;
+    std::fprintf(stderr, "\rweights [%s%s] %3d%%", std::string(filled, '#').c_str(),
+                 std::string(40 - filled, ' ').c_str(), percent);
+    if (done >= total) std::fprintf(stderr, "\n");
+  };
+  Result<std::unique_ptr<DeepseekModel>> model = DeepseekModel::load(cli.model_dir, model_options);
+  if (!model.ok()) return fail(model.status());
+  const ModelConfig& config = (*model)->config();
+
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (Result<Tokenizer> tok = Tokenizer::load_from_dir(cli.model_dir); tok.ok()) {
+    tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  } else {
+    std::fprintf(stderr, "warning: no usable tokenizer (%s); only token-id prompts will work\n",
+                 tok.status().message().c_str());
+  }
+
+  const DType kv_dtype = cli.fp32 ? DType::kF32 : DType::kBF16;
+  const KvLayout layout = (*model)->kv_layout(cli.block_size, kv_dtype);
+  if (Status s = layout.validate(); !s.ok()) return fail(s);
+  const int64_t num_blocks = kv_blocks_for_memory(layout, *kv_bytes);
+  if (num_blocks < 1) {
+    return fail(invalid_argument("--kv-cache-memory " + cli.kv_cache_memory +
+                                 " holds no KV block; one block needs " +
+                                 std::to_string(layout.block_bytes()) + " bytes"));
+  }
+  ModelExecutorOptions executor_options;
+  executor_options.block_size = cli.block_size;
+  executor_options.num_blocks = num_blocks;
+  executor_options.kv_dtype = kv_dtype;
+  auto executor = ModelExecutor::create(model->get(), executor_options);
+  if (!executor.ok()) return fail(executor.status());
+
+  EngineOptions engine_options;
+  SchedulerOptions& sched = engine_options.scheduler;
+  sched.max_num_seqs = cli.max_num_seqs;
+  sched.max_num_batched_tokens = cli.max_num_batched_tokens;
+  sched.max_model_len = cli.max_model_len > 0 ? cli.max_model_len : config.max_position_embeddings;
+  sched.max_waiting_seqs = cli.max_waiting_requests;
+  sched.block_pool.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
+  sched.block_pool.block_size = cli.block_size;
+  sched.block_pool.enable_prefix_caching = !cli.no_prefix_caching;
+  if (config.eos_token_id) {
+    engine_options.eos_token_id = static_cast<TokenId>(*config.eos_token_id);
+  } else if (tokenizer && tokenizer->eos_id()) {
+    engine_options.eos_token_id = *tokenizer->eos_id();
+  }
+  engine_options.vocab_size = config.vocab_size;
+  engine_options.seed = cli.seed;
+  auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
+  if (!engine.ok()) return fail(engine.status());
+
+  OpenAiServerOptions server_options;
+  server_options.http.host = cli.host;
+  server_options.http.port = static_cast<uint16_t>(cli.port);
+  server_options.http.max_body_bytes = cli.max_body_bytes;
+  server_options.served_model_name =
+      cli.served_model_name.empty() ? cli.model_dir : cli.served_model_name;
+  if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
+  server_options.limits.max_n = engine_options.max_n;
+  auto server = OpenAiServer::create(server_options, engine->get(), tokenizer.get());
+  if (!server.ok()) return fail(server.status());
+
+  (*engine)->start();
+  std::fprintf(stderr,
+               "KV cache: %lld blocks x %d tokens (%.1f MiB), max_model_len %lld, "
+               "max_num_seqs %d, max_num_batched_tokens %d, prefix caching %s\n",
+               static_cast<long long>(num_blocks), cli.block_size,
+               static_cast<double>(num_blocks * layout.block_bytes()) / (1 << 20),
+               static_cast<long long>(sched.max_model_len), cli.max_num_seqs,
+               cli.max_num_batched_tokens, cli.no_prefix_caching ? "off" : "on");
+  std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
+               server_options.served_model_name.c_str(), cli.host.c_str(),
+               static_cast<unsigned>((*server)->port()));
+  std::fflush(stderr);
+
+  Engine* engine_ptr = engine->get();
+  OpenAiServer* server_ptr = server->get();
+  auto run_finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread signal_waiter([signals, engine_ptr, server_ptr, run_finished] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (run_finished->load()) return;  // woken by the main thread below
+    std::fprintf(stderr, "\nshutting down (signal %d)\n", sig);
+    // Engine first: unfinished requests end with "abort" while connections still exist.
+    engine_ptr->stop();
+    server_ptr->stop();
+  });
+  (*server)->run();
+  run_finished->store(true);
+  // If run() returned for another reason, wake the waiter (harmless if it already ended:
+  // the signal is blocked and stays pending).
+  kill(getpid(), SIGTERM);
+  signal_waiter.join();
+  (*engine)->stop();
+  server->reset();
+  engine->reset();
+  return 0;
+}
+
+const bool kRegistered = register_command([](CLI::App& root) {
+  auto* sub =
+      root.add_subcommand("serve", "OpenAI-compatible HTTP server (all roles in one process)");
+  auto cli = std::make_shared<ServeCli>();
+  sub->add_option("--model", cli->model_dir,
+                  "Checkpoint directory (config.json, safetensors, "
+                  "tokenizer.json)")
+      ->required();
+  sub->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
+  sub->add_option("--served-model-name", cli->served_model_name,
+                  "Model name clients use (default: the --model path)");
+  sub->add_option("--max-num-seqs", cli->max_num_seqs, "Sequences in the running batch at most")
+      ->capture_default_str();
+  sub->add_option("--max-num-batched-tokens", cli->max_num_batched_tokens,
+                  "Tokens per engine step at most (prefill chunks + decodes)")
+      ->capture_default_str();
+  sub->add_option("--kv-cache-memory", cli->kv_cache_memory,
+                  "Bytes for the paged KV cache (K/M/G suffixes)")
+      ->capture_default_str();
+  sub->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/ routes");
+  sub->add_option("--max-model-len", cli->max_model_len,
+                  "Context length (prompt + output) limit (default: the model's)");
+  sub->add_option("--block-size", cli->block_size, "Tokens per KV block")->capture_default_str();
+  sub->add_option("--max-waiting-requests", cli->max_waiting_requests,
+                  "Waiting sequences at most; beyond it requests get 429")
+      ->capture_default_str();
+  sub->add_option("--max-body-bytes", cli->max_body_bytes, "Request bodies beyond this get 413")
+      ->capture_default_str();
+  sub->add_option("--threads", cli->threads, "Kernel threads (0 = all cores)")
+      ->capture_default_str();
+  sub->add_flag("--no-prefix-caching", cli->no_prefix_caching, "Disable prefix caching");
+  sub->add_flag("--fp32", cli->fp32, "fp32 GEMM activations and KV cache (exactness checks)");
+  sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
+  sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
+});
+
+}  // namespace
+}  // namespace peerserve

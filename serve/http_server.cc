@@ -1,0 +1,444 @@
+#include "serve/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cctype>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <optional>
+
+namespace peerserve {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+std::string HttpRequest::path() const {
+  const size_t q = target.find('?');
+  return q == std::string::npos ? target : target.substr(0, q);
+}
+
+const std::string* HttpRequest::header(const std::string& lowercase_name) const {
+  auto it = headers.find(lowercase_name);
+  return it == headers.end() ? nullptr : &it->second;
+}
+
+namespace {
+
+std::string lowercase(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+std::string reason_phrase(int status) {
+  const auto reason = http::obsolete_reason(static_cast<http::status>(status));
+  return reason.empty() ? "Status" : std::string(reason);
+}
+
+std::string error_json(const std::string& message, const std::string& type,
+                       const std::string& code) {
+  // Minimal OpenAI-shaped error written without a JSON library (messages here are fixed).
+  return "{\"error\":{\"message\":\"" + message + "\",\"type\":\"" + type +
+         "\",\"param\":null,\"code\":\"" + code + "\"}}";
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  HttpServerOptions options;
+  RequestHandler handler;
+  // Declared before the io_context: sessions destroyed with it still update the counters.
+  mutable std::mutex counters_mutex;
+  HttpServerCounters counters;
+  asio::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  uint16_t bound_port = 0;
+
+  void do_accept();
+  void count(int status) {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    ++counters.responses_by_status[status];
+  }
+  void connection_delta(int delta) {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    counters.connections_open += delta;
+    if (delta > 0) counters.connections_total += delta;
+  }
+  int64_t open_connections() const {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    return counters.connections_open;
+  }
+  void count_request() {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    ++counters.requests_total;
+  }
+};
+
+namespace {
+
+class Session;
+
+// The response side of one request on a session; forwards to the session's strand.
+class Exchange final : public HttpExchange {
+ public:
+  Exchange(std::shared_ptr<Session> session, uint64_t id) : session_(std::move(session)), id_(id) {}
+  void respond(int status, std::string content_type, std::string body,
+               std::vector<std::pair<std::string, std::string>> extra_headers) override;
+  void start_stream(std::string content_type) override;
+  void write_chunk(std::string data) override;
+  void end_stream() override;
+  void post(std::function<void()> fn) override;
+  void on_disconnect(std::function<void()> callback) override;
+  bool disconnected() const override;
+
+ private:
+  std::shared_ptr<Session> session_;
+  uint64_t id_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server) {
+    server_->connection_delta(+1);
+  }
+  ~Session() { server_->connection_delta(-1); }
+
+  void start() { do_read(); }
+
+  // Answers 503 and closes (too many connections).
+  void reject() {
+    close_after_write_ = true;
+    in_exchange_ = true;
+    ++current_id_;
+    respond(current_id_, 503, "application/json",
+            error_json("too many open connections", "service_unavailable", "overloaded"), {});
+  }
+
+  auto executor() { return stream_.get_executor(); }
+  bool peer_closed() const { return peer_closed_flag_.load(); }
+
+  void respond(uint64_t id, int status, const std::string& content_type, const std::string& body,
+               const std::vector<std::pair<std::string, std::string>>& extra_headers) {
+    if (!accepting_writes(id)) return;
+    std::string head = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+    head += "Content-Type: " + content_type + "\r\n";
+    head += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    for (const auto& [name, value] : extra_headers) head += name + ": " + value + "\r\n";
+    head += (keep_alive_ && !close_after_write_) ? "Connection: keep-alive\r\n"
+                                                 : "Connection: close\r\n";
+    head += "\r\n";
+    head += body;
+    server_->count(status);
+    response_complete_ = true;
+    enqueue(std::move(head));
+  }
+
+  void start_stream(uint64_t id, const std::string& content_type) {
+    if (!accepting_writes(id) || streaming_) return;
+    streaming_ = true;
+    std::string head = "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
+                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    head += keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+    head += "\r\n";
+    server_->count(200);
+    enqueue(std::move(head));
+  }
+
+  void write_chunk(uint64_t id, const std::string& data) {
+    // An empty chunk would end the chunked body; skip it.
+    if (!accepting_writes(id) || !streaming_ || data.empty()) return;
+    char size[20];
+    const int n = std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+    std::string chunk(size, static_cast<size_t>(n));
+    chunk += data;
+    chunk += "\r\n";
+    enqueue(std::move(chunk));
+  }
+
+  void end_stream(uint64_t id) {
+    if (!accepting_writes(id) || !streaming_) return;
+    response_complete_ = true;
+    enqueue("0\r\n\r\n");
+  }
+
+  void set_disconnect_callback(uint64_t id, std::function<void()> callback) {
+    if (id != current_id_) return;
+    if (peer_closed_) {
+      if (callback) callback();
+      return;
+    }
+    disconnect_callback_ = std::move(callback);
+  }
+
+ private:
+  bool accepting_writes(uint64_t id) const {
+    return id == current_id_ && in_exchange_ && !response_complete_ && !peer_closed_;
+  }
+
+  void do_read() {
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(server_->options.idle_timeout_seconds));
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void on_read(beast::error_code ec) {
+    const bool parse_error =
+        ec && ec.category() == http::make_error_code(http::error::bad_method).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message;
+    if (parse_error) {
+      // Malformed or oversized request: answer and close (the rest of the body is unread).
+      keep_alive_ = false;
+      close_after_write_ = true;
+      in_exchange_ = true;
+      response_complete_ = false;
+      ++current_id_;
+      if (ec == http::error::body_limit) {
+        respond(current_id_, 413, "application/json",
+                error_json("request body larger than " +
+                               std::to_string(server_->options.max_body_bytes) + " bytes",
+                           "invalid_request_error", "request_too_large"),
+                {});
+      } else if (ec == http::error::header_limit) {
+        respond(
+            current_id_, 431, "application/json",
+            error_json("request headers too large", "invalid_request_error", "headers_too_large"),
+            {});
+      } else {
+        respond(current_id_, 400, "application/json",
+                error_json("malformed HTTP request", "invalid_request_error", "bad_request"), {});
+      }
+      return;
+    }
+    if (ec) {
+      close();
+      return;
+    }
+    server_->count_request();
+    auto& message = parser_->get();
+    HttpRequest request;
+    request.method = std::string(message.method_string());
+    request.target = std::string(message.target());
+    request.body = std::move(message.body());
+    for (const auto& field : message) {
+      const auto name = field.name_string();
+      request.headers[lowercase(std::string_view(name.data(), name.size()))] =
+          std::string(field.value());
+    }
+    keep_alive_ = message.keep_alive();
+    ++current_id_;
+    in_exchange_ = true;
+    streaming_ = false;
+    response_complete_ = false;
+    disconnect_callback_ = nullptr;
+    stream_.expires_never();
+    watch_for_disconnect();
+    auto exchange = std::make_shared<Exchange>(shared_from_this(), current_id_);
+    server_->handler(std::move(request), std::move(exchange));
+  }
+
+  // A readable socket with nothing to read means the peer closed its side. (Pipelined
+  // bytes make it readable too; then we stop watching: the next read sees them.)
+  void watch_for_disconnect() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
+                                                         id = current_id_](beast::error_code ec) {
+      if (ec || id != self->current_id_ || !self->in_exchange_ || self->peer_closed_) return;
+      beast::error_code avail_ec;
+      const size_t available = self->stream_.socket().available(avail_ec);
+      if (avail_ec || available == 0) self->peer_gone();
+    });
+  }
+
+  void peer_gone() {
+    if (peer_closed_) return;
+    peer_closed_ = true;
+    peer_closed_flag_.store(true);
+    auto callback = std::move(disconnect_callback_);
+    disconnect_callback_ = nullptr;
+    if (in_exchange_ && !response_complete_ && callback) callback();
+    close();
+  }
+
+  void enqueue(std::string data) {
+    write_queue_.push_back(std::move(data));
+    do_write();
+  }
+
+  void do_write() {
+    if (writing_ || write_queue_.empty() || peer_closed_) return;
+    // Coalesce everything queued into one write: many small SSE chunks, one syscall.
+    writing_buffer_.clear();
+    for (std::string& s : write_queue_) writing_buffer_ += s;
+    write_queue_.clear();
+    writing_ = true;
+    stream_.expires_after(std::chrono::seconds(server_->options.write_timeout_seconds));
+    asio::async_write(
+        stream_, asio::buffer(writing_buffer_),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    if (ec) {
+      peer_gone();
+      return;
+    }
+    if (!write_queue_.empty()) {
+      do_write();
+      return;
+    }
+    stream_.expires_never();
+    if (in_exchange_ && response_complete_) finish_exchange();
+  }
+
+  void finish_exchange() {
+    in_exchange_ = false;
+    streaming_ = false;
+    disconnect_callback_ = nullptr;
+    if (close_after_write_ || !keep_alive_) {
+      close();
+      return;
+    }
+    do_read();
+  }
+
+  void close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl* server_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::deque<std::string> write_queue_;
+  std::string writing_buffer_;
+  bool writing_ = false;
+  uint64_t current_id_ = 0;
+  bool in_exchange_ = false;
+  bool streaming_ = false;
+  bool response_complete_ = false;
+  bool keep_alive_ = true;
+  bool close_after_write_ = false;
+  bool peer_closed_ = false;
+  std::atomic<bool> peer_closed_flag_{false};
+  std::function<void()> disconnect_callback_;
+};
+
+void Exchange::respond(int status, std::string content_type, std::string body,
+                       std::vector<std::pair<std::string, std::string>> extra_headers) {
+  asio::post(session_->executor(),
+             [s = session_, id = id_, status, ct = std::move(content_type), b = std::move(body),
+              h = std::move(extra_headers)] { s->respond(id, status, ct, b, h); });
+}
+
+void Exchange::start_stream(std::string content_type) {
+  asio::post(session_->executor(),
+             [s = session_, id = id_, ct = std::move(content_type)] { s->start_stream(id, ct); });
+}
+
+void Exchange::write_chunk(std::string data) {
+  asio::post(session_->executor(),
+             [s = session_, id = id_, d = std::move(data)] { s->write_chunk(id, d); });
+}
+
+void Exchange::end_stream() {
+  asio::post(session_->executor(), [s = session_, id = id_] { s->end_stream(id); });
+}
+
+void Exchange::post(std::function<void()> fn) {
+  asio::post(session_->executor(), std::move(fn));
+}
+
+void Exchange::on_disconnect(std::function<void()> callback) {
+  asio::post(session_->executor(), [s = session_, id = id_, cb = std::move(callback)]() mutable {
+    s->set_disconnect_callback(id, std::move(cb));
+  });
+}
+
+bool Exchange::disconnected() const {
+  return session_->peer_closed();
+}
+
+}  // namespace
+
+void HttpServer::Impl::do_accept() {
+  acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+    if (!ec) {
+      beast::error_code nodelay_ec;
+      socket.set_option(tcp::no_delay(true), nodelay_ec);
+      const bool over_limit = open_connections() >= options.max_connections;
+      auto session = std::make_shared<Session>(std::move(socket), this);
+      if (over_limit) {
+        session->reject();
+      } else {
+        session->start();
+      }
+    }
+    do_accept();
+  });
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& options,
+                                                       RequestHandler handler) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->handler = std::move(handler);
+  beast::error_code ec;
+  const auto address = asio::ip::make_address(options.host, ec);
+  if (ec) {
+    return invalid_argument("--host '" + options.host + "' is not an IP address (" + ec.message() +
+                            ")");
+  }
+  const tcp::endpoint endpoint(address, options.port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return unavailable("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                       ": " + ec.message());
+  }
+  impl->bound_port = impl->acceptor.local_endpoint().port();
+  impl->do_accept();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() = default;
+
+uint16_t HttpServer::port() const {
+  return impl_->bound_port;
+}
+
+void HttpServer::run() {
+  impl_->ioc.run();
+}
+
+void HttpServer::stop() {
+  asio::post(impl_->ioc, [impl = impl_.get()] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+    impl->ioc.stop();
+  });
+}
+
+HttpServerCounters HttpServer::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->counters_mutex);
+  return impl_->counters;
+}
+
+}  // namespace peerserve

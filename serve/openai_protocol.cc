@@ -1,0 +1,583 @@
+#include "serve/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+
+namespace peerserve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string brief(const json& value) {
+  std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string type_name(const json& value) {
+  if (value.is_string()) return "a string";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_number_integer() || value.is_number_unsigned()) return "an integer";
+  if (value.is_number()) return "a number";
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  return "null";
+}
+
+std::string format_number(double v) {
+  if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  std::string s = std::to_string(v);
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  return s;
+}
+
+ApiError bad_field(const std::string& name, const std::string& message) {
+  ApiError e;
+  e.status = 400;
+  e.message = message;
+  e.param = name;
+  e.code = "invalid_value";
+  return e;
+}
+
+ApiError unsupported(const std::string& name, const std::string& message) {
+  ApiError e = bad_field(name, message);
+  e.code = "unsupported_parameter";
+  return e;
+}
+
+// Typed, range-checked access to the fields of a request object. JSON null counts as
+// absent. The first error sticks; later reads then return nothing.
+class Fields {
+ public:
+  explicit Fields(const json& body) : body_(body) {}
+
+  std::optional<ApiError> error;
+
+  const json* get(const char* name) const {
+    auto it = body_.find(name);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::optional<double> number(const char* name, double lo, double hi, bool lo_open = false) {
+    const json* v = get(name);
+    if (error || v == nullptr) return std::nullopt;
+    if (!v->is_number()) {
+      fail(name, "'" + std::string(name) + "' must be a number, got " + type_name(*v));
+      return std::nullopt;
+    }
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) {
+      fail(name, "'" + std::string(name) + "' must be " + (lo_open ? "> " : ">= ") +
+                     format_number(lo) + " and <= " + format_number(hi) + ", got " + brief(*v));
+      return std::nullopt;
+    }
+    return x;
+  }
+
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) {
+    const json* v = get(name);
+    if (error || v == nullptr) return std::nullopt;
+    return as_integer(*v, name, lo, hi);
+  }
+
+  std::optional<int64_t> as_integer(const json& v, const std::string& name, int64_t lo,
+                                    int64_t hi) {
+    int64_t x = 0;
+    if (v.is_number_integer()) {
+      x = v.get<int64_t>();
+    } else if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+              ? std::numeric_limits<int64_t>::max()
+              : static_cast<int64_t>(u);
+    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+               std::fabs(v.get<double>()) < 9e15) {
+      x = static_cast<int64_t>(v.get<double>());
+    } else {
+      fail(name, "'" + name + "' must be an integer, got " + type_name(v) +
+                     (v.is_number() ? " " + brief(v) : ""));
+      return std::nullopt;
+    }
+    if (x < lo || x > hi) {
+      fail(name, "'" + name + "' must be between " + std::to_string(lo) + " and " +
+                     std::to_string(hi) + ", got " + std::to_string(x));
+      return std::nullopt;
+    }
+    return x;
+  }
+
+  std::optional<bool> boolean(const char* name) {
+    const json* v = get(name);
+    if (error || v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) {
+      fail(name, "'" + std::string(name) + "' must be a boolean, got " + type_name(*v));
+      return std::nullopt;
+    }
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> string(const char* name) {
+    const json* v = get(name);
+    if (error || v == nullptr) return std::nullopt;
+    if (!v->is_string()) {
+      fail(name, "'" + std::string(name) + "' must be a string, got " + type_name(*v));
+      return std::nullopt;
+    }
+    return v->get<std::string>();
+  }
+
+  void fail(const std::string& name, const std::string& message) {
+    if (!error) error = bad_field(name, message);
+  }
+  void fail_unsupported(const std::string& name, const std::string& message) {
+    if (!error) error = unsupported(name, message);
+  }
+
+ private:
+  const json& body_;
+};
+
+void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFields* out) {
+  out->model = f.string("model");
+  GenerationParams& p = out->params;
+  SamplingParams& s = p.sampling;
+  if (auto v = f.number("temperature", 0.0, 2.0)) s.temperature = static_cast<float>(*v);
+  if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = static_cast<float>(*v);
+  if (auto v = f.integer("top_k", -1, std::numeric_limits<int32_t>::max())) {
+    s.top_k = *v <= 0 ? 0 : static_cast<int32_t>(*v);  // -1 and 0 mean off (vLLM)
+  }
+  if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = static_cast<float>(*v);
+  if (auto v = f.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = static_cast<float>(*v);
+  if (auto v = f.number("frequency_penalty", -2.0, 2.0)) {
+    s.frequency_penalty = static_cast<float>(*v);
+  }
+  if (auto v = f.number("repetition_penalty", 0.0, 10.0, /*lo_open=*/true)) {
+    s.repetition_penalty = static_cast<float>(*v);
+  }
+  if (auto v = f.integer("seed", std::numeric_limits<int64_t>::min(),
+                         std::numeric_limits<int64_t>::max())) {
+    s.seed = static_cast<uint64_t>(*v);
+  }
+  const int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+  std::optional<int64_t> max_tokens;
+  if (chat) max_tokens = f.integer("max_completion_tokens", 1, kMaxTokens);
+  if (!max_tokens) max_tokens = f.integer("max_tokens", 1, kMaxTokens);
+  if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (auto v = f.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*v);
+  if (auto v = f.integer("best_of", 1, limits.max_n); v && *v != p.n) {
+    f.fail_unsupported("best_of", "'best_of' different from 'n' is not supported");
+  }
+
+  if (const json* stop = f.get("stop"); stop && !f.error) {
+    auto add = [&](const json& item) {
+      if (item.is_string()) {
+        if (item.get<std::string>().empty()) {
+          f.fail("stop", "'stop' strings must not be empty");
+        } else {
+          p.stop_strings.push_back(item.get<std::string>());
+        }
+      } else if (item.is_number()) {
+        if (auto id = f.as_integer(item, "stop", 0, std::numeric_limits<int32_t>::max())) {
+          p.stop_token_ids.push_back(static_cast<TokenId>(*id));
+        }
+      } else {
+        f.fail("stop",
+               "'stop' must be a string, a token id or an array of them, got " + type_name(item));
+      }
+    };
+    if (stop->is_array()) {
+      if (static_cast<int32_t>(stop->size()) > limits.max_stop_strings) {
+        f.fail("stop", "'stop' has " + std::to_string(stop->size()) + " entries, at most " +
+                           std::to_string(limits.max_stop_strings) + " are allowed");
+      }
+      for (const json& item : *stop) add(item);
+    } else {
+      add(*stop);
+    }
+  }
+  if (const json* ids = f.get("stop_token_ids"); ids && !f.error) {
+    if (!ids->is_array()) {
+      f.fail("stop_token_ids",
+             "'stop_token_ids' must be an array of token ids, got " + type_name(*ids));
+    } else {
+      for (const json& item : *ids) {
+        if (auto id =
+                f.as_integer(item, "stop_token_ids", 0, std::numeric_limits<int32_t>::max())) {
+          p.stop_token_ids.push_back(static_cast<TokenId>(*id));
+        }
+      }
+    }
+  }
+  if (auto v = f.boolean("ignore_eos")) p.ignore_eos = *v;
+  if (auto v = f.boolean("include_stop_str_in_output")) p.include_stop_str_in_output = *v;
+  if (auto v = f.boolean("skip_special_tokens")) p.skip_special_tokens = *v;
+
+  if (auto v = f.boolean("stream")) out->stream = *v;
+  if (const json* so = f.get("stream_options"); so && !f.error) {
+    if (!out->stream) {
+      f.fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    } else if (!so->is_object()) {
+      f.fail("stream_options", "'stream_options' must be an object, got " + type_name(*so));
+    } else if (auto it = so->find("include_usage"); it != so->end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        f.fail("stream_options",
+               "'stream_options.include_usage' must be a boolean, got " + type_name(*it));
+      } else {
+        out->include_usage = it->get<bool>();
+      }
+    }
+  }
+  if (const json* bias = f.get("logit_bias"); bias && !f.error) {
+    if (!bias->is_object()) {
+      f.fail("logit_bias", "'logit_bias' must be an object, got " + type_name(*bias));
+    } else if (!bias->empty()) {
+      f.fail_unsupported("logit_bias", "'logit_bias' is not supported");
+    }
+  }
+}
+
+std::optional<ApiError> require_object(const json& body) {
+  if (!body.is_object()) {
+    ApiError e;
+    e.message = "the request body must be a JSON object, got " + type_name(body);
+    return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string api_error_json(const ApiError& error) {
+  json e = {{"message", sanitize_utf8(error.message)},
+            {"type", error.type},
+            {"param", error.param ? json(*error.param) : json(nullptr)},
+            {"code", error.code ? json(*error.code) : json(nullptr)}};
+  return json{{"error", e}}.dump();
+}
+
+ApiError api_error_from_status(const Status& status, std::optional<std::string> param) {
+  ApiError e;
+  e.message = status.message();
+  e.param = std::move(param);
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      e.status = 400;
+      e.code = "invalid_value";
+      break;
+    case StatusCode::kOutOfRange:
+      e.status = 400;
+      e.code = "context_length_exceeded";
+      break;
+    case StatusCode::kNotFound:
+      e.status = 404;
+      e.code = "not_found";
+      break;
+    case StatusCode::kResourceExhausted:
+      e.status = 429;
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case StatusCode::kUnavailable:
+      e.status = 503;
+      e.type = "service_unavailable";
+      e.code = "service_unavailable";
+      break;
+    default:
+      e.status = 500;
+      e.type = "server_error";
+      e.code = "internal_error";
+      break;
+  }
+  return e;
+}
+
+std::optional<ApiError> parse_completion_request(const json& body, const ApiLimits& limits,
+                                                 CompletionRequest* out) {
+  if (auto e = require_object(body)) return e;
+  Fields f(body);
+  parse_common(f, limits, /*chat=*/false, out);
+  if (auto v = f.integer("logprobs", 0, limits.max_top_logprobs)) {
+    out->params.sampling.want_logprobs = true;
+    out->params.sampling.top_logprobs = static_cast<int32_t>(*v);
+  }
+  if (auto v = f.boolean("echo"); v && *v) {
+    f.fail_unsupported("echo", "'echo' is not supported");
+  }
+  if (auto v = f.string("suffix"); v && !v->empty()) {
+    f.fail_unsupported("suffix", "'suffix' is not supported");
+  }
+  if (f.error) return f.error;
+
+  const json* prompt = f.get("prompt");
+  if (prompt == nullptr) return bad_field("prompt", "'prompt' is required");
+  auto token_list = [&](const json& arr, std::vector<TokenId>* ids) -> bool {
+    for (const json& item : arr) {
+      auto id = f.as_integer(item, "prompt", 0, std::numeric_limits<int32_t>::max());
+      if (!id) return false;
+      ids->push_back(static_cast<TokenId>(*id));
+    }
+    return true;
+  };
+  if (prompt->is_string()) {
+    out->prompts.emplace_back(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) return bad_field("prompt", "'prompt' must not be an empty array");
+    const json& first = prompt->front();
+    if (first.is_number()) {
+      std::vector<TokenId> ids;
+      if (!token_list(*prompt, &ids)) return f.error;
+      out->prompts.emplace_back(std::move(ids));
+    } else {
+      for (const json& item : *prompt) {
+        if (item.is_string()) {
+          out->prompts.emplace_back(item.get<std::string>());
+        } else if (item.is_array() && !item.empty() && item.front().is_number()) {
+          std::vector<TokenId> ids;
+          if (!token_list(item, &ids)) return f.error;
+          out->prompts.emplace_back(std::move(ids));
+        } else {
+          return bad_field("prompt",
+                           "'prompt' must be a string, an array of strings, an array of token "
+                           "ids or an array of token-id arrays; found an element that is " +
+                               type_name(item));
+        }
+      }
+    }
+  } else {
+    return bad_field("prompt", "'prompt' must be a string, an array of strings or token ids, got " +
+                                   type_name(*prompt));
+  }
+  if (static_cast<int32_t>(out->prompts.size()) > limits.max_prompts) {
+    return bad_field("prompt", "'prompt' has " + std::to_string(out->prompts.size()) +
+                                   " prompts, at most " + std::to_string(limits.max_prompts) +
+                                   " are allowed");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& limits,
+                                           ChatRequest* out) {
+  if (auto e = require_object(body)) return e;
+  Fields f(body);
+  parse_common(f, limits, /*chat=*/true, out);
+  const bool logprobs = f.boolean("logprobs").value_or(false);
+  const auto top = f.integer("top_logprobs", 0, limits.max_top_logprobs);
+  if (top && !logprobs) {
+    f.fail("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+  }
+  out->params.sampling.want_logprobs = logprobs;
+  out->params.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  if (auto v = f.boolean("add_generation_prompt")) out->add_generation_prompt = *v;
+  if (const json* rf = f.get("response_format"); rf && !f.error) {
+    const bool text = rf->is_object() && rf->value("type", std::string()) == "text";
+    if (!text)
+      f.fail_unsupported("response_format",
+                         "only response_format {\"type\": \"text\"} is supported");
+  }
+  if (const json* tools = f.get("tools"); tools && !f.error) {
+    if (!tools->is_array()) {
+      f.fail("tools", "'tools' must be an array, got " + type_name(*tools));
+    } else {
+      out->template_variables["tools"] = *tools;
+    }
+  }
+  if (const json* kwargs = f.get("chat_template_kwargs"); kwargs && !f.error) {
+    if (!kwargs->is_object()) {
+      f.fail("chat_template_kwargs",
+             "'chat_template_kwargs' must be an object, got " + type_name(*kwargs));
+    } else {
+      for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+        const std::string& key = it.key();
+        if (key == "messages" || key == "add_generation_prompt" || key == "bos_token" ||
+            key == "eos_token") {
+          continue;
+        }
+        out->template_variables[key] = it.value();
+      }
+    }
+  }
+  if (f.error) return f.error;
+
+  const json* messages = f.get("messages");
+  if (messages == nullptr) return bad_field("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    return bad_field("messages", "'messages' must be a non-empty array of messages");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad_field(where, "'" + where + "' must be an object");
+    auto role_it = m.find("role");
+    if (role_it == m.end() || !role_it->is_string()) {
+      return bad_field(where + ".role", "'" + where + ".role' is required and must be a string");
+    }
+    std::string role = role_it->get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return bad_field(where + ".role", "'" + where +
+                                            ".role' must be one of system, developer, "
+                                            "user, assistant, tool; got '" +
+                                            role + "'");
+    }
+    json msg = m;
+    msg["role"] = role;
+    auto content_it = m.find("content");
+    if (content_it == m.end() || content_it->is_null()) {
+      if (role != "assistant") {
+        return bad_field(where + ".content", "'" + where + ".content' is required");
+      }
+      msg["content"] = "";
+    } else if (content_it->is_array()) {
+      std::string text;
+      for (size_t k = 0; k < content_it->size(); ++k) {
+        const json& part = (*content_it)[k];
+        const std::string pwhere = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+          return bad_field(pwhere, "'" + pwhere + "' must be an object with a 'type'");
+        }
+        const std::string type = part["type"].get<std::string>();
+        if (type != "text") {
+          ApiError e = unsupported(
+              pwhere, "content parts of type '" + type + "' are not supported (only 'text')");
+          return e;
+        }
+        if (!part.contains("text") || !part["text"].is_string()) {
+          return bad_field(pwhere + ".text", "'" + pwhere + ".text' must be a string");
+        }
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      msg["content"] = text;
+    } else if (!content_it->is_string()) {
+      return bad_field(where + ".content", "'" + where +
+                                               ".content' must be a string or an array of "
+                                               "content parts, got " +
+                                               type_name(*content_it));
+    }
+    out->messages.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+std::string finish_reason_string(FinishReason reason) {
+  return std::string(finish_reason_name(reason));
+}
+
+json usage_json(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_prompt_tokens}}}};
+}
+
+std::string sanitize_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  while (i < n) {
+    const unsigned char c = s[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    // Reject overlong forms, surrogates and values beyond U+10FFFF.
+    if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+               (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))) {
+      ok = false;
+    }
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string token_display(const Tokenizer* tokenizer, TokenId id) {
+  if (tokenizer == nullptr || !tokenizer->has_token(id)) return "token_id:" + std::to_string(id);
+  return sanitize_utf8(tokenizer->token_bytes(id));
+}
+
+std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id) {
+  std::vector<int> bytes;
+  if (tokenizer == nullptr || !tokenizer->has_token(id)) return bytes;
+  for (unsigned char c : tokenizer->token_bytes(id)) bytes.push_back(c);
+  return bytes;
+}
+
+namespace {
+
+// OpenAI reports -9999.0 for log(0); JSON has no -inf.
+double finite_logprob(float lp) {
+  return std::isfinite(lp) ? lp : -9999.0;
+}
+
+}  // namespace
+
+json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
+                        int32_t top_logprobs) {
+  json content = json::array();
+  for (const SampledToken& t : tokens) {
+    json top = json::array();
+    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
+      const TokenLogprob& alt = t.top_logprobs[k];
+      top.push_back({{"token", token_display(tokenizer, alt.token)},
+                     {"logprob", finite_logprob(alt.logprob)},
+                     {"bytes", token_bytes_list(tokenizer, alt.token)}});
+    }
+    content.push_back({{"token", token_display(tokenizer, t.token)},
+                       {"logprob", finite_logprob(t.logprob)},
+                       {"bytes", token_bytes_list(tokenizer, t.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json completion_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
+                              int32_t top_logprobs, int64_t text_offset) {
+  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t offset = text_offset;
+  for (const SampledToken& t : tokens) {
+    const std::string text = token_display(tokenizer, t.token);
+    toks.push_back(text);
+    lps.push_back(finite_logprob(t.logprob));
+    json top = json::object();
+    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
+      top[token_display(tokenizer, t.top_logprobs[k].token)] =
+          finite_logprob(t.top_logprobs[k].logprob);
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  }
+  return {{"tokens", std::move(toks)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace peerserve

@@ -1,0 +1,93 @@
+// The OpenAI API as data: request parsing with validation (every error names the field and
+// what was expected, in OpenAI's error shape), and the JSON of responses and stream chunks.
+// No I/O here, so all of it is unit-testable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "runtime/request.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+
+// {"error": {"message", "type", "param", "code"}} with its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::optional<std::string> param;
+  std::optional<std::string> code;
+};
+
+std::string api_error_json(const ApiError& error);
+// Maps an engine/tokenizer Status to the HTTP status and OpenAI error type:
+// InvalidArgument 400, OutOfRange 400 (context_length_exceeded), NotFound 404,
+// ResourceExhausted 429, Unavailable 503, anything else 500.
+ApiError api_error_from_status(const Status& status, std::optional<std::string> param = {});
+
+// Limits the parser enforces besides the engine's own.
+struct ApiLimits {
+  int32_t max_n = 16;
+  int32_t max_top_logprobs = 20;
+  int32_t max_stop_strings = 16;
+  int32_t max_prompts = 64;  // prompts in one /v1/completions batch
+};
+
+// Fields shared by both endpoints.
+struct CommonRequestFields {
+  std::optional<std::string> model;
+  GenerationParams params;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+struct CompletionRequest : CommonRequestFields {
+  // One entry per prompt: text or token ids.
+  std::vector<std::variant<std::string, std::vector<TokenId>>> prompts;
+};
+
+struct ChatRequest : CommonRequestFields {
+  // Messages as the chat template expects them (content flattened to a string).
+  nlohmann::json messages = nlohmann::json::array();
+  bool add_generation_prompt = true;
+  // Further template variables (e.g. "tools").
+  nlohmann::json template_variables = nlohmann::json::object();
+};
+
+// Parses a request body. Unknown fields are ignored (as OpenAI's own server does for
+// forward compatibility); known fields with a wrong type or range are errors.
+std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
+                                                 const ApiLimits& limits, CompletionRequest* out);
+std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
+                                           ChatRequest* out);
+
+// "stop", "length", "abort", "error".
+std::string finish_reason_string(FinishReason reason);
+
+// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}.
+nlohmann::json usage_json(const Usage& usage);
+
+// The text of one token for logprobs (invalid UTF-8 replaced), and its raw bytes.
+std::string token_display(const Tokenizer* tokenizer, TokenId id);
+std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id);
+
+// Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+nlohmann::json chat_logprobs_json(const std::vector<SampledToken>& tokens,
+                                  const Tokenizer* tokenizer, int32_t top_logprobs);
+// Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+// `text_offset` is the length of the text before the first token.
+nlohmann::json completion_logprobs_json(const std::vector<SampledToken>& tokens,
+                                        const Tokenizer* tokenizer, int32_t top_logprobs,
+                                        int64_t text_offset);
+
+// Replaces invalid UTF-8 with U+FFFD (so it can go into JSON).
+std::string sanitize_utf8(std::string_view text);
+
+}  // namespace peerserve

@@ -1,0 +1,554 @@
+#include "serve/openai_server.h"
+
+#include <chrono>
+#include <random>
+#include <vector>
+
+#include "serve/prometheus_text.h"
+
+namespace peerserve {
+
+using json = nlohmann::json;
+
+struct OpenAiServer::Context {
+  OpenAiServerOptions options;
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  HttpServer* http = nullptr;
+  std::mutex id_mutex;
+  std::mt19937_64 id_rng{std::random_device{}()};
+
+  std::string new_id(const char* prefix) {
+    std::lock_guard<std::mutex> lock(id_mutex);
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%s%016llx%08llx", prefix,
+                  static_cast<unsigned long long>(id_rng()),
+                  static_cast<unsigned long long>(id_rng() & 0xffffffffULL));
+    return buf;
+  }
+};
+
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void send_error(HttpExchange& exchange, const ApiError& error) {
+  exchange.respond(error.status, kJson, api_error_json(error));
+}
+
+ApiError not_found_route(const HttpRequest& request) {
+  ApiError e;
+  e.status = 404;
+  e.message = "unknown route " + request.method + " " + request.path();
+  e.code = "not_found";
+  return e;
+}
+
+std::optional<ApiError> check_model(const OpenAiServer::Context& ctx,
+                                    const std::optional<std::string>& model) {
+  if (!model || *model == ctx.options.served_model_name) return std::nullopt;
+  ApiError e;
+  e.status = 404;
+  e.message = "The model `" + *model + "` does not exist. This server serves `" +
+              ctx.options.served_model_name + "`.";
+  e.param = "model";
+  e.code = "model_not_found";
+  return e;
+}
+
+// Parses the body as JSON; on failure sends 400 and returns nullopt.
+std::optional<json> parse_body(const HttpRequest& request, HttpExchange& exchange) {
+  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    ApiError e;
+    e.message = "the request body is not valid JSON";
+    e.code = "invalid_json";
+    send_error(exchange, e);
+    return std::nullopt;
+  }
+  return body;
+}
+
+std::string sse(const json& payload) {
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+// One /v1/chat/completions or /v1/completions call: submits one engine request per prompt,
+// then turns the engine's outputs into SSE chunks or one JSON response. Everything but the
+// constructor runs on the connection's strand.
+class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
+ public:
+  GenerationCall(OpenAiServer::Context* ctx, std::shared_ptr<HttpExchange> exchange, bool chat,
+                 const CommonRequestFields& fields, int32_t top_logprobs)
+      : ctx_(ctx),
+        exchange_(std::move(exchange)),
+        chat_(chat),
+        stream_(fields.stream),
+        include_usage_(fields.include_usage),
+        n_(fields.params.n),
+        want_logprobs_(fields.params.sampling.want_logprobs),
+        top_logprobs_(top_logprobs),
+        id_(ctx->new_id(chat ? "chatcmpl-" : "cmpl-")),
+        created_(unix_seconds()) {}
+
+  // Submits every prompt; on the first failure aborts what was submitted and answers with
+  // the error.
+  void start(std::vector<EngineRequest> requests) {
+    const int32_t num_prompts = static_cast<int32_t>(requests.size());
+    choices_.resize(static_cast<size_t>(num_prompts) * n_);
+    usage_.resize(num_prompts);
+    for (int32_t p = 0; p < num_prompts; ++p) {
+      auto self = shared_from_this();
+      auto exchange = exchange_;
+      Engine::OutputSink sink = [self, exchange, p](RequestOutput out) {
+        exchange->post([self, p, out = std::move(out)]() mutable { self->on_output(p, out); });
+      };
+      Result<RequestId> id = ctx_->engine->submit(std::move(requests[p]), std::move(sink));
+      if (!id.ok()) {
+        for (RequestId submitted : request_ids_) ctx_->engine->abort(submitted);
+        done_ = true;
+        send_error(*exchange_, api_error_from_status(id.status(), chat_ ? "messages" : "prompt"));
+        return;
+      }
+      request_ids_.push_back(*id);
+    }
+    num_unfinished_prompts_ = num_prompts;
+    Engine* engine = ctx_->engine;
+    std::vector<RequestId> ids = request_ids_;
+    exchange_->on_disconnect([engine, ids] {
+      for (RequestId id : ids) engine->abort(id);
+    });
+    if (stream_) {
+      exchange_->start_stream("text/event-stream");
+      if (chat_) {
+        // The first chunk of each choice carries the role, as OpenAI's does.
+        for (int32_t i = 0; i < static_cast<int32_t>(choices_.size()); ++i) {
+          json choice = {{"index", i},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", nullptr}};
+          exchange_->write_chunk(sse(chunk_envelope(json::array({choice}))));
+        }
+      }
+    }
+  }
+
+ private:
+  struct ChoiceState {
+    std::string text;
+    std::vector<SampledToken> logprobs;
+    std::optional<FinishReason> finish;
+    json stop_reason = nullptr;
+    int64_t text_length = 0;  // for completion text_offset
+  };
+
+  json chunk_envelope(json choices) const {
+    json chunk = {{"id", id_},
+                  {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                  {"created", created_},
+                  {"model", ctx_->options.served_model_name},
+                  {"choices", std::move(choices)}};
+    if (include_usage_) chunk["usage"] = nullptr;
+    return chunk;
+  }
+
+  json logprobs_json(const std::vector<SampledToken>& tokens, int64_t text_offset) const {
+    if (!want_logprobs_) return nullptr;
+    return chat_ ? chat_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_)
+                 : completion_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_, text_offset);
+  }
+
+  void on_output(int32_t prompt, const RequestOutput& out) {
+    if (done_) return;
+    if (!out.error.ok()) {
+      fail(api_error_from_status(out.error));
+      return;
+    }
+    usage_[prompt] = out.usage;
+    json stream_choices = json::array();
+    for (const ChoiceDelta& delta : out.choices) {
+      const int32_t index = prompt * n_ + delta.index;
+      ChoiceState& c = choices_[index];
+      const int64_t offset = c.text_length;
+      c.text += delta.text;
+      c.text_length += static_cast<int64_t>(delta.text.size());
+      if (want_logprobs_)
+        c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+      if (delta.finish_reason) {
+        c.finish = delta.finish_reason;
+        if (delta.stop_string) {
+          c.stop_reason = *delta.stop_string;
+        } else if (delta.stop_token) {
+          c.stop_reason = *delta.stop_token;
+        }
+      }
+      if (!stream_) continue;
+      const bool has_content = !delta.text.empty() || (want_logprobs_ && !delta.logprobs.empty());
+      if (!has_content && !delta.finish_reason) continue;
+      json choice = {{"index", index}, {"logprobs", logprobs_json(delta.logprobs, offset)}};
+      if (chat_) {
+        choice["delta"] = delta.text.empty() && delta.finish_reason && !has_content
+                              ? json::object()
+                              : json{{"content", delta.text}};
+      } else {
+        choice["text"] = delta.text;
+      }
+      choice["finish_reason"] =
+          delta.finish_reason ? json(finish_reason_string(*delta.finish_reason)) : json(nullptr);
+      if (delta.finish_reason) choice["stop_reason"] = c.stop_reason;
+      stream_choices.push_back(std::move(choice));
+    }
+    if (stream_ && !stream_choices.empty()) {
+      exchange_->write_chunk(sse(chunk_envelope(std::move(stream_choices))));
+    }
+    if (out.finished && --num_unfinished_prompts_ == 0) finish();
+  }
+
+  Usage total_usage() const {
+    Usage total;
+    for (const Usage& u : usage_) {
+      total.prompt_tokens += u.prompt_tokens;
+      total.completion_tokens += u.completion_tokens;
+      total.cached_prompt_tokens += u.cached_prompt_tokens;
+    }
+    return total;
+  }
+
+  void finish() {
+    done_ = true;
+    const Usage usage = total_usage();
+    if (stream_) {
+      if (include_usage_) {
+        json last = chunk_envelope(json::array());
+        last["usage"] = usage_json(usage);
+        exchange_->write_chunk(sse(last));
+      }
+      exchange_->write_chunk("data: [DONE]\n\n");
+      exchange_->end_stream();
+      return;
+    }
+    json choices = json::array();
+    for (int32_t i = 0; i < static_cast<int32_t>(choices_.size()); ++i) {
+      const ChoiceState& c = choices_[i];
+      json choice = {
+          {"index", i},
+          {"logprobs", logprobs_json(c.logprobs, 0)},
+          {"finish_reason", c.finish ? json(finish_reason_string(*c.finish)) : json(nullptr)},
+          {"stop_reason", c.stop_reason}};
+      if (chat_) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      } else {
+        choice["text"] = c.text;
+      }
+      choices.push_back(std::move(choice));
+    }
+    json response = {{"id", id_},
+                     {"object", chat_ ? "chat.completion" : "text_completion"},
+                     {"created", created_},
+                     {"model", ctx_->options.served_model_name},
+                     {"choices", std::move(choices)},
+                     {"usage", usage_json(usage)},
+                     {"system_fingerprint", nullptr}};
+    exchange_->respond(200, kJson, response.dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+
+  void fail(const ApiError& error) {
+    done_ = true;
+    for (RequestId id : request_ids_) ctx_->engine->abort(id);
+    if (stream_) {
+      exchange_->write_chunk("data: " + api_error_json(error) + "\n\n");
+      exchange_->write_chunk("data: [DONE]\n\n");
+      exchange_->end_stream();
+    } else {
+      send_error(*exchange_, error);
+    }
+  }
+
+  OpenAiServer::Context* ctx_;
+  std::shared_ptr<HttpExchange> exchange_;
+  const bool chat_;
+  const bool stream_;
+  const bool include_usage_;
+  const int32_t n_;
+  const bool want_logprobs_;
+  const int32_t top_logprobs_;
+  const std::string id_;
+  const int64_t created_;
+  std::vector<RequestId> request_ids_;
+  std::vector<ChoiceState> choices_;
+  std::vector<Usage> usage_;
+  int32_t num_unfinished_prompts_ = 0;
+  bool done_ = false;
+};
+
+void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
+                 std::shared_ptr<HttpExchange> exchange) {
+  auto body = parse_body(request, *exchange);
+  if (!body) return;
+  ChatRequest chat;
+  if (auto e = parse_chat_request(*body, ctx.options.limits, &chat))
+    return send_error(*exchange, *e);
+  if (auto e = check_model(ctx, chat.model)) return send_error(*exchange, *e);
+  if (ctx.tokenizer == nullptr || ctx.tokenizer->chat_template() == nullptr) {
+    ApiError e;
+    e.message = "this model has no chat template; use /v1/completions";
+    return send_error(*exchange, e);
+  }
+  ChatTemplateInput input;
+  input.messages = chat.messages;
+  input.add_generation_prompt = chat.add_generation_prompt;
+  input.extra_variables = chat.template_variables;
+  Result<std::vector<TokenId>> tokens = ctx.tokenizer->encode_chat(input);
+  if (!tokens.ok()) {
+    ApiError e = api_error_from_status(tokens.status(), "messages");
+    if (tokens.status().code() != StatusCode::kResourceExhausted) e.status = 400;
+    e.message = "the chat template failed on these messages: " + tokens.status().message();
+    return send_error(*exchange, e);
+  }
+  const int32_t top = chat.params.sampling.top_logprobs;
+  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/true, chat, top);
+  std::vector<EngineRequest> requests(1);
+  requests[0].prompt_tokens = std::move(tokens).value();
+  requests[0].params = chat.params;
+  call->start(std::move(requests));
+}
+
+void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
+                       std::shared_ptr<HttpExchange> exchange) {
+  auto body = parse_body(request, *exchange);
+  if (!body) return;
+  CompletionRequest completion;
+  if (auto e = parse_completion_request(*body, ctx.options.limits, &completion)) {
+    return send_error(*exchange, *e);
+  }
+  if (auto e = check_model(ctx, completion.model)) return send_error(*exchange, *e);
+  std::vector<EngineRequest> requests;
+  for (auto& prompt : completion.prompts) {
+    EngineRequest r;
+    r.params = completion.params;
+    if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
+      r.prompt_tokens = std::move(*ids);
+    } else {
+      if (ctx.tokenizer == nullptr) {
+        ApiError e;
+        e.message = "this model has no tokenizer; send the prompt as token ids";
+        e.param = "prompt";
+        return send_error(*exchange, e);
+      }
+      Result<std::vector<TokenId>> encoded = ctx.tokenizer->encode(std::get<std::string>(prompt));
+      if (!encoded.ok()) {
+        return send_error(*exchange, api_error_from_status(encoded.status(), "prompt"));
+      }
+      r.prompt_tokens = std::move(encoded).value();
+    }
+    requests.push_back(std::move(r));
+  }
+  const int32_t top = completion.params.sampling.top_logprobs;
+  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/false, completion, top);
+  call->start(std::move(requests));
+}
+
+json model_card(const OpenAiServer::Context& ctx) {
+  return {{"id", ctx.options.served_model_name},
+          {"object", "model"},
+          {"created", unix_seconds()},
+          {"owned_by", "peerserve"},
+          {"root", ctx.options.served_model_name},
+          {"max_model_len", ctx.engine->options().scheduler.max_model_len}};
+}
+
+void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
+                     std::shared_ptr<HttpExchange> exchange) {
+  auto body = parse_body(request, *exchange);
+  if (!body) return;
+  ApiError e;
+  if (!body->is_object()) {
+    e.message = "the request body must be a JSON object";
+    return send_error(*exchange, e);
+  }
+  std::optional<std::string> model;
+  if (body->contains("model") && (*body)["model"].is_string()) model = (*body)["model"];
+  if (auto me = check_model(ctx, model)) return send_error(*exchange, *me);
+  if (ctx.tokenizer == nullptr) {
+    e.message = "this model has no tokenizer";
+    return send_error(*exchange, e);
+  }
+  Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
+  if (body->contains("messages")) {
+    ChatRequest chat;
+    json chat_body = {{"messages", (*body)["messages"]}};
+    if (body->contains("add_generation_prompt")) {
+      chat_body["add_generation_prompt"] = (*body)["add_generation_prompt"];
+    }
+    if (auto pe = parse_chat_request(chat_body, ctx.options.limits, &chat)) {
+      return send_error(*exchange, *pe);
+    }
+    if (ctx.tokenizer->chat_template() == nullptr) {
+      e.message = "this model has no chat template";
+      return send_error(*exchange, e);
+    }
+    ChatTemplateInput input;
+    input.messages = chat.messages;
+    input.add_generation_prompt = chat.add_generation_prompt;
+    tokens = ctx.tokenizer->encode_chat(input);
+  } else if (body->contains("prompt") && (*body)["prompt"].is_string()) {
+    bool add_special = true;
+    if (body->contains("add_special_tokens")) {
+      if (!(*body)["add_special_tokens"].is_boolean()) {
+        e.message = "'add_special_tokens' must be a boolean";
+        e.param = "add_special_tokens";
+        return send_error(*exchange, e);
+      }
+      add_special = (*body)["add_special_tokens"];
+    }
+    tokens = ctx.tokenizer->encode((*body)["prompt"].get<std::string>(),
+                                   {.add_special_tokens = add_special, .match_added_tokens = true});
+  } else {
+    e.message = "'prompt' (a string) or 'messages' is required";
+    e.param = "prompt";
+    return send_error(*exchange, e);
+  }
+  if (!tokens.ok()) return send_error(*exchange, api_error_from_status(tokens.status()));
+  json response = {{"count", tokens->size()},
+                   {"max_model_len", ctx.engine->options().scheduler.max_model_len},
+                   {"tokens", *tokens}};
+  exchange->respond(200, kJson, response.dump());
+}
+
+void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
+                       std::shared_ptr<HttpExchange> exchange) {
+  auto body = parse_body(request, *exchange);
+  if (!body) return;
+  ApiError e;
+  e.param = "tokens";
+  if (!body->is_object() || !body->contains("tokens") || !(*body)["tokens"].is_array()) {
+    e.message = "'tokens' (an array of token ids) is required";
+    return send_error(*exchange, e);
+  }
+  std::optional<std::string> model;
+  if ((*body).contains("model") && (*body)["model"].is_string()) model = (*body)["model"];
+  if (auto me = check_model(ctx, model)) return send_error(*exchange, *me);
+  if (ctx.tokenizer == nullptr) {
+    e.message = "this model has no tokenizer";
+    return send_error(*exchange, e);
+  }
+  std::vector<TokenId> ids;
+  for (const json& t : (*body)["tokens"]) {
+    if (!t.is_number_integer()) {
+      e.message = "'tokens' must contain only integers, found " + t.dump();
+      return send_error(*exchange, e);
+    }
+    ids.push_back(t.get<TokenId>());
+  }
+  Result<std::string> text = ctx.tokenizer->decode(ids);
+  if (!text.ok()) return send_error(*exchange, api_error_from_status(text.status(), "tokens"));
+  exchange->respond(200, kJson, json{{"prompt", sanitize_utf8(*text)}}.dump());
+}
+
+bool authorized(const OpenAiServer::Context& ctx, const HttpRequest& request) {
+  if (!ctx.options.api_key) return true;
+  const std::string* auth = request.header("authorization");
+  return auth != nullptr && *auth == "Bearer " + *ctx.options.api_key;
+}
+
+void route(OpenAiServer::Context& ctx, HttpRequest request,
+           std::shared_ptr<HttpExchange> exchange) {
+  const std::string path = request.path();
+  const std::string& method = request.method;
+  if (path.rfind("/v1/", 0) == 0 && !authorized(ctx, request)) {
+    ApiError e;
+    e.status = 401;
+    e.message = "Incorrect or missing API key; send it as 'Authorization: Bearer <key>'.";
+    e.code = "invalid_api_key";
+    return send_error(*exchange, e);
+  }
+  struct Route {
+    const char* path;
+    const char* method;
+    void (*handler)(OpenAiServer::Context&, const HttpRequest&, std::shared_ptr<HttpExchange>);
+  };
+  static const Route kRoutes[] = {
+      {"/v1/chat/completions", "POST", handle_chat},
+      {"/v1/completions", "POST", handle_completion},
+      {"/tokenize", "POST", handle_tokenize},
+      {"/detokenize", "POST", handle_detokenize},
+      {"/v1/models", "GET",
+       [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
+         json list = {{"object", "list"}, {"data", json::array({model_card(c)})}};
+         ex->respond(200, kJson, list.dump());
+       }},
+      {"/health", "GET",
+       [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
+         if (c.engine->running()) {
+           ex->respond(200, kJson, "{\"status\":\"ok\"}");
+         } else {
+           send_error(*ex, api_error_from_status(unavailable("the engine is not running")));
+         }
+       }},
+      {"/metrics", "GET",
+       [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
+         const HttpServerCounters http = c.http ? c.http->counters() : HttpServerCounters{};
+         ex->respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                     render_server_metrics(c.engine->metrics(), http, c.options.served_model_name));
+       }},
+  };
+  for (const Route& r : kRoutes) {
+    if (path != r.path) continue;
+    if (method != r.method) {
+      ApiError e;
+      e.status = 405;
+      e.message = "method " + method + " is not allowed on " + path + "; use " + r.method;
+      e.code = "method_not_allowed";
+      exchange->respond(405, kJson, api_error_json(e), {{"Allow", r.method}});
+      return;
+    }
+    return r.handler(ctx, request, std::move(exchange));
+  }
+  const std::string prefix = "/v1/models/";
+  if (method == "GET" && path.rfind(prefix, 0) == 0) {
+    const std::string name = path.substr(prefix.size());
+    if (auto e = check_model(ctx, name)) return send_error(*exchange, *e);
+    return exchange->respond(200, kJson, model_card(ctx).dump());
+  }
+  send_error(*exchange, not_found_route(request));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOptions& options,
+                                                           Engine* engine,
+                                                           const Tokenizer* tokenizer) {
+  if (engine == nullptr) return invalid_argument("OpenAI server: no engine");
+  if (options.served_model_name.empty()) {
+    return invalid_argument("--served-model-name must not be empty");
+  }
+  auto context = std::make_shared<Context>();
+  context->options = options;
+  context->engine = engine;
+  context->tokenizer = tokenizer;
+  Context* raw = context.get();
+  PS_ASSIGN_OR_RETURN(
+      std::unique_ptr<HttpServer> http,
+      HttpServer::create(options.http,
+                         [raw](HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
+                           route(*raw, std::move(request), std::move(exchange));
+                         }));
+  context->http = http.get();
+  return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(context), std::move(http)));
+}
+
+OpenAiServer::OpenAiServer(std::shared_ptr<Context> context, std::unique_ptr<HttpServer> http)
+    : context_(std::move(context)), http_(std::move(http)) {}
+
+OpenAiServer::~OpenAiServer() {
+  // The HTTP server (and its connections) go first; they point into the context.
+  http_.reset();
+}
+
+}  // namespace peerserve

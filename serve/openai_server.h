@@ -1,0 +1,60 @@
+// OpenAiServer: the OpenAI-compatible HTTP API in front of an Engine.
+//
+//   POST /v1/chat/completions   chat template -> tokens -> engine; JSON or SSE stream
+//   POST /v1/completions        text / token-id prompts (batches too); JSON or SSE stream
+//   GET  /v1/models             the served model
+//   GET  /health                200 while the engine runs, else 503
+//   GET  /metrics               Prometheus text (see prometheus_text.h)
+//   POST /tokenize, /detokenize vLLM's shapes
+//
+// Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400 bad JSON
+// or parameters (and prompts longer than the context), 401 missing/wrong API key (routes
+// under /v1/), 404 unknown model or route, 405 wrong method, 413 body too large, 429 queue
+// full, 503 engine not running. A client that disconnects aborts its request in the
+// engine, which frees its KV blocks.
+//
+// Lifetime: stop the engine before destroying the server (the engine's output sinks hold
+// the server's connections).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+#include "runtime/engine.h"
+#include "serve/http_server.h"
+#include "serve/openai_protocol.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+
+struct OpenAiServerOptions {
+  HttpServerOptions http;
+  std::string served_model_name = "peerserve";  // the "model" clients must name
+  std::optional<std::string> api_key;           // required as "Authorization: Bearer KEY"
+  ApiLimits limits;
+};
+
+class OpenAiServer {
+ public:
+  // `engine` and `tokenizer` (may be null: token-id prompts only) must outlive the server.
+  static Result<std::unique_ptr<OpenAiServer>> create(const OpenAiServerOptions& options,
+                                                      Engine* engine, const Tokenizer* tokenizer);
+  ~OpenAiServer();
+
+  uint16_t port() const { return http_->port(); }
+  // Serves until stop(); blocks the calling thread.
+  void run() { http_->run(); }
+  void stop() { http_->stop(); }
+
+  struct Context;
+
+ private:
+  OpenAiServer(std::shared_ptr<Context> context, std::unique_ptr<HttpServer> http);
+  std::shared_ptr<Context> context_;
+  std::unique_ptr<HttpServer> http_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,163 @@
+#include "serve/prometheus_text.h"
+
+#include <charconv>
+#include <cmath>
+
+namespace peerserve {
+
+std::string prometheus_number(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  return ec == std::errc() ? std::string(buf, end) : std::string("NaN");
+}
+
+std::string prometheus_escape(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void PrometheusText::family(std::string_view name, std::string_view help, std::string_view type) {
+  text_ += "# HELP ";
+  text_ += name;
+  text_ += ' ';
+  text_ += help;
+  text_ += "\n# TYPE ";
+  text_ += name;
+  text_ += ' ';
+  text_ += type;
+  text_ += '\n';
+}
+
+void PrometheusText::sample(std::string_view name, const MetricLabels& labels, double value) {
+  text_ += name;
+  if (!labels.empty()) {
+    text_ += '{';
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (i) text_ += ',';
+      text_ += labels[i].first + "=\"" + prometheus_escape(labels[i].second) + '"';
+    }
+    text_ += '}';
+  }
+  text_ += ' ';
+  text_ += prometheus_number(value);
+  text_ += '\n';
+}
+
+void PrometheusText::counter(std::string_view name, std::string_view help,
+                             const MetricLabels& labels, double value) {
+  family(name, help, "counter");
+  sample(name, labels, value);
+}
+
+void PrometheusText::gauge(std::string_view name, std::string_view help, const MetricLabels& labels,
+                           double value) {
+  family(name, help, "gauge");
+  sample(name, labels, value);
+}
+
+void PrometheusText::histogram(std::string_view name, std::string_view help,
+                               const MetricLabels& labels, const Histogram& histogram) {
+  family(name, help, "histogram");
+  const std::string base(name);
+  const std::vector<uint64_t> cumulative = histogram.cumulative_counts();
+  for (size_t i = 0; i < cumulative.size(); ++i) {
+    MetricLabels with_le = labels;
+    with_le.emplace_back("le", prometheus_number(histogram.upper_bounds()[i]));
+    sample(base + "_bucket", with_le, static_cast<double>(cumulative[i]));
+  }
+  MetricLabels inf = labels;
+  inf.emplace_back("le", "+Inf");
+  sample(base + "_bucket", inf, static_cast<double>(histogram.count()));
+  sample(base + "_sum", labels, histogram.sum());
+  sample(base + "_count", labels, static_cast<double>(histogram.count()));
+}
+
+std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServerCounters& http,
+                                  const std::string& model_name) {
+  PrometheusText out;
+  const MetricLabels labels = {{"model_name", model_name}};
+  const SchedulerStats& s = m.scheduler;
+  out.gauge("peerserve:num_requests_running", "Sequences in the running batch.", labels,
+            s.num_running);
+  out.gauge("peerserve:num_requests_waiting", "Sequences waiting to be scheduled.", labels,
+            s.num_waiting);
+  out.gauge("peerserve:kv_cache_blocks_total", "KV cache blocks in the pool.", labels,
+            s.num_blocks);
+  out.gauge("peerserve:kv_cache_blocks_used", "KV cache blocks referenced by sequences.", labels,
+            s.num_used_blocks);
+  out.gauge("peerserve:kv_cache_blocks_free",
+            "KV cache blocks not referenced (including evictable cached blocks).", labels,
+            s.num_free_blocks);
+  out.gauge("peerserve:kv_cache_blocks_cached", "KV cache blocks in the prefix-cache index.",
+            labels, s.num_cached_blocks);
+  out.gauge("peerserve:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels,
+            s.num_blocks > 0 ? static_cast<double>(s.num_used_blocks) / s.num_blocks : 0.0);
+  out.counter("peerserve:prefix_cache_queries_total",
+              "Prompt tokens looked up in the prefix cache.", labels,
+              static_cast<double>(s.pool.prefix_query_tokens));
+  out.counter("peerserve:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+              labels, static_cast<double>(s.pool.prefix_hit_tokens));
+  out.gauge("peerserve:prefix_cache_hit_rate",
+            "prefix_cache_hits_total / prefix_cache_queries_total since start.", labels,
+            s.pool.prefix_query_tokens > 0
+                ? static_cast<double>(s.pool.prefix_hit_tokens) / s.pool.prefix_query_tokens
+                : 0.0);
+  out.counter("peerserve:prefix_cache_evictions_total", "Cached KV blocks reused for other tokens.",
+              labels, static_cast<double>(s.pool.evictions));
+  out.counter("peerserve:num_preemptions_total",
+              "Sequences preempted (KV freed, recomputed later) for lack of KV blocks.", labels,
+              static_cast<double>(s.num_preemptions));
+  out.counter("peerserve:prompt_tokens_total", "Prompt tokens of requests that started generating.",
+              labels, static_cast<double>(m.prompt_tokens_total));
+  out.counter("peerserve:generation_tokens_total", "Generated tokens.", labels,
+              static_cast<double>(m.generation_tokens_total));
+  out.counter("peerserve:engine_steps_total", "Engine steps (forward passes).", labels,
+              static_cast<double>(m.steps_total));
+  out.counter("peerserve:batched_tokens_total", "Tokens computed over all engine steps.", labels,
+              static_cast<double>(m.batched_tokens_total));
+  out.family("peerserve:request_success_total", "Finished requests by finish reason.", "counter");
+  for (FinishReason r :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
+    MetricLabels l = labels;
+    l.emplace_back("finished_reason", std::string(finish_reason_name(r)));
+    out.sample("peerserve:request_success_total", l,
+               static_cast<double>(m.requests_finished_total[static_cast<size_t>(r)]));
+  }
+  out.histogram("peerserve:time_to_first_token_seconds",
+                "Time from request arrival to its first generated token.", labels,
+                m.time_to_first_token);
+  out.histogram("peerserve:inter_token_latency_seconds",
+                "Time between consecutive tokens of a sequence.", labels, m.inter_token_latency);
+  out.histogram("peerserve:time_per_output_token_seconds",
+                "Per request: (last token time - first token time) / (tokens - 1).", labels,
+                m.time_per_output_token);
+  out.histogram("peerserve:e2e_request_latency_seconds",
+                "Time from request arrival to its last output.", labels, m.e2e_request_latency);
+  out.histogram("peerserve:request_queue_time_seconds",
+                "Time from request arrival to its first scheduled step.", labels, m.queue_time);
+  out.gauge("peerserve:http_connections_open", "Open HTTP connections.", {},
+            static_cast<double>(http.connections_open));
+  out.counter("peerserve:http_requests_total", "HTTP requests received.", {},
+              static_cast<double>(http.requests_total));
+  out.family("peerserve:http_responses_total", "HTTP responses by status code.", "counter");
+  for (const auto& [status, count] : http.responses_by_status) {
+    out.sample("peerserve:http_responses_total", {{"code", std::to_string(status)}},
+               static_cast<double>(count));
+  }
+  return out.text();
+}
+
+}  // namespace peerserve

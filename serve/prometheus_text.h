@@ -1,0 +1,46 @@
+// Prometheus text exposition (format 0.0.4), written by hand: prometheus-cpp is not packaged
+// in Debian 12, and the format is small (HELP/TYPE lines, samples with labels, histogram
+// buckets with cumulative "le" counts plus _sum and _count).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/engine_metrics.h"
+#include "serve/http_server.h"
+
+namespace peerserve {
+
+using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+
+class PrometheusText {
+ public:
+  // Writes the HELP and TYPE lines of a metric family ("counter", "gauge", "histogram").
+  void family(std::string_view name, std::string_view help, std::string_view type);
+  void sample(std::string_view name, const MetricLabels& labels, double value);
+  // A family with a single sample.
+  void counter(std::string_view name, std::string_view help, const MetricLabels& labels,
+               double value);
+  void gauge(std::string_view name, std::string_view help, const MetricLabels& labels,
+             double value);
+  void histogram(std::string_view name, std::string_view help, const MetricLabels& labels,
+                 const Histogram& histogram);
+
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// Prometheus number syntax: shortest round-trip decimal, "+Inf", "-Inf", "NaN".
+std::string prometheus_number(double value);
+// Escapes a label value (backslash, double quote, newline).
+std::string prometheus_escape(std::string_view value);
+
+// Every metric the server exposes at /metrics, labelled with model_name.
+std::string render_server_metrics(const EngineMetricsSnapshot& engine,
+                                  const HttpServerCounters& http, const std::string& model_name);
+
+}  // namespace peerserve

@@ -1,0 +1,229 @@
+// The HTTP front end on loopback with plain blocking client sockets: whole responses,
+// keep-alive, chunked streams written from another thread, the body limit (413), malformed
+// requests (400) and disconnect detection mid-stream.
+#include "serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+namespace peerserve {
+namespace {
+
+// A blocking client connection with a 10 s receive timeout.
+class Client {
+ public:
+  explicit Client(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~Client() { close(); }
+  bool connected() const { return connected_; }
+  void send(const std::string& data) { (void)::send(fd_, data.data(), data.size(), MSG_NOSIGNAL); }
+  // Reads until `marker` has been seen (or the peer closes / times out).
+  std::string read_until(const std::string& marker) {
+    while (received_.find(marker) == std::string::npos) {
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      received_.append(buf, static_cast<size_t>(n));
+    }
+    std::string out = received_;
+    const size_t end = received_.find(marker);
+    if (end != std::string::npos) {
+      out = received_.substr(0, end + marker.size());
+      received_.erase(0, end + marker.size());
+    } else {
+      received_.clear();
+    }
+    return out;
+  }
+  // Reads a response with a Content-Length body.
+  std::string read_response() {
+    std::string head = read_until("\r\n\r\n");
+    const size_t cl = head.find("Content-Length: ");
+    if (cl == std::string::npos) return head;
+    const size_t len = std::stoul(head.substr(cl + 16));
+    while (received_.size() < len) {
+      char buf[4096];
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      received_.append(buf, static_cast<size_t>(n));
+    }
+    std::string body = received_.substr(0, len);
+    received_.erase(0, std::min(len, received_.size()));
+    return head + body;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string received_;
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void start(RequestHandler handler, uint64_t max_body = 1024) {
+    HttpServerOptions options;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.max_body_bytes = max_body;
+    auto server = HttpServer::create(options, std::move(handler));
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    server_ = std::move(server).value();
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return server_->port(); }
+
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+};
+
+TEST_F(HttpServerTest, WholeResponsesAndKeepAlive) {
+  start([](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+    ex->respond(200, "text/plain",
+                req.method + " " + req.path() + " [" + req.body + "] " +
+                    (req.header("x-test") ? *req.header("x-test") : ""));
+  });
+  Client c(port());
+  ASSERT_TRUE(c.connected());
+  c.send("POST /echo?q=1 HTTP/1.1\r\nHost: x\r\nX-Test: hi\r\nContent-Length: 3\r\n\r\nabc");
+  std::string r1 = c.read_response();
+  EXPECT_EQ(r1.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r1;
+  EXPECT_NE(r1.find("POST /echo [abc] hi"), std::string::npos) << r1;
+  // Same connection again.
+  c.send("GET /again HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string r2 = c.read_response();
+  EXPECT_NE(r2.find("GET /again []"), std::string::npos) << r2;
+  EXPECT_GE(server_->counters().requests_total, 2);
+}
+
+TEST_F(HttpServerTest, BodyTooLargeGets413) {
+  start([](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); },
+        /*max_body=*/16);
+  Client c(port());
+  c.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + std::string(100, 'a'));
+  std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 413 ", 0), 0u) << r;
+  EXPECT_NE(r.find("\"error\""), std::string::npos) << r;
+  EXPECT_NE(r.find("request_too_large"), std::string::npos) << r;
+}
+
+TEST_F(HttpServerTest, MalformedRequestGets400) {
+  start(
+      [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); });
+  Client c(port());
+  c.send("THIS IS NOT HTTP\r\n\r\n");
+  std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+}
+
+TEST_F(HttpServerTest, ChunkedStreamFromAnotherThread) {
+  start([](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->start_stream("text/event-stream");
+    std::thread([ex] {
+      for (int i = 0; i < 5; ++i) ex->write_chunk("data: " + std::to_string(i) + "\n\n");
+      ex->write_chunk("");  // ignored: an empty chunk would end the body
+      ex->end_stream();
+    }).detach();
+  });
+  Client c(port());
+  c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string r = c.read_until("0\r\n\r\n");
+  EXPECT_NE(r.find("Transfer-Encoding: chunked"), std::string::npos) << r;
+  EXPECT_NE(r.find("text/event-stream"), std::string::npos) << r;
+  // The chunked body decoded by hand must be the five events in order.
+  std::string body = r.substr(r.find("\r\n\r\n") + 4);
+  std::string decoded;
+  while (true) {
+    const size_t eol = body.find("\r\n");
+    ASSERT_NE(eol, std::string::npos);
+    const size_t len = std::stoul(body.substr(0, eol), nullptr, 16);
+    if (len == 0) break;
+    decoded += body.substr(eol + 2, len);
+    body.erase(0, eol + 2 + len + 2);
+  }
+  EXPECT_EQ(decoded, "data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n");
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamRunsTheCallback) {
+  auto disconnected = std::make_shared<std::promise<void>>();
+  auto exchange_slot = std::make_shared<std::shared_ptr<HttpExchange>>();
+  start([disconnected, exchange_slot](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->start_stream("text/event-stream");
+    ex->write_chunk("data: first\n\n");
+    ex->on_disconnect([disconnected] { disconnected->set_value(); });
+    *exchange_slot = ex;  // keep the exchange open, as a generating request would
+  });
+  {
+    Client c(port());
+    c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_NE(c.read_until("first\n\n").find("first"), std::string::npos);
+  }  // client closes its socket here
+  auto future = disconnected->get_future();
+  EXPECT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  // Writing after the disconnect is harmless.
+  (*exchange_slot)->write_chunk("data: late\n\n");
+  (*exchange_slot)->end_stream();
+  exchange_slot->reset();
+}
+
+TEST_F(HttpServerTest, ManyConcurrentStreamsOnOneThread) {
+  // 300 open streams, all answered from one background thread after all are connected.
+  constexpr int kClients = 300;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<HttpExchange>> open;
+  start([&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->start_stream("text/event-stream");
+    std::lock_guard<std::mutex> lock(mutex);
+    open.push_back(ex);
+  });
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<Client>(port()));
+    ASSERT_TRUE(clients.back()->connected());
+    clients.back()->send("GET /s HTTP/1.1\r\nHost: x\r\n\r\n");
+  }
+  for (int wait = 0; wait < 1000; ++wait) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (static_cast<int>(open.size()) == kClients) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ASSERT_EQ(static_cast<int>(open.size()), kClients);
+    for (auto& ex : open) {
+      ex->write_chunk("data: x\n\n");
+      ex->end_stream();
+    }
+    open.clear();
+  }
+  for (auto& c : clients) EXPECT_NE(c->read_until("0\r\n\r\n").find("data: x"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace peerserve

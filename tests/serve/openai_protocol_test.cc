@@ -1,0 +1,238 @@
+#include "serve/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace peerserve {
+namespace {
+
+using json = nlohmann::json;
+
+std::optional<ApiError> parse_completion(const std::string& text, CompletionRequest* out) {
+  return parse_completion_request(json::parse(text), ApiLimits{}, out);
+}
+std::optional<ApiError> parse_chat(const std::string& text, ChatRequest* out) {
+  return parse_chat_request(json::parse(text), ApiLimits{}, out);
+}
+
+TEST(OpenAiProtocolTest, CompletionFieldsAreParsed) {
+  CompletionRequest r;
+  auto e = parse_completion(R"({"model": "m", "prompt": "hi", "max_tokens": 7,
+      "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 42, "n": 2,
+      "stop": ["a", "bc", 13], "stop_token_ids": [5], "presence_penalty": 0.5,
+      "frequency_penalty": -0.5, "ignore_eos": true, "logprobs": 3, "stream": true,
+      "stream_options": {"include_usage": true}})",
+                            &r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(r.prompts[0]), "hi");
+  const GenerationParams& p = r.params;
+  EXPECT_EQ(p.max_tokens, 7);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.9f);
+  EXPECT_EQ(p.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(p.sampling.min_p, 0.05f);
+  EXPECT_EQ(p.sampling.seed, 42u);
+  EXPECT_EQ(p.n, 2);
+  EXPECT_EQ(p.stop_strings, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(p.stop_token_ids, (std::vector<TokenId>{13, 5}));
+  EXPECT_FLOAT_EQ(p.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.frequency_penalty, -0.5f);
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_TRUE(p.sampling.want_logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAiProtocolTest, PromptForms) {
+  CompletionRequest a, b, c;
+  ASSERT_FALSE(parse_completion(R"({"prompt": ["x", "y"]})", &a));
+  EXPECT_EQ(a.prompts.size(), 2u);
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1, 2, 3]})", &b));
+  ASSERT_EQ(b.prompts.size(), 1u);
+  EXPECT_EQ(std::get<std::vector<TokenId>>(b.prompts[0]), (std::vector<TokenId>{1, 2, 3}));
+  ASSERT_FALSE(parse_completion(R"({"prompt": [[1, 2], [3]]})", &c));
+  EXPECT_EQ(c.prompts.size(), 2u);
+}
+
+// The bad-input matrix: each case names the offending parameter in `param`.
+TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [1, "a"]})", "prompt"},
+      {R"({"prompt": [-1]})", "prompt"},
+      {R"({"prompt": [{"a": 1}]})", "prompt"},
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "x", "temperature": -1})", "temperature"},
+      {R"({"prompt": "x", "temperature": 2.5})", "temperature"},
+      {R"({"prompt": "x", "top_p": 0})", "top_p"},
+      {R"({"prompt": "x", "top_p": 1.5})", "top_p"},
+      {R"({"prompt": "x", "top_k": -2})", "top_k"},
+      {R"({"prompt": "x", "top_k": 1.5})", "top_k"},
+      {R"({"prompt": "x", "min_p": 2})", "min_p"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": "10"})", "max_tokens"},
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 1000})", "n"},
+      {R"({"prompt": "x", "presence_penalty": 3})", "presence_penalty"},
+      {R"({"prompt": "x", "frequency_penalty": -3})", "frequency_penalty"},
+      {R"({"prompt": "x", "stop": ""})", "stop"},
+      {R"({"prompt": "x", "stop": [true]})", "stop"},
+      {R"({"prompt": "x", "stop": {"a": 1}})", "stop"},
+      {R"({"prompt": "x", "stop_token_ids": 5})", "stop_token_ids"},
+      {R"({"prompt": "x", "seed": "abc"})", "seed"},
+      {R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {R"({"prompt": "x", "stream": true, "stream_options": 3})", "stream_options"},
+      {R"({"prompt": "x", "logprobs": 50})", "logprobs"},
+      {R"({"prompt": "x", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "best_of": 3})", "best_of"},
+      {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
+      {R"({"prompt": "x", "model": 5})", "model"},
+  };
+  for (const Case& c : cases) {
+    CompletionRequest r;
+    auto e = parse_completion(c.body, &r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400) << c.body;
+    EXPECT_EQ(e->type, "invalid_request_error") << c.body;
+    ASSERT_TRUE(e->param.has_value()) << c.body;
+    EXPECT_EQ(*e->param, c.param) << c.body << " -> " << e->message;
+    EXPECT_FALSE(e->message.empty());
+  }
+  CompletionRequest r;
+  auto e = parse_completion_request(json::array({1}), ApiLimits{}, &r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_NE(e->message.find("JSON object"), std::string::npos);
+}
+
+TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
+  ChatRequest r;
+  auto e = parse_chat(R"({"messages": [
+      {"role": "developer", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": []}],
+      "max_completion_tokens": 9, "max_tokens": 3, "logprobs": true, "top_logprobs": 2})",
+                      &r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "a\nb");
+  EXPECT_EQ(r.messages[2]["content"], "");
+  EXPECT_TRUE(r.messages[2].contains("tool_calls"));
+  EXPECT_EQ(r.params.max_tokens, 9);  // max_completion_tokens wins
+  EXPECT_TRUE(r.params.sampling.want_logprobs);
+  EXPECT_EQ(r.params.sampling.top_logprobs, 2);
+  EXPECT_TRUE(r.add_generation_prompt);
+}
+
+TEST(OpenAiProtocolTest, BadChatInputs) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({})", "messages"},
+      {R"({"messages": []})", "messages"},
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": [5]})", "messages[0]"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role"},
+      {R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content[0]"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_object"}})",
+       "response_format"},
+  };
+  for (const Case& c : cases) {
+    ChatRequest r;
+    auto e = parse_chat(c.body, &r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400);
+    ASSERT_TRUE(e->param.has_value()) << c.body;
+    EXPECT_EQ(*e->param, c.param) << c.body << " -> " << e->message;
+  }
+}
+
+TEST(OpenAiProtocolTest, ErrorJsonHasOpenAiShape) {
+  ApiError e;
+  e.status = 404;
+  e.message = "no \"such\" model";
+  e.param = "model";
+  e.code = "model_not_found";
+  json j = json::parse(api_error_json(e));
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_EQ(j["error"]["message"], "no \"such\" model");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "model");
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  ApiError bare;
+  bare.message = "x";
+  j = json::parse(api_error_json(bare));
+  EXPECT_TRUE(j["error"]["param"].is_null());
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+TEST(OpenAiProtocolTest, StatusMapping) {
+  EXPECT_EQ(api_error_from_status(invalid_argument("x")).status, 400);
+  EXPECT_EQ(api_error_from_status(out_of_range("x")).status, 400);
+  EXPECT_EQ(api_error_from_status(out_of_range("x")).code, "context_length_exceeded");
+  EXPECT_EQ(api_error_from_status(not_found("x")).status, 404);
+  EXPECT_EQ(api_error_from_status(resource_exhausted("x")).status, 429);
+  EXPECT_EQ(api_error_from_status(unavailable("x")).status, 503);
+  EXPECT_EQ(api_error_from_status(internal_error("x")).status, 500);
+  EXPECT_EQ(api_error_from_status(internal_error("x")).type, "server_error");
+}
+
+TEST(OpenAiProtocolTest, UsageJson) {
+  Usage u;
+  u.prompt_tokens = 5;
+  u.completion_tokens = 7;
+  u.cached_prompt_tokens = 4;
+  json j = usage_json(u);
+  EXPECT_EQ(j["total_tokens"], 12);
+  EXPECT_EQ(j["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+TEST(OpenAiProtocolTest, SanitizeUtf8) {
+  EXPECT_EQ(sanitize_utf8("plain"), "plain");
+  EXPECT_EQ(sanitize_utf8("é中😀"), "é中😀");
+  EXPECT_EQ(sanitize_utf8("a\xff"
+                          "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(sanitize_utf8("\xE4\xB8"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // truncated 3-byte char
+  EXPECT_EQ(sanitize_utf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+}
+
+TEST(OpenAiProtocolTest, CompletionLogprobsOffsets) {
+  std::vector<SampledToken> toks(2);
+  toks[0].token = 7;
+  toks[0].logprob = -0.5f;
+  toks[0].top_logprobs = {{7, -0.5f}, {8, -1.5f}};
+  toks[1].token = 8;
+  toks[1].logprob = -std::numeric_limits<float>::infinity();
+  json j = completion_logprobs_json(toks, nullptr, 1, 10);
+  EXPECT_EQ(j["tokens"][0], "token_id:7");
+  EXPECT_EQ(j["token_logprobs"][1], -9999.0);
+  EXPECT_EQ(j["text_offset"][0], 10);
+  EXPECT_EQ(j["text_offset"][1], 10 + std::string("token_id:7").size());
+  EXPECT_EQ(j["top_logprobs"][0].size(), 1u);
+}
+
+}  // namespace
+}  // namespace peerserve
