@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "plan/afd/afd_reproduction.h"
+#include "plan/placement/placement_report.h"
 #include "plan/report/paper000_reproduction.h"
 #include "plan/report/paper002_reproduction.h"
 
@@ -137,6 +138,53 @@ NamedChart accuracy_chart(const std::vector<ReproductionRow>& rows) {
           render_line_chart_svg(chart)};
 }
 
+// Paper 004 / EPLB: imbalance per MoE layer and per rank for each placement algorithm.
+void add_placement(const PlacementReport& placement, ReproductionReport& report) {
+  LineChart layers;
+  layers.title = "Expert load imbalance per MoE layer (synthetic DeepSeek-V3 routing, EP32)";
+  layers.x_axis.label = "MoE layer";
+  layers.y_axis.label = "max / mean token-expert pairs per rank";
+  LineChart ranks;
+  ranks.title = "Load per rank, summed over layers";
+  ranks.x_axis.label = "EP rank";
+  ranks.y_axis.label = "token-expert pairs";
+  std::ostringstream md;
+  md << placement.scenario << "\n\n";
+  md << "| placement | slots per rank | mean max/mean | worst max/mean | predicted MoE time "
+        "speed-up |\n|---|---|---|---|---|\n";
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& entry : placement.entries) {
+    ChartSeries per_layer = line_series(entry.algorithm);
+    for (size_t i = 0; i < entry.max_over_mean.size() && i < placement.moe_layers.size(); ++i) {
+      per_layer.x.push_back(placement.moe_layers[i]);
+      per_layer.y.push_back(entry.max_over_mean[i]);
+    }
+    layers.series.push_back(std::move(per_layer));
+    ChartSeries per_rank = line_series(entry.algorithm);
+    for (size_t r = 0; r < entry.rank_load.size(); ++r) {
+      per_rank.x.push_back(static_cast<double>(r));
+      per_rank.y.push_back(entry.rank_load[r]);
+    }
+    ranks.series.push_back(std::move(per_rank));
+    md << "| " << entry.algorithm << " | " << entry.slots_per_rank << " | "
+       << number(entry.mean_max_over_mean) << " | " << number(entry.worst_max_over_mean) << " | "
+       << number(entry.speedup) << " |\n";
+    entries.push_back({{"algorithm", entry.algorithm},
+                       {"slots_per_rank", entry.slots_per_rank},
+                       {"mean_max_over_mean", entry.mean_max_over_mean},
+                       {"worst_max_over_mean", entry.worst_max_over_mean},
+                       {"speedup", entry.speedup}});
+  }
+  layers.y_markers.push_back(ChartMarker{1.0, "perfect balance", ""});
+  report.charts.push_back({"placement_imbalance_per_layer",
+                           "Expert placement: max/mean load per layer before and after",
+                           render_line_chart_svg(layers)});
+  report.charts.push_back(
+      {"placement_rank_load", "Expert placement: load per rank", render_line_chart_svg(ranks)});
+  report.placement_markdown = md.str();
+  report.placement_json = {{"scenario", placement.scenario}, {"entries", entries}};
+}
+
 std::string hardware_table(const HardwareSet& hardware) {
   std::ostringstream md;
   md << "| profile | device | dense peak TFLOPS | HBM | scale-up | scale-out | efficiency "
@@ -216,6 +264,10 @@ std::string render_markdown(const ReproductionReport& report, const HardwareSet&
     md << "\n";
   }
 
+  if (!report.placement_markdown.empty()) {
+    md << "## Expert placement (paper 004 and EPLB): an illustration\n\n"
+       << report.placement_markdown << "\n";
+  }
   md << "## Where the papers disagree with themselves\n\n";
   for (const auto& line : report.inconsistencies) md << "- " << line << "\n";
   md << "\n## Charts\n\n";
@@ -252,6 +304,7 @@ nlohmann::json render_json(const ReproductionReport& report, const HardwareSet& 
             {"median_abs_error", s.median_abs_error},
             {"max_abs_error", s.max_abs_error}}},
           {"inconsistencies", report.inconsistencies},
+          {"placement", report.placement_json},
           {"hardware", profiles},
           {"charts", charts}};
 }
@@ -278,7 +331,8 @@ ErrorSummary summarize_errors(const std::vector<ReproductionRow>& rows, double t
   return s;
 }
 
-Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware) {
+Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware,
+                                                     const ReproductionOptions& options) {
   ReproductionReport report;
   auto append = [&report](PaperReproduction paper) {
     for (auto& row : paper.rows) report.rows.push_back(std::move(row));
@@ -291,12 +345,18 @@ Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware
   append(std::move(p002));
 
   // Paper 003 (plan/afd): its rows and the A/F ratio sweep.
-  AfdReproduction afd = afd_reproduction();
+  AfdReproductionOptions afd_options;
+  afd_options.simulated_requests_per_instance = options.afd_simulated_requests_per_instance;
+  AfdReproduction afd = afd_reproduction(afd_options);
   for (auto& row : afd.rows) report.rows.push_back(std::move(row));
   report.charts.push_back(afd_ratio_chart(afd));
 
-  // Paper 004 (plan/placement): PLACEMENT-HOOK — its rows and imbalance charts join here once
-  // plan/placement exposes them (see plan/placement/placement_study.h).
+  // Paper 004 (plan/placement): no printed per-layer numbers to compare with, so an
+  // illustration (table and charts) rather than rows.
+  if (options.include_placement) {
+    PS_ASSIGN_OR_RETURN(PlacementReport placement, placement_report());
+    add_placement(placement, report);
+  }
 
   report.charts.push_back(accuracy_chart(report.rows));
   report.markdown = render_markdown(report, hardware);

@@ -17,8 +17,17 @@ struct ReproductionReport {
   std::vector<ReproductionRow> rows;
   std::vector<NamedChart> charts;
   std::vector<std::string> inconsistencies;
+  std::string placement_markdown;  // paper 004: an illustration, no printed numbers
+  nlohmann::json placement_json;
   std::string markdown;
   nlohmann::json json;
+};
+
+struct ReproductionOptions {
+  // Paper 003's simulated rows and sweep use this N per Attention instance (the paper's is
+  // 10,000); tests pass less to stay fast under sanitizers.
+  double afd_simulated_requests_per_instance = 10000;
+  bool include_placement = true;
 };
 
 // Rows within `tolerance` relative error, counted over the rows that are predictions
@@ -34,6 +43,7 @@ ErrorSummary summarize_errors(const std::vector<ReproductionRow>& rows, double t
 
 // Papers 000 and 002 (this folder), 003 (plan/afd) and 004 (plan/placement). Needs the
 // hardware profiles "ascend-910c", "h800", "h100" and "gb200".
-Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware);
+Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware,
+                                                     const ReproductionOptions& options = {});
 
 }  // namespace peerserve::plan

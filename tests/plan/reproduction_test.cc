@@ -18,7 +18,13 @@ namespace {
 class ReproductionTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto report = build_reproduction_report(testing::load_hardware_set());
+    // A smaller simulated N for paper 003's rows keeps this fast under sanitizers; the rows
+    // checked here do not depend on it.
+    // The placement illustration (plan/placement, tested there) takes seconds; left out.
+    ReproductionOptions options;
+    options.afd_simulated_requests_per_instance = 2000;
+    options.include_placement = false;
+    auto report = build_reproduction_report(testing::load_hardware_set(), options);
     ASSERT_TRUE(report.ok()) << report.status().to_string();
     report_ = new ReproductionReport(std::move(*report));
   }
@@ -97,8 +103,9 @@ TEST_F(ReproductionTest, ReportFilesAreComplete) {
     EXPECT_NE(report_->markdown.find(chart.file_stem + ".svg"), std::string::npos);
     EXPECT_EQ(chart.svg.rfind("<svg", 0), 0u);
   }
-  for (const char* needed : {"decode_throughput_vs_batch", "afd_ratio_sweep",
-                             "table7_dispatch_combine", "predicted_vs_published"}) {
+  for (const char* needed :
+       {"decode_throughput_vs_batch", "afd_ratio_sweep", "table7_dispatch_combine",
+        "predicted_vs_published", "placement_imbalance_per_layer"}) {
     EXPECT_TRUE(stems.count(needed)) << needed;
   }
   EXPECT_GE(report_->inconsistencies.size(), 5u);
@@ -107,7 +114,10 @@ TEST_F(ReproductionTest, ReportFilesAreComplete) {
 TEST(Reproduction, MissingProfileIsNamed) {
   HardwareSet hardware = testing::load_hardware_set();
   hardware.erase("h800");
-  auto report = build_reproduction_report(hardware);
+  ReproductionOptions options;
+  options.afd_simulated_requests_per_instance = 500;
+  options.include_placement = false;
+  auto report = build_reproduction_report(hardware, options);
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("h800"), std::string::npos);
 }
