@@ -103,9 +103,8 @@ TEST_F(ReproductionTest, ReportFilesAreComplete) {
     EXPECT_NE(report_->markdown.find(chart.file_stem + ".svg"), std::string::npos);
     EXPECT_EQ(chart.svg.rfind("<svg", 0), 0u);
   }
-  for (const char* needed :
-       {"decode_throughput_vs_batch", "afd_ratio_sweep", "table7_dispatch_combine",
-        "predicted_vs_published", "placement_imbalance_per_layer"}) {
+  for (const char* needed : {"decode_throughput_vs_batch", "afd_ratio_sweep",
+                             "table7_dispatch_combine", "predicted_vs_published"}) {
     EXPECT_TRUE(stems.count(needed)) << needed;
   }
   EXPECT_GE(report_->inconsistencies.size(), 5u);
