@@ -11,9 +11,10 @@
 // grouped call are arranged and whatever the thread count is. Each output element is
 // summed over k in one fixed order; k is never split across threads.
 //
-// Threads: the work is split over output columns (and rows for tall problems) across
-// `pool`'s threads; pool == nullptr runs on the calling thread only. One call at a time per
-// pool (see base/thread_pool.h). Shapes and pointers are programmer contracts (PS_CHECK).
+// Threads: output columns are split over `pool`'s threads (16-column granules, in proportion
+// to cost; a problem with few columns therefore uses few threads); pool == nullptr runs on
+// the calling thread only. One call at a time per pool (see base/thread_pool.h). Shapes and
+// pointers are programmer contracts (PS_CHECK).
 #pragma once
 
 #include <cstdint>
