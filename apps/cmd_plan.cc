@@ -47,6 +47,7 @@ struct PlanOptions {
   std::optional<int> mapping_prefill_tp;
   int mapping_decode_tp = 1;
   std::optional<int> device_budget;
+  std::string memory_pool_path;
   bool json = false;
 };
 
@@ -124,7 +125,8 @@ int run_plan(const PlanOptions& o) {
       std::max(1.0, prefill->max_tokens_per_device / o.prompt_tokens);
   auto p = plan::estimate_prefill(
       *model, *hw, *prefill,
-      plan::uniform_prefill_batch(requests_per_device, o.prompt_tokens, o.reuse));
+      plan::uniform_prefill_batch(requests_per_device, o.prompt_tokens, o.reuse),
+      plan_inputs::memory_pool_path(*hw, o.memory_pool_path));
   if (!p.ok()) return fail(p.status());
 
   plan::ConnectionMappingOptions mapping_options;
@@ -201,9 +203,19 @@ int run_plan(const PlanOptions& o) {
     return 0;
   }
 
-  fmt::print("model {} on {} ({} per {}), prompt {} / output {} tokens, reuse {:.0f}%\n\n",
-             model->name, hw->name, hw->device_kind, hw->package_kind, o.prompt_tokens,
-             o.output_tokens, o.reuse * 100);
+  const std::string per_package = hw->devices_per_package > 1
+                                      ? fmt::format(" ({} {}s per {})", hw->devices_per_package,
+                                                    hw->device_kind, hw->package_kind)
+                                      : std::string();
+  fmt::print("model {} on {}{}, prompt {} / output {} tokens, reuse {:.0f}%\n\n", model->name,
+             hw->name, per_package, o.prompt_tokens, o.output_tokens, o.reuse * 100);
+  // "X per die, Y per NPU" or just "X per GPU".
+  auto rate = [&](double per_device, double per_package_value) {
+    return hw->devices_per_package > 1
+               ? fmt::format("{:.0f} per {}, {:.0f} per {}", per_device, hw->device_kind,
+                             per_package_value, hw->package_kind)
+               : fmt::format("{:.0f} per {}", per_device, hw->device_kind);
+  };
   fmt::print(
       "DECODE ({}: {} devices, {} redundant experts, {} shared-expert devices, MTP {} x "
       "{:.0f}%, imbalance {:.2f})\n",
@@ -220,10 +232,10 @@ int run_plan(const PlanOptions& o) {
       d->dense_layer.seconds * 1e6, d->mtp_layer.seconds * 1e6, d->lm_head_s * 1e6,
       d->fixed_s * 1e3);
   fmt::print(
-      "  TPOT {:.2f} ms ({:.2f} tokens per request per step); throughput {:.0f} tokens/s "
-      "per {}, {:.0f} per {}; {:.3f} tokens/s per TFLOPS\n",
-      d->tpot_s * 1e3, d->tokens_per_step, d->throughput_per_device, hw->device_kind,
-      d->throughput_per_package, hw->package_kind, d->tokens_per_s_per_tflops);
+      "  TPOT {:.2f} ms ({:.2f} tokens per request per step); output tokens/s: {}; {:.3f} "
+      "tokens/s per TFLOPS\n",
+      d->tpot_s * 1e3, d->tokens_per_step,
+      rate(d->throughput_per_device, d->throughput_per_package), d->tokens_per_s_per_tflops);
   fmt::print(
       "  memory per device: weights {:.1f} GB + KV {:.1f} GB + buffers {:.2f} GB + "
       "reserved {:.1f} GB = {:.1f} of {:.0f} GB ({})\n",
@@ -250,10 +262,10 @@ int run_plan(const PlanOptions& o) {
              p->batch.new_tokens + p->batch.cached_tokens);
   print_layer("MoE layer", p->moe_layer);
   fmt::print(
-      "  batch {:.1f} ms (TTFT of the batch), cache load {:.1f} ms; {:.0f} prompt "
-      "tokens/s per {}, {:.0f} per {}; {:.3f} tokens/s per TFLOPS\n",
-      p->batch_s * 1e3, p->cache_load_s * 1e3, p->throughput_per_device, hw->device_kind,
-      p->throughput_per_package, hw->package_kind, p->tokens_per_s_per_tflops);
+      "  batch {:.1f} ms (TTFT of the batch), cache load {:.1f} ms; prompt tokens/s: {}; "
+      "{:.3f} tokens/s per TFLOPS\n",
+      p->batch_s * 1e3, p->cache_load_s * 1e3,
+      rate(p->throughput_per_device, p->throughput_per_package), p->tokens_per_s_per_tflops);
   fmt::print("\nPREFILL -> DECODE CONNECTIONS (prefill TP {}, decode TP {}, decode DP {})\n",
              mapping_options.prefill_tp, mapping_options.decode_tp, mapping_options.decode_dp);
   if (mapping.ok()) {
@@ -341,6 +353,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   plan_cmd->add_option("--device-budget", o->device_budget,
                        "total devices to split into instances");
+  plan_cmd->add_option("--memory-pool-path", o->memory_pool_path,
+                       "caching-pool path for context-cache hits (default: the hardware's first)");
   plan_cmd->add_flag("--json", o->json, "print JSON instead of text");
   plan_cmd->require_subcommand(0, 1);
 

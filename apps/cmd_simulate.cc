@@ -33,7 +33,7 @@ struct SimulateOptions {
   std::string output = "fixed:256";
   double reuse = 0.0;
   uint64_t seed = 1;
-  std::string memory_pool_path = "ub";
+  std::string memory_pool_path;
   std::string requests_csv;
   bool json = false;
 };
@@ -71,7 +71,7 @@ int run_simulate(const SimulateOptions& o) {
   sim.prefill_instances = o.prefill_instances;
   sim.decode_instances = o.decode_instances;
   sim.max_batch_per_device = o.max_batch_per_device;
-  sim.memory_pool_path = o.memory_pool_path;
+  sim.memory_pool_path = plan_inputs::memory_pool_path(*hw, o.memory_pool_path);
   sim.seed = o.seed;
 
   plan::WorkloadSpec workload;
@@ -175,8 +175,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
   cmd->add_option("--reuse", o->reuse, "fraction of each prompt in the context cache")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
-  cmd->add_option("--memory-pool-path", o->memory_pool_path, "caching-pool path (ub, vpc)")
-      ->capture_default_str();
+  cmd->add_option("--memory-pool-path", o->memory_pool_path,
+                  "caching-pool path for context-cache hits (default: the hardware's first)");
   cmd->add_option("--requests-csv", o->requests_csv, "write one line per request here");
   cmd->add_flag("--json", o->json, "print JSON instead of text");
   cmd->callback([o] { set_command_exit_code(run_simulate(*o)); });

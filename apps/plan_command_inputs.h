@@ -99,6 +99,14 @@ inline Result<plan::ModelProfile> load_model(const std::string& preset,
   return plan::model_profile_from_hf_config(json, config_path, name.empty() ? "model" : name);
 }
 
+// --memory-pool-path if given, else the hardware's first caching-pool path ("ub" on the
+// Ascend profile), else "ub" (only used when prompts hit the context cache).
+inline std::string memory_pool_path(const plan::HardwareProfile& hw, const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (hw.memory_pool_paths.count("ub")) return "ub";
+  return hw.memory_pool_paths.empty() ? std::string("ub") : hw.memory_pool_paths.begin()->first;
+}
+
 // The flags that pick and adjust the prefill and decode deployments, shared by both commands.
 struct DeploymentFlags {
   std::string decode_preset = "cloudmatrix-decode";
