@@ -3,24 +3,52 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
 #include <string>
 
 namespace peerserve::plan {
 namespace {
 
-double uniform01(std::mt19937_64& rng) {
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
+// xoshiro256** seeded by splitmix64: much faster than mt19937_64 for the per-expert shuffles
+// that dominate trace generation, and its output is fixed by the seed on every platform.
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed) {
+    for (uint64_t& word : state_) {
+      seed += 0x9e3779b97f4a7c15ULL;
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      word = z ^ (z >> 31);
+    }
+  }
 
-// Uniform integer in [0, n) (n small; the modulo bias of 2^64 % n is negligible).
-uint64_t below(std::mt19937_64& rng, uint64_t n) {
-  return rng() % n;
-}
+  uint64_t next() {
+    const uint64_t result = rotl(state_[1] * 5, 7) * 9;
+    const uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = rotl(state_[3], 45);
+    return result;
+  }
+
+  double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+  // Uniform in [0, n), by Lemire's multiply-shift (bias below 2^-32 for n < 2^32).
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t state_[4];
+};
 
 template <typename T>
-void shuffle(std::vector<T>& values, std::mt19937_64& rng) {
-  for (size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[below(rng, i)]);
+void shuffle(std::vector<T>& values, Xoshiro256& rng) {
+  for (size_t i = values.size(); i > 1; --i) std::swap(values[i - 1], values[rng.below(i)]);
 }
 
 Status check_range(const char* name, double value, double lo, double hi) {
@@ -42,10 +70,10 @@ class SystematicSampler {
   }
 
   // Writes top_k distinct ranks to `ranks`.
-  void draw(std::mt19937_64& rng, std::vector<int>& ranks) {
+  void draw(Xoshiro256& rng, std::vector<int>& ranks) {
     shuffle(order_, rng);
     ranks.clear();
-    double next = uniform01(rng);
+    double next = rng.uniform01();
     double cumulative = 0.0;
     for (int rank : order_) {
       cumulative += pi_[static_cast<size_t>(rank)];
@@ -136,7 +164,7 @@ Result<double> zipf_skew_for_max_over_mean(int num_experts, int top_k, double ma
 
 Result<SyntheticRouting> generate_synthetic_routing(const SyntheticRoutingOptions& options) {
   PS_RETURN_IF_ERROR(options.validate());
-  std::mt19937_64 rng(options.seed);
+  Xoshiro256 rng(options.seed);
   const int num_experts = options.num_experts;
   const int layers = options.num_moe_layers;
   const int k = options.top_k;
@@ -175,7 +203,7 @@ Result<SyntheticRouting> generate_synthetic_routing(const SyntheticRoutingOption
   std::vector<int> previous_layer;
   out.requests.reserve(static_cast<size_t>(options.num_requests));
   for (int r = 0; r < options.num_requests; ++r) {
-    const auto profile = static_cast<size_t>(below(rng, options.num_task_profiles));
+    const auto profile = static_cast<size_t>(rng.below(options.num_task_profiles));
     out.request_profile.push_back(static_cast<int>(profile));
     RequestRouting request;
     request.num_decoder_layers = options.num_dense_layers + layers;
@@ -183,7 +211,7 @@ Result<SyntheticRouting> generate_synthetic_routing(const SyntheticRoutingOption
     request.top_k = k;
     request.prefill_tokens =
         options.min_prefill_tokens +
-        static_cast<int>(below(rng, options.max_prefill_tokens - options.min_prefill_tokens + 1));
+        static_cast<int>(rng.below(options.max_prefill_tokens - options.min_prefill_tokens + 1));
     request.decode_steps = options.decode_steps;
     request.selections.assign(static_cast<size_t>(layers), {});
     for (auto& row : request.selections) {
@@ -191,7 +219,7 @@ Result<SyntheticRouting> generate_synthetic_routing(const SyntheticRoutingOption
     }
     for (int t = 0; t < request.num_tokens(); ++t) {
       for (int l = 0; l < layers; ++l) {
-        const double u = uniform01(rng);
+        const double u = rng.uniform01();
         if (t > 0 && u < options.token_repeat) {
           ranks = previous_token[static_cast<size_t>(l)];
         } else if (l > 0 && u >= options.token_repeat &&

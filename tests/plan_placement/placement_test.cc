@@ -5,6 +5,7 @@
 #include <set>
 
 #include "plan/placement/expert_layout.h"
+#include "plan/placement/placement_report.h"
 #include "plan/placement/placement_study.h"
 #include "plan/placement/prefill_aware_placement.h"
 #include "plan/placement/synthetic_routing.h"
@@ -171,6 +172,36 @@ TEST_F(SkewedLoad, RejectsInconsistentOptions) {
   ExpertRoutingLoad other = load_;
   other.moe_layers[0] = 99;
   EXPECT_FALSE(run_placement_study(load_, other, {}, linear_expert_time()).ok());
+}
+
+}  // namespace
+}  // namespace peerserve::plan
+
+namespace peerserve::plan {
+namespace {
+
+TEST(PlacementReport, ComparesTheDefaultLayoutWithEveryAlgorithm) {
+  PlacementReportOptions options;
+  options.routing.num_moe_layers = 4;  // the default scenario is 58 layers; keep the test quick
+  options.routing.num_requests = 8;
+  auto report = placement_report(options);
+  ASSERT_TRUE(report.ok()) << report.status().to_string();
+  EXPECT_FALSE(report->scenario.empty());
+  ASSERT_EQ(report->entries.size(), 5u);
+  EXPECT_EQ(report->entries[0].algorithm, "contiguous");
+  EXPECT_DOUBLE_EQ(report->entries[0].speedup, 1.0);
+  EXPECT_EQ(report->entries[0].slots_per_rank, 8);
+  EXPECT_EQ(report->entries[4].algorithm, "dup");
+  EXPECT_EQ(report->entries[4].slots_per_rank, 9);
+  for (const auto& entry : report->entries) {
+    EXPECT_EQ(entry.max_over_mean.size(), 4u);
+    EXPECT_EQ(entry.rank_load.size(), 32u);
+    EXPECT_GE(entry.worst_max_over_mean, entry.mean_max_over_mean);
+  }
+  // Placing from prefill routing must still help decode with a skewed, correlated workload.
+  for (size_t i = 1; i < report->entries.size(); ++i) {
+    EXPECT_GT(report->entries[i].speedup, 1.0) << report->entries[i].algorithm;
+  }
 }
 
 }  // namespace
