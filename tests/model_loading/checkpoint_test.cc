@@ -264,6 +264,26 @@ TEST(CheckpointTest, ConvertsF32AndF16AndReadsSingleFile) {
   EXPECT_EQ((*ef)[1], -2.5f);
 }
 
+// A 1-byte tensor first shifts every following tensor to an odd address: BF16 views would be
+// misaligned, so they are copied instead (same values).
+TEST(CheckpointTest, MisalignedBf16IsCopied) {
+  ScratchDir dir;
+  const ModelConfig config = tiny_config();
+  std::vector<TensorToWrite> tensors = layout_tensors(config);
+  tensors.insert(tensors.begin(), {"aaa.odd", DType::kU8, {1}, {std::byte{7}}});
+  write_single_file_checkpoint(dir, config, tensors);
+  Result<Checkpoint> ckpt = Checkpoint::open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  Result<WeightTensor> w = ckpt->get_bf16("model.norm.weight", {config.hidden_size});
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_FALSE(w->zero_copy);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w->data) % 2, 0u);
+  for (int64_t i = 0; i < w->numel(); ++i) EXPECT_EQ(bf16_to_float(w->bf16_data()[i]), 0.5f);
+  Result<WeightTensor> raw = ckpt->get_raw("aaa.odd");
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(*static_cast<const std::byte*>(raw->data), std::byte{7});
+}
+
 TEST(CheckpointTest, ShapeMismatchNamesFileTensorAndShapes) {
   ScratchDir dir;
   const ModelConfig config = tiny_config();
