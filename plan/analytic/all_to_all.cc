@@ -37,7 +37,7 @@ AllToAllTime all_to_all_time(const HardwareProfile& hw, const AllToAllCall& call
                hw.fixed.all_to_all_per_log2_rank_us * std::log2(static_cast<double>(call.ranks)) +
                link.latency_us) *
               1e-6;
-  t.seconds = t.fixed_s + t.transfer_s + t.message_s;
+  t.seconds = t.fixed_s + std::max(t.transfer_s, t.message_s);
   return t;
 }
 

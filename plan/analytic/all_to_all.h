@@ -37,7 +37,8 @@ struct AllToAllTime {
   double link_s() const { return fixed_s + transfer_s; }
 };
 
-// seconds = fixed_s + transfer_s + message_s. Without dedup the copies go uniformly to
+// seconds = fixed_s + max(transfer_s, message_s): packing a message overlaps with sending the
+// previous ones (paper 000 §4.2.1's data-sending pipeline). Without dedup the copies go uniformly to
 // all ranks, (ranks - 1) / ranks of them remote, over the scale-up link when the group fits
 // one scale-up domain and over scale-out otherwise.
 AllToAllTime all_to_all_time(const HardwareProfile& hw, const AllToAllCall& call);

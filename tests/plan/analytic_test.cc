@@ -144,7 +144,7 @@ TEST(AllToAll, PartsAddUp) {
               t.network_bytes / (hw.scale_up.bandwidth_gb_s * 1e9 * hw.efficiency.all_to_all),
               1e-15);
   EXPECT_NEAR(t.message_s, 1024 * hw.fixed.all_to_all_per_token_copy_ns * 1e-9, 1e-15);
-  EXPECT_NEAR(t.seconds, t.fixed_s + t.transfer_s + t.message_s, 1e-15);
+  EXPECT_NEAR(t.seconds, t.fixed_s + std::max(t.transfer_s, t.message_s), 1e-15);
   call.copy_engine = true;
   EXPECT_EQ(all_to_all_time(hw, call).message_s, 0.0);
   call.ranks = 1;
