@@ -168,11 +168,12 @@ int run_afd(const AfdCommandOptions& options) {
     return 0;
   }
 
+  char n_text[32] = "inf";
+  if (workload.requests_per_instance) {
+    std::snprintf(n_text, sizeof(n_text), "%g", *workload.requests_per_instance);
+  }
   std::printf("AFD bundle rA-1F: B=%g mu_P=%g mu_D=%g N=%s p=%.6g\n", workload.microbatch,
-              workload.mean_prefill, workload.mean_decode,
-              workload.requests_per_instance
-                  ? std::to_string(*workload.requests_per_instance).c_str()
-                  : "inf",
+              workload.mean_prefill, workload.mean_decode, n_text,
               workload.termination_probability());
   std::printf("  horizon-average token load T = %.2f, t_A = %.3f, t_C = %.3f\n",
               optimum->token_load, optimum->attention_time, optimum->comm_time);

@@ -40,6 +40,20 @@ TEST(RoutingTrace, ParsesTheCommittedSample) {
             (std::vector<uint16_t>{2, 6}));
 }
 
+TEST(RoutingTrace, ParsesTheCommittedSyntheticSample) {
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = "data/traces/synthetic_skewed/" + std::to_string(i) + ".json";
+    auto request = parse_routing_trace(read_source_file(name), {.num_experts = 64});
+    ASSERT_TRUE(request.ok()) << name << ": " << request.status().to_string();
+    EXPECT_EQ(request->moe_layers, (std::vector<int>{2, 3, 4, 5}));
+    EXPECT_EQ(request->num_decoder_layers, 6);
+    EXPECT_EQ(request->top_k, 4);
+    EXPECT_EQ(request->decode_steps, 16);
+    EXPECT_GE(request->prefill_tokens, 16);
+    EXPECT_LE(request->prefill_tokens, 48);
+  }
+}
+
 TEST(RoutingTrace, RoundTripsThroughTheWriter) {
   auto request = parse_routing_trace(read_source_file("data/traces/tiny_request.json"));
   ASSERT_TRUE(request.ok());
