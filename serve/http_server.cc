@@ -306,11 +306,33 @@ class Session : public std::enable_shared_from_this<Session> {
     in_exchange_ = false;
     streaming_ = false;
     disconnect_callback_ = nullptr;
-    if (close_after_write_ || !keep_alive_) {
+    if (close_after_write_) {
+      lingering_close();
+      return;
+    }
+    if (!keep_alive_) {
       close();
       return;
     }
     do_read();
+  }
+
+  // After an early error answer (e.g. 413) the client may still be sending its body; closing
+  // with unread data would reset the connection and could destroy our answer in flight. So
+  // stop sending, read and drop what still arrives (bounded in time), then close.
+  void lingering_close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(5));
+    drain_buffer_.resize(16 * 1024);
+    stream_.async_read_some(asio::buffer(drain_buffer_),
+                            [self = shared_from_this()](beast::error_code e, size_t) {
+                              if (e) {
+                                self->close();
+                              } else {
+                                self->lingering_close();
+                              }
+                            });
   }
 
   void close() {
@@ -325,6 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> write_queue_;
   std::string writing_buffer_;
+  std::vector<char> drain_buffer_;
   bool writing_ = false;
   uint64_t current_id_ = 0;
   bool in_exchange_ = false;

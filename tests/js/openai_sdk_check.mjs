@@ -1,0 +1,172 @@
+// End-to-end check of a running `peerserve serve` with the official OpenAI Node SDK.
+// Usage: node openai_sdk_check.mjs BASE_URL MODEL API_KEY MAX_NUM_SEQS
+// Exits 0 when every check passes; prints one line per check.
+import OpenAI from 'openai';
+
+const [baseURL, model, apiKey, maxNumSeqsArg] = process.argv.slice(2);
+const maxNumSeqs = Number(maxNumSeqsArg || 4);
+const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 120000 });
+let failures = 0;
+
+function check(cond, what, detail = '') {
+  if (cond) {
+    console.log(`ok   ${what}`);
+  } else {
+    failures += 1;
+    console.log(`FAIL ${what} ${detail}`);
+  }
+}
+
+async function tokenCount(body) {
+  const res = await fetch(`${baseURL}/tokenize`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const json = await res.json();
+  return json.count;
+}
+
+async function expectStatus(promise, status, what) {
+  try {
+    await promise;
+    check(false, what, '(no error)');
+  } catch (err) {
+    check(err instanceof OpenAI.APIError && err.status === status, what,
+          `(got ${err.status} ${err.message})`);
+  }
+}
+
+const messages = [
+  { role: 'system', content: 'You are terse.' },
+  { role: 'user', content: 'Say something about the sea.' },
+];
+
+// 1. Chat completion.
+const chat = await client.chat.completions.create({
+  model, messages, max_tokens: 6, temperature: 0, ignore_eos: true,
+});
+check(chat.object === 'chat.completion', 'chat: object');
+check(chat.choices.length === 1 && chat.choices[0].message.role === 'assistant', 'chat: one assistant choice');
+check(typeof chat.choices[0].message.content === 'string', 'chat: content is a string');
+check(chat.choices[0].finish_reason === 'length', 'chat: finish_reason length', chat.choices[0].finish_reason);
+check(chat.usage.completion_tokens === 6, 'chat: usage.completion_tokens', JSON.stringify(chat.usage));
+const chatPromptTokens = await tokenCount({ model, messages, add_generation_prompt: true });
+check(chat.usage.prompt_tokens === chatPromptTokens, 'chat: usage.prompt_tokens = /tokenize count',
+      `${chat.usage.prompt_tokens} vs ${chatPromptTokens}`);
+check(chat.usage.total_tokens === chat.usage.prompt_tokens + chat.usage.completion_tokens, 'chat: total_tokens');
+
+// 2. Streamed chat: same greedy text, role first, finish reason, usage chunk last.
+const stream = await client.chat.completions.create({
+  model, messages, max_tokens: 6, temperature: 0, ignore_eos: true, stream: true,
+  stream_options: { include_usage: true },
+});
+let streamed = '';
+let sawRole = false;
+let finish = null;
+let usage = null;
+let chunks = 0;
+for await (const chunk of stream) {
+  chunks += 1;
+  if (chunk.usage) usage = chunk.usage;
+  for (const c of chunk.choices) {
+    if (c.delta.role === 'assistant') sawRole = true;
+    if (c.delta.content) streamed += c.delta.content;
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+}
+check(sawRole, 'stream chat: role delta');
+check(streamed === chat.choices[0].message.content, 'stream chat: text equals non-streamed text',
+      JSON.stringify([streamed, chat.choices[0].message.content]));
+check(finish === 'length', 'stream chat: finish_reason length', finish);
+check(usage && usage.completion_tokens === 6 && usage.prompt_tokens === chatPromptTokens,
+      'stream chat: usage chunk', JSON.stringify(usage));
+check(chunks >= 3, 'stream chat: several chunks', String(chunks));
+
+// 3. Completion and streamed completion.
+const prompt = 'Once upon a time';
+const completion = await client.completions.create({
+  model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true,
+});
+check(completion.object === 'text_completion', 'completion: object');
+check(completion.choices[0].finish_reason === 'length', 'completion: finish_reason length');
+check(completion.usage.completion_tokens === 12, 'completion: usage.completion_tokens');
+const completionPromptTokens = await tokenCount({ model, prompt });
+check(completion.usage.prompt_tokens === completionPromptTokens, 'completion: usage.prompt_tokens',
+      `${completion.usage.prompt_tokens} vs ${completionPromptTokens}`);
+const text = completion.choices[0].text;
+const cstream = await client.completions.create({
+  model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true, stream: true,
+  stream_options: { include_usage: true },
+});
+let ctext = '';
+let cusage = null;
+for await (const chunk of cstream) {
+  if (chunk.usage) cusage = chunk.usage;
+  for (const c of chunk.choices) ctext += c.text;
+}
+check(ctext === text, 'stream completion: text equals non-streamed text');
+check(cusage && cusage.completion_tokens === 12, 'stream completion: usage');
+
+// 4. A stop string taken from the greedy output ends generation there, with reason "stop".
+const chars = Array.from(text);
+let stop = null;
+for (let i = 2; i + 2 <= chars.length && !stop; i += 1) {
+  const s = chars.slice(i, i + 2).join('');
+  if (!s.includes('\uFFFD')) stop = s;
+}
+if (stop) {
+  const stopped = await client.completions.create({
+    model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true, stop: [stop],
+  });
+  check(stopped.choices[0].finish_reason === 'stop', 'stop string: finish_reason stop',
+        JSON.stringify(stopped.choices[0]));
+  check(stopped.choices[0].text === text.slice(0, text.indexOf(stop)), 'stop string: text cut before it',
+        JSON.stringify([stopped.choices[0].text, text, stop]));
+} else {
+  console.log('skip stop string: no clean 2-character substring in the sample output');
+}
+
+// 5. n > 1 with a seed: n choices, usage summed over choices.
+const multi = await client.completions.create({
+  model, prompt, max_tokens: 5, temperature: 1.0, seed: 7, n: 3, ignore_eos: true,
+});
+check(multi.choices.length === 3 && new Set(multi.choices.map((c) => c.index)).size === 3, 'n=3: three choices');
+check(multi.usage.completion_tokens === 15, 'n=3: completion tokens summed', JSON.stringify(multi.usage));
+const again = await client.completions.create({
+  model, prompt, max_tokens: 5, temperature: 1.0, seed: 7, n: 3, ignore_eos: true,
+});
+check(JSON.stringify(again.choices.map((c) => c.text)) === JSON.stringify(multi.choices.map((c) => c.text)),
+      'seeded sampling is reproducible');
+
+// 6. Logprobs.
+const lp = await client.chat.completions.create({
+  model, messages, max_tokens: 4, temperature: 0, ignore_eos: true, logprobs: true, top_logprobs: 3,
+});
+const content = lp.choices[0].logprobs && lp.choices[0].logprobs.content;
+check(Array.isArray(content) && content.length === 4, 'logprobs: one entry per token');
+check(content && content.every((e) => e.logprob <= 0 && e.top_logprobs.length <= 3 && e.top_logprobs.length >= 1),
+      'logprobs: values and top_logprobs');
+check(content && content.every((e) => e.top_logprobs[0].logprob >= e.logprob - 1e-6),
+      'logprobs: greedy token is the most likely');
+
+// 7. Errors come back as the SDK's typed errors.
+await expectStatus(client.completions.create({ model, prompt, max_tokens: 4, temperature: 7 }), 400,
+                   'error: bad temperature -> 400');
+await expectStatus(client.completions.create({ model: 'no-such-model', prompt, max_tokens: 4 }), 404,
+                   'error: unknown model -> 404');
+const badKey = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'wrong', maxRetries: 0 });
+await expectStatus(badKey.models.list(), 401, 'error: wrong API key -> 401');
+
+// 8. More concurrent requests than --max-num-seqs all complete.
+const many = await Promise.all(Array.from({ length: maxNumSeqs * 3 }, (_, i) =>
+  client.completions.create({ model, prompt: `request ${i}`, max_tokens: 8, temperature: 0, ignore_eos: true })));
+check(many.every((r) => r.choices[0].finish_reason === 'length' && r.usage.completion_tokens === 8),
+      `concurrency: ${many.length} requests > max_num_seqs ${maxNumSeqs} all complete`);
+
+// 9. Models list.
+const models = await client.models.list();
+check(models.data.some((m) => m.id === model), 'models: served model listed');
+
+console.log(failures === 0 ? 'ALL OK' : `${failures} FAILED`);
+process.exit(failures === 0 ? 0 : 1);

@@ -1,0 +1,322 @@
+// End-to-end: the real `peerserve serve` process on loopback (port 0) with the tiny test
+// model. The official OpenAI Node SDK drives chat / streamed chat / completions; raw HTTP
+// covers the bad-input matrix, client disconnects and queue limits.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "model/checkpoint/test_model.h"
+#include "tests/serve/server_process.h"
+
+namespace peerserve {
+namespace {
+
+using json = nlohmann::json;
+using testing::http_request;
+using testing::HttpResponse;
+using testing::metric_sum;
+using testing::metric_value;
+using testing::ServerProcess;
+
+constexpr const char* kKey = "test-key";
+constexpr int kMaxNumSeqs = 4;
+
+std::string auth() {
+  return std::string("Authorization: Bearer ") + kKey;
+}
+
+class ServerIntegrationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                           ("peerserve_tiny_" + std::to_string(::getpid())));
+    TestModelOptions options;
+    options.preset = TestModelPreset::kTiny;
+    options.seed = 1;
+    Status s = write_test_model(model_dir_->string(), options);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    server_ = new ServerProcess();
+    ASSERT_TRUE(server_->start(
+        model_dir_->string(),
+        {"--served-model-name", "tiny", "--api-key", kKey, "--max-num-seqs",
+         std::to_string(kMaxNumSeqs), "--max-num-batched-tokens", "64", "--max-model-len", "512",
+         "--kv-cache-memory", "4MiB", "--max-body-bytes", "65536"}))
+        << server_->read_log();
+  }
+  static void TearDownTestSuite() {
+    if (server_) EXPECT_EQ(server_->stop(), 0) << server_->read_log();
+    delete server_;
+    server_ = nullptr;
+    std::error_code ec;
+    std::filesystem::remove_all(*model_dir_, ec);
+    delete model_dir_;
+  }
+
+  static uint16_t port() { return server_->port(); }
+  static std::string metrics() { return http_request(port(), "GET", "/metrics").body; }
+  // Waits (bounded) until no sequence runs or waits and no KV block is used.
+  static bool wait_idle() {
+    for (int i = 0; i < 400; ++i) {
+      const std::string m = metrics();
+      if (metric_value(m, "peerserve:kv_cache_blocks_used") == 0.0 &&
+          metric_value(m, "peerserve:num_requests_running") == 0.0 &&
+          metric_value(m, "peerserve:num_requests_waiting") == 0.0) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  static std::filesystem::path* model_dir_;
+  static ServerProcess* server_;
+};
+
+std::filesystem::path* ServerIntegrationTest::model_dir_ = nullptr;
+ServerProcess* ServerIntegrationTest::server_ = nullptr;
+
+TEST_F(ServerIntegrationTest, HealthModelsAndMetrics) {
+  EXPECT_EQ(http_request(port(), "GET", "/health").status, 200);
+  HttpResponse models = http_request(port(), "GET", "/v1/models", "", {auth()});
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "tiny");
+  HttpResponse m = http_request(port(), "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.headers.find("text/plain"), std::string::npos);
+  for (const char* family :
+       {"peerserve:time_to_first_token_seconds_bucket", "peerserve:inter_token_latency_seconds_sum",
+        "peerserve:e2e_request_latency_seconds_count", "peerserve:num_requests_running",
+        "peerserve:num_requests_waiting", "peerserve:kv_cache_blocks_used",
+        "peerserve:kv_cache_blocks_free", "peerserve:prefix_cache_hit_rate",
+        "peerserve:prompt_tokens_total", "peerserve:generation_tokens_total",
+        "peerserve:num_preemptions_total"}) {
+    EXPECT_NE(m.body.find(family), std::string::npos) << family;
+  }
+}
+
+TEST_F(ServerIntegrationTest, OpenAiNodeSdk) {
+  const std::string js = testing::source_dir() + "/tests/js";
+  if (!std::filesystem::exists(js + "/node_modules/openai")) {
+    GTEST_SKIP() << "tests/js/node_modules/openai is missing: run scripts/install-test-js.sh";
+  }
+  const std::string cmd = "node " + js +
+                          "/openai_sdk_check.mjs http://127.0.0.1:" + std::to_string(port()) +
+                          " tiny " + kKey + " " + std::to_string(kMaxNumSeqs) + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("ALL OK"), std::string::npos) << output;
+  EXPECT_TRUE(wait_idle());
+}
+
+// The bad-input matrix: every case gets the right status and an OpenAI-shaped error, and
+// the server keeps serving afterwards.
+TEST_F(ServerIntegrationTest, BadInputMatrix) {
+  struct Case {
+    std::string method, path, body;
+    std::vector<std::string> headers;
+    int status;
+    std::string code;  // expected error.code ("" = not checked)
+  };
+  const std::string ok_prompt = R"("prompt": "hi", "max_tokens": 2)";
+  std::string long_prompt = R"({"model": "tiny", "max_tokens": 4, "prompt": [)";
+  for (int i = 0; i < 600; ++i) long_prompt += (i ? ",5" : "5");
+  long_prompt += "]}";
+  const std::vector<Case> cases = {
+      {"POST", "/v1/completions", "{not json", {auth()}, 400, "invalid_json"},
+      {"POST", "/v1/completions", "[1, 2]", {auth()}, 400, ""},
+      {"POST", "/v1/completions", R"({"model": "tiny"})", {auth()}, 400, "invalid_value"},
+      {"POST",
+       "/v1/completions",
+       R"({"model": "tiny", "prompt": "x", "temperature": -1})",
+       {auth()},
+       400,
+       "invalid_value"},
+      {"POST",
+       "/v1/completions",
+       R"({"model": "tiny", "prompt": "x", "n": 100})",
+       {auth()},
+       400,
+       "invalid_value"},
+      {"POST", "/v1/completions", R"({"model": "tiny", "prompt": [999999]})", {auth()}, 400, ""},
+      {"POST", "/v1/completions", long_prompt, {auth()}, 400, "context_length_exceeded"},
+      {"POST",
+       "/v1/completions",
+       R"({"model": "tiny", "prompt": "x", "max_tokens": 100000})",
+       {auth()},
+       400,
+       "context_length_exceeded"},
+      {"POST",
+       "/v1/chat/completions",
+       R"({"model": "tiny", "messages": []})",
+       {auth()},
+       400,
+       "invalid_value"},
+      {"POST",
+       "/v1/chat/completions",
+       R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream_options": {}})",
+       {auth()},
+       400,
+       "invalid_value"},
+      {"POST",
+       "/v1/completions",
+       "{\"model\": \"nope\", " + ok_prompt + "}",
+       {auth()},
+       404,
+       "model_not_found"},
+      {"POST",
+       "/v1/completions",
+       "{\"model\": \"tiny\", " + ok_prompt + "}",
+       {},
+       401,
+       "invalid_api_key"},
+      {"POST",
+       "/v1/completions",
+       "{\"model\": \"tiny\", " + ok_prompt + "}",
+       {"Authorization: Bearer wrong"},
+       401,
+       "invalid_api_key"},
+      {"GET", "/v1/nothing-here", "", {auth()}, 404, "not_found"},
+      {"GET", "/v1/completions", "", {auth()}, 405, "method_not_allowed"},
+      {"POST", "/v1/completions", std::string(70000, ' '), {auth()}, 413, "request_too_large"},
+      {"POST", "/detokenize", R"({"tokens": [-5]})", {}, 400, ""},
+      {"POST", "/tokenize", R"({"nothing": 1})", {}, 400, ""},
+  };
+  for (const Case& c : cases) {
+    HttpResponse r = http_request(port(), c.method, c.path, c.body, c.headers);
+    ASSERT_TRUE(r.ok) << c.method << " " << c.path << " " << c.body.substr(0, 80);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> " << r.body;
+    json body = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(body.is_discarded()) << r.body;
+    ASSERT_TRUE(body.contains("error")) << r.body;
+    for (const char* key : {"message", "type", "param", "code"}) {
+      EXPECT_TRUE(body["error"].contains(key)) << key << " in " << r.body;
+    }
+    EXPECT_FALSE(body["error"]["message"].get<std::string>().empty());
+    if (!c.code.empty()) EXPECT_EQ(body["error"]["code"], c.code) << r.body;
+  }
+  // Still serving.
+  HttpResponse r = http_request(port(), "POST", "/v1/completions",
+                                "{\"model\": \"tiny\", " + ok_prompt + "}", {auth()});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"].get<int>() <= 2, true);
+  EXPECT_TRUE(wait_idle());
+}
+
+TEST_F(ServerIntegrationTest, TokenizeRoundTrip) {
+  HttpResponse t = http_request(port(), "POST", "/tokenize", R"({"prompt": "hello world"})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  json tj = json::parse(t.body);
+  EXPECT_EQ(tj["count"], tj["tokens"].size());
+  EXPECT_EQ(tj["max_model_len"], 512);
+  json detok = {{"tokens", tj["tokens"]}};
+  HttpResponse d = http_request(port(), "POST", "/detokenize", detok.dump());
+  ASSERT_EQ(d.status, 200) << d.body;
+  // add_bos_token: the text comes back behind the BOS token's text.
+  const std::string text = json::parse(d.body)["prompt"];
+  EXPECT_EQ(text.substr(text.size() - 11), "hello world");
+}
+
+// A client that disconnects mid-stream aborts its request: the KV blocks go back to idle.
+TEST_F(ServerIntegrationTest, DisconnectMidStreamFreesKvBlocks) {
+  ASSERT_TRUE(wait_idle());
+  const double aborts_before =
+      metric_sum(metrics(), "peerserve:request_success_total", "finished_reason=\"abort\"");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string body =
+      R"({"model": "tiny", "prompt": "a long story", "max_tokens": 400, "ignore_eos": true, "stream": true})";
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth() +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\"text\"") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  // The request is generating now: blocks are in use.
+  EXPECT_GT(metric_value(metrics(), "peerserve:kv_cache_blocks_used").value_or(0), 0.0);
+  ::close(fd);
+  EXPECT_TRUE(wait_idle()) << metrics();
+  EXPECT_EQ(metric_sum(metrics(), "peerserve:request_success_total", "finished_reason=\"abort\""),
+            aborts_before + 1);
+}
+
+TEST_F(ServerIntegrationTest, MoreConcurrentRequestsThanMaxNumSeqs) {
+  constexpr int kRequests = kMaxNumSeqs * 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kRequests; ++i) {
+    threads.emplace_back([&, i] {
+      json body = {{"model", "tiny"},
+                   {"prompt", "concurrent " + std::to_string(i)},
+                   {"max_tokens", 10},
+                   {"ignore_eos", true},
+                   {"temperature", 0}};
+      HttpResponse r = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
+      if (r.status == 200 && json::parse(r.body)["usage"]["completion_tokens"] == 10) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kRequests);
+  EXPECT_TRUE(wait_idle());
+}
+
+// A server with one slot and a one-sequence queue answers 429 to the overflow, never 5xx,
+// and completes the rest.
+TEST(ServerQueueLimitTest, FullQueueGets429) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("peerserve_tiny_q_" + std::to_string(::getpid()));
+  TestModelOptions options;
+  options.preset = TestModelPreset::kTiny;
+  ASSERT_TRUE(write_test_model(dir.string(), options).ok());
+  ServerProcess server;
+  ASSERT_TRUE(server.start(dir.string(), {"--served-model-name", "tiny", "--max-num-seqs", "1",
+                                          "--max-waiting-requests", "1", "--max-model-len", "512"}))
+      << server.read_log();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0}, too_many{0}, other{0};
+  for (int i = 0; i < 12; ++i) {
+    threads.emplace_back([&, i] {
+      json body = {{"model", "tiny"},
+                   {"prompt", "q " + std::to_string(i)},
+                   {"max_tokens", 100},
+                   {"ignore_eos", true}};
+      HttpResponse r = http_request(server.port(), "POST", "/v1/completions", body.dump());
+      if (r.status == 200) {
+        ++ok;
+      } else if (r.status == 429 && json::parse(r.body)["error"]["code"] == "rate_limit_exceeded") {
+        ++too_many;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GT(too_many.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(server.stop(), 0);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace peerserve
