@@ -1,7 +1,10 @@
 // peerserve_bench_kernels: the machine's ceilings, then each kernel's achieved throughput
 // as a fraction of its ceiling, measured in the same run (medians of several runs).
 //
-//   peerserve_bench_kernels [--quick] [--all-isa] [--threads N]
+//   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time]
+//
+// --cpu-time (with --threads 1): time with the thread's CPU clock instead of the wall clock,
+// which leaves out preemption on a shared, oversubscribed machine (see TimeSource).
 //
 // GEMV (m = 1) is judged against the streaming read bandwidth: its weights rotate through
 // copies totalling several times the last-level cache, as a decode step streams a model's
@@ -28,7 +31,6 @@
 namespace peerserve::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using kernels::ActivationPrecision;
 using kernels::IsaLevel;
 
@@ -36,11 +38,13 @@ struct Flags {
   bool quick = false;
   bool all_isa = false;
   int threads = 0;
+  TimeSource time = TimeSource::kWall;
 };
 
 struct Ceilings {
   MachineCeilings machine;
   ReadBandwidthProbe* bandwidth = nullptr;
+  TimeSource time = TimeSource::kWall;
 };
 
 struct Measurement {
@@ -75,15 +79,11 @@ Measurement measure_paired(int runs, double work, const Kernel& kernel, const Ce
 double bandwidth_now(const Ceilings& c) {
   return c.bandwidth->measure_gbs();
 }
-double bf16_peak_now(ThreadPool& pool) {
-  return measure_bf16_dot_peak(pool, 1, 0.05);
+double bf16_peak_now(ThreadPool& pool, TimeSource time) {
+  return measure_bf16_dot_peak(pool, 1, 0.05, time);
 }
-double fp32_peak_now(ThreadPool& pool) {
-  return measure_fp32_fma_peak(pool, 1, 0.05);
-}
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double fp32_peak_now(ThreadPool& pool, TimeSource time) {
+  return measure_fp32_fma_peak(pool, 1, 0.05, time);
 }
 
 std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
@@ -147,12 +147,12 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
   const Measurement m = measure_paired(
       flags.quick ? 3 : 7, bytes,
       [&] {
-        const auto start = Clock::now();
+        const Stopwatch watch(flags.time);
         for (const auto& w : weights) {
           args.w = w.data();
           kernels::matmul_bf16(args, precision, &pool);
         }
-        return seconds_since(start) / static_cast<double>(copies);
+        return watch.seconds() / static_cast<double>(copies);
       },
       [&] { return bandwidth_now(c); });
   print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), m, "GB/s");
@@ -177,11 +177,11 @@ void bench_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m,
   const Measurement r = measure_paired(
       flags.quick ? 3 : 5, 2.0 * static_cast<double>(m * n * k),
       [&] {
-        const auto start = Clock::now();
+        const Stopwatch watch(flags.time);
         kernels::matmul_bf16(args, precision, &pool);
-        return seconds_since(start);
+        return watch.seconds();
       },
-      [&] { return dot ? bf16_peak_now(pool) : fp32_peak_now(pool); });
+      [&] { return dot ? bf16_peak_now(pool, flags.time) : fp32_peak_now(pool, flags.time); });
   print_row("matmul_bf16 gemm", level, shape_name(m, n, k), precision_name(precision), r,
             "GFLOP/s");
 }
@@ -248,9 +248,9 @@ void bench_experts(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaL
   const Measurement m = measure_paired(
       flags.quick ? 3 : 7, static_cast<double>(active * 3 * inter * hidden * 2),
       [&] {
-        const auto start = Clock::now();
+        const Stopwatch watch(flags.time);
         for (int s = 0; s < steps; ++s) step();
-        return seconds_since(start) / steps;
+        return watch.seconds() / steps;
       },
       [&] { return bandwidth_now(c); });
   print_row(
@@ -268,10 +268,16 @@ Flags parse_flags(int argc, char** argv) {
       f.all_isa = true;
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       f.threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
+      f.time = TimeSource::kThreadCpu;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--all-isa] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time]\n", argv[0]);
       std::exit(2);
     }
+  }
+  if (f.time == TimeSource::kThreadCpu && f.threads != 1) {
+    std::fprintf(stderr, "--cpu-time needs --threads 1 (it times the calling thread only)\n");
+    std::exit(2);
   }
   return f;
 }
@@ -285,11 +291,13 @@ int run(int argc, char** argv) {
     options.runs = 3;
     options.peak_run_seconds = 0.05;
   }
+  options.time = flags.time;
   Ceilings c{measure_machine_ceilings(pool, options)};
   // Paired bandwidth runs read 256 MiB (8x the last-level cache of the reference machine).
-  ReadBandwidthProbe probe(pool, int64_t{256} << 20);
+  ReadBandwidthProbe probe(pool, int64_t{256} << 20, flags.time);
   c.bandwidth = &probe;
-  std::printf("threads %d, best ISA %s\n", c.machine.threads, c.machine.isa.c_str());
+  std::printf("threads %d, best ISA %s, %s\n", c.machine.threads, c.machine.isa.c_str(),
+              flags.time == TimeSource::kThreadCpu ? "thread CPU time" : "wall time");
   std::printf("ceiling: read bandwidth      %8.1f GB/s\n", c.machine.read_bandwidth_gbs);
   std::printf("ceiling: fp32 FMA peak       %8.1f GFLOP/s\n", c.machine.fp32_fma_gflops);
   std::printf("ceiling: bf16 dot peak       %8.1f GFLOP/s\n", c.machine.bf16_dot_gflops);

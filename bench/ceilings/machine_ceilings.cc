@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <vector>
 
 #include "bench/ceilings/compute_loops.h"
@@ -12,10 +13,13 @@
 namespace peerserve::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double now_seconds(TimeSource source) {
+  if (source == TimeSource::kThreadCpu) {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Keeps results alive so the loops are not optimised away.
@@ -25,32 +29,39 @@ bool has(kernels::IsaLevel level) {
   return kernels::isa_level_supported(level);
 }
 
-// Runs loop(iterations) on every thread and returns the wall time of the slowest.
+// Runs loop(iterations) on every thread and returns the time until the slowest is done.
 template <typename Loop>
-double time_on_all_threads(ThreadPool& pool, int64_t iterations, const Loop& loop) {
-  const auto start = Clock::now();
+double time_on_all_threads(ThreadPool& pool, TimeSource time, int64_t iterations,
+                           const Loop& loop) {
+  const Stopwatch watch(time);
   pool.run_on_all([&](int, int) { sink.store(loop(iterations), std::memory_order_relaxed); });
-  return seconds_since(start);
+  return watch.seconds();
 }
 
 // Median rate (work units per second) of `runs` runs lasting about run_seconds each;
 // `work_per_iteration` is per thread.
 template <typename Loop>
-double peak_rate(ThreadPool& pool, int runs, double run_seconds, double work_per_iteration,
-                 const Loop& loop) {
+double peak_rate(ThreadPool& pool, TimeSource time, int runs, double run_seconds,
+                 double work_per_iteration, const Loop& loop) {
   int64_t iterations = 1 << 14;
   // Calibrate: grow until a run lasts a tenth of the target.
-  while (time_on_all_threads(pool, iterations, loop) < run_seconds / 10) iterations *= 2;
+  while (time_on_all_threads(pool, time, iterations, loop) < run_seconds / 10) iterations *= 2;
   iterations *= 10;
   std::vector<double> rates;
   for (int r = 0; r < runs; ++r) {
-    const double t = time_on_all_threads(pool, iterations, loop);
+    const double t = time_on_all_threads(pool, time, iterations, loop);
     rates.push_back(work_per_iteration * static_cast<double>(iterations) * pool.num_threads() / t);
   }
   return median(rates);
 }
 
 }  // namespace
+
+Stopwatch::Stopwatch(TimeSource source) : source_(source), start_(now_seconds(source)) {}
+
+double Stopwatch::seconds() const {
+  return now_seconds(source_) - start_;
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -59,8 +70,10 @@ double median(std::vector<double> values) {
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes)
-    : pool_(pool), buffer_(static_cast<size_t>(buffer_bytes / int64_t{sizeof(float)})) {
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes, TimeSource time)
+    : pool_(pool),
+      time_(time),
+      buffer_(static_cast<size_t>(buffer_bytes / int64_t{sizeof(float)})) {
   // Touch every page from the threads that will read it.
   const int64_t n = static_cast<int64_t>(buffer_.size());
   pool_.parallel_for(
@@ -70,45 +83,49 @@ ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes)
 double ReadBandwidthProbe::measure_gbs() {
   const int64_t n = static_cast<int64_t>(buffer_.size());
   const bool avx2 = has(kernels::IsaLevel::kAvx2);
-  const auto start = Clock::now();
+  const Stopwatch watch(time_);
   pool_.run_on_all([&](int t, int nt) {
     const float* begin = buffer_.data() + n * t / nt;
     const float* end = buffer_.data() + n * (t + 1) / nt;
     sink.store(avx2 ? internal::read_sum_avx2(begin, end) : internal::read_sum_scalar(begin, end),
                std::memory_order_relaxed);
   });
-  return static_cast<double>(n) * sizeof(float) / seconds_since(start) / 1e9;
+  return static_cast<double>(n) * sizeof(float) / watch.seconds() / 1e9;
 }
 
-double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs) {
-  ReadBandwidthProbe probe(pool, buffer_bytes);
+double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs, TimeSource time) {
+  ReadBandwidthProbe probe(pool, buffer_bytes, time);
   probe.measure_gbs();  // warm-up
   std::vector<double> rates;
   for (int r = 0; r < runs; ++r) rates.push_back(probe.measure_gbs());
   return median(rates);
 }
 
-double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds) {
+double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds, TimeSource time) {
   using internal::kFmaChains;
   if (has(kernels::IsaLevel::kAvx512)) {
-    return peak_rate(pool, runs, run_seconds, 2.0 * 16 * kFmaChains, internal::fma_loop_avx512) /
+    return peak_rate(pool, time, runs, run_seconds, 2.0 * 16 * kFmaChains,
+                     internal::fma_loop_avx512) /
            1e9;
   }
   if (has(kernels::IsaLevel::kAvx2)) {
-    return peak_rate(pool, runs, run_seconds, 2.0 * 8 * kFmaChains, internal::fma_loop_avx2) / 1e9;
+    return peak_rate(pool, time, runs, run_seconds, 2.0 * 8 * kFmaChains, internal::fma_loop_avx2) /
+           1e9;
   }
-  return peak_rate(pool, runs, run_seconds, 2.0 * kFmaChains, internal::fma_loop_scalar) / 1e9;
+  return peak_rate(pool, time, runs, run_seconds, 2.0 * kFmaChains, internal::fma_loop_scalar) /
+         1e9;
 }
 
-double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds) {
+double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds, TimeSource time) {
   if (!has(kernels::IsaLevel::kAvx512Bf16)) return 0;
   // Each vdpbf16ps: 16 lanes x 2 pairs x (multiply + add).
-  return peak_rate(pool, runs, run_seconds, 4.0 * 16 * internal::kFmaChains,
+  return peak_rate(pool, time, runs, run_seconds, 4.0 * 16 * internal::kFmaChains,
                    internal::bf16_dot_loop_avx512) /
          1e9;
 }
 
-double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs) {
+double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
+                                      TimeSource time) {
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   std::vector<bf16> w(static_cast<size_t>(n * k));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 251) / 251.0f - 0.5f;
@@ -122,9 +139,9 @@ double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, in
   args.k = k;
   std::vector<double> rates;
   for (int r = 0; r < runs + 1; ++r) {
-    const auto start = Clock::now();
+    const Stopwatch watch(time);
     kernels::matmul_bf16(args, kernels::ActivationPrecision::kBf16, &pool);
-    const double t = seconds_since(start);
+    const double t = watch.seconds();
     if (r > 0) rates.push_back(2.0 * static_cast<double>(m * n * k) / t / 1e9);
   }
   return median(rates);
@@ -134,10 +151,14 @@ MachineCeilings measure_machine_ceilings(ThreadPool& pool, const CeilingOptions&
   MachineCeilings c;
   c.threads = pool.num_threads();
   c.isa = std::string(kernels::isa_level_name(kernels::active_isa_level()));
-  c.read_bandwidth_gbs = measure_read_bandwidth(pool, options.bandwidth_buffer_bytes, options.runs);
-  c.fp32_fma_gflops = measure_fp32_fma_peak(pool, options.runs, options.peak_run_seconds);
-  c.bf16_dot_gflops = measure_bf16_dot_peak(pool, options.runs, options.peak_run_seconds);
-  c.matmul_bf16_gflops = measure_matmul_bf16_throughput(pool, 512, 2048, 2048, options.runs);
+  c.read_bandwidth_gbs =
+      measure_read_bandwidth(pool, options.bandwidth_buffer_bytes, options.runs, options.time);
+  c.fp32_fma_gflops =
+      measure_fp32_fma_peak(pool, options.runs, options.peak_run_seconds, options.time);
+  c.bf16_dot_gflops =
+      measure_bf16_dot_peak(pool, options.runs, options.peak_run_seconds, options.time);
+  c.matmul_bf16_gflops =
+      measure_matmul_bf16_throughput(pool, 512, 2048, 2048, options.runs, options.time);
   return c;
 }
 

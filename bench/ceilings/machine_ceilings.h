@@ -14,6 +14,22 @@
 
 namespace peerserve::bench {
 
+// The clock a measurement uses. kThreadCpu is the CPU time of the calling thread: it leaves
+// out time the thread was not running, so on a shared, oversubscribed machine it measures
+// what the code costs while it runs (caches and memory are still shared). Only meaningful
+// with a one-thread pool, where the calling thread does all the work.
+enum class TimeSource { kWall, kThreadCpu };
+
+class Stopwatch {
+ public:
+  explicit Stopwatch(TimeSource source);
+  double seconds() const;  // since construction
+
+ private:
+  TimeSource source_;
+  double start_;
+};
+
 struct CeilingOptions {
   // Bytes read per bandwidth run; far above the last-level cache. Default: 1 GiB.
   int64_t bandwidth_buffer_bytes = int64_t{1} << 30;
@@ -21,6 +37,7 @@ struct CeilingOptions {
   int runs = 7;
   // Approximate duration of one arithmetic-peak run. Default: 0.1 s.
   double peak_run_seconds = 0.1;
+  TimeSource time = TimeSource::kWall;  // Default: wall clock
 };
 
 struct MachineCeilings {
@@ -34,28 +51,32 @@ struct MachineCeilings {
 
 // Streaming read bandwidth in GB/s: every thread sums its contiguous share of a buffer of
 // `buffer_bytes` (allocated and touched here); median over `runs`.
-double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs);
+double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs,
+                              TimeSource time = TimeSource::kWall);
 
 // The same measurement with the buffer kept between runs, so that a benchmark can measure
 // the ceiling right next to each kernel run (on a shared machine the load drifts).
 class ReadBandwidthProbe {
  public:
-  ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes);
+  ReadBandwidthProbe(ThreadPool& pool, int64_t buffer_bytes, TimeSource time = TimeSource::kWall);
   // One run, GB/s.
   double measure_gbs();
 
  private:
   ThreadPool& pool_;
+  TimeSource time_;
   std::vector<float> buffer_;
 };
 
 // Peak fp32 FMA throughput in GFLOP/s (2 flops per lane per FMA), independent
 // register-resident chains on every thread; AVX-512 if present, else AVX2, else scalar.
-double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds);
+double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds,
+                             TimeSource time = TimeSource::kWall);
 
 // Peak vdpbf16ps throughput in GFLOP/s (each bf16 pair counts 2 multiply-adds = 4 flops
 // per fp32 lane); 0 if the CPU has no AVX512_BF16.
-double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds);
+double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds,
+                             TimeSource time = TimeSource::kWall);
 
 // Throughput of kernels::matmul_bf16 with bf16 activations on m x n x k, in GFLOP/s
 // (2 m n k flops). The best a real GEMM reaches here: the "measured matmul peak".
