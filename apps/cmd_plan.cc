@@ -104,6 +104,9 @@ int run_plan(const PlanOptions& o) {
   if (!decode.ok()) return fail(decode.status());
   auto prefill = o.deployment.prefill();
   if (!prefill.ok()) return fail(prefill.status());
+  if (Status s = plan_inputs::apply_routing(flags, *model, *prefill, *decode); !s.ok()) {
+    return fail(s);
+  }
   if (!(o.prompt_tokens >= 1.0) || !(o.output_tokens >= 1.0) ||
       !(o.reuse >= 0.0 && o.reuse < 1.0)) {
     return fail(
@@ -257,9 +260,10 @@ int run_plan(const PlanOptions& o) {
   } else {
     fmt::print("  no batch meets TPOT <= {} ms\n", o.tpot_slo_ms);
   }
-  fmt::print("\nPREFILL ({}: {} devices, attention TP {}, {:.0f} tokens per device)\n",
-             flags.prefill_preset, prefill->experts.devices, prefill->attention_tp,
-             p->batch.new_tokens + p->batch.cached_tokens);
+  fmt::print(
+      "\nPREFILL ({}: {} devices, attention TP {}, {:.0f} tokens per device, imbalance {:.2f})\n",
+      flags.prefill_preset, prefill->experts.devices, prefill->attention_tp,
+      p->batch.new_tokens + p->batch.cached_tokens, prefill->experts.expert_imbalance);
   print_layer("MoE layer", p->moe_layer);
   fmt::print(
       "  batch {:.1f} ms (TTFT of the batch), cache load {:.1f} ms; prompt tokens/s: {}; "

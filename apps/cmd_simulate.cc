@@ -66,6 +66,9 @@ int run_simulate(const SimulateOptions& o) {
   if (!decode.ok()) return fail(decode.status());
   auto prefill = o.deployment.prefill();
   if (!prefill.ok()) return fail(prefill.status());
+  if (Status st = plan_inputs::apply_routing(o.deployment, *model, *prefill, *decode); !st.ok()) {
+    return fail(st);
+  }
   sim.decode = *decode;
   sim.prefill = *prefill;
   sim.prefill_instances = o.prefill_instances;

@@ -16,6 +16,9 @@
 
 #include "base/status.h"
 #include "plan/analytic/deployment_presets.h"
+#include "plan/analytic/routing_imbalance.h"
+#include "plan/placement/expert_routing_load.h"
+#include "plan/placement/routing_trace.h"
 #include "plan/profiles/hardware_profile.h"
 #include "plan/profiles/model_profile.h"
 #include "plan/report/paper_reproduction.h"
@@ -118,6 +121,7 @@ struct DeploymentFlags {
   std::optional<int> mtp_drafts;
   std::optional<double> mtp_acceptance;
   double imbalance = 1.0;
+  std::string routing;  // "", "uniform", "skewed:H", "trace:FILE[,FILE...]"
   std::optional<double> prefill_tokens_per_device;
 
   void add_to(CLI::App& app) {
@@ -142,6 +146,10 @@ struct DeploymentFlags {
     app.add_option("--mtp-acceptance", mtp_acceptance, "MTP acceptance probability");
     app.add_option("--imbalance", imbalance, "max/mean tokens per expert rank (1: perfect EPLB)")
         ->capture_default_str();
+    app.add_option("--routing", routing,
+                   "expert routing instead of --imbalance: uniform, skewed:H (hottest expert H x "
+                   "the mean), or trace:FILE[,FILE...] (published per-request JSON traces); "
+                   "placed EPLB-style on each deployment");
     app.add_option("--prefill-tokens-per-device", prefill_tokens_per_device,
                    "prefill batch budget per device");
   }
@@ -189,5 +197,57 @@ struct DeploymentFlags {
     return d;
   }
 };
+
+// Replaces both deployments' expert_imbalance by what `flags.routing` gives after EPLB-style
+// placement (prefill rows of traces for prefill, decode steps for decode). No-op when empty.
+inline Status apply_routing(const DeploymentFlags& flags, const plan::ModelProfile& model,
+                            plan::PrefillDeployment& prefill, plan::DecodeDeployment& decode) {
+  const std::string& spec = flags.routing;
+  if (spec.empty()) return ok_status();
+  plan::ExpertRoutingLoad prefill_load;
+  plan::ExpertRoutingLoad decode_load;
+  if (spec == "uniform" || spec.rfind("skewed:", 0) == 0) {
+    double hottest = 1.0;
+    if (spec != "uniform") {
+      try {
+        hottest = std::stod(spec.substr(7));
+      } catch (...) {
+        return invalid_argument("--routing '" + spec + "': expected skewed:H with a number H >= 1");
+      }
+    }
+    PS_ASSIGN_OR_RETURN(prefill_load, plan::skewed_routing_load(model, hottest, 1e6, 1));
+    decode_load = prefill_load;
+  } else if (spec.rfind("trace:", 0) == 0) {
+    std::vector<plan::RequestRouting> requests;
+    std::stringstream paths(spec.substr(6));
+    std::string path;
+    while (std::getline(paths, path, ',')) {
+      std::ifstream in(path);
+      if (!in) return not_found("--routing: cannot open trace '" + path + "'");
+      std::stringstream text;
+      text << in.rdbuf();
+      plan::RoutingTraceParseOptions options;
+      options.num_experts = model.num_routed_experts;
+      auto request = plan::parse_routing_trace(text.str(), options);
+      if (!request.ok()) return request.status().with_context(path);
+      requests.push_back(std::move(*request));
+    }
+    if (requests.empty()) return invalid_argument("--routing trace: names no files");
+    PS_ASSIGN_OR_RETURN(prefill_load,
+                        plan::expert_load_from_routing(requests, model.num_routed_experts,
+                                                       plan::RoutingPhase::kPrefill));
+    PS_ASSIGN_OR_RETURN(decode_load,
+                        plan::expert_load_from_routing(requests, model.num_routed_experts,
+                                                       plan::RoutingPhase::kDecode));
+  } else {
+    return invalid_argument("--routing '" + spec +
+                            "': expected uniform, skewed:H or trace:FILE[,FILE...]");
+  }
+  PS_ASSIGN_OR_RETURN(auto p, plan::routing_imbalance(prefill_load, model, prefill.experts));
+  PS_ASSIGN_OR_RETURN(auto d, plan::routing_imbalance(decode_load, model, decode.experts));
+  prefill.experts.expert_imbalance = p.mean_max_over_mean;
+  decode.experts.expert_imbalance = d.mean_max_over_mean;
+  return ok_status();
+}
 
 }  // namespace peerserve::plan_inputs

@@ -16,6 +16,7 @@
 #include "plan/analytic/model_loading.h"
 #include "plan/analytic/pd_ratio.h"
 #include "plan/analytic/prefill_model.h"
+#include "plan/analytic/routing_imbalance.h"
 #include "plan/sim/workload.h"
 #include "tests/plan/test_data.h"
 
@@ -316,6 +317,67 @@ TEST(PrefillModel, CausalContextAndCacheHits) {
   EXPECT_NE(missing_path.status().message().find("ub, vpc"), std::string::npos);
   deployment.attention_tp = 5;
   EXPECT_FALSE(estimate_prefill(model, hw, deployment, uniform_prefill_batch(2, 4096, 0)).ok());
+}
+
+ExpertRoutingLoad uniform_load(int experts, int layers) {
+  ExpertRoutingLoad load;
+  load.num_experts = experts;
+  for (int l = 0; l < layers; ++l) {
+    load.moe_layers.push_back(l);
+    load.counts.push_back(std::vector<double>(experts, 100.0));
+  }
+  return load;
+}
+
+// Hand-computed placements.
+TEST(RoutingImbalance, HandCases) {
+  auto v3 = *model_preset("deepseek-v3");
+  // Uniform routing, 256 experts on 288 dies with one slot each: 32 experts get a second
+  // replica at half load; busiest die L, mean 256 L / 288: 1.125.
+  ExpertPlacement cloudmatrix;
+  cloudmatrix.devices = 320;
+  cloudmatrix.redundant_experts = 32;
+  cloudmatrix.shared_expert_devices = 32;
+  auto cm = routing_imbalance(uniform_load(256, 3), v3, cloudmatrix);
+  ASSERT_TRUE(cm.ok()) << cm.status().to_string();
+  EXPECT_NEAR(cm->mean_max_over_mean, 1.125, 1e-12);
+  // 32 ranks x 9 slots: 7 full experts + 2 half replicas on every rank: perfectly even.
+  ExpertPlacement prefill;
+  prefill.devices = 32;
+  prefill.redundant_experts = 32;
+  EXPECT_NEAR(routing_imbalance(uniform_load(256, 2), v3, prefill)->mean_max_over_mean, 1.0, 1e-12);
+  // 4 experts on 2 ranks x 2 slots, loads 5,1,1,1: 5 -> r0; 1, 1 -> r1 (then full); 1 -> r0:
+  // loads 6 and 2, max / mean = 6 / 4.
+  ModelProfile small = v3;
+  small.num_routed_experts = 4;
+  small.experts_per_token = 1;
+  ExpertRoutingLoad load;
+  load.num_experts = 4;
+  load.moe_layers = {3};
+  load.counts = {{5, 1, 1, 1}};
+  ExpertPlacement two;
+  two.devices = 2;
+  EXPECT_NEAR(routing_imbalance(load, small, two)->mean_max_over_mean, 1.5, 1e-12);
+  EXPECT_FALSE(routing_imbalance(uniform_load(128, 1), v3, prefill).ok());  // wrong experts
+}
+
+TEST(RoutingImbalance, SkewShowsWithoutRedundancy) {
+  auto v3 = *model_preset("deepseek-v3");
+  ExpertPlacement ep32;  // 8 experts per rank, no redundant slots
+  ep32.devices = 32;
+  std::vector<double> imbalance;
+  for (double hottest : {1.0, 8.0}) {
+    auto load = skewed_routing_load(v3, hottest, 1e6, 1);
+    ASSERT_TRUE(load.ok()) << load.status().to_string();
+    // The hottest expert is chosen `hottest` times as often as the mean one.
+    const auto& counts = load->counts[0];
+    EXPECT_NEAR(*std::max_element(counts.begin(), counts.end()) / (1e6 / 256), hottest, 1e-6);
+    imbalance.push_back(routing_imbalance(*load, v3, ep32)->mean_max_over_mean);
+  }
+  EXPECT_NEAR(imbalance[0], 1.0, 1e-12);  // uniform: 8 equal experts on every rank
+  // Skewed experts without replicas cannot be packed evenly, eight to a rank.
+  EXPECT_GT(imbalance[1], 1.01);
+  EXPECT_FALSE(skewed_routing_load(v3, 0.5, 1e6, 1).ok());
 }
 
 TEST(ModelLoading, Table2Arithmetic) {
