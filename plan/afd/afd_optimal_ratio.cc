@@ -108,6 +108,11 @@ Result<AfdBundle> afd_best_bundle(const AfdLatencyModel& model, const AfdWorkloa
                             ", expected >= 1");
   }
   PS_ASSIGN_OR_RETURN(AfdOptimalRatio optimum, afd_optimal_ratio(model, workload));
+  if (optimum.ratio * max_ffn_instances > 1e7) {
+    return invalid_argument("AFD bundle: r* = " + std::to_string(optimum.ratio) + " with up to " +
+                            std::to_string(max_ffn_instances) +
+                            " FFN instances needs more than 1e7 Attention instances");
+  }
   AfdBundle best;
   for (int y = 1; y <= max_ffn_instances; ++y) {
     const double ideal = optimum.ratio * y;
