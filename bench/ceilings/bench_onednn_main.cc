@@ -7,7 +7,11 @@
 // checkpoint (oneDNN: format tag "ba", no prepacking), fp32 output. GEMV weights rotate
 // through copies larger than the last-level cache, as in peerserve_bench_kernels.
 //
-//   peerserve_bench_onednn [--threads N]   (oneDNN's own thread count follows OMP_NUM_THREADS)
+//   peerserve_bench_onednn [--threads N] [--cpu-time]
+//
+// oneDNN's own thread count follows OMP_NUM_THREADS. --cpu-time (with --threads 1 and
+// OMP_NUM_THREADS=1, where both run on the calling thread) times with the thread's CPU clock,
+// leaving out preemption on a shared machine.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,13 +27,8 @@
 namespace peerserve::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::vector<bf16> pattern_bf16(size_t n, uint32_t seed) {
   std::vector<bf16> v(n);
@@ -46,7 +45,8 @@ struct Timing {
 };
 
 // m x n x k with `copies` weight matrices used in turn; median per-call time of each side.
-Timing compare(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t copies, int runs) {
+Timing compare(ThreadPool& pool, TimeSource time, int64_t m, int64_t n, int64_t k, int64_t copies,
+               int runs) {
   std::vector<std::vector<bf16>> weights;
   for (int64_t c = 0; c < copies; ++c)
     weights.push_back(pattern_bf16(static_cast<size_t>(n * k), static_cast<uint32_t>(c)));
@@ -70,7 +70,7 @@ Timing compare(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t copies
 
   std::vector<double> ours, theirs;
   for (int r = 0; r < runs + 1; ++r) {
-    auto start = Clock::now();
+    const Stopwatch ours_watch(time);
     for (int64_t c = 0; c < copies; ++c) {
       kernels::MatmulBf16Args a;
       a.x = x.data();
@@ -81,15 +81,15 @@ Timing compare(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t copies
       a.k = k;
       kernels::matmul_bf16(a, kernels::ActivationPrecision::kBf16, &pool);
     }
-    const double t_ours = seconds_since(start) / static_cast<double>(copies);
-    start = Clock::now();
+    const double t_ours = ours_watch.seconds() / static_cast<double>(copies);
+    const Stopwatch theirs_watch(time);
     for (int64_t c = 0; c < copies; ++c) {
       prim.execute(stream, {{DNNL_ARG_SRC, src},
                             {DNNL_ARG_WEIGHTS, wei[static_cast<size_t>(c)]},
                             {DNNL_ARG_DST, dst}});
     }
     stream.wait();
-    const double t_theirs = seconds_since(start) / static_cast<double>(copies);
+    const double t_theirs = theirs_watch.seconds() / static_cast<double>(copies);
     if (r > 0) {
       ours.push_back(t_ours);
       theirs.push_back(t_theirs);
@@ -98,19 +98,63 @@ Timing compare(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t copies
   return Timing{median(ours) * 1e3, median(theirs) * 1e3, pd.impl_info_str()};
 }
 
+// Whether oneDNN gives row i of a 512-row product bitwise equal to the same row computed
+// alone (m = 1) and inside a 7-row batch: the batch invariance peerserve requires.
+bool onednn_batch_invariant(int64_t n, int64_t k) {
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const std::vector<bf16> w = pattern_bf16(static_cast<size_t>(n * k), 17);
+  std::vector<bf16> x(static_cast<size_t>(512 * k));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = float_to_bf16(static_cast<float>((i * 40503u) % 1999) * 1e-3f - 1.0f);
+  }
+  const auto multiply = [&](int64_t m, const bf16* rows) {
+    std::vector<float> y(static_cast<size_t>(m * n));
+    const dnnl::memory::desc src_md({m, k}, dt::bf16, tag::ab);
+    const dnnl::memory::desc wei_md({k, n}, dt::bf16, tag::ba);
+    const dnnl::memory::desc dst_md({m, n}, dt::f32, tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
+    dnnl::memory src(src_md, engine, const_cast<bf16*>(rows));
+    dnnl::memory wei(wei_md, engine, const_cast<bf16*>(w.data()));
+    dnnl::memory dst(dst_md, engine, y.data());
+    dnnl::matmul(pd).execute(stream,
+                             {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    stream.wait();
+    return y;
+  };
+  const std::vector<float> full = multiply(512, x.data());
+  for (int64_t row : {0, 5, 300, 511}) {
+    const std::vector<float> alone = multiply(1, x.data() + row * k);
+    if (std::memcmp(alone.data(), full.data() + row * n, static_cast<size_t>(n) * sizeof(float)) !=
+        0) {
+      return false;
+    }
+  }
+  const std::vector<float> seven = multiply(7, x.data() + 300 * k);
+  return std::memcmp(seven.data(), full.data() + 300 * n,
+                     static_cast<size_t>(7 * n) * sizeof(float)) == 0;
+}
+
 int run(int argc, char** argv) {
   int threads = 0;
+  TimeSource time = TimeSource::kWall;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
+      time = TimeSource::kThreadCpu;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--cpu-time]\n", argv[0]);
       return 2;
     }
   }
+  if (time == TimeSource::kThreadCpu && threads != 1) {
+    std::fprintf(stderr, "--cpu-time needs --threads 1 (and OMP_NUM_THREADS=1)\n");
+    return 2;
+  }
   ThreadPool pool(threads);
-  const double bandwidth = measure_read_bandwidth(pool, int64_t{1} << 30, 5);
-  const double dot_peak = measure_bf16_dot_peak(pool, 5, 0.1);
+  const double bandwidth = measure_read_bandwidth(pool, int64_t{1} << 30, 5, time);
+  const double dot_peak = measure_bf16_dot_peak(pool, 5, 0.1, time);
   std::printf("threads %d; read bandwidth %.1f GB/s; bf16 dot peak %.1f GFLOP/s\n",
               pool.num_threads(), bandwidth, dot_peak);
   std::printf("%-16s %10s %10s %9s %9s  %s\n", "m x n x k", "ours_ms", "onednn_ms", "ours",
@@ -122,7 +166,7 @@ int run(int argc, char** argv) {
     const int64_t m = s[0], n = s[1], k = s[2];
     const bool gemv = m <= 4;
     const int64_t copies = gemv ? std::max<int64_t>(2, (int64_t{256} << 20) / (n * k * 2)) : 1;
-    const Timing t = compare(pool, m, n, k, copies, gemv ? 5 : 3);
+    const Timing t = compare(pool, time, m, n, k, copies, gemv ? 5 : 3);
     const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
     if (gemv) {
       // Ratio of the streaming-read ceiling (weights dominate the bytes).
@@ -138,6 +182,10 @@ int run(int argc, char** argv) {
     }
   }
   std::printf("(ratios: of read bandwidth for m <= 4, of the bf16 dot peak otherwise)\n");
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {1024, 2816}}) {
+    std::printf("oneDNN rows bitwise independent of the batch (512x%ldx%ld vs m = 1, 7): %s\n", n,
+                k, onednn_batch_invariant(n, k) ? "yes" : "no");
+  }
   return 0;
 }
 
