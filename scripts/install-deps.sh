@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libboost-dev                        # Asio + Beast (header-only) for the HTTP front end
   python3 python3-jinja2 python3-numpy  # independent references used by tests
+  libdnnl-dev                         # optional: oneDNN comparison bench (docs/kernels.md)
   curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
