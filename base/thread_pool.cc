@@ -7,7 +7,7 @@ namespace peerserve {
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads_ = std::max(1, num_threads);
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { worker_loop(t); });
+  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -20,11 +20,25 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::worker_loop(int thread_idx) {
-  uint64_t seen = 0;
+void ThreadPool::run_parts(uint32_t generation) {
+  uint64_t claim = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    if (static_cast<uint32_t>(claim >> 32) != generation) return;  // a later job: not ours
+    const int part = static_cast<int>(claim & 0xffffffffu);
+    if (part >= num_threads_) return;
+    if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
+    // The job cannot finish (and job_ cannot change) while this claimed part is pending.
+    (*job_)(part, num_threads_);
+    parts_done_.fetch_add(1, std::memory_order_acq_rel);
+    claim = claim_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint32_t seen = 0;
   for (;;) {
     // Spin a little: the next job usually arrives within microseconds during a step.
-    uint64_t gen = generation_.load(std::memory_order_acquire);
+    uint32_t gen = generation_.load(std::memory_order_acquire);
     for (int spin = 0; gen == seen && spin < 20000; ++spin) {
       __builtin_ia32_pause();
       gen = generation_.load(std::memory_order_acquire);
@@ -36,8 +50,7 @@ void ThreadPool::worker_loop(int thread_idx) {
     }
     seen = gen;
     if (stop_.load()) return;
-    (*job_)(thread_idx, num_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    run_parts(gen);
   }
 }
 
@@ -46,15 +59,17 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
+  const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
   job_ = &fn;
-  pending_.store(num_threads_ - 1, std::memory_order_release);
+  parts_done_.store(0, std::memory_order_relaxed);
+  claim_.store(uint64_t{gen} << 32, std::memory_order_release);
   {
     std::lock_guard lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    generation_.store(gen, std::memory_order_release);
   }
   wake_.notify_all();
-  fn(0, num_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) __builtin_ia32_pause();
+  run_parts(gen);
+  while (parts_done_.load(std::memory_order_acquire) != num_threads_) __builtin_ia32_pause();
   job_ = nullptr;
 }
 

@@ -1,11 +1,13 @@
 // A fixed pool of worker threads for data-parallel loops in kernels.
 //
-// parallel_for splits [0, n) into one contiguous range per thread (static partition: GEMM
-// and attention tiles are equal-cost, and on a 2-core machine scheduling overhead matters
-// more than balance). The calling thread takes part, so ThreadPool(1) runs inline.
+// A loop is cut into one part per thread with fixed boundaries (static partition: GEMM and
+// attention tiles are equal-cost, and results must not depend on timing). Parts are
+// claimed, not assigned: the calling thread runs its part and then any part no worker has
+// claimed yet, so a worker that the OS has descheduled (a shared 2-core machine) delays
+// nobody. Which thread runs a part never changes what the part computes.
 // Workers spin briefly before sleeping, because a decode step issues hundreds of short
 // loops and a condition-variable wake costs tens of microseconds.
-// Thread-safety: one parallel_for at a time per pool (the engine thread owns it).
+// Thread-safety: one loop at a time per pool (the engine thread owns it).
 #pragma once
 
 #include <atomic>
@@ -33,19 +35,24 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
                     int64_t grain = 1);
 
-  // Calls fn(thread_idx, num_threads) once on every thread.
-  void run_on_all(const std::function<void(int thread_idx, int num_threads)>& fn);
+  // Calls fn(part_idx, num_parts) once for every part_idx in [0, num_threads()), spread
+  // over the pool's threads; returns when all parts are done.
+  void run_on_all(const std::function<void(int part_idx, int num_parts)>& fn);
 
  private:
-  void worker_loop(int thread_idx);
+  void worker_loop();
+  // Claims and runs parts of the job of `generation` until none is left.
+  void run_parts(uint32_t generation);
 
   int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
   const std::function<void(int, int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // High 32 bits: the job's generation; low 32 bits: the next unclaimed part.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> parts_done_{0};
+  std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
 };
 

@@ -37,3 +37,22 @@ TEST(ThreadPool, ManyShortJobs) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// Every part runs exactly once even when parts are claimed by whichever thread is free.
+TEST(ThreadPool, RunOnAllRunsEveryPartOnce) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 500; ++round) {
+    std::vector<std::atomic<int>> hits(3);
+    pool.run_on_all([&](int part, int parts) {
+      ASSERT_EQ(parts, 3);
+      hits[static_cast<size_t>(part)]++;
+    });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace peerserve
