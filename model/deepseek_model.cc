@@ -345,6 +345,8 @@ KvLayout DeepseekModel::kv_layout(int64_t block_size, DType dtype) const {
   return layout;
 }
 
+std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const { return impl_->experts; }
+
 void DeepseekModel::set_expert_backend(std::shared_ptr<ExpertBackend> backend) {
   impl_->experts = std::move(backend);
 }

@@ -90,7 +90,9 @@ class DeepseekModel {
   // One step of the MTP layer (draft-token logits); see MtpChunk. Same validation.
   Status forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache, ForwardOutput* out);
 
-  // Replaces the routed-expert executor (default: local execution with grouped GEMMs).
+  // The routed-expert executor (default: local execution with grouped GEMMs), and its
+  // replacement (e.g. expert parallelism, or a wrapper that observes routing).
+  std::shared_ptr<ExpertBackend> expert_backend() const;
   void set_expert_backend(std::shared_ptr<ExpertBackend> backend);
 
   // Defined in deepseek_model.cc.
