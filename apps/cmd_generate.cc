@@ -1,0 +1,212 @@
+// peerserve generate: runs one prompt through the model and streams the completion.
+//
+//   peerserve generate --model DIR --prompt "Hello" [--chat] [--max-tokens 64]
+//                      [--temperature 0] [--top-p 1] [--top-k 0] [--seed 0]
+//   peerserve generate --model DIR --prompt-ids 0,1234,88      (no tokenizer needed: prints ids
+//                                                               when the folder has none)
+//
+// Text goes to stdout as it is generated; the load progress bar and timings go to stderr.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/command_registry.h"
+#include "apps/load_progress_bar.h"
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+#include "runtime/sampler.h"
+#include "tokenizer/incremental_detokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+struct GenerateCli {
+  std::string model_dir;
+  std::string prompt;
+  std::string prompt_ids;
+  bool chat = false;
+  int64_t max_tokens = 64;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::string precision = "bf16";
+  bool ignore_eos = false;
+};
+
+// Prompts longer than this are prefilled in several chunks (bounds activation memory).
+constexpr int64_t kPrefillChunk = 1024;
+constexpr int64_t kBlockSize = 16;
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
+  return 1;
+}
+
+Result<std::vector<int32_t>> parse_prompt_ids(const std::string& list) {
+  std::vector<int32_t> ids;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || value < 0 || value > INT32_MAX) {
+      return invalid_argument("--prompt-ids: '" + item +
+                              "' is not a token id (expected e.g. 0,17,523)");
+    }
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  if (ids.empty()) return invalid_argument("--prompt-ids: expected at least one token id");
+  return ids;
+}
+
+int run_generate(const GenerateCli& cli) {
+  if (cli.prompt.empty() == cli.prompt_ids.empty()) {
+    return fail(invalid_argument("give exactly one of --prompt and --prompt-ids"));
+  }
+  if (cli.max_tokens < 1) return fail(invalid_argument("--max-tokens must be >= 1"));
+  if (cli.precision != "bf16" && cli.precision != "fp32") {
+    return fail(invalid_argument("--precision '" + cli.precision + "': expected bf16 or fp32"));
+  }
+  SamplingParams sampling;
+  sampling.temperature = cli.temperature;
+  sampling.top_p = cli.top_p;
+  sampling.top_k = cli.top_k;
+  if (Status s = sampling.validate(); !s.ok()) return fail(s);
+
+  // The tokenizer is optional with --prompt-ids (then ids are printed).
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (std::filesystem::exists(std::filesystem::path(cli.model_dir) / "tokenizer.json")) {
+    auto loaded = Tokenizer::load_from_dir(cli.model_dir);
+    if (!loaded.ok()) return fail(loaded.status());
+    tokenizer = std::make_unique<Tokenizer>(std::move(loaded).value());
+  } else if (!cli.prompt.empty()) {
+    return fail(
+        not_found(cli.model_dir + "/tokenizer.json: needed for --prompt (use --prompt-ids)"));
+  }
+  if (cli.chat && (!tokenizer || cli.prompt.empty())) {
+    return fail(invalid_argument("--chat needs --prompt and a tokenizer with a chat template"));
+  }
+
+  std::vector<int32_t> prompt;
+  if (!cli.prompt_ids.empty()) {
+    auto ids = parse_prompt_ids(cli.prompt_ids);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+  } else if (cli.chat) {
+    ChatTemplateInput input;
+    input.messages = nlohmann::json::array({{{"role", "user"}, {"content", cli.prompt}}});
+    input.add_generation_prompt = true;
+    auto ids = tokenizer->encode_chat(input);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+  } else {
+    auto ids = tokenizer->encode(cli.prompt);
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+  }
+
+  LoadProgressBar progress;
+  ModelOptions options;
+  options.num_threads = cli.threads;
+  options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
+  options.load_mtp = false;
+  options.progress = progress.callback();
+  auto loaded = DeepseekModel::load(cli.model_dir, options);
+  progress.finish();
+  if (!loaded.ok()) return fail(loaded.status());
+  DeepseekModel& model = **loaded;
+
+  const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
+  const int64_t max_len = std::min(total, model.config().max_position_embeddings);
+  const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
+  auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(max_len));
+  if (!cache.ok()) return fail(cache.status());
+  std::vector<int32_t> blocks(cache->num_blocks());
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+
+  std::vector<int32_t> tokens = prompt;
+  std::vector<int32_t> generated;
+  std::unique_ptr<IncrementalDetokenizer> detokenizer;
+  if (tokenizer) detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer);
+  const std::optional<int64_t> eos = model.config().eos_token_id;
+  ForwardOutput out;
+  int64_t cached = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto first_token = start;
+  while (true) {
+    // Prefill (in chunks) or one decode token.
+    while (cached < static_cast<int64_t>(tokens.size())) {
+      SequenceChunk chunk;
+      const int64_t n = std::min<int64_t>(kPrefillChunk, tokens.size() - cached);
+      chunk.tokens = std::span<const int32_t>(tokens).subspan(cached, n);
+      chunk.start_pos = cached;
+      chunk.block_table = blocks;
+      if (Status s = model.forward({&chunk, 1}, *cache, &out); !s.ok()) return fail(s);
+      cached += n;
+    }
+    if (generated.empty()) first_token = Clock::now();
+    const SampledToken next = sample_token(out.last_logits(0), sampling, {generated, cli.seed});
+    generated.push_back(next.token);
+    tokens.push_back(next.token);
+    if (detokenizer) {
+      auto text = detokenizer->push(next.token);
+      if (text.ok()) std::fputs(text->c_str(), stdout);
+    } else {
+      std::printf("%s%d", generated.size() > 1 ? "," : "", next.token);
+    }
+    std::fflush(stdout);
+    const bool stop = (!cli.ignore_eos && eos && next.token == *eos) ||
+                      static_cast<int64_t>(generated.size()) >= cli.max_tokens ||
+                      static_cast<int64_t>(tokens.size()) >= max_len;
+    if (stop) break;
+  }
+  if (detokenizer) std::fputs(detokenizer->finish().c_str(), stdout);
+  std::printf("\n");
+  const auto end = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(first_token - start).count();
+  const double decode_s = std::chrono::duration<double>(end - first_token).count();
+  std::fprintf(
+      stderr, "prompt %zu tokens in %.3f s (%.1f tok/s); generated %zu tokens, %.1f tok/s\n",
+      prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), generated.size(),
+      generated.size() > 1 ? (generated.size() - 1) / std::max(decode_s, 1e-9) : 0.0);
+  return 0;
+}
+
+const bool kRegistered = register_command([](CLI::App& root) {
+  auto cli = std::make_shared<GenerateCli>();
+  CLI::App* sub = root.add_subcommand("generate", "Generate a completion for one prompt");
+  sub->add_option("--model", cli->model_dir, "Checkpoint folder (config.json, safetensors)")
+      ->required();
+  sub->add_option("--prompt", cli->prompt, "Prompt text (needs tokenizer.json)");
+  sub->add_option("--prompt-ids", cli->prompt_ids, "Prompt as comma-separated token ids");
+  sub->add_flag("--chat", cli->chat, "Wrap the prompt as a user message with the chat template");
+  sub->add_option("--max-tokens", cli->max_tokens, "Tokens to generate (default 64)");
+  sub->add_option("--temperature", cli->temperature,
+                  "Sampling temperature; 0 = greedy (default 0)");
+  sub->add_option("--top-p", cli->top_p, "Nucleus sampling mass (default 1 = off)");
+  sub->add_option("--top-k", cli->top_k, "Keep the k most likely tokens (default 0 = off)");
+  sub->add_option("--seed", cli->seed, "Sampling seed (default 0)");
+  sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
+  sub->add_option("--precision", cli->precision,
+                  "GEMM activation precision: bf16 (default) or fp32");
+  sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");
+  sub->callback([cli] { set_command_exit_code(run_generate(*cli)); });
+});
+
+}  // namespace
+}  // namespace peerserve

@@ -1,0 +1,123 @@
+// peerserve score: the logits of every position of a prompt, as JSON, for exact numeric
+// comparisons with other implementations.
+//
+//   peerserve score --model DIR --prompt-ids 0,1234,88 --out logits.json [--precision fp32]
+//
+// Output: {"model": DIR, "prompt_ids": [...], "vocab_size": V, "precision": "fp32",
+//          "logits": [[V floats] per position]} — row p predicts the token after position p.
+// Defaults to fp32 activations and an fp32 KV cache (the exact path).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/command_registry.h"
+#include "apps/load_progress_bar.h"
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+
+namespace peerserve {
+namespace {
+
+struct ScoreCli {
+  std::string model_dir;
+  std::string prompt_ids;
+  std::string out_path;
+  std::string precision = "fp32";
+  int threads = 0;
+};
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
+  return 1;
+}
+
+Result<std::vector<int32_t>> parse_ids(const std::string& list) {
+  std::vector<int32_t> ids;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || value < 0 || value > INT32_MAX) {
+      return invalid_argument("--prompt-ids: '" + item +
+                              "' is not a token id (expected e.g. 0,17,523)");
+    }
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  if (ids.empty()) return invalid_argument("--prompt-ids: expected at least one token id");
+  return ids;
+}
+
+int run_score(const ScoreCli& cli) {
+  if (cli.precision != "bf16" && cli.precision != "fp32") {
+    return fail(invalid_argument("--precision '" + cli.precision + "': expected fp32 or bf16"));
+  }
+  auto ids = parse_ids(cli.prompt_ids);
+  if (!ids.ok()) return fail(ids.status());
+  const bool fp32 = cli.precision == "fp32";
+
+  LoadProgressBar progress;
+  ModelOptions options;
+  options.num_threads = cli.threads;
+  options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
+  options.load_mtp = false;
+  options.progress = progress.callback();
+  auto loaded = DeepseekModel::load(cli.model_dir, options);
+  progress.finish();
+  if (!loaded.ok()) return fail(loaded.status());
+  DeepseekModel& model = **loaded;
+
+  const KvLayout layout = model.kv_layout(16, fp32 ? DType::kF32 : DType::kBF16);
+  auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(ids->size()));
+  if (!cache.ok()) return fail(cache.status());
+  std::vector<int32_t> blocks(cache->num_blocks());
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  SequenceChunk chunk;
+  chunk.tokens = *ids;
+  chunk.block_table = blocks;
+  chunk.all_logits = true;
+  ForwardOutput out;
+  if (Status s = model.forward({&chunk, 1}, *cache, &out); !s.ok()) return fail(s);
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t r = 0; r < out.num_rows(); ++r) {
+    const auto row = out.logits_row(r);
+    rows.push_back(std::vector<float>(row.begin(), row.end()));
+  }
+  const nlohmann::json doc = {{"model", cli.model_dir},
+                              {"prompt_ids", *ids},
+                              {"vocab_size", out.vocab_size},
+                              {"precision", cli.precision},
+                              {"logits", std::move(rows)}};
+  std::ofstream file(cli.out_path);
+  if (!file) return fail(io_error(cli.out_path + ": cannot open for writing"));
+  file << doc.dump() << "\n";
+  if (!file) return fail(io_error(cli.out_path + ": write failed"));
+  std::fprintf(stderr, "wrote %lld x %lld logits to %s\n", static_cast<long long>(out.num_rows()),
+               static_cast<long long>(out.vocab_size), cli.out_path.c_str());
+  return 0;
+}
+
+const bool kRegistered = register_command([](CLI::App& root) {
+  auto cli = std::make_shared<ScoreCli>();
+  CLI::App* sub = root.add_subcommand("score", "Write the logits of every prompt position as JSON");
+  sub->add_option("--model", cli->model_dir, "Checkpoint folder")->required();
+  sub->add_option("--prompt-ids", cli->prompt_ids, "Comma-separated token ids")->required();
+  sub->add_option("--out", cli->out_path, "Output JSON file")->required();
+  sub->add_option("--precision", cli->precision, "fp32 (default: exact path) or bf16");
+  sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
+  sub->callback([cli] { set_command_exit_code(run_score(*cli)); });
+});
+
+}  // namespace
+}  // namespace peerserve

@@ -1,0 +1,51 @@
+// A progress bar on stderr while a checkpoint loads (commands that load a model use it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+namespace peerserve {
+
+// callback() suits ModelOptions::progress / CheckpointOptions::progress: it draws
+// "loading [#####.....]  42%  1.2 / 2.9 GB" at most ten times a second. finish() ends the
+// line (also when some tensors were never read, e.g. a skipped MTP layer).
+class LoadProgressBar {
+ public:
+  std::function<void(uint64_t, uint64_t)> callback() {
+    return [state = state_](uint64_t done, uint64_t total) { state->draw(done, total, false); };
+  }
+  void finish() { state_->draw(state_->done, state_->total, true); }
+
+ private:
+  struct State {
+    void draw(uint64_t done_in, uint64_t total_in, bool final) {
+      done = done_in;
+      total = total_in;
+      if (total == 0 || finished) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (!final && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      constexpr int kWidth = 30;
+      const double fraction = static_cast<double>(done) / static_cast<double>(total);
+      char bar[kWidth + 1];
+      for (int i = 0; i < kWidth; ++i) bar[i] = i < static_cast<int>(fraction * kWidth) ? '#' : '.';
+      bar[kWidth] = '\0';
+      std::fprintf(stderr, "\rloading [%s] %3d%%  %.2f / %.2f GB", bar,
+                   static_cast<int>(fraction * 100.0), done / 1e9, total / 1e9);
+      if (final) {
+        std::fprintf(stderr, "\n");
+        finished = true;
+      }
+      std::fflush(stderr);
+    }
+    std::chrono::steady_clock::time_point last{};
+    uint64_t done = 0, total = 0;
+    bool finished = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+}  // namespace peerserve
