@@ -130,7 +130,9 @@ Status table4_decode(const Setup& s, RowSink& out) {
             throughput,
             "deepseek-h800-decode (EP144, MTP acceptance 0.8), KV 4,989; predicted largest "
             "batch " +
-                batch + " per GPU");
+                batch +
+                " per GPU. The blog's figure is a 24-hour production average (load varies "
+                "over the day), so a full-batch prediction is expected to be higher");
     out.add(where, "DeepSeek (Blog) on H800: tokens/s per TFLOPS", 0.93,
             slo ? slo->estimate.tokens_per_s_per_tflops : 0.0);
   }
