@@ -24,13 +24,19 @@ namespace fs = std::filesystem;
 
 // fp32 GEMMs: the engine and PyTorch differ only in summation order, float32 RoPE angles
 // and exp/sigmoid implementations. numpy float64 vs PyTorch float32 on these models stays
-// below 1e-6 of the row scale, so 1e-4 leaves two orders of magnitude of headroom while a
-// wrong scale, sign, rotation or routing decision shows up at 1e-2 or more.
+// near 1e-6 of the row scale, so 1e-4 leaves two orders of magnitude of headroom while a
+// wrong scale, sign, rotation or routing decision shows up at 1e-2 or more. (The fixture's
+// closest routing decisions are ~1e-5 apart, far above fp32 noise on scores near 0.5.)
 constexpr double kFp32Tolerance = 1e-4;
 // bf16 activations at every GEMM input and a bf16 KV cache: each rounding is 2^-9
-// relative, compounded over a handful of layers; 3e-2 of the row scale is the usual
-// bf16 allowance for logits.
-constexpr double kBf16Tolerance = 3e-2;
+// relative. That noise flips near-tied routing decisions (a flipped expert moves its
+// token's logits by a few percent) and is amplified on tokens the model never trained
+// (the chat-template specials), so bf16 is judged on the error over all logits of a prompt
+// (RMS) plus a loose bound on the worst row that still catches a broken layer. Measured
+// with PyTorch rounding every linear input to bf16 on a 400-step reference-preset model:
+// RMS ~1e-3 on plain text, 1.6e-2 and a worst row of 6.4e-2 on the chat-template prompt.
+constexpr double kBf16RmsTolerance = 3e-2;
+constexpr double kBf16RowTolerance = 1.5e-1;
 
 struct Prompt {
   std::vector<int32_t> ids;
@@ -87,6 +93,18 @@ std::vector<Fixture> load_fixtures() {
   return out;
 }
 
+// sqrt(mean (got - want)^2) / sqrt(mean want^2) over all values.
+double rms_relative_error(std::span<const float> got, std::span<const float> want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff += d * d;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
 // Largest |got - want| over the row, divided by the largest |want| of the row (at least 1),
 // maximised over rows.
 double max_row_relative_error(std::span<const float> got, std::span<const float> want,
@@ -121,13 +139,14 @@ std::vector<int32_t> block_table(int64_t blocks) {
 
 // Runs every prompt as one prefill chunk with all logits, then the MTP layer over
 // (hidden[i], ids[i + 1]); checks both against the fixture.
+// `row_tolerance` bounds max_row_relative_error, `rms_tolerance` rms_relative_error.
 void check_prefill(const Fixture& f, GemmPrecision precision, AttentionForm form, DType kv_dtype,
-                   double tolerance) {
+                   double row_tolerance, double rms_tolerance) {
   auto model = DeepseekModel::load(f.model_dir, options(precision, form));
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ASSERT_TRUE((*model)->has_mtp()) << f.model_dir;
   constexpr int64_t kBlockSize = 16;
-  double worst_main = 0, worst_mtp = 0;
+  double worst_main = 0, worst_mtp = 0, worst_rms = 0;
   for (size_t p = 0; p < f.prompts.size(); ++p) {
     const Prompt& prompt = f.prompts[p];
     const int64_t n = static_cast<int64_t>(prompt.ids.size());
@@ -144,8 +163,11 @@ void check_prefill(const Fixture& f, GemmPrecision precision, AttentionForm form
     Status s = (*model)->forward({&chunk, 1}, *cache, &out);
     ASSERT_TRUE(s.ok()) << s.to_string();
     const double e_main = max_row_relative_error(out.logits, prompt.logits, f.vocab);
+    const double rms_main = rms_relative_error(out.logits, prompt.logits);
     worst_main = std::max(worst_main, e_main);
-    EXPECT_LE(e_main, tolerance) << f.model_dir << " prompt " << p << " main logits";
+    worst_rms = std::max(worst_rms, rms_main);
+    EXPECT_LE(e_main, row_tolerance) << f.model_dir << " prompt " << p << " main logits";
+    EXPECT_LE(rms_main, rms_tolerance) << f.model_dir << " prompt " << p << " main logits";
 
     if (n < 2) continue;
     MtpChunk mtp;
@@ -157,11 +179,14 @@ void check_prefill(const Fixture& f, GemmPrecision precision, AttentionForm form
     s = (*model)->forward_mtp({&mtp, 1}, *cache, &draft);
     ASSERT_TRUE(s.ok()) << s.to_string();
     const double e_mtp = max_row_relative_error(draft.logits, prompt.mtp_logits, f.vocab);
+    const double rms_mtp = rms_relative_error(draft.logits, prompt.mtp_logits);
     worst_mtp = std::max(worst_mtp, e_mtp);
-    EXPECT_LE(e_mtp, tolerance) << f.model_dir << " prompt " << p << " MTP logits";
+    worst_rms = std::max(worst_rms, rms_mtp);
+    EXPECT_LE(e_mtp, row_tolerance) << f.model_dir << " prompt " << p << " MTP logits";
+    EXPECT_LE(rms_mtp, rms_tolerance) << f.model_dir << " prompt " << p << " MTP logits";
   }
-  std::printf("%s: max row-relative error %.2e (main), %.2e (MTP)\n", f.model_dir.c_str(),
-              worst_main, worst_mtp);
+  std::printf("%s: max row-relative error %.2e (main), %.2e (MTP); RMS relative %.2e\n",
+              f.model_dir.c_str(), worst_main, worst_mtp, worst_rms);
 }
 
 class ReferenceLogitsTest : public ::testing::Test {
@@ -182,19 +207,22 @@ TEST_F(ReferenceLogitsTest, RepositoryShipsAtLeastOneReferenceModel) {
 
 TEST_F(ReferenceLogitsTest, Fp32PlainAttentionMatches) {
   for (const Fixture& f : fixtures()) {
-    check_prefill(f, GemmPrecision::kFp32, AttentionForm::kPlain, DType::kF32, kFp32Tolerance);
+    check_prefill(f, GemmPrecision::kFp32, AttentionForm::kPlain, DType::kF32, kFp32Tolerance,
+                  kFp32Tolerance);
   }
 }
 
 TEST_F(ReferenceLogitsTest, Fp32AbsorbedAttentionMatches) {
   for (const Fixture& f : fixtures()) {
-    check_prefill(f, GemmPrecision::kFp32, AttentionForm::kAbsorbed, DType::kF32, kFp32Tolerance);
+    check_prefill(f, GemmPrecision::kFp32, AttentionForm::kAbsorbed, DType::kF32, kFp32Tolerance,
+                  kFp32Tolerance);
   }
 }
 
 TEST_F(ReferenceLogitsTest, Bf16InferenceStaysWithinBf16Tolerance) {
   for (const Fixture& f : fixtures()) {
-    check_prefill(f, GemmPrecision::kBf16, AttentionForm::kAuto, DType::kBF16, kBf16Tolerance);
+    check_prefill(f, GemmPrecision::kBf16, AttentionForm::kAuto, DType::kBF16, kBf16RowTolerance,
+                  kBf16RmsTolerance);
   }
 }
 
