@@ -11,9 +11,14 @@
 //      tokenizer_config.json's add_bos_token / add_eos_token decide (DeepSeek-V3: BOS yes,
 //      EOS no). Without those keys a TemplateProcessing post-processor is honoured.
 //
-// Chat prompts: transformers' apply_chat_template(tokenize=True) renders the template and
-// then encodes the text with add_special_tokens=False, so the bos_token that the template
-// itself writes becomes the only BOS. encode_chat() does exactly that.
+// BOS, as transformers behaves (transformers/models/llama/tokenization_llama_fast.py):
+// LlamaTokenizerFast.update_post_processor() replaces tokenizer.json's ByteLevel
+// post-processor by TemplateProcessing "<bos>:0 $A:0" when add_bos_token is true, so
+// tokenizer.encode(text) starts with one BOS. apply_chat_template(tokenize=True) renders
+// the template and then tokenizes the text with add_special_tokens=False, so the
+// {{ bos_token }} that DeepSeek's template writes is the only BOS (no double BOS).
+// encode_chat() does exactly that. (The transformers.js port in the npm package keeps the
+// ByteLevel post-processor and adds no BOS at all; the tests account for that.)
 //
 // Invalid UTF-8 in the input text is replaced by U+FFFD (one per maximal invalid
 // subpart, as the WHATWG/Unicode "substitution of maximal subparts" rule does) before

@@ -1,0 +1,252 @@
+// Tokenizer building blocks on small hand-made tokenizer.json files, with expectations
+// worked out by hand from Hugging Face's documented semantics (e.g. the
+// SplitDelimiterBehavior examples of the tokenizers documentation).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tokenizer/internal/pre_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's byte-to-character table, written out independently of tokenizer/internal.
+std::string byte_char(int b) {
+  const auto printable = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+  };
+  int cp = b;
+  if (!printable(b)) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) n += printable(x) ? 0 : 1;
+    cp = 256 + n;
+  }
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// Vocabulary: id == byte value for the 256 single bytes, then `extra` tokens from 256 on.
+json make_tokenizer_json(const std::vector<std::string>& extra, const json& merges,
+                         const json& added_tokens = json::array()) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  for (size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + static_cast<int>(i);
+  return {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added_tokens},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+  };
+}
+
+Result<Tokenizer> load(const json& tokenizer_json, const json& config = json()) {
+  return Tokenizer::from_sources({tokenizer_json.dump(), config.is_null() ? "" : config.dump()});
+}
+
+std::vector<TokenId> encode(const Tokenizer& t, const std::string& text) {
+  auto ids = t.encode(text, {.add_special_tokens = false});
+  EXPECT_TRUE(ids.ok()) << ids.status().to_string();
+  return ids.ok() ? *ids : std::vector<TokenId>{};
+}
+
+TEST(TokenizerComponentsTest, UnsupportedComponentsAreNamed) {
+  const json base = make_tokenizer_json({}, json::array());
+  const std::vector<std::pair<std::pair<std::string, json>, std::string>> cases = {
+      {{"normalizer", {{"type", "NFKC"}}}, "normalizer type 'NFKC'"},
+      {{"pre_tokenizer", {{"type", "Whitespace"}}}, "pre_tokenizer type 'Whitespace'"},
+      {{"decoder", {{"type", "Metaspace"}}}, "decoder type 'Metaspace'"},
+      {{"post_processor", {{"type", "BertProcessing"}}}, "post_processor type 'BertProcessing'"},
+      {{"truncation", {{"max_length", 5}}}, "'truncation'"},
+      {{"pre_tokenizer",
+        {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Sideways"}}},
+       "behavior 'Sideways'"},
+      {{"pre_tokenizer",
+        {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}}},
+       "does not compile"},
+  };
+  for (const auto& [change, expected] : cases) {
+    json config = base;
+    config[change.first] = change.second;
+    auto t = load(config);
+    ASSERT_FALSE(t.ok()) << change.first;
+    EXPECT_NE(t.status().message().find(expected), std::string::npos) << t.status().message();
+  }
+  json wordpiece = base;
+  wordpiece["model"]["type"] = "WordPiece";
+  EXPECT_NE(load(wordpiece).status().message().find("model type 'WordPiece'"), std::string::npos);
+  json bad_merge = make_tokenizer_json({}, json::array({"a zz"}));
+  EXPECT_NE(load(bad_merge).status().message().find("merges[0]"), std::string::npos);
+  EXPECT_NE(Tokenizer::from_sources({"{not json", ""}).status().message().find("not valid JSON"),
+            std::string::npos);
+  EXPECT_FALSE(Tokenizer::load_from_dir("/nonexistent/dir").ok());
+  json config = {{"clean_up_tokenization_spaces", true}};
+  EXPECT_NE(load(base, config).status().message().find("clean_up_tokenization_spaces"),
+            std::string::npos);
+}
+
+TEST(TokenizerComponentsTest, MergesApplyLowestRankFirst) {
+  // "b c" outranks "a b": "abc" -> a, bc. "a a" on "aaa" merges the leftmost pair first.
+  auto t = load(make_tokenizer_json({"bc", "ab", "aa"}, json::array({"b c", "a b", "a a"})));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(encode(*t, "abc"), (std::vector<TokenId>{'a', 256}));
+  EXPECT_EQ(encode(*t, "abx"), (std::vector<TokenId>{257, 'x'}));
+  EXPECT_EQ(encode(*t, "aaa"), (std::vector<TokenId>{258, 'a'}));
+  EXPECT_EQ(encode(*t, "aaaa"), (std::vector<TokenId>{258, 258}));
+  // Merges in the newer ["a", "b"] form.
+  auto pairs = load(make_tokenizer_json({"ab"}, json::array({json::array({"a", "b"})})));
+  ASSERT_TRUE(pairs.ok());
+  EXPECT_EQ(encode(*pairs, "ab"), (std::vector<TokenId>{256}));
+  // Byte-level: a space is "Ġ" in the vocabulary; merges across it work the same.
+  auto spaced = load(make_tokenizer_json({"Ġa"}, json::array({"Ġ a"})));
+  ASSERT_TRUE(spaced.ok());
+  EXPECT_EQ(encode(*spaced, "a a"), (std::vector<TokenId>{'a', 256}));
+  EXPECT_EQ(*spaced->decode(std::vector<TokenId>{'a', 256}), "a a");
+}
+
+TEST(TokenizerComponentsTest, AddedTokenFlags) {
+  const json added = json::array({
+      {{"id", 300}, {"content", "<L>"}, {"lstrip", true}, {"normalized", false}, {"special", true}},
+      {{"id", 301}, {"content", "<R>"}, {"rstrip", true}, {"normalized", false}, {"special", true}},
+      {{"id", 302},
+       {"content", "<W>"},
+       {"single_word", true},
+       {"normalized", false},
+       {"special", false}},
+      {{"id", 303}, {"content", "abc"}, {"normalized", true}, {"special", false}},
+      {{"id", 304}, {"content", "bc"}, {"normalized", false}, {"special", false}},
+  });
+  auto t = load(make_tokenizer_json({}, json::array(), added));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  // lstrip: the token takes the whitespace on its left.
+  EXPECT_EQ(encode(*t, "x  <L>y"), (std::vector<TokenId>{'x', 300, 'y'}));
+  // rstrip: the token takes the whitespace on its right.
+  EXPECT_EQ(encode(*t, "x<R>  y"), (std::vector<TokenId>{'x', 301, 'y'}));
+  // single_word: only between non-word characters.
+  EXPECT_EQ(encode(*t, "x<W>"), (std::vector<TokenId>{'x', '<', 'W', '>'}));
+  EXPECT_EQ(encode(*t, "x <W>!"), (std::vector<TokenId>{'x', ' ', 302, '!'}));
+  // normalized=false tokens are matched first, on the raw text: "bc" wins over "abc".
+  EXPECT_EQ(encode(*t, "abc"), (std::vector<TokenId>{'a', 304}));
+  EXPECT_EQ(encode(*t, "xabcx"), (std::vector<TokenId>{'x', 'a', 304, 'x'}));
+  // Decoding: added tokens give their content; skip_special drops special ones only.
+  const std::vector<TokenId> ids = {300, 'x', 302, 301};
+  EXPECT_EQ(*t->decode(ids), "<L>x<W><R>");
+  EXPECT_EQ(*t->decode(ids, {.skip_special_tokens = true}), "x<W>");
+  EXPECT_TRUE(t->is_special(300));
+  EXPECT_FALSE(t->is_special(302));
+  EXPECT_EQ(t->vocab_size(), 305);
+  EXPECT_FALSE(t->has_token(299));
+}
+
+TEST(TokenizerComponentsTest, SplitBehaviorsMatchTheTokenizersDocumentation) {
+  // Hugging Face's example: "the-final--countdown" split on "-".
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Removed", {"the", "final", "countdown"}},
+      {"Isolated", {"the", "-", "final", "-", "-", "countdown"}},
+      {"MergedWithPrevious", {"the-", "final-", "-", "countdown"}},
+      {"MergedWithNext", {"the", "-final", "-", "-countdown"}},
+      {"Contiguous", {"the", "-", "final", "--", "countdown"}},
+  };
+  for (const auto& [behavior, expected] : cases) {
+    auto pre = PreTokenizer::from_json({{"type", "Split"},
+                                        {"pattern", {{"String", "-"}}},
+                                        {"behavior", behavior},
+                                        {"invert", false}});
+    ASSERT_TRUE(pre.ok()) << pre.status().to_string();
+    std::vector<std::string> pieces;
+    ASSERT_TRUE(pre->split("the-final--countdown", pieces).ok());
+    EXPECT_EQ(pieces, expected) << behavior;
+  }
+  // invert: the pattern describes the pieces, the text between matches is the delimiter
+  // (so "Removed" drops the dashes).
+  auto inverted = PreTokenizer::from_json({{"type", "Split"},
+                                           {"pattern", {{"Regex", "[a-z]+"}}},
+                                           {"behavior", "Removed"},
+                                           {"invert", true}});
+  ASSERT_TRUE(inverted.ok());
+  std::vector<std::string> pieces;
+  ASSERT_TRUE(inverted->split("the-final--countdown", pieces).ok());
+  EXPECT_EQ(pieces, (std::vector<std::string>{"the", "final", "countdown"}));
+}
+
+TEST(TokenizerComponentsTest, LongInputsDoNotExhaustTheRegexStack) {
+  auto t = load(make_tokenizer_json({}, json::array()));
+  ASSERT_TRUE(t.ok());
+  // `\s+(?!\S)` backtracks over the whole run: exercises the large JIT stack fallback.
+  const std::string spaces(1 << 20, ' ');
+  auto ids = t->encode(spaces + "x", {.add_special_tokens = false});
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  EXPECT_EQ(ids->size(), spaces.size() + 1);
+}
+
+TEST(TokenizerComponentsTest, SpecialTokensFromConfigOrPostProcessor) {
+  const json added = json::array({
+      {{"id", 300}, {"content", "<s>"}, {"normalized", false}, {"special", true}},
+      {{"id", 301}, {"content", "</s>"}, {"normalized", false}, {"special", true}},
+  });
+  json with_template = make_tokenizer_json({}, json::array(), added);
+  with_template["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+      "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [300], "tokens": ["<s>"]},
+                                     "</s>": {"id": "</s>", "ids": [301], "tokens": ["</s>"]}}})");
+  auto t = load(with_template);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(*t->encode("x"), (std::vector<TokenId>{300, 'x', 301}));
+  EXPECT_EQ(*t->encode("x", {.add_special_tokens = false}), (std::vector<TokenId>{'x'}));
+
+  // tokenizer_config.json's add_bos_token/add_eos_token take precedence (LlamaTokenizerFast).
+  const json config = {{"add_bos_token", true},
+                       {"add_eos_token", true},
+                       {"bos_token", "<s>"},
+                       {"eos_token", {{"__type", "AddedToken"}, {"content", "</s>"}}}};
+  auto llama = load(make_tokenizer_json({}, json::array(), added), config);
+  ASSERT_TRUE(llama.ok()) << llama.status().to_string();
+  EXPECT_EQ(*llama->encode("x"), (std::vector<TokenId>{300, 'x', 301}));
+  EXPECT_EQ(llama->bos_token(), "<s>");
+  EXPECT_EQ(*llama->eos_id(), 301);
+
+  const json missing_bos = {{"add_bos_token", true}, {"bos_token", "<nope>"}};
+  EXPECT_NE(load(make_tokenizer_json({}, json::array(), added), missing_bos)
+                .status()
+                .message()
+                .find("<nope>"),
+            std::string::npos);
+  // A template that does not parse disables only chat rendering, with the parse error.
+  const json bad_template = {{"chat_template", "{% macro x() %}{% endmacro %}"}};
+  auto no_chat = load(make_tokenizer_json({}, json::array(), added), bad_template);
+  ASSERT_TRUE(no_chat.ok());
+  EXPECT_EQ(no_chat->chat_template(), nullptr);
+  auto rendered = no_chat->apply_chat_template({});
+  ASSERT_FALSE(rendered.ok());
+  EXPECT_NE(rendered.status().message().find("macro"), std::string::npos)
+      << rendered.status().message();
+}
+
+TEST(TokenizerComponentsTest, InvalidUtf8IsReplacedPerMaximalSubpart) {
+  auto t = load(make_tokenizer_json({}, json::array()));
+  ASSERT_TRUE(t.ok());
+  const std::string replacement = "\xEF\xBF\xBD";
+  // E2 82 is a truncated 3-byte sequence (one U+FFFD); C0 can never start one (one each).
+  EXPECT_EQ(*t->decode(encode(*t, "a\xE2\x82z\xC0\xAF")),
+            "a" + replacement + "z" + replacement + replacement);
+  EXPECT_EQ(*t->decode(std::vector<TokenId>{0xF0, 0x9F, 0x98}), replacement);
+  EXPECT_EQ(*t->decode(std::vector<TokenId>{0xF0, 0x9F, 0x98, 0x80}), "😀");
+}
+
+}  // namespace
+}  // namespace peerserve
