@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Checks a model folder's tokenizer against independent references.
 
-  /usr/bin/python3 check_tokenizer.py MODEL_DIR [--data DATA_DIR] [--max-docs N]
+  /usr/bin/python3 check_tokenizer.py MODEL_DIR [--data DATA_DIR [--split train]] [--max-docs N]
 
 - tokenizer.json has DeepSeek-V3's normalizer, pre-tokenizer, post-processor and decoder
   (compared with the DeepSeek-V3 tokenizer.json of tests/js/node_modules, when installed);
 - @lenml/tokenizers (transformers.js) loading the same files produces the same
   pre-tokenizer pieces and token ids as this package's Python encoder, and decodes back to
-  the input, on fixed edge-case strings and (with --data) the held-out documents;
+  the input, on fixed edge-case strings and (with --data) the documents of a split;
 - the chat template renders the same in jinja2 (python3-jinja2), in transformers.js and in
   bpe_tokenizer.render_chat().
 Exit status: 0 pass, 1 mismatch, 77 when node or the npm packages are missing.
@@ -78,6 +78,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
     parser.add_argument("--data", help="prepared data folder: also check held-out documents")
+    parser.add_argument("--split", choices=["heldout", "train"], default="heldout")
     parser.add_argument("--max-docs", type=int, default=0)
     args = parser.parse_args()
     failures = []
@@ -89,7 +90,7 @@ def main():
     texts = list(EDGE_CASES)
     if args.data:
         import corpus
-        docs = corpus.read_documents(args.data, "heldout")
+        docs = corpus.read_documents(args.data, args.split)
         texts += docs[:args.max_docs] if args.max_docs else docs
 
     try:
