@@ -51,7 +51,7 @@ def heldout_metrics(model, windows, batch_size, device):
             "fraction": [round(c / counts.sum().item(), 5) for c in counts.tolist()],
             "max_over_mean": round(counts.max().item() / mean, 4),
             "min_over_mean": round(counts.min().item() / mean, 4),
-            "coefficient_of_variation": round(counts.std(unbiased=False).item() / mean, 4),
+            "coefficient_of_variation": round((counts - mean).pow(2).mean().sqrt().item() / mean, 4),
             "e_score_correction_bias": [round(b, 5) for b in
                                         moe.gate.e_score_correction_bias.tolist()],
         }
