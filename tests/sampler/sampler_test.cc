@@ -60,7 +60,7 @@ std::map<TokenId, double> reference_distribution(const std::vector<float>& raw,
   for (size_t i = 0; i < n; ++i) scaled[i] = logits[i] * inv_t;
   const float max_value = *std::max_element(scaled.begin(), scaled.end());
   std::vector<double> prob(n);
-  for (size_t i = 0; i < n; ++i) prob[i] = std::exp(static_cast<double>(scaled[i] - max_value));
+  for (size_t i = 0; i < n; ++i) prob[i] = std::exp(static_cast<double>(scaled[i]) - max_value);
   std::vector<bool> keep(n, true);
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
     std::vector<float> sorted = scaled;
@@ -229,9 +229,9 @@ TEST(SamplerTest, TruncationKeepsExactlyTheReferenceTokens) {
       ASSERT_EQ(got.tokens.size(), expected.size()) << "setting " << s << " seed " << seed;
       for (size_t i = 0; i < got.tokens.size(); ++i) {
         ASSERT_TRUE(expected.count(got.tokens[i])) << "token " << got.tokens[i] << " setting " << s;
-        // Both normalise the same float logits in double: equal to rounding.
+        // The sampler exponentiates in fp32 (~1e-7 relative), the reference in double.
         EXPECT_NEAR(got.probs[i], expected.at(got.tokens[i]),
-                    1e-12 + 1e-9 * expected.at(got.tokens[i]));
+                    1e-12 + 1e-6 * expected.at(got.tokens[i]));
       }
     }
   }
