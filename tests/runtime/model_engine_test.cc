@@ -108,7 +108,9 @@ class ModelEngineTest : public ::testing::Test {
     };
     for (size_t i = 0; i < requests.size(); ++i) {
       submit(i);
-      if (sequential) EXPECT_TRUE(wait_for(static_cast<int>(i) + 1));
+      if (sequential) {
+        EXPECT_TRUE(wait_for(static_cast<int>(i) + 1));
+      }
     }
     EXPECT_TRUE(wait_for(static_cast<int>(requests.size())));
     result.metrics = (*engine)->metrics();

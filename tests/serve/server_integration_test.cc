@@ -47,7 +47,9 @@ class ServerIntegrationTest : public ::testing::Test {
         << server_->read_log();
   }
   static void TearDownTestSuite() {
-    if (server_) EXPECT_EQ(server_->stop(), 0) << server_->read_log();
+    if (server_) {
+      EXPECT_EQ(server_->stop(), 0) << server_->read_log();
+    }
     delete server_;
     server_ = nullptr;
     std::error_code ec;
@@ -200,7 +202,9 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
       EXPECT_TRUE(body["error"].contains(key)) << key << " in " << r.body;
     }
     EXPECT_FALSE(body["error"]["message"].get<std::string>().empty());
-    if (!c.code.empty()) EXPECT_EQ(body["error"]["code"], c.code) << r.body;
+    if (!c.code.empty()) {
+      EXPECT_EQ(body["error"]["code"], c.code) << r.body;
+    }
   }
   // Still serving.
   HttpResponse r = http_request(port(), "POST", "/v1/completions",
