@@ -51,14 +51,6 @@ const std::string& tiny_checkpoint_dir(bool fp8) {
   options.fp8 = fp8;
   const Status status = write_test_model(dir, options);
   PS_CHECK(status.ok()) << status.to_string();
-  {  // TEMP: add v_head_dim if the writer left it out
-    std::ifstream in(dir + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (!j.contains("v_head_dim")) {
-      j["v_head_dim"] = test_model_config(options.preset, fp8).v_head_dim;
-      std::ofstream(dir + "/config.json") << j.dump(2);
-    }
-  }
   return dirs.emplace(fp8, dir).first->second;
 }
 
