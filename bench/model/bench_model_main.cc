@@ -8,7 +8,7 @@
 // ExpertBackend seam); the latent KV read per step is printed separately (not in the floor).
 //
 //   peerserve_bench_model [--model DIR] [--runs 5] [--threads 0] [--prompt 512]
-//                         [--context 128] [--steps 16]
+//                         [--context 128] [--steps 16] [--profile-decode N]
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini.
 #include <algorithm>
 #include <chrono>
@@ -100,6 +100,8 @@ struct Args {
   int64_t prompt = 512;
   int64_t context = 128;
   int64_t steps = 16;
+  // > 0: only run this many batch-1 decode steps (no ceilings), e.g. under perf record.
+  int64_t profile_decode = 0;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -118,6 +120,8 @@ Args parse_args(int argc, char** argv) {
       a.context = std::stoll(value);
     else if (key == "--steps")
       a.steps = std::stoll(value);
+    else if (key == "--profile-decode")
+      a.profile_decode = std::stoll(value);
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       std::exit(2);
@@ -164,6 +168,26 @@ int run(const Args& args) {
   auto counting = std::make_shared<CountingBackend>(model.expert_backend());
   model.set_expert_backend(counting);
   const ModelCost cost{c};
+
+  if (args.profile_decode > 0) {
+    const KvLayout layout = model.kv_layout(16, DType::kBF16);
+    const int64_t len = args.context + args.profile_decode;
+    auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(len));
+    std::vector<int32_t> blocks(cache->num_blocks());
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+    std::vector<int32_t> tokens = tokens_for(len, c.vocab_size, 3);
+    ForwardOutput out;
+    for (int64_t pos = 0; pos < len;) {
+      SequenceChunk chunk;
+      const int64_t n = pos == 0 ? args.context : 1;
+      chunk.tokens = std::span<const int32_t>(tokens).subspan(pos, n);
+      chunk.start_pos = pos;
+      chunk.block_table = blocks;
+      if (!model.forward({&chunk, 1}, *cache, &out).ok()) return 1;
+      pos += n;
+    }
+    return 0;
+  }
 
   ThreadPool pool(args.threads);
   bench::CeilingOptions ceiling_options;
