@@ -65,7 +65,7 @@ struct DeepseekModel::Impl {
 
   Status validate(const char* what, std::span<const ChunkView> chunks, const LatentKvCache& cache,
                   int64_t kv_layers_needed) const;
-  StepRows plan(std::span<const ChunkView> chunks, int64_t block_size) const;
+  StepRows plan(std::span<const ChunkView> chunks) const;
   void embed(const Bf16Matrix& table, const StepRows& rows, std::span<const ChunkView> chunks,
              float* x) const;
   Status run_layer(const DecoderLayerWeights& w, int64_t kv_layer, const StepRows& rows,
@@ -154,8 +154,7 @@ Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView
   return ok_status();
 }
 
-StepRows DeepseekModel::Impl::plan(std::span<const ChunkView> chunks, int64_t block_size) const {
-  (void)block_size;
+StepRows DeepseekModel::Impl::plan(std::span<const ChunkView> chunks) const {
   StepRows rows;
   for (const ChunkView& c : chunks) {
     StepChunk step;
@@ -345,7 +344,9 @@ KvLayout DeepseekModel::kv_layout(int64_t block_size, DType dtype) const {
   return layout;
 }
 
-std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const { return impl_->experts; }
+std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const {
+  return impl_->experts;
+}
 
 void DeepseekModel::set_expert_backend(std::shared_ptr<ExpertBackend> backend) {
   impl_->experts = std::move(backend);
@@ -360,7 +361,11 @@ Status DeepseekModel::forward(std::span<const SequenceChunk> chunks, LatentKvCac
     views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits});
   }
   PS_RETURN_IF_ERROR(m.validate("forward", views, cache, m.config.num_hidden_layers));
-  const StepRows rows = m.plan(views, cache.layout().block_size);
+  if (views.empty()) {
+    *out = ForwardOutput{m.config.vocab_size, m.config.hidden_size, {}, {0}, {}};
+    return ok_status();
+  }
+  const StepRows rows = m.plan(views);
   m.x_.resize(rows.num_rows * m.config.hidden_size);
   m.embed(m.weights.embed, rows, views, m.x_.data());
   for (const DecoderLayerWeights& layer : m.weights.layers) {
@@ -393,7 +398,11 @@ Status DeepseekModel::forward_mtp(std::span<const MtpChunk> chunks, LatentKvCach
   }
   const int64_t mtp_slot = m.config.num_hidden_layers;
   PS_RETURN_IF_ERROR(m.validate("forward_mtp", views, cache, mtp_slot + 1));
-  const StepRows rows = m.plan(views, cache.layout().block_size);
+  if (views.empty()) {
+    *out = ForwardOutput{m.config.vocab_size, hidden, {}, {0}, {}};
+    return ok_status();
+  }
+  const StepRows rows = m.plan(views);
   const MtpWeights& mtp = *m.weights.mtp;
   const int64_t t_rows = rows.num_rows;
   const float eps = static_cast<float>(m.config.rms_norm_eps);

@@ -378,6 +378,15 @@ TEST_F(ValidationTest, RejectsBadInputWithClearErrors) {
   EXPECT_NE(s.message().find("hidden has 3 values"), std::string::npos) << s.to_string();
 }
 
+TEST_F(ValidationTest, EmptyStepIsANoOp) {
+  ForwardOutput out;
+  ASSERT_TRUE(model_->forward({}, *cache_, &out).ok());
+  EXPECT_EQ(out.num_rows(), 0);
+  EXPECT_EQ(out.row_offsets.size(), 1u);
+  ASSERT_TRUE(model_->forward_mtp({}, *cache_, &out).ok());
+  EXPECT_EQ(out.num_rows(), 0);
+}
+
 TEST(DeepseekModelTest, LoadFailsOnMissingCheckpoint) {
   auto model = DeepseekModel::load("/nonexistent/peerserve/model", ModelOptions{});
   EXPECT_FALSE(model.ok());
