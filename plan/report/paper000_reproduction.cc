@@ -436,6 +436,8 @@ Result<NamedChart> decode_tpot_chart(const Setup& s, bool throughput) {
   chart.x_axis.label = "batch per NPU (requests)";
   chart.y_axis.label = throughput ? "output tokens/s per NPU" : "TPOT (ms)";
   const std::pair<double, double> lengths[] = {{1024, 1024}, {2048, 256}, {4096, 256}};
+  const char* colors[] = {"#1f77b4", "#2ca02c", "#d62728"};
+  int index = 0;
   for (const auto& [prompt, output] : lengths) {
     ChartSeries line;
     line.label = "predicted, prompt " + fmt("%.0f", prompt) + " / output " + fmt("%.0f", output);
@@ -453,6 +455,7 @@ Result<NamedChart> decode_tpot_chart(const Setup& s, bool throughput) {
       points.x.push_back(r.batch);
       points.y.push_back(throughput ? r.throughput : r.tpot_ms);
     }
+    line.color = points.color = colors[index++];
     chart.series.push_back(std::move(line));
     chart.series.push_back(std::move(points));
   }

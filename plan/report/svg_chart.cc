@@ -179,25 +179,39 @@ void write_axes_frame(std::ostringstream& svg, double x0, double y0, double x1, 
       << "\" height=\"" << px(y0 - y1) << "\" fill=\"none\" stroke=\"#333\"/>\n";
 }
 
-void write_legend(std::ostringstream& svg, const std::vector<std::string>& labels,
-                  const std::vector<std::string>& colors, const std::vector<bool>& dashed,
-                  double x_right, double y_top) {
-  if (labels.empty()) return;
+struct LegendEntry {
+  std::string label;
+  std::string color;
+  bool dashed = false;
+  bool marker = false;  // a dot instead of a line
+};
+
+// Width of the legend column drawn to the right of the plot (0 without entries).
+double legend_width(const std::vector<LegendEntry>& entries) {
   size_t longest = 0;
-  for (const auto& label : labels) longest = std::max(longest, label.size());
-  const double box_width = 34.0 + 6.6 * static_cast<double>(longest);
-  const double box_height = 8.0 + 16.0 * static_cast<double>(labels.size());
-  const double x = x_right - box_width - 8.0;
-  const double y = y_top + 8.0;
-  svg << "<rect x=\"" << px(x) << "\" y=\"" << px(y) << "\" width=\"" << px(box_width)
-      << "\" height=\"" << px(box_height)
-      << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n";
-  for (size_t i = 0; i < labels.size(); ++i) {
-    const double ly = y + 14.0 + 16.0 * static_cast<double>(i);
-    svg << "<line x1=\"" << px(x + 6) << "\" y1=\"" << px(ly - 4) << "\" x2=\"" << px(x + 26)
-        << "\" y2=\"" << px(ly - 4) << "\" stroke=\"" << colors[i] << "\" stroke-width=\"2.5\""
-        << (dashed[i] ? " stroke-dasharray=\"6,4\"" : "") << "/>\n";
-    svg << "<text x=\"" << px(x + 30) << "\" y=\"" << px(ly) << "\">" << escape_xml(labels[i])
+  for (const auto& e : entries) longest = std::max(longest, e.label.size());
+  return entries.empty() ? 0.0 : 42.0 + 6.6 * static_cast<double>(longest);
+}
+
+void write_legend(std::ostringstream& svg, const std::vector<LegendEntry>& entries, double x,
+                  double y_top) {
+  if (entries.empty()) return;
+  const double box_width = legend_width(entries) - 8.0;
+  const double box_height = 8.0 + 16.0 * static_cast<double>(entries.size());
+  svg << "<rect x=\"" << px(x) << "\" y=\"" << px(y_top) << "\" width=\"" << px(box_width)
+      << "\" height=\"" << px(box_height) << "\" fill=\"white\" stroke=\"#999\"/>\n";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const LegendEntry& e = entries[i];
+    const double ly = y_top + 14.0 + 16.0 * static_cast<double>(i);
+    if (e.marker) {
+      svg << "<circle cx=\"" << px(x + 16) << "\" cy=\"" << px(ly - 4) << "\" r=\"3.5\" fill=\""
+          << e.color << "\"/>\n";
+    } else {
+      svg << "<line x1=\"" << px(x + 6) << "\" y1=\"" << px(ly - 4) << "\" x2=\"" << px(x + 26)
+          << "\" y2=\"" << px(ly - 4) << "\" stroke=\"" << e.color << "\" stroke-width=\"2.5\""
+          << (e.dashed ? " stroke-dasharray=\"6,4\"" : "") << "/>\n";
+    }
+    svg << "<text x=\"" << px(x + 30) << "\" y=\"" << px(ly) << "\">" << escape_xml(e.label)
         << "</text>\n";
   }
 }
@@ -219,10 +233,23 @@ ChartSeries marker_series(std::string label, std::vector<double> x, std::vector<
 }
 
 std::string render_line_chart_svg(const LineChart& chart) {
-  const double width = std::max(chart.width, 200);
+  // Colours first: the legend's width widens the picture, not the plot.
+  std::vector<std::string> colors;
+  std::vector<LegendEntry> legend;
+  int palette_index = 0;
+  for (const auto& series : chart.series) {
+    colors.push_back(series.color.empty() ? kPalette[palette_index++ % kPaletteSize]
+                                          : series.color);
+    if (!series.label.empty()) {
+      legend.push_back(
+          {series.label, colors.back(), series.dashed, series.style == SeriesStyle::kMarkers});
+    }
+  }
+  const double plot_width = std::max(chart.width, 200);
+  const double width = plot_width + legend_width(legend);
   const double height = std::max(chart.height, 150);
   const double x0 = kLeft;
-  const double x1 = width - kRight;
+  const double x1 = plot_width - kRight;
   const double y0 = height - kBottom;  // bottom of the plot area (pixel y grows downwards)
   const double y1 = kTop;
 
@@ -296,13 +323,9 @@ std::string render_line_chart_svg(const LineChart& chart) {
         << "\" font-size=\"11\">" << escape_xml(marker.label) << "</text>\n";
   }
 
-  std::vector<std::string> legend_labels;
-  std::vector<std::string> legend_colors;
-  std::vector<bool> legend_dashed;
-  int palette_index = 0;
-  for (const auto& series : chart.series) {
-    const std::string color =
-        series.color.empty() ? kPalette[palette_index++ % kPaletteSize] : series.color;
+  for (size_t s = 0; s < chart.series.size(); ++s) {
+    const ChartSeries& series = chart.series[s];
+    const std::string& color = colors[s];
     std::vector<std::pair<double, double>> points;
     const size_t n = std::min(series.x.size(), series.y.size());
     for (size_t i = 0; i < n; ++i) {
@@ -323,23 +346,26 @@ std::string render_line_chart_svg(const LineChart& chart) {
             << color << "\"/>\n";
       }
     }
-    if (!series.label.empty()) {
-      legend_labels.push_back(series.label);
-      legend_colors.push_back(color);
-      legend_dashed.push_back(series.dashed);
-    }
   }
   svg << "</g>\n";
-  write_legend(svg, legend_labels, legend_colors, legend_dashed, x1, y1);
+  write_legend(svg, legend, x1 + 12.0, y1);
   svg << "</svg>\n";
   return svg.str();
 }
 
 std::string render_bar_chart_svg(const BarChart& chart) {
-  const double width = std::max(chart.width, 200);
+  const size_t num_series = chart.values.size();
+  std::vector<std::string> colors;
+  std::vector<LegendEntry> legend;
+  for (size_t s = 0; s < num_series; ++s) {
+    colors.push_back(kPalette[s % kPaletteSize]);
+    if (s < chart.series_labels.size()) legend.push_back({chart.series_labels[s], colors[s]});
+  }
+  const double plot_width = std::max(chart.width, 200);
+  const double width = plot_width + legend_width(legend);
   const double height = std::max(chart.height, 150);
   const double x0 = kLeft;
-  const double x1 = width - kRight;
+  const double x1 = plot_width - kRight;
   const double y0 = height - kBottom;
   const double y1 = kTop;
 
@@ -366,9 +392,6 @@ std::string render_bar_chart_svg(const BarChart& chart) {
       << ") rotate(-90)\" text-anchor=\"middle\">" << escape_xml(chart.y_label) << "</text>\n";
 
   const size_t num_categories = chart.categories.size();
-  const size_t num_series = chart.values.size();
-  std::vector<std::string> colors;
-  for (size_t s = 0; s < num_series; ++s) colors.push_back(kPalette[s % kPaletteSize]);
   if (num_categories > 0 && num_series > 0) {
     const double group_width = (x1 - x0) / static_cast<double>(num_categories);
     const double bar_width = group_width * 0.8 / static_cast<double>(num_series);
@@ -388,15 +411,7 @@ std::string render_bar_chart_svg(const BarChart& chart) {
           << "</text>\n";
     }
   }
-  std::vector<std::string> labels;
-  std::vector<std::string> legend_colors;
-  std::vector<bool> dashed;
-  for (size_t s = 0; s < num_series && s < chart.series_labels.size(); ++s) {
-    labels.push_back(chart.series_labels[s]);
-    legend_colors.push_back(colors[s]);
-    dashed.push_back(false);
-  }
-  write_legend(svg, labels, legend_colors, dashed, x1, y1);
+  write_legend(svg, legend, x1 + 12.0, y1);
   svg << "</svg>\n";
   return svg.str();
 }

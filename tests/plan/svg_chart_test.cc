@@ -53,9 +53,9 @@ TEST(SvgChart, LineChartWithLogAxisMarkersAndEscaping) {
   EXPECT_NE(svg.find("latency &lt;vs&gt; EP &amp; friends"), std::string::npos);
   EXPECT_EQ(svg.find("nan"), std::string::npos);
   EXPECT_EQ(svg.find("inf"), std::string::npos);
-  // The paper series keeps its two positive-x points on the log axis; "broken" has a single
-  // usable point, drawn as a marker instead of a line.
-  EXPECT_EQ(count(svg, "<circle"), 3);
+  // The paper series keeps its two positive-x points on the log axis (+ its legend dot);
+  // "broken" has a single usable point, drawn as a marker instead of a line.
+  EXPECT_EQ(count(svg, "<circle"), 4);
   EXPECT_EQ(count(svg, "<polyline"), 1);
   expect_well_formed(svg);
 }
