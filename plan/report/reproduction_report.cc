@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "plan/afd/afd_reproduction.h"
@@ -349,15 +348,23 @@ Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware
   AfdReproductionOptions afd_options;
   afd_options.simulated_requests_per_instance = options.afd_simulated_requests_per_instance;
   AfdReproduction afd = afd_reproduction(afd_options);
-  // Its rows flag the paper's own inconsistencies in their notes; list each once.
-  std::set<std::string> flagged;
+  // Its rows flag the paper's own inconsistencies in their notes; list each once (a note
+  // that extends an earlier one replaces it).
+  std::vector<std::string> flagged;
   for (const auto& row : afd.rows) {
-    const size_t tag = row.note.find("[INCONSISTENT]");
-    if (tag == std::string::npos) continue;
-    std::string text = row.note.substr(tag + std::string("[INCONSISTENT]").size());
+    const std::string tag = "[INCONSISTENT]";
+    const size_t at = row.note.find(tag);
+    if (at == std::string::npos) continue;
+    std::string text = row.note.substr(at + tag.size());
     text.erase(0, text.find_first_not_of(' '));
-    if (flagged.insert(text).second) report.inconsistencies.push_back("paper003: " + text);
+    bool merged = false;
+    for (auto& earlier : flagged) {
+      if (text.rfind(earlier, 0) == 0) earlier = text;
+      merged = merged || earlier.rfind(text, 0) == 0;
+    }
+    if (!merged) flagged.push_back(text);
   }
+  for (const auto& text : flagged) report.inconsistencies.push_back("paper003: " + text);
   for (auto& row : afd.rows) report.rows.push_back(std::move(row));
   report.charts.push_back(afd_ratio_chart(afd));
 
