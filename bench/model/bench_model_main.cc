@@ -8,7 +8,8 @@
 // ExpertBackend seam); the latent KV read per step is printed separately (not in the floor).
 //
 //   peerserve_bench_model [--model DIR] [--runs 5] [--threads 0] [--prompt 512]
-//                         [--context 128] [--steps 16] [--profile-decode N]
+//                         [--context 128] [--steps 16] [--cpu-time]
+//                         [--profile-decode STEPS [--profile-batch B]]
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini.
 #include <algorithm>
 #include <chrono>
@@ -27,13 +28,13 @@
 #include "model/expert_backend.h"
 
 namespace peerserve {
+namespace bench {
+// Defined in machine_ceilings.cc with an explicit clock (the header's declaration lacks it).
+double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
+                                      TimeSource time);
+}  // namespace bench
+
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Counts the distinct routed experts each MoE layer call touches, then delegates.
 class CountingBackend final : public ExpertBackend {
@@ -102,12 +103,27 @@ struct Args {
   int64_t steps = 16;
   // > 0: only run this many batch-1 decode steps (no ceilings), e.g. under perf record.
   int64_t profile_decode = 0;
+  int64_t profile_batch = 1;  // sequences per step in --profile-decode
+  // Single thread, timed by the thread's CPU clock (ceilings and model alike): on a shared,
+  // oversubscribed machine this leaves out the time the process was not running.
+  bool cpu_time = false;
 };
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key == "--cpu-time") {
+      a.cpu_time = true;
+      a.threads = 1;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s needs a value\n", key.c_str());
+      std::exit(2);
+    }
+    const std::string value = argv[i + 1];
     if (key == "--model")
       a.model_dir = value;
     else if (key == "--runs")
@@ -122,6 +138,8 @@ Args parse_args(int argc, char** argv) {
       a.steps = std::stoll(value);
     else if (key == "--profile-decode")
       a.profile_decode = std::stoll(value);
+    else if (key == "--profile-batch")
+      a.profile_batch = std::stoll(value);
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       std::exit(2);
@@ -171,19 +189,25 @@ int run(const Args& args) {
 
   if (args.profile_decode > 0) {
     const KvLayout layout = model.kv_layout(16, DType::kBF16);
-    const int64_t len = args.context + args.profile_decode;
-    auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(len));
-    std::vector<int32_t> blocks(cache->num_blocks());
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
-    std::vector<int32_t> tokens = tokens_for(len, c.vocab_size, 3);
+    const int64_t len = args.context + args.profile_decode, batch = args.profile_batch;
+    const int64_t per_seq = layout.blocks_for_tokens(len);
+    auto cache = LatentKvCache::create(layout, per_seq * batch);
+    std::vector<std::vector<int32_t>> tokens(batch), blocks(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      tokens[b] = tokens_for(len, c.vocab_size, 3 + static_cast<uint32_t>(b));
+      for (int64_t i = 0; i < per_seq; ++i)
+        blocks[b].push_back(static_cast<int32_t>(b * per_seq + i));
+    }
     ForwardOutput out;
     for (int64_t pos = 0; pos < len;) {
-      SequenceChunk chunk;
       const int64_t n = pos == 0 ? args.context : 1;
-      chunk.tokens = std::span<const int32_t>(tokens).subspan(pos, n);
-      chunk.start_pos = pos;
-      chunk.block_table = blocks;
-      if (!model.forward({&chunk, 1}, *cache, &out).ok()) return 1;
+      std::vector<SequenceChunk> chunks(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        chunks[b].tokens = std::span<const int32_t>(tokens[b]).subspan(pos, n);
+        chunks[b].start_pos = pos;
+        chunks[b].block_table = blocks[b];
+      }
+      if (!model.forward(chunks, *cache, &out).ok()) return 1;
       pos += n;
     }
     return 0;
@@ -192,6 +216,7 @@ int run(const Args& args) {
   ThreadPool pool(args.threads);
   bench::CeilingOptions ceiling_options;
   ceiling_options.runs = std::max(args.runs, 3);
+  ceiling_options.time = args.cpu_time ? bench::TimeSource::kThreadCpu : bench::TimeSource::kWall;
   const bench::MachineCeilings ceilings = bench::measure_machine_ceilings(pool, ceiling_options);
   std::printf(
       "machine: %d threads, isa %s; read bandwidth %.1f GB/s; matmul_bf16 peak %.1f GFLOP/s "
@@ -205,101 +230,124 @@ int run(const Args& args) {
       static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.n_routed_experts),
       static_cast<long long>(c.num_experts_per_tok), static_cast<long long>(c.vocab_size));
 
+  const bench::TimeSource clock =
+      args.cpu_time ? bench::TimeSource::kThreadCpu : bench::TimeSource::kWall;
+  bench::ReadBandwidthProbe bandwidth_probe(pool, int64_t{512} << 20, clock);
   constexpr int64_t kBlock = 16;
   const KvLayout layout = model.kv_layout(kBlock, DType::kBF16);
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+    return 1;
+  };
 
   // Prefill: one chunk of args.prompt tokens into a fresh cache.
-  std::vector<double> prefill_times;
-  {
-    const std::vector<int32_t> prompt = tokens_for(args.prompt, c.vocab_size, 1);
-    auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(args.prompt));
-    std::vector<int32_t> blocks(cache->num_blocks());
-    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> prompt = tokens_for(args.prompt, c.vocab_size, 1);
+  auto prefill_cache = LatentKvCache::create(layout, layout.blocks_for_tokens(args.prompt));
+  std::vector<int32_t> prefill_blocks(prefill_cache->num_blocks());
+  for (size_t i = 0; i < prefill_blocks.size(); ++i) prefill_blocks[i] = static_cast<int32_t>(i);
+  auto run_prefill = [&]() -> Result<double> {
     SequenceChunk chunk;
     chunk.tokens = prompt;
-    chunk.block_table = blocks;
+    chunk.block_table = prefill_blocks;
     ForwardOutput out;
-    for (int r = 0; r < args.runs + 1; ++r) {  // the first run warms up
-      const auto start = Clock::now();
-      if (Status s = model.forward({&chunk, 1}, *cache, &out); !s.ok()) {
-        std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-        return 1;
-      }
-      if (r > 0) prefill_times.push_back(seconds_since(start));
-    }
-  }
-  const double prefill_s = bench::median(prefill_times);
-  const double prefill_gflops = 2.0 * cost.prefill_macs(args.prompt) / prefill_s / 1e9;
-
-  // Decode at batch sizes 1 and 16: prefill `context` tokens per sequence (untimed), then
-  // time `steps` decode steps of one token per sequence.
-  struct DecodeResult {
-    int64_t batch;
-    double step_s, floor_s, kv_bytes, weight_bytes;
+    const bench::Stopwatch watch(clock);
+    PS_RETURN_IF_ERROR(model.forward({&chunk, 1}, *prefill_cache, &out));
+    return watch.seconds();
   };
-  std::vector<DecodeResult> decode;
-  for (int64_t batch : {1, 16}) {
-    std::vector<double> step_times, floors;
-    double kv_bytes = 0, weight_bytes = 0;
-    const int64_t max_len = args.context + args.steps;
-    const int64_t per_seq = layout.blocks_for_tokens(max_len);
-    for (int r = 0; r < args.runs; ++r) {
-      auto cache = LatentKvCache::create(layout, per_seq * batch);
-      std::vector<std::vector<int32_t>> tokens(batch), blocks(batch);
-      for (int64_t b = 0; b < batch; ++b) {
-        tokens[b] = tokens_for(args.context, c.vocab_size, 10 + static_cast<uint32_t>(b));
-        for (int64_t i = 0; i < per_seq; ++i)
-          blocks[b].push_back(static_cast<int32_t>(b * per_seq + i));
-      }
-      std::vector<SequenceChunk> chunks(batch);
-      ForwardOutput out;
-      for (int64_t b = 0; b < batch; ++b) {
-        chunks[b].tokens = tokens[b];
-        chunks[b].block_table = blocks[b];
-      }
-      if (Status s = model.forward(chunks, *cache, &out); !s.ok()) {
-        std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-        return 1;
-      }
-      for (int64_t step = 0; step < args.steps; ++step) {
-        for (int64_t b = 0; b < batch; ++b) {
-          const auto logits = out.last_logits(b);
-          tokens[b].push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                                   logits.begin()));
-          chunks[b].tokens = std::span<const int32_t>(tokens[b]).subspan(tokens[b].size() - 1, 1);
-          chunks[b].start_pos = static_cast<int64_t>(tokens[b].size()) - 1;
-        }
-        counting->expert_loads = 0;
-        const auto start = Clock::now();
-        if (Status s = model.forward(chunks, *cache, &out); !s.ok()) {
-          std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-          return 1;
-        }
-        step_times.push_back(seconds_since(start));
-        weight_bytes = cost.fixed_bytes() + 2.0 * cost.expert_params() * counting->expert_loads;
-        floors.push_back(weight_bytes / (ceilings.read_bandwidth_gbs * 1e9));
-        kv_bytes = static_cast<double>(batch) * (args.context + step + 1) * layout.num_layers *
-                   layout.token_width() * 2.0;
-      }
+
+  // Decode: prefill `context` tokens per sequence (untimed), then `steps` timed steps of
+  // one token per sequence. Returns the median step time and the weight bytes it read.
+  struct DecodeRun {
+    double step_s = 0, weight_bytes = 0, kv_bytes = 0;
+  };
+  auto run_decode = [&](int64_t batch) -> Result<DecodeRun> {
+    const int64_t per_seq = layout.blocks_for_tokens(args.context + args.steps);
+    PS_ASSIGN_OR_RETURN(LatentKvCache cache, LatentKvCache::create(layout, per_seq * batch));
+    std::vector<std::vector<int32_t>> tokens(batch), blocks(batch);
+    std::vector<SequenceChunk> chunks(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      tokens[b] = tokens_for(args.context, c.vocab_size, 10 + static_cast<uint32_t>(b));
+      for (int64_t i = 0; i < per_seq; ++i)
+        blocks[b].push_back(static_cast<int32_t>(b * per_seq + i));
+      chunks[b].tokens = tokens[b];
+      chunks[b].block_table = blocks[b];
     }
-    decode.push_back(
-        {batch, bench::median(step_times), bench::median(floors), kv_bytes, weight_bytes});
+    ForwardOutput out;
+    PS_RETURN_IF_ERROR(model.forward(chunks, cache, &out));
+    std::vector<double> times, bytes;
+    DecodeRun result;
+    for (int64_t step = 0; step < args.steps; ++step) {
+      for (int64_t b = 0; b < batch; ++b) {
+        const auto logits = out.last_logits(b);
+        tokens[b].push_back(
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        chunks[b].tokens = std::span<const int32_t>(tokens[b]).subspan(tokens[b].size() - 1, 1);
+        chunks[b].start_pos = static_cast<int64_t>(tokens[b].size()) - 1;
+      }
+      counting->expert_loads = 0;
+      const bench::Stopwatch watch(clock);
+      PS_RETURN_IF_ERROR(model.forward(chunks, cache, &out));
+      times.push_back(watch.seconds());
+      bytes.push_back(cost.fixed_bytes() + 2.0 * cost.expert_params() * counting->expert_loads);
+      result.kv_bytes = static_cast<double>(batch) * (args.context + step + 1) *
+                        c.num_hidden_layers * layout.token_width() * 2.0;
+    }
+    result.step_s = bench::median(times);
+    result.weight_bytes = bench::median(bytes);
+    return result;
+  };
+
+  // Each run measures its own ceilings right before its measurements, so that a slow
+  // drift in the machine's load (other processes) affects a ratio's two sides alike.
+  const double prefill_flops = 2.0 * cost.prefill_macs(args.prompt);
+  std::vector<double> prefill_s, prefill_ratio, peak, bandwidth;
+  std::map<int64_t, std::vector<double>> step_s, floor_s, decode_ratio, weight_mb, kv_mb;
+  if (!run_prefill().ok()) return 1;  // warm-up
+  for (int r = 0; r < args.runs; ++r) {
+    const double peak_r = bench::measure_matmul_bf16_throughput(pool, 512, 2048, 2048, 1, clock);
+    auto t = run_prefill();
+    if (!t.ok()) return fail(t.status());
+    peak.push_back(peak_r);
+    prefill_s.push_back(*t);
+    prefill_ratio.push_back(prefill_flops / *t / 1e9 / peak_r);
+    for (int64_t batch : {1, 16}) {
+      const double bw_r =
+          bench::median({bandwidth_probe.measure_gbs(), bandwidth_probe.measure_gbs(),
+                         bandwidth_probe.measure_gbs()});
+      auto d = run_decode(batch);
+      if (!d.ok()) return fail(d.status());
+      const double floor = d->weight_bytes / (bw_r * 1e9);
+      bandwidth.push_back(bw_r);
+      step_s[batch].push_back(d->step_s);
+      floor_s[batch].push_back(floor);
+      decode_ratio[batch].push_back(d->step_s / floor);
+      weight_mb[batch].push_back(d->weight_bytes / 1e6);
+      kv_mb[batch].push_back(d->kv_bytes / 1e6);
+    }
   }
 
-  std::printf("\n| measurement | median | floor | ratio | target |\n|---|---|---|---|---|\n");
+  std::printf(
+      "\nclock: %s; per-run ceilings (medians of %d runs): read bandwidth %.1f GB/s, "
+      "matmul_bf16 %.1f GFLOP/s\n",
+      args.cpu_time ? "thread CPU time, 1 thread" : "wall", args.runs, bench::median(bandwidth),
+      bench::median(peak));
+  std::printf(
+      "\n| measurement | median | floor | median ratio | target |\n|---|---|---|---|---|\n");
+  const double p = bench::median(prefill_s);
   std::printf(
       "| prefill %lld tokens | %.3f s (%.0f tok/s, %.1f GFLOP/s) | %.3f s at matmul peak | "
       "%.0f%% of matmul peak | >= 50%% |\n",
-      static_cast<long long>(args.prompt), prefill_s, args.prompt / prefill_s, prefill_gflops,
-      2.0 * cost.prefill_macs(args.prompt) / (ceilings.matmul_bf16_gflops * 1e9),
-      100.0 * prefill_gflops / ceilings.matmul_bf16_gflops);
-  for (const DecodeResult& d : decode) {
+      static_cast<long long>(args.prompt), p, args.prompt / p, prefill_flops / p / 1e9,
+      prefill_flops / (bench::median(peak) * 1e9), 100.0 * bench::median(prefill_ratio));
+  for (int64_t batch : {1, 16}) {
+    const double t = bench::median(step_s[batch]);
     std::printf(
         "| decode batch %lld (context %lld) | %.2f ms/step (%.1f tok/s) | %.2f ms (%.1f MB "
         "weights; +%.1f MB KV not counted) | %.2fx floor | %s |\n",
-        static_cast<long long>(d.batch), static_cast<long long>(args.context), d.step_s * 1e3,
-        d.batch / d.step_s, d.floor_s * 1e3, d.weight_bytes / 1e6, d.kv_bytes / 1e6,
-        d.step_s / d.floor_s, d.batch == 1 ? "<= 1.6x" : "-");
+        static_cast<long long>(batch), static_cast<long long>(args.context), t * 1e3, batch / t,
+        bench::median(floor_s[batch]) * 1e3, bench::median(weight_mb[batch]),
+        bench::median(kv_mb[batch]), bench::median(decode_ratio[batch]),
+        batch == 1 ? "<= 1.6x" : "-");
   }
   return 0;
 }
