@@ -45,22 +45,33 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   const int64_t width = lora + rope, v = config_.v_head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
 
-  // {t_rows, heads * qk}
+  // q_a (or q_proj) and kv_a both read x_norm: one grouped call, one barrier.
+  // {t_rows, q_lora} or {t_rows, heads * qk}, and {t_rows, lora + rope} (c_kv then k_pe)
   q_.resize(t_rows * heads * qk);
+  kv_a_.resize(t_rows * width);
+  const Bf16Matrix& first = w.q_a ? *w.q_a : *w.q_proj;
+  if (w.q_a) q_a_.resize(t_rows * w.q_a->rows);
+  kernels::MatmulBf16Args projections[2];
+  projections[0].x = x_norm;
+  projections[0].w = first.data;
+  projections[0].y = w.q_a ? q_a_.data() : q_.data();
+  projections[0].m = t_rows;
+  projections[0].n = first.rows;
+  projections[0].k = first.cols;
+  projections[1].x = x_norm;
+  projections[1].w = w.kv_a.data;
+  projections[1].y = kv_a_.data();
+  projections[1].m = t_rows;
+  projections[1].n = w.kv_a.rows;
+  projections[1].k = w.kv_a.cols;
+  kernels::grouped_matmul_bf16(projections, ctx.precision, ctx.pool);
   if (w.q_a) {
     const int64_t q_lora = w.q_a->rows;
-    q_a_.resize(t_rows * q_lora);
-    linear(ctx, x_norm, t_rows, *w.q_a, q_a_.data());
     kernels::rmsnorm(
         {.x = q_a_.data(), .out = q_a_.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
         w.q_a_norm.data());
     linear(ctx, q_a_.data(), t_rows, *w.q_b, q_.data());
-  } else {
-    linear(ctx, x_norm, t_rows, *w.q_proj, q_.data());
   }
-  // {t_rows, lora + rope}: c_kv then k_pe
-  kv_a_.resize(t_rows * width);
-  linear(ctx, x_norm, t_rows, w.kv_a, kv_a_.data());
   kernels::rmsnorm({.x = kv_a_.data(),
                     .x_stride = width,
                     .out = kv_a_.data(),
