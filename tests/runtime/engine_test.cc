@@ -273,9 +273,12 @@ TEST_F(EngineTest, MoreRequestsThanSlotsAllComplete) {
 
 TEST_F(EngineTest, AbortFreesBlocksAndEndsTheRequest) {
   start();
+  // Hold the executor so the abort arrives while the request is mid-step, however fast the
+  // fake executor would otherwise finish all 400 tokens.
+  executor_->hold(true);
   RequestId id = submit(prompt("a long one"), greedy(400));
-  ASSERT_TRUE(collector_.wait_first(id));
   engine_->abort(id);
+  executor_->hold(false);
   auto outputs = collector_.wait(id);
   ASSERT_FALSE(outputs.empty());
   auto choices = assemble(outputs);
