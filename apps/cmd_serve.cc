@@ -65,6 +65,13 @@ std::optional<uint64_t> parse_bytes(const std::string& text) {
   return number * scale;
 }
 
+// The checkpoint folder's name ("models/peerserve-dsv3-smoke/" -> "peerserve-dsv3-smoke").
+std::string default_model_name(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 int fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.message().c_str());
   return 1;
@@ -154,7 +161,7 @@ int run_serve(const ServeCli& cli) {
   server_options.http.port = static_cast<uint16_t>(cli.port);
   server_options.http.max_body_bytes = cli.max_body_bytes;
   server_options.served_model_name =
-      cli.served_model_name.empty() ? cli.model_dir : cli.served_model_name;
+      cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
   server_options.limits.max_n = engine_options.max_n;
   auto server = OpenAiServer::create(server_options, engine->get(), tokenizer.get());
@@ -208,7 +215,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
   sub->add_option("--served-model-name", cli->served_model_name,
-                  "Model name clients use (default: the --model path)");
+                  "Model name clients use (default: the --model folder's name)");
   sub->add_option("--max-num-seqs", cli->max_num_seqs, "Sequences in the running batch at most")
       ->capture_default_str();
   sub->add_option("--max-num-batched-tokens", cli->max_num_batched_tokens,

@@ -188,6 +188,29 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_->options.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(std::chrono::seconds(server_->options.idle_timeout_seconds));
+    // The header first: a body over the limit is refused before it is sent, and clients
+    // that wait for "100 Continue" (curl does for bodies over 1 KiB) get it at once.
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read(ec);
+    const auto expect = parser_->get()[http::field::expect];
+    if (!parser_->is_done() && beast::iequals(expect, "100-continue")) {
+      continue_line_ = "HTTP/1.1 100 Continue\r\n\r\n";
+      asio::async_write(stream_, asio::buffer(continue_line_),
+                        [self = shared_from_this()](beast::error_code e, size_t) {
+                          if (e) return self->close();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -348,6 +371,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::deque<std::string> write_queue_;
   std::string writing_buffer_;
   std::vector<char> drain_buffer_;
+  std::string continue_line_;
   bool writing_ = false;
   uint64_t current_id_ = 0;
   bool in_exchange_ = false;

@@ -131,6 +131,19 @@ TEST_F(HttpServerTest, BodyTooLargeGets413) {
   EXPECT_NE(r.find("request_too_large"), std::string::npos) << r;
 }
 
+TEST_F(HttpServerTest, ExpectContinueIsAnswered) {
+  start([](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+    ex->respond(200, "text/plain", "got " + req.body);
+  });
+  Client c(port());
+  c.send("POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+  EXPECT_EQ(c.read_until("\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  c.send("hello");
+  std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+  EXPECT_NE(r.find("got hello"), std::string::npos) << r;
+}
+
 TEST_F(HttpServerTest, MalformedRequestGets400) {
   start(
       [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); });
