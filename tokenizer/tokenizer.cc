@@ -175,6 +175,17 @@ Result<Tokenizer> Tokenizer::load_from_dir(const std::filesystem::path& dir) {
 }
 
 Result<Tokenizer> Tokenizer::from_sources(const TokenizerSources& sources) {
+  // nlohmann::json throws on a value of the wrong type (e.g. "add_bos_token": "yes"); such
+  // files are reported as bad input rather than escaping as exceptions.
+  try {
+    return from_sources_unchecked(sources);
+  } catch (const json::exception& e) {
+    return invalid_argument(std::string("tokenizer files: a value has the wrong type: ") +
+                            e.what());
+  }
+}
+
+Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sources) {
   PS_ASSIGN_OR_RETURN(json root, parse_json(sources.tokenizer_json, "tokenizer.json"));
   for (const char* key : {"truncation", "padding"}) {
     if (root.contains(key) && !root[key].is_null()) {

@@ -122,6 +122,7 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  static Result<Tokenizer> from_sources_unchecked(const TokenizerSources& sources);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -330,6 +330,17 @@ TEST(ChatTemplateTest, RenderErrorsNamePosition) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("2:6"), std::string::npos) << failed.status().message();
   EXPECT_FALSE(adding->render(json::array()).ok());
+
+  // Request data nested absurdly deep is refused instead of recursing without bound.
+  json deep = json::array();
+  for (int i = 0; i < 1000; ++i) deep = json::array({deep});
+  auto plain = ChatTemplate::parse("{{ messages }}");
+  ASSERT_TRUE(plain.ok());
+  auto refused = plain->render(json{{"messages", deep}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("nested deeper"), std::string::npos);
+  EXPECT_FALSE(ChatTemplate::parse("{{ 1e999 }}").ok());
+  EXPECT_FALSE(ChatTemplate::parse("{{ x.99999999999999999999999 }}").ok());
 }
 
 }  // namespace

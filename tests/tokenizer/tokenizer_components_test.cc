@@ -94,6 +94,8 @@ TEST(TokenizerComponentsTest, UnsupportedComponentsAreNamed) {
   EXPECT_NE(Tokenizer::from_sources({"{not json", ""}).status().message().find("not valid JSON"),
             std::string::npos);
   EXPECT_FALSE(Tokenizer::load_from_dir("/nonexistent/dir").ok());
+  const json wrong_type = {{"add_bos_token", "yes"}};
+  EXPECT_NE(load(base, wrong_type).status().message().find("wrong type"), std::string::npos);
   json config = {{"clean_up_tokenization_spaces", true}};
   EXPECT_NE(load(base, config).status().message().find("clean_up_tokenization_spaces"),
             std::string::npos);

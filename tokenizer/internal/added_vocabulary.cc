@@ -38,6 +38,7 @@ bool json_flag(const nlohmann::json& token, const char* key, bool fallback) {
 }  // namespace
 
 void AddedVocabulary::Trie::insert(std::string_view content, int32_t token) {
+  first_byte[static_cast<unsigned char>(content[0])] = true;
   int32_t node = 0;
   for (unsigned char c : content) {
     const auto it = nodes[node].children.find(c);
@@ -137,6 +138,10 @@ void AddedVocabulary::split_with(const Trie& trie, std::string_view text,
   size_t plain_start = 0;  // start of the pending plain text
   size_t pos = 0;
   while (pos < text.size()) {
+    if (!trie.first_byte[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
     const auto [index, length] = trie.longest_at(text, pos);
     if (index < 0) {
       ++pos;

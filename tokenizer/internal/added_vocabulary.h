@@ -8,6 +8,7 @@
 // whitespace, which the token then swallows.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -55,6 +56,7 @@ class AddedVocabulary {
       int32_t token = -1;  // index into tokens_
     };
     std::vector<Node> nodes{Node{}};
+    std::array<bool, 256> first_byte{};  // bytes that start some token
     void insert(std::string_view content, int32_t token);
     // Longest token starting at text[pos]: (token index, length) or (-1, 0).
     std::pair<int32_t, size_t> longest_at(std::string_view text, size_t pos) const;

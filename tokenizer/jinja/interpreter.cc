@@ -1021,6 +1021,20 @@ Result<std::string> render_template(std::string_view source, const NodeList& nod
     return invalid_argument("chat template: variables must be a JSON object, got " +
                             std::string(variables.type_name()));
   }
+  // Values are converted and printed recursively: bound the nesting of request data.
+  constexpr size_t kMaxDepth = 128;
+  std::vector<std::pair<const nlohmann::json*, size_t>> stack = {{&variables, 1}};
+  while (!stack.empty()) {
+    const auto [value, depth] = stack.back();
+    stack.pop_back();
+    if (depth > kMaxDepth) {
+      return invalid_argument("chat template: variables are nested deeper than " +
+                              std::to_string(kMaxDepth) + " levels");
+    }
+    if (value->is_structured()) {
+      for (const auto& child : *value) stack.emplace_back(&child, depth + 1);
+    }
+  }
   return Interpreter(source, variables).run(nodes);
 }
 

@@ -470,7 +470,11 @@ class Parser {
       case TokenKind::kFloat: {
         next();
         auto e = make(ExprKind::kLiteral, t.offset);
-        e->literal = Value(std::stod(t.text));
+        try {
+          e->literal = Value(std::stod(t.text));
+        } catch (...) {
+          return error_at(t.offset, "float literal " + t.text + " is out of range");
+        }
         return e;
       }
       case TokenKind::kOperator:
@@ -573,7 +577,12 @@ class Parser {
         if (peek().kind == TokenKind::kInteger) {  // foo.0 == foo[0]
           auto item = make(ExprKind::kItem, offset);
           auto index = make(ExprKind::kLiteral, peek().offset);
-          index->literal = Value(static_cast<int64_t>(std::stoll(next().text)));
+          try {
+            index->literal = Value(static_cast<int64_t>(std::stoll(peek().text)));
+          } catch (...) {
+            return error_at(peek().offset, "index " + peek().text + " is out of range");
+          }
+          next();
           item->args.push_back(std::move(node));
           item->args.push_back(std::move(index));
           node = std::move(item);
