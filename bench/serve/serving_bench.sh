@@ -3,8 +3,9 @@
 #   1. throughput and latency percentiles at concurrency 1, 8 and 32;
 #   2. prefill saving from prefix caching: the same load at 0%, 50% and 90% shared prefix.
 # Usage: bench/serve/serving_bench.sh [BUILD_DIR] [OUT_DIR]
-# Writes one JSON file per run into OUT_DIR and prints a summary table. Runs are short
-# (a few minutes in all on 2 cores); numbers on a shared machine are noisy.
+# Every run is repeated REPEATS times (default 3, each with its own seeds, so no repeat hits
+# the prefix cache an earlier one filled); the tables show the median of each figure.
+# Writes one JSON file per run into OUT_DIR. About 3 minutes per repeat on 2 cores.
 set -euo pipefail
 build=${1:-build}
 out=${2:-/tmp/peerserve_serving_bench}
@@ -22,35 +23,52 @@ trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do grep -q "serving model" "$out/serve.log" 2>/dev/null && break; sleep 1; done
 url="http://127.0.0.1:$port"
 
-run() {  # name, then bench flags
-  local name=$1; shift
-  "$bin" bench --url "$url" --no-progress --json "$out/$name.json" "$@" >"$out/$name.txt"
+repeats=${REPEATS:-3}
+run() {  # name, seed, then bench flags
+  local name=$1 seed=$(($2 + 1000 * rep)); shift 2
+  "$bin" bench --url "$url" --no-progress --json "$out/$name.$rep.json" --seed "$seed" "$@" \
+    >"$out/$name.$rep.txt"
 }
 
 # Warm-up (page in the weights).
 "$bin" bench --url "$url" --no-progress --num-prompts 2 --max-concurrency 1 --input-len 64 \
   --output-len 4 --seed 99 >/dev/null
 
-run c1  --num-prompts 8  --max-concurrency 1  --input-len 256 --output-len 32 --seed 1
-run c8  --num-prompts 16 --max-concurrency 8  --input-len 256 --output-len 32 --seed 2
-run c32 --num-prompts 64 --max-concurrency 32 --input-len 256 --output-len 32 --seed 3
-run p0  --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.0 --seed 10
-run p50 --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.5 --seed 11
-run p90 --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.9 --seed 12
+for rep in $(seq 1 "$repeats"); do
+  run c1 1 --num-prompts 8 --max-concurrency 1 --input-len 256 --output-len 32
+  run c8 2 --num-prompts 16 --max-concurrency 8 --input-len 256 --output-len 32
+  run c32 3 --num-prompts 64 --max-concurrency 32 --input-len 256 --output-len 32
+  run p0 10 --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.0
+  run p50 11 --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.5
+  run p90 12 --num-prompts 24 --max-concurrency 8 --input-len 512 --output-len 8 --prefix-share 0.9
+  # 512 streams open at once: the HTTP front end holds them while the engine steps 64 at a time.
+  run c512 20 --num-prompts 512 --max-concurrency 512 --input-len 32 --output-len 16
+done
 
-/usr/bin/python3 - "$out" <<'PY'
-import json, sys
-out = sys.argv[1]
-def load(n): return json.load(open(f"{out}/{n}.json"))
-print("| run | req/s | out tok/s | total tok/s | TTFT mean/p50/p90/p99 ms | TPOT mean/p50/p90/p99 ms | ITL p50/p99 ms | E2E p50/p99 ms | failed |")
-print("|---|---|---|---|---|---|---|---|---|")
-for n in ["c1", "c8", "c32", "p0", "p50", "p90"]:
+/usr/bin/python3 - "$out" "$repeats" <<'PY'
+import json, statistics, sys
+out, repeats = sys.argv[1], int(sys.argv[2])
+def median_of(values):
+    if isinstance(values[0], dict):
+        return {k: median_of([v[k] for v in values]) for k in values[0]}
+    if isinstance(values[0], (int, float)) and not isinstance(values[0], bool):
+        return statistics.median(values)
+    return values[0]
+def load(n):
+    runs = [json.load(open(f"{out}/{n}.{r}.json")) for r in range(1, repeats + 1)]
+    summary = median_of(runs)
+    summary["failed"] = sum(r["failed"] for r in runs)  # every failure counts, not the median
+    return summary
+print(f"medians of {repeats} repeats")
+print("| run | req/s | out tok/s | total tok/s | TTFT mean/p50/p90/p99 ms | TPOT mean/p50/p90/p99 ms | ITL p50/p99 ms | E2E p50/p99 ms | max in flight | failed |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for n in ["c1", "c8", "c32", "p0", "p50", "p90", "c512"]:
     r = load(n)
     t, p, i, e = r["ttft"], r["tpot"], r["itl"], r["e2el"]
     print(f"| {n} | {r['request_throughput']:.2f} | {r['output_throughput']:.1f} | "
           f"{r['total_token_throughput']:.1f} | {t['mean_ms']:.0f}/{t['p50_ms']:.0f}/{t['p90_ms']:.0f}/{t['p99_ms']:.0f} | "
           f"{p['mean_ms']:.1f}/{p['p50_ms']:.1f}/{p['p90_ms']:.1f}/{p['p99_ms']:.1f} | "
-          f"{i['p50_ms']:.1f}/{i['p99_ms']:.1f} | {e['p50_ms']:.0f}/{e['p99_ms']:.0f} | {r['failed']} |")
+          f"{i['p50_ms']:.1f}/{i['p99_ms']:.1f} | {e['p50_ms']:.0f}/{e['p99_ms']:.0f} | {r['max_in_flight']} | {r['failed']} |")
 base = load("p0")
 print()
 print("| shared prefix | cached prompt tokens | mean TTFT ms | TTFT vs 0% | total tok/s | throughput vs 0% |")
