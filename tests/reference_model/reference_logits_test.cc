@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -191,15 +192,14 @@ void check_prefill(const Fixture& f, GemmPrecision precision, AttentionForm form
 
 class ReferenceLogitsTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { fixtures_ = new std::vector<Fixture>(load_fixtures()); }
-  static void TearDownTestSuite() {
-    delete fixtures_;
-    fixtures_ = nullptr;
+  static void SetUpTestSuite() {
+    fixtures_ = std::make_unique<std::vector<Fixture>>(load_fixtures());
   }
+  static void TearDownTestSuite() { fixtures_.reset(); }
   static const std::vector<Fixture>& fixtures() { return *fixtures_; }
-  static std::vector<Fixture>* fixtures_;
+  static std::unique_ptr<std::vector<Fixture>> fixtures_;
 };
-std::vector<Fixture>* ReferenceLogitsTest::fixtures_ = nullptr;
+std::unique_ptr<std::vector<Fixture>> ReferenceLogitsTest::fixtures_;
 
 TEST_F(ReferenceLogitsTest, RepositoryShipsAtLeastOneReferenceModel) {
   EXPECT_FALSE(fixtures().empty()) << "no models/*/reference/logits.safetensors found";

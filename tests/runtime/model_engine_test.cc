@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "model/checkpoint/test_model.h"
@@ -39,8 +40,9 @@ struct RunResult {
 class ModelEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                     ("peerserve_tiny_engine_" + std::to_string(::getpid())));
+    dir_ = std::make_unique<std::filesystem::path>(
+        std::filesystem::temp_directory_path() /
+        ("peerserve_tiny_engine_" + std::to_string(::getpid())));
     TestModelOptions options;
     options.preset = TestModelPreset::kTiny;
     options.seed = 11;
@@ -51,13 +53,13 @@ class ModelEngineTest : public ::testing::Test {
     model_options.attention_form = AttentionForm::kAbsorbed;
     auto model = DeepseekModel::load(dir_->string(), model_options);
     ASSERT_TRUE(model.ok()) << model.status().to_string();
-    model_ = std::move(model).value().release();
+    model_ = std::move(model).value();
   }
   static void TearDownTestSuite() {
-    delete model_;
+    model_.reset();
     std::error_code ec;
     std::filesystem::remove_all(*dir_, ec);
-    delete dir_;
+    dir_.reset();
   }
 
   // Submits every request at once (or one after another when `sequential`), waits for all.
@@ -67,7 +69,7 @@ class ModelEngineTest : public ::testing::Test {
     ex.block_size = config.block_size;
     ex.num_blocks = config.num_blocks;
     ex.kv_dtype = DType::kF32;
-    auto executor = ModelExecutor::create(model_, ex);
+    auto executor = ModelExecutor::create(model_.get(), ex);
     EXPECT_TRUE(executor.ok()) << executor.status().to_string();
     EngineOptions eo;
     eo.scheduler.max_num_seqs = config.max_num_seqs;
@@ -136,12 +138,12 @@ class ModelEngineTest : public ::testing::Test {
     return p;
   }
 
-  static std::filesystem::path* dir_;
-  static DeepseekModel* model_;
+  static std::unique_ptr<std::filesystem::path> dir_;
+  static std::unique_ptr<DeepseekModel> model_;
 };
 
-std::filesystem::path* ModelEngineTest::dir_ = nullptr;
-DeepseekModel* ModelEngineTest::model_ = nullptr;
+std::unique_ptr<std::filesystem::path> ModelEngineTest::dir_;
+std::unique_ptr<DeepseekModel> ModelEngineTest::model_;
 
 TEST_F(ModelEngineTest, BatchedEqualsSequentialGreedyAndSeeded) {
   std::vector<EngineRequest> requests;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -31,14 +32,14 @@ std::string auth() {
 class ServerIntegrationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                           ("peerserve_tiny_" + std::to_string(::getpid())));
+    model_dir_ = std::make_unique<std::filesystem::path>(
+        std::filesystem::temp_directory_path() / ("peerserve_tiny_" + std::to_string(::getpid())));
     TestModelOptions options;
     options.preset = TestModelPreset::kTiny;
     options.seed = 1;
     Status s = write_test_model(model_dir_->string(), options);
     ASSERT_TRUE(s.ok()) << s.to_string();
-    server_ = new ServerProcess();
+    server_ = std::make_unique<ServerProcess>();
     ASSERT_TRUE(server_->start(
         model_dir_->string(),
         {"--served-model-name", "tiny", "--api-key", kKey, "--max-num-seqs",
@@ -50,11 +51,10 @@ class ServerIntegrationTest : public ::testing::Test {
     if (server_) {
       EXPECT_EQ(server_->stop(), 0) << server_->read_log();
     }
-    delete server_;
-    server_ = nullptr;
+    server_.reset();
     std::error_code ec;
     std::filesystem::remove_all(*model_dir_, ec);
-    delete model_dir_;
+    model_dir_.reset();
   }
 
   static uint16_t port() { return server_->port(); }
@@ -73,12 +73,12 @@ class ServerIntegrationTest : public ::testing::Test {
     return false;
   }
 
-  static std::filesystem::path* model_dir_;
-  static ServerProcess* server_;
+  static std::unique_ptr<std::filesystem::path> model_dir_;
+  static std::unique_ptr<ServerProcess> server_;
 };
 
-std::filesystem::path* ServerIntegrationTest::model_dir_ = nullptr;
-ServerProcess* ServerIntegrationTest::server_ = nullptr;
+std::unique_ptr<std::filesystem::path> ServerIntegrationTest::model_dir_;
+std::unique_ptr<ServerProcess> ServerIntegrationTest::server_;
 
 TEST_F(ServerIntegrationTest, HealthModelsAndMetrics) {
   EXPECT_EQ(http_request(port(), "GET", "/health").status, 200);
