@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 ./scripts/build.sh
-model=${PEERSERVE_MODEL:-models/peerserve-dsv3-smoke}
+model=${PEERSERVE_MODEL:-models/peerserve-dsv3-tiny}
 port=${PEERSERVE_PORT:-8000}
 echo "== peerserve generate --model $model"
 ./build/apps/peerserve generate --model "$model" --prompt "The kernel" --max-tokens 24
