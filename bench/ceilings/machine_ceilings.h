@@ -80,7 +80,8 @@ double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds,
 
 // Throughput of kernels::matmul_bf16 with bf16 activations on m x n x k, in GFLOP/s
 // (2 m n k flops). The best a real GEMM reaches here: the "measured matmul peak".
-double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs);
+double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
+                                      TimeSource time = TimeSource::kWall);
 
 // All of the above (matmul on 512 x 2048 x 2048).
 MachineCeilings measure_machine_ceilings(ThreadPool& pool, const CeilingOptions& options);

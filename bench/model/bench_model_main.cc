@@ -28,12 +28,6 @@
 #include "model/expert_backend.h"
 
 namespace peerserve {
-namespace bench {
-// Defined in machine_ceilings.cc with an explicit clock (the header's declaration lacks it).
-double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
-                                      TimeSource time);
-}  // namespace bench
-
 namespace {
 
 // Counts the distinct routed experts each MoE layer call touches, then delegates.
