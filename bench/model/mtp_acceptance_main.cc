@@ -1,20 +1,24 @@
 // peerserve_bench_mtp_acceptance: the MTP draft acceptance rate of a trained checkpoint,
 // measured by the engine (DeepseekModel + its MTP layer over the paged latent KV cache).
 //
-// Greedy self-speculative decoding with one draft token, run step by step: after the main
-// model picks token g at position p (greedy), the MTP layer drafts the token after g from
-// (hidden[p], g); the main model then decodes g and its greedy choice v is the token the
-// draft had to match. Accepted drafts / drafts is the acceptance rate a speculative decoder
-// would see (the engine has no speculative decoder yet; this measures the same quantity
-// without one). The training script reports the same definition
-// (mtp_acceptance_greedy_generation in training_report.json), computed by PyTorch.
+// Greedy decoding with one MTP draft per position: after the main model has produced
+// token t[j + 1] from position j, the MTP layer drafts t[j + 2] from (hidden[j], t[j + 1]);
+// the main model's next greedy token is what the draft had to match. Two rates come out:
+//   per position:  accepted drafts / drafts over every position of the generations;
+//   speculative:   the schedule of self-speculative decoding with one draft token (an
+//                  accepted draft skips the next position's draft), which is what a
+//                  speculative decoder would see, and the script's definition
+//                  (mtp_acceptance_greedy_generation in training_report.json).
+// The engine has no speculative decoder yet; this measures the same quantity without one.
 //
 //   peerserve_bench_mtp_acceptance --model DIR --heldout FILE.jsonl [--prompts 16]
-//       [--prompt-len 32] [--new-tokens 64] [--precision bf16|fp32] [--threads 0]
+//       [--prompt-len 32] [--new-tokens 64] [--window 257] [--precision bf16|fp32]
+//       [--threads 0]
 //
 // FILE.jsonl: one {"text": ...} document per line (the training script's held-out split,
-// tools/train_reference_model/data/heldout.jsonl). Prompts are windows of the documents'
-// concatenated tokens, evenly spaced, each starting with BOS.
+// tools/train_reference_model/data/heldout.jsonl). As in the script, the documents become
+// one stream of [BOS] text [EOS], cut into windows of --window tokens (seq_len + 1); each
+// prompt is the start of one window. With the defaults the prompts are the script's.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +41,7 @@ struct Options {
   int prompts = 16;
   int prompt_len = 32;
   int new_tokens = 64;
+  int window = 257;
   std::string precision = "bf16";
   int threads = 0;
 };
@@ -50,6 +55,7 @@ int32_t argmax(std::span<const float> row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
+// [BOS] text [EOS] per document, special-token strings read as plain text.
 Result<std::vector<int32_t>> heldout_stream(const Tokenizer& tokenizer, const std::string& path,
                                             size_t wanted_tokens) {
   std::ifstream file(path);
@@ -57,6 +63,9 @@ Result<std::vector<int32_t>> heldout_stream(const Tokenizer& tokenizer, const st
   std::vector<int32_t> stream;
   std::string line;
   int64_t line_number = 0;
+  EncodeOptions plain;
+  plain.add_special_tokens = false;
+  plain.match_added_tokens = false;
   while (stream.size() < wanted_tokens && std::getline(file, line)) {
     ++line_number;
     const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -64,29 +73,32 @@ Result<std::vector<int32_t>> heldout_stream(const Tokenizer& tokenizer, const st
       return invalid_argument(path + ":" + std::to_string(line_number) +
                               ": expected a JSON object with a string \"text\"");
     }
-    EncodeOptions encode_options;
-    encode_options.add_special_tokens = false;
     PS_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                        tokenizer.encode(doc["text"].get<std::string>(), encode_options));
+                        tokenizer.encode(doc["text"].get<std::string>(), plain));
+    stream.push_back(*tokenizer.bos_id());
     stream.insert(stream.end(), ids.begin(), ids.end());
+    stream.push_back(*tokenizer.eos_id());
   }
   return stream;
 }
 
 struct Counts {
-  int64_t drafts = 0;
-  int64_t accepted = 0;
+  int64_t position_drafts = 0;
+  int64_t position_accepted = 0;
+  int64_t speculative_drafts = 0;
+  int64_t speculative_accepted = 0;
 };
 
-// One prompt: prefill (main, then MTP over every prompt position), then `new_tokens` greedy
-// steps, each checking the previous step's draft.
+// One prompt: prefill (main, then MTP over every prompt position), then greedy decoding
+// until `new_tokens` tokens follow the prompt, recording at every position j whether the
+// MTP draft made there equals the greedy token t[j + 2].
 Status replay(DeepseekModel& model, DType kv_dtype, std::span<const int32_t> prompt, int new_tokens,
               Counts* counts) {
   constexpr int64_t kBlockSize = 16;
-  const int64_t total = static_cast<int64_t>(prompt.size()) + new_tokens + 1;
+  const int64_t n = static_cast<int64_t>(prompt.size());
   const KvLayout layout = model.kv_layout(kBlockSize, kv_dtype);
   PS_ASSIGN_OR_RETURN(LatentKvCache cache,
-                      LatentKvCache::create(layout, layout.blocks_for_tokens(total)));
+                      LatentKvCache::create(layout, layout.blocks_for_tokens(n + new_tokens)));
   std::vector<int32_t> table(cache.num_blocks());
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
 
@@ -96,39 +108,51 @@ Status replay(DeepseekModel& model, DType kv_dtype, std::span<const int32_t> pro
   chunk.all_logits = true;  // the MTP layer needs every prompt position's hidden state
   ForwardOutput main_out;
   PS_RETURN_IF_ERROR(model.forward({&chunk, 1}, cache, &main_out));
-  int32_t next = argmax(main_out.last_logits(0));
+  std::vector<int32_t> seq(prompt.begin(), prompt.end());
+  seq.push_back(argmax(main_out.last_logits(0)));
 
-  std::vector<int32_t> mtp_tokens(prompt.begin() + 1, prompt.end());
-  mtp_tokens.push_back(next);
   MtpChunk mtp;
-  mtp.next_tokens = mtp_tokens;
+  mtp.next_tokens = std::span<const int32_t>(seq).subspan(1);
   mtp.hidden = main_out.hidden;
-  mtp.start_pos = 0;
   mtp.block_table = table;
   ForwardOutput draft_out;
   PS_RETURN_IF_ERROR(model.forward_mtp({&mtp, 1}, cache, &draft_out));
-  int32_t draft = argmax(draft_out.last_logits(0));
+  int32_t draft = argmax(draft_out.last_logits(0));  // made at j = n - 1
 
-  int64_t pos = static_cast<int64_t>(prompt.size());
-  for (int step = 0; step < new_tokens; ++step) {
-    const int32_t token = next;
+  std::vector<bool> accepted_at;  // index j - (n - 1)
+  while (static_cast<int64_t>(seq.size()) < n + new_tokens) {
+    const int64_t pos = static_cast<int64_t>(seq.size()) - 1;  // decode t[pos]
     SequenceChunk decode;
-    decode.tokens = std::span<const int32_t>(&token, 1);
+    decode.tokens = std::span<const int32_t>(seq).subspan(pos, 1);
     decode.start_pos = pos;
     decode.block_table = table;
     PS_RETURN_IF_ERROR(model.forward({&decode, 1}, cache, &main_out));
-    next = argmax(main_out.last_logits(0));
-    ++counts->drafts;
-    if (draft == next) ++counts->accepted;
+    seq.push_back(argmax(main_out.last_logits(0)));
+    accepted_at.push_back(draft == seq.back());  // the draft made at j = pos - 1
 
-    MtpChunk step_mtp;
-    step_mtp.next_tokens = std::span<const int32_t>(&next, 1);
-    step_mtp.hidden = main_out.hidden_row(0);
-    step_mtp.start_pos = pos;
-    step_mtp.block_table = table;
-    PS_RETURN_IF_ERROR(model.forward_mtp({&step_mtp, 1}, cache, &draft_out));
+    MtpChunk step;
+    step.next_tokens = std::span<const int32_t>(seq).subspan(pos + 1, 1);
+    step.hidden = main_out.hidden_row(0);
+    step.start_pos = pos;
+    step.block_table = table;
+    PS_RETURN_IF_ERROR(model.forward_mtp({&step, 1}, cache, &draft_out));
     draft = argmax(draft_out.last_logits(0));
-    ++pos;
+  }
+
+  for (const bool ok : accepted_at) {
+    ++counts->position_drafts;
+    counts->position_accepted += ok ? 1 : 0;
+  }
+  // Self-speculative schedule: a draft at j that is accepted yields t[j + 1] and t[j + 2]
+  // in one step, so the next draft is made at j + 2; a rejected one moves on to j + 1.
+  for (size_t k = 0; k < accepted_at.size();) {
+    ++counts->speculative_drafts;
+    if (accepted_at[k]) {
+      ++counts->speculative_accepted;
+      k += 2;
+    } else {
+      k += 1;
+    }
   }
   return ok_status();
 }
@@ -142,15 +166,17 @@ int run(const Options& o) {
   }
   auto tokenizer = Tokenizer::load_from_dir(o.model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status().to_string());
-  const std::optional<int32_t> bos = tokenizer->bos_id();
-  if (!bos) return fail(o.model_dir + ": the tokenizer has no BOS token");
+  if (!tokenizer->bos_id() || !tokenizer->eos_id()) {
+    return fail(o.model_dir + ": the tokenizer needs BOS and EOS tokens");
+  }
+  if (o.window < o.prompt_len) return fail("--window must be >= --prompt-len");
 
-  const size_t body = static_cast<size_t>(o.prompt_len - 1);
-  auto stream = heldout_stream(*tokenizer, o.heldout_path, body * o.prompts * 8);
+  const size_t wanted = static_cast<size_t>(o.window) * static_cast<size_t>(o.prompts);
+  auto stream = heldout_stream(*tokenizer, o.heldout_path, wanted);
   if (!stream.ok()) return fail(stream.status().to_string());
-  if (stream->size() < body * o.prompts) {
+  if (stream->size() < wanted) {
     return fail(o.heldout_path + ": " + std::to_string(stream->size()) +
-                " tokens, fewer than --prompts x --prompt-len");
+                " tokens, fewer than --prompts x --window");
   }
 
   const bool fp32 = o.precision == "fp32";
@@ -162,24 +188,29 @@ int run(const Options& o) {
   if (!(*model)->has_mtp()) return fail(o.model_dir + ": the checkpoint has no MTP layer");
 
   Counts counts;
-  const size_t stride = stream->size() / o.prompts;
   for (int p = 0; p < o.prompts; ++p) {
-    std::vector<int32_t> prompt = {*bos};
-    const auto begin = stream->begin() + static_cast<std::ptrdiff_t>(p * stride);
-    prompt.insert(prompt.end(), begin, begin + static_cast<std::ptrdiff_t>(body));
+    const auto begin = stream->begin() + static_cast<std::ptrdiff_t>(p) * o.window;
+    const std::vector<int32_t> prompt(begin, begin + o.prompt_len);
     if (Status s =
             replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompt, o.new_tokens, &counts);
         !s.ok()) {
       return fail(s.to_string());
     }
   }
-  const double rate = static_cast<double>(counts.accepted) / static_cast<double>(counts.drafts);
+  auto percent = [](int64_t part, int64_t whole) {
+    return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  };
   std::printf("model %s, %s activations\n", o.model_dir.c_str(), o.precision.c_str());
-  std::printf("%d prompts of %d held-out tokens, %d greedy tokens each\n", o.prompts, o.prompt_len,
+  std::printf("%d held-out prompts of %d tokens, %d greedy tokens each\n", o.prompts, o.prompt_len,
               o.new_tokens);
-  std::printf("MTP drafts accepted: %lld of %lld = %.1f%%\n",
-              static_cast<long long>(counts.accepted), static_cast<long long>(counts.drafts),
-              100.0 * rate);
+  std::printf("MTP acceptance, every position:        %lld of %lld = %.1f%%\n",
+              static_cast<long long>(counts.position_accepted),
+              static_cast<long long>(counts.position_drafts),
+              percent(counts.position_accepted, counts.position_drafts));
+  std::printf("MTP acceptance, speculative schedule:  %lld of %lld = %.1f%%\n",
+              static_cast<long long>(counts.speculative_accepted),
+              static_cast<long long>(counts.speculative_drafts),
+              percent(counts.speculative_accepted, counts.speculative_drafts));
   return 0;
 }
 
@@ -201,16 +232,19 @@ int main(int argc, char** argv) {
       o.prompt_len = std::atoi(argv[++i]);
     } else if (arg == "--new-tokens" && has_value) {
       o.new_tokens = std::atoi(argv[++i]);
+    } else if (arg == "--window" && has_value) {
+      o.window = std::atoi(argv[++i]);
     } else if (arg == "--precision" && has_value) {
       o.precision = argv[++i];
     } else if (arg == "--threads" && has_value) {
       o.threads = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s --model DIR --heldout FILE.jsonl [--prompts 16] [--prompt-len 32] "
-                   "[--new-tokens 64] [--precision bf16|fp32] [--threads 0]\n(unknown or "
-                   "incomplete argument '%s')\n",
-                   argv[0], arg.c_str());
+      std::fprintf(
+          stderr,
+          "usage: %s --model DIR --heldout FILE.jsonl [--prompts 16] [--prompt-len 32] "
+          "[--new-tokens 64] [--window 257] [--precision bf16|fp32] [--threads 0]\n(unknown or "
+          "incomplete argument '%s')\n",
+          argv[0], arg.c_str());
       return 2;
     }
   }
