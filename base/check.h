@@ -22,10 +22,10 @@ class CheckFailure {
 
 }  // namespace peerserve::detail
 
+// A `while` rather than `if (cond) {} else ...`: no dangling else when used unbraced under
+// an `if`. The loop body never finishes: CheckFailure's destructor aborts.
 #define PS_CHECK(cond) \
-  if (cond) {          \
-  } else               \
-    ::peerserve::detail::CheckFailure(__FILE__, __LINE__, #cond)
+  while (!(cond)) ::peerserve::detail::CheckFailure(__FILE__, __LINE__, #cond)
 
 #define PS_CHECK_EQ(a, b) PS_CHECK((a) == (b)) << (a) << " vs " << (b) << " "
 #define PS_CHECK_LT(a, b) PS_CHECK((a) < (b)) << (a) << " vs " << (b) << " "
