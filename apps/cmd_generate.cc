@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
+#include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 #include "runtime/sampler.h"
@@ -51,28 +51,6 @@ int fail(const Status& status) {
   return 1;
 }
 
-Result<std::vector<int32_t>> parse_prompt_ids(const std::string& list) {
-  std::vector<int32_t> ids;
-  std::stringstream stream(list);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    size_t used = 0;
-    long long value = -1;
-    try {
-      value = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || value < 0 || value > INT32_MAX) {
-      return invalid_argument("--prompt-ids: '" + item +
-                              "' is not a token id (expected e.g. 0,17,523)");
-    }
-    ids.push_back(static_cast<int32_t>(value));
-  }
-  if (ids.empty()) return invalid_argument("--prompt-ids: expected at least one token id");
-  return ids;
-}
-
 int run_generate(const GenerateCli& cli) {
   if (cli.prompt.empty() == cli.prompt_ids.empty()) {
     return fail(invalid_argument("give exactly one of --prompt and --prompt-ids"));
@@ -103,7 +81,7 @@ int run_generate(const GenerateCli& cli) {
 
   std::vector<int32_t> prompt;
   if (!cli.prompt_ids.empty()) {
-    auto ids = parse_prompt_ids(cli.prompt_ids);
+    auto ids = parse_token_id_list("--prompt-ids", cli.prompt_ids);
     if (!ids.ok()) return fail(ids.status());
     prompt = *ids;
   } else if (cli.chat) {

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
+#include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 
@@ -36,33 +36,11 @@ int fail(const Status& status) {
   return 1;
 }
 
-Result<std::vector<int32_t>> parse_ids(const std::string& list) {
-  std::vector<int32_t> ids;
-  std::stringstream stream(list);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    size_t used = 0;
-    long long value = -1;
-    try {
-      value = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || value < 0 || value > INT32_MAX) {
-      return invalid_argument("--prompt-ids: '" + item +
-                              "' is not a token id (expected e.g. 0,17,523)");
-    }
-    ids.push_back(static_cast<int32_t>(value));
-  }
-  if (ids.empty()) return invalid_argument("--prompt-ids: expected at least one token id");
-  return ids;
-}
-
 int run_score(const ScoreCli& cli) {
   if (cli.precision != "bf16" && cli.precision != "fp32") {
     return fail(invalid_argument("--precision '" + cli.precision + "': expected fp32 or bf16"));
   }
-  auto ids = parse_ids(cli.prompt_ids);
+  auto ids = parse_token_id_list("--prompt-ids", cli.prompt_ids);
   if (!ids.ok()) return fail(ids.status());
   const bool fp32 = cli.precision == "fp32";
 

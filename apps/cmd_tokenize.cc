@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/command_registry.h"
+#include "apps/token_id_list.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -46,30 +47,6 @@ Result<std::string> read_text_file(const std::string& path) {
   return text.str();
 }
 
-Result<std::vector<TokenId>> parse_ids(const std::string& list) {
-  std::vector<TokenId> ids;
-  std::stringstream stream(list);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    const size_t start = item.find_first_not_of(" \t");
-    const size_t end = item.find_last_not_of(" \t");
-    if (start == std::string::npos) continue;
-    const std::string number = item.substr(start, end - start + 1);
-    size_t used = 0;
-    long long value = -1;
-    try {
-      value = std::stoll(number, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != number.size() || value < 0 || value > INT32_MAX) {
-      return invalid_argument("--decode: '" + number + "' is not a token id (expected 1,2,3)");
-    }
-    ids.push_back(static_cast<TokenId>(value));
-  }
-  return ids;
-}
-
 void print_ids(const Tokenizer& tokenizer, const std::vector<TokenId>& ids, bool show_tokens) {
   if (show_tokens) {
     for (TokenId id : ids) {
@@ -91,7 +68,7 @@ int run_tokenize(const TokenizeCli& cli) {
   if (!tokenizer.ok()) return fail(tokenizer.status().to_string());
 
   if (!cli.decode.empty()) {
-    auto ids = parse_ids(cli.decode);
+    auto ids = parse_token_id_list("--decode", cli.decode);
     if (!ids.ok()) return fail(ids.status().message());
     auto text = tokenizer->decode(*ids, {.skip_special_tokens = cli.skip_special});
     if (!text.ok()) return fail(text.status().message());
