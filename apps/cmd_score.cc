@@ -44,14 +44,11 @@ int run_score(const ScoreCli& cli) {
   if (!ids.ok()) return fail(ids.status());
   const bool fp32 = cli.precision == "fp32";
 
-  LoadProgressBar progress;
   ModelOptions options;
   options.num_threads = cli.threads;
   options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
-  options.progress = progress.callback();
-  auto loaded = DeepseekModel::load(cli.model_dir, options);
-  progress.finish();
+  auto loaded = load_model_showing_progress(cli.model_dir, options);
   if (!loaded.ok()) return fail(loaded.status());
   DeepseekModel& model = **loaded;
 

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "apps/command_registry.h"
+#include "apps/load_progress_bar.h"
 #include "model/deepseek_model.h"
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
@@ -99,17 +100,8 @@ int run_serve(const ServeCli& cli) {
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
   model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
-  auto last_percent = std::make_shared<int>(-1);
-  model_options.progress = [last_percent](uint64_t done, uint64_t total) {
-    const int percent = total == 0 ? 100 : static_cast<int>(done * 100 / total);
-    if (percent == *last_percent) return;
-    *last_percent = percent;
-    const int filled = percent * 40 / 100;
-    std::fprintf(stderr, "\rweights [%s%s] %3d%%", std::string(filled, '#').c_str(),
-                 std::string(40 - filled, ' ').c_str(), percent);
-    if (done >= total) std::fprintf(stderr, "\n");
-  };
-  Result<std::unique_ptr<DeepseekModel>> model = DeepseekModel::load(cli.model_dir, model_options);
+  Result<std::unique_ptr<DeepseekModel>> model =
+      load_model_showing_progress(cli.model_dir, model_options);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& config = (*model)->config();
 

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
+
+#include "model/deepseek_model.h"
 
 namespace peerserve {
 
@@ -47,5 +50,15 @@ class LoadProgressBar {
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
+
+// DeepseekModel::load with a LoadProgressBar on stderr (replaces options.progress).
+inline Result<std::unique_ptr<DeepseekModel>> load_model_showing_progress(const std::string& dir,
+                                                                          ModelOptions options) {
+  LoadProgressBar progress;
+  options.progress = progress.callback();
+  auto model = DeepseekModel::load(dir, options);
+  progress.finish();
+  return model;
+}
 
 }  // namespace peerserve
