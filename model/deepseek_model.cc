@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "base/check.h"
 #include "base/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/bf16_convert.h"
@@ -26,14 +27,6 @@
 namespace peerserve {
 namespace {
 
-// What validation and planning need from a SequenceChunk or an MtpChunk.
-struct ChunkView {
-  std::span<const int32_t> tokens;
-  int64_t start_pos = 0;
-  std::span<const int32_t> block_table;
-  bool all_logits = false;
-};
-
 std::string seq_label(const char* what, size_t i) {
   return std::string(what) + ": sequence " + std::to_string(i) + ": ";
 }
@@ -47,7 +40,7 @@ struct DeepseekModel::Impl {
         weights(std::move(weights_in)),
         pool(options.num_threads),
         rope(config),
-        attention(config, rope) {
+        attention_layer(config, rope) {
     ctx.pool = &pool;
     ctx.precision = options.gemm_precision == GemmPrecision::kFp32
                         ? kernels::ActivationPrecision::kFp32
@@ -65,15 +58,23 @@ struct DeepseekModel::Impl {
 
   Status validate(const char* what, std::span<const ChunkView> chunks, const LatentKvCache& cache,
                   int64_t kv_layers_needed) const;
-  StepRows plan(std::span<const ChunkView> chunks) const;
-  void embed(const Bf16Matrix& table, const StepRows& rows, std::span<const ChunkView> chunks,
-             float* x) const;
-  Status run_layer(const DecoderLayerWeights& w, int64_t kv_layer, const StepRows& rows,
-                   LatentKvCache& cache);
-  void run_mlp(const MlpWeights& w, const float* x, int64_t rows, float* out);
-  Status run_moe(const DecoderLayerWeights& w, const float* x, int64_t rows, float* out);
-  void finish(std::span<const ChunkView> chunks, const StepRows& rows,
-              const std::vector<float>& norm, const Bf16Matrix& head, ForwardOutput* out);
+  void plan(std::span<const ChunkView> chunks, StepRows* rows) const;
+  void embed(const Bf16Matrix& table, const ForwardState& state, float* x) const;
+  // Shared by begin_forward and begin_forward_mtp: the state takes the step.
+  void begin(ForwardState& state, LatentKvCache& cache);
+  ExpertBackend::Call& expert_call(ForwardState& state);
+  void run_mlp(ForwardState& state, const MlpWeights& w, const float* x, int64_t rows, float* out);
+
+  // The stages (forward_state.h).
+  void attention(ForwardState& state, const StepLayer& layer);
+  void dense_mlp(ForwardState& state, const StepLayer& layer);
+  void route(ForwardState& state, const StepLayer& layer);
+  Status dispatch(ForwardState& state, const StepLayer& layer);
+  void shared_expert(ForwardState& state, const StepLayer& layer);
+  Status combine(ForwardState& state, const StepLayer& layer);
+  void head(ForwardState& state);
+  // Moves the state to the next layer's first stage, or to the head after the last layer.
+  void next_layer(ForwardState& state) const;
 
   ModelConfig config;
   ModelOptions options;
@@ -81,12 +82,8 @@ struct DeepseekModel::Impl {
   ThreadPool pool;
   ComputeContext ctx;
   RotaryEmbedding rope;
-  MlaAttention attention;
+  MlaAttention attention_layer;
   std::shared_ptr<ExpertBackend> experts;
-  // Step scratch, reused.
-  std::vector<float> x_, x_norm_, branch_, gate_, up_, shared_, router_logits_, route_scratch_;
-  std::vector<float> route_weights_, concat_;
-  std::vector<int32_t> route_ids_;
 };
 
 Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView> chunks,
@@ -154,145 +151,197 @@ Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView
   return ok_status();
 }
 
-StepRows DeepseekModel::Impl::plan(std::span<const ChunkView> chunks) const {
-  StepRows rows;
+void DeepseekModel::Impl::plan(std::span<const ChunkView> chunks, StepRows* rows) const {
+  rows->chunks.clear();
+  rows->num_rows = 0;
   for (const ChunkView& c : chunks) {
     StepChunk step;
-    step.row_begin = rows.num_rows;
+    step.row_begin = rows->num_rows;
     step.num_tokens = static_cast<int64_t>(c.tokens.size());
     step.start_pos = c.start_pos;
     step.block_table = c.block_table;
     step.absorbed =
         choose_absorbed_form(config, options.attention_form, step.num_tokens, step.context());
-    rows.chunks.push_back(step);
-    rows.num_rows += step.num_tokens;
+    rows->chunks.push_back(step);
+    rows->num_rows += step.num_tokens;
   }
   const int64_t half = config.qk_rope_head_dim / 2;
-  rows.positions.resize(rows.num_rows);
-  rows.rope_cos.resize(rows.num_rows * half);
-  rows.rope_sin.resize(rows.num_rows * half);
-  for (const StepChunk& c : rows.chunks) {
+  rows->positions.resize(rows->num_rows);
+  rows->rope_cos.resize(rows->num_rows * half);
+  rows->rope_sin.resize(rows->num_rows * half);
+  for (const StepChunk& c : rows->chunks) {
     for (int64_t i = 0; i < c.num_tokens; ++i) {
       const int64_t t = c.row_begin + i;
-      rows.positions[t] = c.start_pos + i;
-      rope.cos_sin(c.start_pos + i, rows.rope_cos.data() + t * half,
-                   rows.rope_sin.data() + t * half);
+      rows->positions[t] = c.start_pos + i;
+      rope.cos_sin(c.start_pos + i, rows->rope_cos.data() + t * half,
+                   rows->rope_sin.data() + t * half);
     }
   }
-  return rows;
 }
 
-void DeepseekModel::Impl::embed(const Bf16Matrix& table, const StepRows& rows,
-                                std::span<const ChunkView> chunks, float* x) const {
+void DeepseekModel::Impl::embed(const Bf16Matrix& table, const ForwardState& state,
+                                float* x) const {
   const int64_t hidden = config.hidden_size;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    for (size_t i = 0; i < chunks[c].tokens.size(); ++i) {
-      const int64_t t = rows.chunks[c].row_begin + static_cast<int64_t>(i);
-      kernels::bf16_to_fp32(table.data + chunks[c].tokens[i] * hidden, x + t * hidden, hidden);
+  for (size_t c = 0; c < state.views.size(); ++c) {
+    const ChunkView& view = state.views[c];
+    for (size_t i = 0; i < view.tokens.size(); ++i) {
+      const int64_t t = state.rows.chunks[c].row_begin + static_cast<int64_t>(i);
+      kernels::bf16_to_fp32(table.data + view.tokens[i] * hidden, x + t * hidden, hidden);
     }
   }
 }
 
-void DeepseekModel::Impl::run_mlp(const MlpWeights& w, const float* x, int64_t rows, float* out) {
+void DeepseekModel::Impl::begin(ForwardState& state, LatentKvCache& cache) {
+  state.cache = &cache;
+  plan(state.views, &state.rows);
+  state.layer_index = 0;
+  // An empty step runs the layers only when the expert backend needs every process at
+  // every exchange; otherwise there is nothing to compute.
+  const bool run_layers = state.rows.num_rows > 0 || experts->collective();
+  state.current =
+      run_layers && !state.layers.empty() ? ForwardStage::kAttention : ForwardStage::kHead;
+}
+
+ExpertBackend::Call& DeepseekModel::Impl::expert_call(ForwardState& state) {
+  if (state.expert_call == nullptr || state.expert_call_owner != experts.get()) {
+    state.expert_call = experts->new_call(state.slot);
+    state.expert_call_owner = experts.get();
+  }
+  return *state.expert_call;
+}
+
+void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, const float* x,
+                                  int64_t rows, float* out) {
   const int64_t inter = w.gate.rows;
-  gate_.resize(rows * inter);
-  up_.resize(rows * inter);
+  state.gate.resize(rows * inter);
+  state.up.resize(rows * inter);
   kernels::MatmulBf16Args problems[2];
   for (int which = 0; which < 2; ++which) {
     problems[which].x = x;
     problems[which].w = which == 0 ? w.gate.data : w.up.data;
-    problems[which].y = which == 0 ? gate_.data() : up_.data();
+    problems[which].y = which == 0 ? state.gate.data() : state.up.data();
     problems[which].m = rows;
     problems[which].n = inter;
     problems[which].k = w.gate.cols;
   }
   kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
-  kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), rows * inter);
-  linear(ctx, gate_.data(), rows, w.down, out);
+  kernels::silu_mul(state.gate.data(), state.up.data(), state.gate.data(), rows * inter);
+  linear(ctx, state.gate.data(), rows, w.down, out);
 }
 
-Status DeepseekModel::Impl::run_moe(const DecoderLayerWeights& w, const float* x, int64_t rows,
-                                    float* out) {
-  const MoeWeights& moe = *w.moe;
-  const int64_t n = config.n_routed_experts, hidden = config.hidden_size;
-  const int64_t top_k = config.num_experts_per_tok;
+void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
+  const DecoderLayerWeights& w = *layer.weights;
+  const int64_t t_rows = state.rows.num_rows, hidden = config.hidden_size;
+  const float eps = static_cast<float>(config.rms_norm_eps);
+  state.x_norm.resize(t_rows * hidden);
+  state.branch.resize(t_rows * hidden);
+  kernels::rmsnorm(
+      {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
+      w.input_norm.data());
+  attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot, state.x_norm.data(),
+                          *state.cache, state.attention, state.branch.data());
+  for (int64_t i = 0; i < t_rows * hidden; ++i) state.x[i] += state.branch[i];
+  kernels::rmsnorm(
+      {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
+      w.post_attention_norm.data());
+  state.current = w.dense_mlp ? ForwardStage::kDenseMlp : ForwardStage::kRoute;
+}
+
+void DeepseekModel::Impl::dense_mlp(ForwardState& state, const StepLayer& layer) {
+  const int64_t t_rows = state.rows.num_rows;
+  run_mlp(state, *layer.weights->dense_mlp, state.x_norm.data(), t_rows, state.branch.data());
+  for (int64_t i = 0; i < t_rows * config.hidden_size; ++i) state.x[i] += state.branch[i];
+  next_layer(state);
+}
+
+void DeepseekModel::Impl::route(ForwardState& state, const StepLayer& layer) {
+  const MoeWeights& moe = *layer.weights->moe;
+  const int64_t rows = state.rows.num_rows;
+  const int64_t n = config.n_routed_experts, top_k = config.num_experts_per_tok;
   // Router logits in fp32, as HF computes them: {rows, n_routed_experts}
-  router_logits_.resize(rows * n);
+  state.router_logits.resize(rows * n);
   kernels::MatmulF32Args args;
-  args.x = x;
+  args.x = state.x_norm.data();
   args.w = moe.router.data();
-  args.y = router_logits_.data();
+  args.y = state.router_logits.data();
   args.m = rows;
   args.n = n;
-  args.k = hidden;
+  args.k = config.hidden_size;
   kernels::matmul_f32(args, ctx.pool);
-  route_scratch_.resize(2 * n);
-  route_ids_.resize(rows * top_k);
-  route_weights_.resize(rows * top_k);
+  state.route_scratch.resize(2 * n);
+  state.route_ids.resize(rows * top_k);
+  state.route_weights.resize(rows * top_k);
   for (int64_t t = 0; t < rows; ++t) {
-    route_token(config, {router_logits_.data() + t * n, static_cast<size_t>(n)}, moe.bias,
-                route_scratch_, {route_ids_.data() + t * top_k, static_cast<size_t>(top_k)},
-                {route_weights_.data() + t * top_k, static_cast<size_t>(top_k)});
+    route_token(config, {state.router_logits.data() + t * n, static_cast<size_t>(n)}, moe.bias,
+                state.route_scratch,
+                {state.route_ids.data() + t * top_k, static_cast<size_t>(top_k)},
+                {state.route_weights.data() + t * top_k, static_cast<size_t>(top_k)});
   }
+  state.current = ForwardStage::kDispatch;
+}
+
+Status DeepseekModel::Impl::dispatch(ForwardState& state, const StepLayer& layer) {
+  const int64_t rows = state.rows.num_rows, hidden = config.hidden_size;
   RoutedTokens routed;
-  routed.layer = w.index;
+  routed.layer = layer.weights->index;
   routed.num_tokens = rows;
   routed.hidden_size = hidden;
-  routed.top_k = top_k;
-  routed.activations = {x, static_cast<size_t>(rows * hidden)};
-  routed.expert_ids = route_ids_;
-  routed.weights = route_weights_;
-  PS_RETURN_IF_ERROR(experts->run(routed, {out, static_cast<size_t>(rows * hidden)}));
+  routed.top_k = config.num_experts_per_tok;
+  routed.activations = {state.x_norm.data(), static_cast<size_t>(rows * hidden)};
+  routed.expert_ids = state.route_ids;
+  routed.weights = state.route_weights;
+  PS_RETURN_IF_ERROR(experts->dispatch(routed, expert_call(state)));
+  state.current = ForwardStage::kSharedExpert;
+  return ok_status();
+}
+
+void DeepseekModel::Impl::shared_expert(ForwardState& state, const StepLayer& layer) {
+  const MoeWeights& moe = *layer.weights->moe;
+  const int64_t rows = state.rows.num_rows;
   if (moe.shared) {
-    shared_.resize(rows * hidden);
-    run_mlp(*moe.shared, x, rows, shared_.data());
-    for (int64_t i = 0; i < rows * hidden; ++i) out[i] += shared_[i];
+    state.shared.resize(rows * config.hidden_size);
+    run_mlp(state, *moe.shared, state.x_norm.data(), rows, state.shared.data());
   }
+  state.current = ForwardStage::kExperts;
+}
+
+Status DeepseekModel::Impl::combine(ForwardState& state, const StepLayer& layer) {
+  const int64_t count = state.rows.num_rows * config.hidden_size;
+  PS_RETURN_IF_ERROR(
+      experts->combine(expert_call(state), {state.branch.data(), static_cast<size_t>(count)}));
+  if (layer.weights->moe->shared) {
+    for (int64_t i = 0; i < count; ++i) state.branch[i] += state.shared[i];
+  }
+  for (int64_t i = 0; i < count; ++i) state.x[i] += state.branch[i];
+  next_layer(state);
   return ok_status();
 }
 
-Status DeepseekModel::Impl::run_layer(const DecoderLayerWeights& w, int64_t kv_layer,
-                                      const StepRows& rows, LatentKvCache& cache) {
-  const int64_t t_rows = rows.num_rows, hidden = config.hidden_size;
-  const float eps = static_cast<float>(config.rms_norm_eps);
-  x_norm_.resize(t_rows * hidden);
-  branch_.resize(t_rows * hidden);
-  kernels::rmsnorm(
-      {.x = x_.data(), .out = x_norm_.data(), .rows = t_rows, .dim = hidden, .eps = eps},
-      w.input_norm.data());
-  attention.forward(ctx, w.attention, rows, kv_layer, x_norm_.data(), cache, branch_.data());
-  for (int64_t i = 0; i < t_rows * hidden; ++i) x_[i] += branch_[i];
-  kernels::rmsnorm(
-      {.x = x_.data(), .out = x_norm_.data(), .rows = t_rows, .dim = hidden, .eps = eps},
-      w.post_attention_norm.data());
-  if (w.dense_mlp) {
-    run_mlp(*w.dense_mlp, x_norm_.data(), t_rows, branch_.data());
-  } else {
-    PS_RETURN_IF_ERROR(run_moe(w, x_norm_.data(), t_rows, branch_.data()));
-  }
-  for (int64_t i = 0; i < t_rows * hidden; ++i) x_[i] += branch_[i];
-  return ok_status();
+void DeepseekModel::Impl::next_layer(ForwardState& state) const {
+  ++state.layer_index;
+  state.current = state.layer_index < static_cast<int64_t>(state.layers.size())
+                      ? ForwardStage::kAttention
+                      : ForwardStage::kHead;
 }
 
-void DeepseekModel::Impl::finish(std::span<const ChunkView> chunks, const StepRows& rows,
-                                 const std::vector<float>& norm, const Bf16Matrix& head,
-                                 ForwardOutput* out) {
-  const int64_t hidden = config.hidden_size, vocab = head.rows;
+void DeepseekModel::Impl::head(ForwardState& state) {
+  const int64_t hidden = config.hidden_size, vocab = state.head->rows;
+  ForwardOutput* out = &state.output;
   out->vocab_size = vocab;
   out->hidden_size = hidden;
   out->row_offsets.assign(1, 0);
   int64_t num_out = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    num_out += chunks[c].all_logits ? rows.chunks[c].num_tokens : 1;
+  for (size_t c = 0; c < state.views.size(); ++c) {
+    num_out += state.views[c].all_logits ? state.rows.chunks[c].num_tokens : 1;
     out->row_offsets.push_back(num_out);
   }
   out->hidden.resize(num_out * hidden);
   int64_t r = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const StepChunk& chunk = rows.chunks[c];
-    const int64_t first = chunks[c].all_logits ? 0 : chunk.num_tokens - 1;
+  for (size_t c = 0; c < state.views.size(); ++c) {
+    const StepChunk& chunk = state.rows.chunks[c];
+    const int64_t first = state.views[c].all_logits ? 0 : chunk.num_tokens - 1;
     for (int64_t i = first; i < chunk.num_tokens; ++i, ++r) {
-      std::memcpy(out->hidden.data() + r * hidden, x_.data() + (chunk.row_begin + i) * hidden,
+      std::memcpy(out->hidden.data() + r * hidden, state.x.data() + (chunk.row_begin + i) * hidden,
                   hidden * sizeof(float));
     }
   }
@@ -301,9 +350,10 @@ void DeepseekModel::Impl::finish(std::span<const ChunkView> chunks, const StepRo
                     .rows = num_out,
                     .dim = hidden,
                     .eps = static_cast<float>(config.rms_norm_eps)},
-                   norm.data());
+                   state.head_norm->data());
   out->logits.resize(num_out * vocab);
-  linear(ctx, out->hidden.data(), num_out, head, out->logits.data());
+  linear(ctx, out->hidden.data(), num_out, *state.head, out->logits.data());
+  state.current = ForwardStage::kDone;
 }
 
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -352,32 +402,37 @@ void DeepseekModel::set_expert_backend(std::shared_ptr<ExpertBackend> backend) {
   impl_->experts = std::move(backend);
 }
 
-Status DeepseekModel::forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache,
-                              ForwardOutput* out) {
+std::unique_ptr<ForwardState> DeepseekModel::new_forward_state(int slot) const {
+  return std::make_unique<ForwardState>(slot);
+}
+
+Status DeepseekModel::begin_forward(ForwardState& state, std::span<const SequenceChunk> chunks,
+                                    LatentKvCache& cache) {
   Impl& m = *impl_;
+  PS_CHECK(state.current == ForwardStage::kIdle);  // take_output before the next step
   std::vector<ChunkView> views;
   views.reserve(chunks.size());
   for (const SequenceChunk& c : chunks) {
     views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits});
   }
   PS_RETURN_IF_ERROR(m.validate("forward", views, cache, m.config.num_hidden_layers));
-  if (views.empty()) {
-    *out = ForwardOutput{m.config.vocab_size, m.config.hidden_size, {}, {0}, {}};
-    return ok_status();
-  }
-  const StepRows rows = m.plan(views);
-  m.x_.resize(rows.num_rows * m.config.hidden_size);
-  m.embed(m.weights.embed, rows, views, m.x_.data());
+  state.views = std::move(views);
+  state.layers.clear();
   for (const DecoderLayerWeights& layer : m.weights.layers) {
-    PS_RETURN_IF_ERROR(m.run_layer(layer, layer.index, rows, cache));
+    state.layers.push_back({&layer, layer.index});
   }
-  m.finish(views, rows, m.weights.final_norm, m.weights.lm_head, out);
+  state.head_norm = &m.weights.final_norm;
+  state.head = &m.weights.lm_head;
+  m.begin(state, cache);
+  state.x.resize(state.rows.num_rows * m.config.hidden_size);
+  m.embed(m.weights.embed, state, state.x.data());
   return ok_status();
 }
 
-Status DeepseekModel::forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache,
-                                  ForwardOutput* out) {
+Status DeepseekModel::begin_forward_mtp(ForwardState& state, std::span<const MtpChunk> chunks,
+                                        LatentKvCache& cache) {
   Impl& m = *impl_;
+  PS_CHECK(state.current == ForwardStage::kIdle);
   if (!m.weights.mtp) {
     return unimplemented(
         "forward_mtp: the model has no MTP layer loaded (num_nextn_predict_layers = " +
@@ -398,39 +453,150 @@ Status DeepseekModel::forward_mtp(std::span<const MtpChunk> chunks, LatentKvCach
   }
   const int64_t mtp_slot = m.config.num_hidden_layers;
   PS_RETURN_IF_ERROR(m.validate("forward_mtp", views, cache, mtp_slot + 1));
-  if (views.empty()) {
-    *out = ForwardOutput{m.config.vocab_size, hidden, {}, {0}, {}};
-    return ok_status();
-  }
-  const StepRows rows = m.plan(views);
   const MtpWeights& mtp = *m.weights.mtp;
-  const int64_t t_rows = rows.num_rows;
-  const float eps = static_cast<float>(m.config.rms_norm_eps);
+  state.views = std::move(views);
+  state.layers.assign(1, {&mtp.layer, mtp_slot});
+  state.head_norm = &mtp.head_norm;
+  state.head = &mtp.head;
+  m.begin(state, cache);
 
   // h' = eh_proj([enorm(embed(t_{p+1})) ; hnorm(h_p)])   {t_rows, 2 * hidden} -> {t_rows, hidden}
-  m.x_.resize(t_rows * hidden);
-  m.embed(mtp.embed, rows, views, m.x_.data());
-  m.concat_.resize(t_rows * 2 * hidden);
-  kernels::rmsnorm({.x = m.x_.data(),
-                    .out = m.concat_.data(),
+  const int64_t t_rows = state.rows.num_rows;
+  const float eps = static_cast<float>(m.config.rms_norm_eps);
+  state.x.resize(t_rows * hidden);
+  m.embed(mtp.embed, state, state.x.data());
+  state.concat.resize(t_rows * 2 * hidden);
+  kernels::rmsnorm({.x = state.x.data(),
+                    .out = state.concat.data(),
                     .out_stride = 2 * hidden,
                     .rows = t_rows,
                     .dim = hidden,
                     .eps = eps},
                    mtp.enorm.data());
   for (size_t c = 0; c < chunks.size(); ++c) {
-    kernels::rmsnorm({.x = chunks[c].hidden.data(),
-                      .out = m.concat_.data() + rows.chunks[c].row_begin * 2 * hidden + hidden,
-                      .out_stride = 2 * hidden,
-                      .rows = rows.chunks[c].num_tokens,
-                      .dim = hidden,
-                      .eps = eps},
-                     mtp.hnorm.data());
+    kernels::rmsnorm(
+        {.x = chunks[c].hidden.data(),
+         .out = state.concat.data() + state.rows.chunks[c].row_begin * 2 * hidden + hidden,
+         .out_stride = 2 * hidden,
+         .rows = state.rows.chunks[c].num_tokens,
+         .dim = hidden,
+         .eps = eps},
+        mtp.hnorm.data());
   }
-  linear(m.ctx, m.concat_.data(), t_rows, mtp.eh_proj, m.x_.data());
-  PS_RETURN_IF_ERROR(m.run_layer(mtp.layer, mtp_slot, rows, cache));
-  m.finish(views, rows, mtp.head_norm, mtp.head, out);
+  linear(m.ctx, state.concat.data(), t_rows, mtp.eh_proj, state.x.data());
   return ok_status();
+}
+
+Status DeepseekModel::run_stage(ForwardState& state) {
+  Impl& m = *impl_;
+  PS_CHECK(state.current != ForwardStage::kIdle && state.current != ForwardStage::kDone);
+  if (state.current == ForwardStage::kHead) {
+    m.head(state);
+    return ok_status();
+  }
+  const StepLayer& layer = state.layers[state.layer_index];
+  Status status = ok_status();
+  switch (state.current) {
+    case ForwardStage::kAttention:
+      m.attention(state, layer);
+      break;
+    case ForwardStage::kDenseMlp:
+      m.dense_mlp(state, layer);
+      break;
+    case ForwardStage::kRoute:
+      m.route(state, layer);
+      break;
+    case ForwardStage::kDispatch:
+      status = m.dispatch(state, layer);
+      break;
+    case ForwardStage::kSharedExpert:
+      m.shared_expert(state, layer);
+      break;
+    case ForwardStage::kExperts:
+      status = m.experts->compute(m.expert_call(state));
+      if (status.ok()) state.current = ForwardStage::kCombine;
+      break;
+    case ForwardStage::kCombine:
+      status = m.combine(state, layer);
+      break;
+    default:
+      PS_CHECK(false);
+  }
+  if (!status.ok()) {
+    state.current = ForwardStage::kIdle;
+    state.expert_call.reset();  // a broken exchange's state is not reused
+    state.expert_call_owner = nullptr;
+  }
+  return status;
+}
+
+Status DeepseekModel::run_until(ForwardState& state, ForwardStage stop) {
+  while (state.current != stop && state.current != ForwardStage::kDone) {
+    PS_RETURN_IF_ERROR(run_stage(state));
+  }
+  return ok_status();
+}
+
+void DeepseekModel::take_output(ForwardState& state, ForwardOutput* out) {
+  PS_CHECK(state.current == ForwardStage::kDone);
+  std::swap(*out, state.output);
+  state.current = ForwardStage::kIdle;
+  state.views.clear();
+  state.cache = nullptr;
+}
+
+Status DeepseekModel::forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache,
+                              ForwardState& state, ForwardOutput* out) {
+  PS_RETURN_IF_ERROR(begin_forward(state, chunks, cache));
+  PS_RETURN_IF_ERROR(run_until(state, ForwardStage::kDone));
+  take_output(state, out);
+  return ok_status();
+}
+
+Status DeepseekModel::forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache,
+                              ForwardOutput* out) {
+  ForwardState state(0);
+  return forward(chunks, cache, state, out);
+}
+
+Status DeepseekModel::forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache,
+                                  ForwardState& state, ForwardOutput* out) {
+  PS_RETURN_IF_ERROR(begin_forward_mtp(state, chunks, cache));
+  PS_RETURN_IF_ERROR(run_until(state, ForwardStage::kDone));
+  take_output(state, out);
+  return ok_status();
+}
+
+Status DeepseekModel::forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache,
+                                  ForwardOutput* out) {
+  ForwardState state(0);
+  return forward_mtp(chunks, cache, state, out);
+}
+
+const char* forward_stage_name(ForwardStage stage) {
+  switch (stage) {
+    case ForwardStage::kIdle:
+      return "idle";
+    case ForwardStage::kAttention:
+      return "attention";
+    case ForwardStage::kDenseMlp:
+      return "dense_mlp";
+    case ForwardStage::kRoute:
+      return "route";
+    case ForwardStage::kDispatch:
+      return "dispatch";
+    case ForwardStage::kSharedExpert:
+      return "shared_expert";
+    case ForwardStage::kExperts:
+      return "experts";
+    case ForwardStage::kCombine:
+      return "combine";
+    case ForwardStage::kHead:
+      return "head";
+    case ForwardStage::kDone:
+      return "done";
+  }
+  return "unknown";
 }
 
 }  // namespace peerserve

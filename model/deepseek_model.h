@@ -2,8 +2,13 @@
 //
 //   auto model = DeepseekModel::load("ckpt/", ModelOptions{});
 //   auto cache = LatentKvCache::create((*model)->kv_layout(16, DType::kBF16), num_blocks);
+//   auto state = (*model)->new_forward_state();            // the caller's per-step buffers
 //   ForwardOutput out;
-//   Status s = (*model)->forward(chunks, *cache, &out);   // one step of a ragged batch
+//   Status s = (*model)->forward(chunks, *cache, *state, &out);  // one step of a ragged batch
+//
+// The weights are immutable after load; everything a step changes lives in the caller's
+// ForwardState (forward_state.h), and a step can also be run stage by stage
+// (begin_forward, run_stage, take_output), so that two microbatches can be interleaved.
 //
 // Attention form (MLA): the plain multi-head form decompresses the cached latents of the
 // whole context through kv_b_proj and runs ordinary attention (cheap per query when many
@@ -13,12 +18,11 @@
 // takes the form with fewer FLOPs for its (new tokens, context length); see
 // mla_attention.h. Both give the same result up to float rounding.
 //
-// Thread-safety: one forward call at a time (the engine thread owns the model); the model
-// runs its own thread pool inside a call.
+// Thread-safety: the model runs its own thread pool inside a stage, so stages (of any
+// states) run one at a time; between stages, any number of states may be in flight.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -27,33 +31,14 @@
 #include "kv/kv_layout.h"
 #include "kv/latent_kv_cache.h"
 #include "model/forward_batch.h"
+#include "model/forward_state.h"
 #include "model/model_config.h"
+#include "model/model_options.h"
 
 namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
-
-// Precision of the activations fed to the weight GEMMs (accumulation is always fp32).
-enum class GemmPrecision {
-  kFp32,  // activations stay fp32: exact up to summation order (tests, reference checks)
-  kBf16,  // activations rounded to bf16 at each GEMM input: what bf16 inference does, faster
-};
-
-enum class AttentionForm { kAuto, kPlain, kAbsorbed };
-
-struct ModelOptions {
-  // Worker threads for kernels; <= 0 means all hardware threads. Default: 0.
-  int num_threads = 0;
-  // Default: kBf16 (inference). Use kFp32 for exactness tests.
-  GemmPrecision gemm_precision = GemmPrecision::kBf16;
-  // Default: kAuto (per chunk, by FLOP count). Forcing a form is for tests and benchmarks.
-  AttentionForm attention_form = AttentionForm::kAuto;
-  // Load the MTP layer (when the checkpoint has one). Default: true.
-  bool load_mtp = true;
-  // Called while weights load: bytes done, bytes total. Default: none.
-  std::function<void(uint64_t done, uint64_t total)> progress;
-};
 
 class DeepseekModel {
  public:
@@ -80,15 +65,41 @@ class DeepseekModel {
   // MTP layer (slot num_hidden_layers).
   KvLayout kv_layout(int64_t block_size, DType dtype) const;
 
+  // A fresh per-step state for microbatch `slot` (0 or 1); reuse it for every step.
+  std::unique_ptr<ForwardState> new_forward_state(int slot = 0) const;
+
   // One step over a ragged batch; see forward_batch.h. Writes the new tokens' KV into
   // `cache`, then fills *out. Invalid input (empty chunk, token id outside the vocabulary,
   // position beyond max_position_embeddings, block table too short, block id outside the
   // cache, two chunks writing one block, cache layout not matching kv_layout()) returns
-  // InvalidArgument/OutOfRange and leaves the cache untouched.
+  // InvalidArgument/OutOfRange and leaves the cache untouched. An empty step (no chunks)
+  // yields no rows; with a collective expert backend it still runs every MoE layer's
+  // exchange, so that the other ranks of the group are not left waiting.
+  Status forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache, ForwardState& state,
+                 ForwardOutput* out);
+  // Same with a temporary state (tests and tools; allocates its buffers on every call).
   Status forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache, ForwardOutput* out);
 
   // One step of the MTP layer (draft-token logits); see MtpChunk. Same validation.
+  Status forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache, ForwardState& state,
+                     ForwardOutput* out);
   Status forward_mtp(std::span<const MtpChunk> chunks, LatentKvCache& cache, ForwardOutput* out);
+
+  // Staged execution: what forward() does, in pieces (the stages are listed in
+  // forward_state.h). begin_* validates (same errors as forward, state untouched on error)
+  // and leaves the state at its first stage; the chunks' spans must stay valid until the
+  // step is done. run_stage runs the current stage and advances; after kHead the state is
+  // kDone and take_output moves the output out and makes the state idle. An error from a
+  // stage (an expert backend's peer lost) abandons the step: the state becomes idle and the
+  // new tokens' KV slots hold unspecified values.
+  Status begin_forward(ForwardState& state, std::span<const SequenceChunk> chunks,
+                       LatentKvCache& cache);
+  Status begin_forward_mtp(ForwardState& state, std::span<const MtpChunk> chunks,
+                           LatentKvCache& cache);
+  Status run_stage(ForwardState& state);
+  // Runs stages until the state's next stage is `stop` (or it is done).
+  Status run_until(ForwardState& state, ForwardStage stop);
+  void take_output(ForwardState& state, ForwardOutput* out);
 
   // The routed-expert executor (default: local execution with grouped GEMMs), and its
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).

@@ -1,18 +1,46 @@
 #include "model/local_expert_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "base/check.h"
 #include "kernels/activation.h"
 #include "kernels/vector_ops.h"
 
 namespace peerserve {
+namespace {
+
+struct LocalCall final : ExpertBackend::Call {
+  RoutedTokens tokens;
+  std::span<const MlpWeights> experts;
+  std::vector<int64_t> first_slot;    // [num_experts + 1]: expert e owns slots [first, next)
+  std::vector<int64_t> next_slot;     // [num_experts]
+  std::vector<int64_t> slot_of_pair;  // [num_tokens * top_k]
+  std::vector<float> x, gate, up, down;
+  std::vector<kernels::MatmulBf16Args> problems;
+  bool dispatched = false, computed = false;
+};
+
+LocalCall& as_local(ExpertBackend::Call& call) {
+  auto* local = dynamic_cast<LocalCall*>(&call);
+  PS_CHECK(local != nullptr);  // a call of another backend
+  return *local;
+}
+
+}  // namespace
 
 LocalExpertBackend::LocalExpertBackend(std::vector<std::span<const MlpWeights>> experts_by_layer,
                                        kernels::ActivationPrecision precision, ThreadPool* pool)
     : experts_by_layer_(std::move(experts_by_layer)), precision_(precision), pool_(pool) {}
 
-Status LocalExpertBackend::run(const RoutedTokens& tokens, std::span<float> out) {
+std::unique_ptr<ExpertBackend::Call> LocalExpertBackend::new_call(int /*slot*/) {
+  return std::make_unique<LocalCall>();
+}
+
+Status LocalExpertBackend::dispatch(const RoutedTokens& tokens, Call& call_base) {
+  LocalCall& call = as_local(call_base);
+  call.dispatched = call.computed = false;
   if (tokens.layer < 0 || tokens.layer >= static_cast<int64_t>(experts_by_layer_.size()) ||
       experts_by_layer_[tokens.layer].empty()) {
     return invalid_argument("expert backend: layer " + std::to_string(tokens.layer) +
@@ -22,8 +50,7 @@ Status LocalExpertBackend::run(const RoutedTokens& tokens, std::span<float> out)
   const int64_t num_experts = static_cast<int64_t>(experts.size());
   const int64_t t_count = tokens.num_tokens, top_k = tokens.top_k, hidden = tokens.hidden_size;
   const int64_t pairs = t_count * top_k;
-  if (static_cast<int64_t>(out.size()) != t_count * hidden ||
-      static_cast<int64_t>(tokens.activations.size()) != t_count * hidden ||
+  if (static_cast<int64_t>(tokens.activations.size()) != t_count * hidden ||
       static_cast<int64_t>(tokens.expert_ids.size()) != pairs ||
       static_cast<int64_t>(tokens.weights.size()) != pairs) {
     return invalid_argument("expert backend: inconsistent sizes for " + std::to_string(t_count) +
@@ -35,34 +62,46 @@ Status LocalExpertBackend::run(const RoutedTokens& tokens, std::span<float> out)
                               " outside [0, " + std::to_string(num_experts) + ")");
     }
   }
-  const int64_t inter = experts[0].gate.rows;
+  call.tokens = tokens;
+  call.experts = experts;
 
   // Slots: the pairs sorted by expert (stable), so each expert's tokens are contiguous.
-  std::vector<int64_t> first_slot(num_experts + 1, 0);
-  for (int64_t i = 0; i < pairs; ++i) ++first_slot[tokens.expert_ids[i] + 1];
-  for (int64_t e = 0; e < num_experts; ++e) first_slot[e + 1] += first_slot[e];
-  std::vector<int64_t> next = first_slot;
-  slot_of_pair_.resize(pairs);
-  x_.resize(pairs * hidden);
+  call.first_slot.assign(num_experts + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) ++call.first_slot[tokens.expert_ids[i] + 1];
+  for (int64_t e = 0; e < num_experts; ++e) call.first_slot[e + 1] += call.first_slot[e];
+  call.next_slot.assign(call.first_slot.begin(), call.first_slot.end() - 1);
+  call.slot_of_pair.resize(pairs);
+  call.x.resize(pairs * hidden);
   for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t slot = next[tokens.expert_ids[i]]++;
-    slot_of_pair_[i] = slot;
-    std::memcpy(x_.data() + slot * hidden, tokens.activations.data() + (i / top_k) * hidden,
+    const int64_t slot = call.next_slot[tokens.expert_ids[i]]++;
+    call.slot_of_pair[i] = slot;
+    std::memcpy(call.x.data() + slot * hidden, tokens.activations.data() + (i / top_k) * hidden,
                 hidden * sizeof(float));
   }
+  call.dispatched = true;
+  return ok_status();
+}
 
-  gate_.resize(pairs * inter);
-  up_.resize(pairs * inter);
-  down_.resize(pairs * hidden);
-  std::vector<kernels::MatmulBf16Args> problems;
+Status LocalExpertBackend::compute(Call& call_base) {
+  LocalCall& call = as_local(call_base);
+  PS_CHECK(call.dispatched);  // stages run in order: dispatch, compute, combine
+  const int64_t hidden = call.tokens.hidden_size;
+  const int64_t pairs = call.tokens.num_tokens * call.tokens.top_k;
+  const int64_t num_experts = static_cast<int64_t>(call.experts.size());
+  const int64_t inter = call.experts[0].gate.rows;
+  call.gate.resize(pairs * inter);
+  call.up.resize(pairs * inter);
+  call.down.resize(pairs * hidden);
+  std::vector<kernels::MatmulBf16Args>& problems = call.problems;
+  problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t m = first_slot[e + 1] - first_slot[e];
+    const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
     for (int which = 0; which < 2; ++which) {
       kernels::MatmulBf16Args p;
-      p.x = x_.data() + first_slot[e] * hidden;
-      p.w = which == 0 ? experts[e].gate.data : experts[e].up.data;
-      p.y = (which == 0 ? gate_.data() : up_.data()) + first_slot[e] * inter;
+      p.x = call.x.data() + call.first_slot[e] * hidden;
+      p.w = which == 0 ? call.experts[e].gate.data : call.experts[e].up.data;
+      p.y = (which == 0 ? call.gate.data() : call.up.data()) + call.first_slot[e] * inter;
       p.m = m;
       p.n = inter;
       p.k = hidden;
@@ -70,28 +109,42 @@ Status LocalExpertBackend::run(const RoutedTokens& tokens, std::span<float> out)
     }
   }
   kernels::grouped_matmul_bf16(problems, precision_, pool_);
-  kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), pairs * inter);
+  kernels::silu_mul(call.gate.data(), call.up.data(), call.gate.data(), pairs * inter);
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t m = first_slot[e + 1] - first_slot[e];
+    const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
     kernels::MatmulBf16Args p;
-    p.x = gate_.data() + first_slot[e] * inter;
-    p.w = experts[e].down.data;
-    p.y = down_.data() + first_slot[e] * hidden;
+    p.x = call.gate.data() + call.first_slot[e] * inter;
+    p.w = call.experts[e].down.data;
+    p.y = call.down.data() + call.first_slot[e] * hidden;
     p.m = m;
     p.n = hidden;
     p.k = inter;
     problems.push_back(p);
   }
   kernels::grouped_matmul_bf16(problems, precision_, pool_);
+  call.computed = true;
+  return ok_status();
+}
 
+Status LocalExpertBackend::combine(Call& call_base, std::span<float> out) {
+  LocalCall& call = as_local(call_base);
+  PS_CHECK(call.computed);
+  const int64_t hidden = call.tokens.hidden_size, top_k = call.tokens.top_k;
+  const int64_t pairs = call.tokens.num_tokens * top_k;
+  if (static_cast<int64_t>(out.size()) != call.tokens.num_tokens * hidden) {
+    return invalid_argument("expert backend: output has " + std::to_string(out.size()) +
+                            " values, expected " + std::to_string(call.tokens.num_tokens) + " x " +
+                            std::to_string(hidden));
+  }
   // Combine in top-k order per token.
   std::fill(out.begin(), out.end(), 0.0f);
   for (int64_t i = 0; i < pairs; ++i) {
-    kernels::axpy(tokens.weights[i], down_.data() + slot_of_pair_[i] * hidden,
+    kernels::axpy(call.tokens.weights[i], call.down.data() + call.slot_of_pair[i] * hidden,
                   out.data() + (i / top_k) * hidden, hidden);
   }
+  call.dispatched = call.computed = false;
   return ok_status();
 }
 

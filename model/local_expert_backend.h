@@ -1,9 +1,14 @@
 // ExpertBackend that runs the routed experts on this machine.
 //
-// A call groups the (token, expert) pairs by expert, gathers each expert's tokens into a
-// contiguous block, runs gate and up for all experts in one grouped GEMM, silu(gate) * up,
-// then down in a second grouped GEMM, and finally sums each token's expert outputs times
-// their weights in top-k order. Every step is row-wise, so results are batch-invariant.
+// dispatch groups the (token, expert) pairs by expert and gathers each expert's tokens
+// into a contiguous block; compute runs gate and up for all experts in one grouped GEMM,
+// silu(gate) * up, then down in a second grouped GEMM; combine sums each token's expert
+// outputs times their weights in top-k order. Every step is row-wise, so results are
+// batch-invariant.
+//
+// The backend itself holds only immutable weights views; all scratch lives in its Call
+// objects, so several calls (microbatches) may be in flight. The kernels of one call use
+// the pool, so stages of different calls must not run at the same time on one pool.
 #pragma once
 
 #include <cstdint>
@@ -20,18 +25,19 @@ namespace peerserve {
 class LocalExpertBackend final : public ExpertBackend {
  public:
   // experts_by_layer[layer] are the routed experts of that layer (empty for dense layers).
-  // The weights and the pool must outlive the backend. Not thread-safe (scratch buffers).
+  // The weights and the pool must outlive the backend.
   LocalExpertBackend(std::vector<std::span<const MlpWeights>> experts_by_layer,
                      kernels::ActivationPrecision precision, ThreadPool* pool);
 
-  Status run(const RoutedTokens& tokens, std::span<float> out) override;
+  std::unique_ptr<Call> new_call(int slot) override;
+  Status dispatch(const RoutedTokens& tokens, Call& call) override;
+  Status compute(Call& call) override;
+  Status combine(Call& call, std::span<float> out) override;
 
  private:
   std::vector<std::span<const MlpWeights>> experts_by_layer_;
   kernels::ActivationPrecision precision_;
   ThreadPool* pool_;
-  std::vector<float> x_, gate_, up_, down_;
-  std::vector<int64_t> slot_of_pair_;
 };
 
 }  // namespace peerserve

@@ -38,7 +38,7 @@ MlaAttention::MlaAttention(const ModelConfig& config, const RotaryEmbedding& rop
 
 void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
                            const StepRows& rows, int64_t kv_layer, const float* x_norm,
-                           LatentKvCache& cache, float* out) {
+                           LatentKvCache& cache, MlaScratch& s, float* out) const {
   const int64_t t_rows = rows.num_rows, heads = config_.num_attention_heads;
   const int64_t qk = config_.qk_head_dim(), nope = config_.qk_nope_head_dim;
   const int64_t rope = config_.qk_rope_head_dim, lora = config_.kv_lora_rank;
@@ -47,20 +47,20 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
 
   // q_a (or q_proj) and kv_a both read x_norm: one grouped call, one barrier.
   // {t_rows, q_lora} or {t_rows, heads * qk}, and {t_rows, lora + rope} (c_kv then k_pe)
-  q_.resize(t_rows * heads * qk);
-  kv_a_.resize(t_rows * width);
+  s.q.resize(t_rows * heads * qk);
+  s.kv_a.resize(t_rows * width);
   const Bf16Matrix& first = w.q_a ? *w.q_a : *w.q_proj;
-  if (w.q_a) q_a_.resize(t_rows * w.q_a->rows);
+  if (w.q_a) s.q_a.resize(t_rows * w.q_a->rows);
   kernels::MatmulBf16Args projections[2];
   projections[0].x = x_norm;
   projections[0].w = first.data;
-  projections[0].y = w.q_a ? q_a_.data() : q_.data();
+  projections[0].y = w.q_a ? s.q_a.data() : s.q.data();
   projections[0].m = t_rows;
   projections[0].n = first.rows;
   projections[0].k = first.cols;
   projections[1].x = x_norm;
   projections[1].w = w.kv_a.data;
-  projections[1].y = kv_a_.data();
+  projections[1].y = s.kv_a.data();
   projections[1].m = t_rows;
   projections[1].n = w.kv_a.rows;
   projections[1].k = w.kv_a.cols;
@@ -68,13 +68,13 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   if (w.q_a) {
     const int64_t q_lora = w.q_a->rows;
     kernels::rmsnorm(
-        {.x = q_a_.data(), .out = q_a_.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
+        {.x = s.q_a.data(), .out = s.q_a.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
         w.q_a_norm.data());
-    linear(ctx, q_a_.data(), t_rows, *w.q_b, q_.data());
+    linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
   }
-  kernels::rmsnorm({.x = kv_a_.data(),
+  kernels::rmsnorm({.x = s.kv_a.data(),
                     .x_stride = width,
-                    .out = kv_a_.data(),
+                    .out = s.kv_a.data(),
                     .out_stride = width,
                     .rows = t_rows,
                     .dim = lora,
@@ -84,9 +84,9 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   for (int64_t t = 0; t < t_rows; ++t) {
     const float* cos = rows.rope_cos.data() + t * half;
     const float* sin = rows.rope_sin.data() + t * half;
-    rope_.rotate(cos, sin, kv_a_.data() + t * width + lora);
+    rope_.rotate(cos, sin, s.kv_a.data() + t * width + lora);
     for (int64_t h = 0; h < heads; ++h)
-      rope_.rotate(cos, sin, q_.data() + (t * heads + h) * qk + nope);
+      rope_.rotate(cos, sin, s.q.data() + (t * heads + h) * qk + nope);
   }
 
   // The new tokens' latents go into the cache first; attention then reads every context
@@ -95,31 +95,31 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   for (const StepChunk& chunk : rows.chunks) {
     for (int64_t i = 0; i < chunk.num_tokens; ++i) {
       const int64_t pos = chunk.start_pos + i;
-      const float* entry = kv_a_.data() + (chunk.row_begin + i) * width;
+      const float* entry = s.kv_a.data() + (chunk.row_begin + i) * width;
       cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
                         {entry, static_cast<size_t>(lora)},
                         {entry + lora, static_cast<size_t>(rope)});
     }
   }
 
-  attn_.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}
+  s.attn.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}
   for (const StepChunk& chunk : rows.chunks) {
-    if (!chunk.absorbed) attend_plain(ctx, w, chunk, kv_layer, cache);
+    if (!chunk.absorbed) attend_plain(ctx, w, chunk, kv_layer, cache, s);
   }
-  attend_absorbed(ctx, w, rows, kv_layer, cache);
-  linear(ctx, attn_.data(), t_rows, w.o_proj, out);
+  attend_absorbed(ctx, w, rows, kv_layer, cache, s);
+  linear(ctx, s.attn.data(), t_rows, w.o_proj, out);
 }
 
 void MlaAttention::gather_context(const StepChunk& chunk, int64_t kv_layer,
-                                  const LatentKvCache& cache) {
+                                  const LatentKvCache& cache, MlaScratch& s) const {
   const KvLayout& layout = cache.layout();
   const int64_t width = layout.token_width(), block_size = layout.block_size;
   const int64_t context = chunk.context();
-  ctx_.resize(context * width);  // {context, lora + rope}
+  s.ctx.resize(context * width);  // {context, lora + rope}
   for (int64_t b = 0; b * block_size < context; ++b) {
     const int64_t tokens = std::min(block_size, context - b * block_size);
     const std::byte* src = cache.layer_block(kv_layer, chunk.block_table[b]);
-    float* dst = ctx_.data() + b * block_size * width;
+    float* dst = s.ctx.data() + b * block_size * width;
     if (layout.dtype == DType::kBF16) {
       kernels::bf16_to_fp32(reinterpret_cast<const bf16*>(src), dst, tokens * width);
     } else {
@@ -130,28 +130,28 @@ void MlaAttention::gather_context(const StepChunk& chunk, int64_t kv_layer,
 
 void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeights& w,
                                 const StepChunk& chunk, int64_t kv_layer,
-                                const LatentKvCache& cache) {
+                                const LatentKvCache& cache, MlaScratch& s) const {
   const int64_t heads = config_.num_attention_heads, qk = config_.qk_head_dim();
   const int64_t nope = config_.qk_nope_head_dim, rope = config_.qk_rope_head_dim;
   const int64_t lora = config_.kv_lora_rank, v = config_.v_head_dim, width = lora + rope;
   const int64_t context = chunk.context(), n = chunk.num_tokens, kv_width = heads * (nope + v);
 
-  gather_context(chunk, kv_layer, cache);
+  gather_context(chunk, kv_layer, cache, s);
   // Decompress the whole context: {context, heads * (nope + v)}
-  kv_.resize(context * kv_width);
-  linear(ctx, ctx_.data(), context, w.kv_b, kv_.data(), /*x_stride=*/width);
+  s.kv.resize(context * kv_width);
+  linear(ctx, s.ctx.data(), context, w.kv_b, s.kv.data(), /*x_stride=*/width);
 
   // Per head: keys {context, nope + rope} = [k_nope ; k_pe], values transposed {v, context}.
-  keys_.resize(heads * context * qk);
-  values_t_.resize(heads * v * context);
+  s.keys.resize(heads * context * qk);
+  s.values_t.resize(heads * v * context);
   ctx.pool->parallel_for(heads, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
-      float* keys = keys_.data() + h * context * qk;
-      float* values_t = values_t_.data() + h * v * context;
+      float* keys = s.keys.data() + h * context * qk;
+      float* values_t = s.values_t.data() + h * v * context;
       for (int64_t j = 0; j < context; ++j) {
-        const float* kv = kv_.data() + j * kv_width + h * (nope + v);
+        const float* kv = s.kv.data() + j * kv_width + h * (nope + v);
         std::memcpy(keys + j * qk, kv, nope * sizeof(float));
-        std::memcpy(keys + j * qk + nope, ctx_.data() + j * width + lora, rope * sizeof(float));
+        std::memcpy(keys + j * qk + nope, s.ctx.data() + j * width + lora, rope * sizeof(float));
         for (int64_t d = 0; d < v; ++d) values_t[d * context + j] = kv[nope + d];
       }
     }
@@ -166,9 +166,9 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
       const int64_t limit = chunk.start_pos + i1;  // keys visible to the tile's last query
       scores.resize(rows * limit);
       kernels::MatmulF32Args qk_args;
-      qk_args.x = q_.data() + ((chunk.row_begin + i0) * heads + h) * qk;
+      qk_args.x = s.q.data() + ((chunk.row_begin + i0) * heads + h) * qk;
       qk_args.x_stride = heads * qk;
-      qk_args.w = keys_.data() + h * context * qk;
+      qk_args.w = s.keys.data() + h * context * qk;
       qk_args.y = scores.data();
       qk_args.m = rows;
       qk_args.n = limit;
@@ -183,9 +183,9 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
       }
       kernels::MatmulF32Args pv_args;
       pv_args.x = scores.data();
-      pv_args.w = values_t_.data() + h * v * context;
+      pv_args.w = s.values_t.data() + h * v * context;
       pv_args.w_stride = context;
-      pv_args.y = attn_.data() + (chunk.row_begin + i0) * heads * v + h * v;
+      pv_args.y = s.attn.data() + (chunk.row_begin + i0) * heads * v + h * v;
       pv_args.y_stride = heads * v;
       pv_args.m = rows;
       pv_args.n = v;
@@ -197,7 +197,7 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
 
 void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWeights& w,
                                    const StepRows& rows, int64_t kv_layer,
-                                   const LatentKvCache& cache) {
+                                   const LatentKvCache& cache, MlaScratch& s) const {
   const int64_t heads = config_.num_attention_heads, qk = config_.qk_head_dim();
   const int64_t nope = config_.qk_nope_head_dim, rope = config_.qk_rope_head_dim;
   const int64_t lora = config_.kv_lora_rank, v = config_.v_head_dim, width = lora + rope;
@@ -216,21 +216,22 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   if (num_rows == 0) return;
 
   // {num_rows, heads * qk}: the absorbed chunks' queries, stacked.
-  q_abs_.resize(num_rows * heads * qk);
+  s.q_abs.resize(num_rows * heads * qk);
   for (size_t c = 0; c < chunks.size(); ++c) {
-    std::memcpy(q_abs_.data() + first_row[c] * heads * qk,
-                q_.data() + chunks[c]->row_begin * heads * qk,
+    std::memcpy(s.q_abs.data() + first_row[c] * heads * qk,
+                s.q.data() + chunks[c]->row_begin * heads * qk,
                 chunks[c]->num_tokens * heads * qk * sizeof(float));
   }
   // {num_rows, heads, lora + rope}: [q_nope W_UK ; q_pe] per head.
-  q_full_.resize(num_rows * heads * width);
-  std::vector<kernels::MatmulBf16Args> problems(heads);
+  s.q_full.resize(num_rows * heads * width);
+  std::vector<kernels::MatmulBf16Args>& problems = s.problems;
+  problems.assign(heads, {});
   for (int64_t h = 0; h < heads; ++h) {
     kernels::MatmulBf16Args& p = problems[h];
-    p.x = q_abs_.data() + h * qk;
+    p.x = s.q_abs.data() + h * qk;
     p.x_stride = heads * qk;
     p.w = w.w_uk_t.data() + h * lora * nope;
-    p.y = q_full_.data() + h * width;
+    p.y = s.q_full.data() + h * width;
     p.y_stride = heads * width;
     p.m = num_rows;
     p.n = lora;
@@ -238,12 +239,12 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   }
   kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
   for (int64_t a = 0; a < num_rows * heads; ++a) {
-    std::memcpy(q_full_.data() + a * width + lora, q_abs_.data() + a * qk + nope,
+    std::memcpy(s.q_full.data() + a * width + lora, s.q_abs.data() + a * qk + nope,
                 rope * sizeof(float));
   }
 
   // {num_rows, heads, lora}: attention-weighted sums of the cached latents.
-  o_lat_.assign(num_rows * heads * lora, 0.0f);
+  s.o_lat.assign(num_rows * heads * lora, 0.0f);
   const bool bf16_cache = layout.dtype == DType::kBF16;
   const size_t elem = dtype_size(layout.dtype);
   const int64_t items = static_cast<int64_t>(chunks.size()) * heads;
@@ -253,33 +254,33 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
       const int64_t c = item / heads, h = item % heads;
       const StepChunk& chunk = *chunks[c];
       const int64_t context = chunk.context(), n = chunk.num_tokens;
-      const float* q = q_full_.data() + (first_row[c] * heads + h) * width;
+      const float* q = s.q_full.data() + (first_row[c] * heads + h) * width;
       scores.resize(n * context);
       for (int64_t b = 0; b * block_size < context; ++b) {
         const int64_t tokens = std::min(block_size, context - b * block_size);
         const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
         if (bf16_cache) {
-          kernels::MatmulBf16Args s;
-          s.x = q;
-          s.x_stride = heads * width;
-          s.w = reinterpret_cast<const bf16*>(block);
-          s.y = scores.data() + b * block_size;
-          s.y_stride = context;
-          s.m = n;
-          s.n = tokens;
-          s.k = width;
-          kernels::matmul_bf16(s, kernels::ActivationPrecision::kFp32, nullptr);
+          kernels::MatmulBf16Args sa;
+          sa.x = q;
+          sa.x_stride = heads * width;
+          sa.w = reinterpret_cast<const bf16*>(block);
+          sa.y = scores.data() + b * block_size;
+          sa.y_stride = context;
+          sa.m = n;
+          sa.n = tokens;
+          sa.k = width;
+          kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
         } else {
-          kernels::MatmulF32Args s;
-          s.x = q;
-          s.x_stride = heads * width;
-          s.w = reinterpret_cast<const float*>(block);
-          s.y = scores.data() + b * block_size;
-          s.y_stride = context;
-          s.m = n;
-          s.n = tokens;
-          s.k = width;
-          kernels::matmul_f32(s, nullptr);
+          kernels::MatmulF32Args sa;
+          sa.x = q;
+          sa.x_stride = heads * width;
+          sa.w = reinterpret_cast<const float*>(block);
+          sa.y = scores.data() + b * block_size;
+          sa.y_stride = context;
+          sa.m = n;
+          sa.n = tokens;
+          sa.k = width;
+          kernels::matmul_f32(sa, nullptr);
         }
       }
       for (int64_t r = 0; r < n; ++r) {
@@ -287,7 +288,7 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
         float* p = scores.data() + r * context;
         kernels::scale(scale_, p, visible);
         kernels::softmax(p, visible);
-        float* o = o_lat_.data() + ((first_row[c] + r) * heads + h) * lora;
+        float* o = s.o_lat.data() + ((first_row[c] + r) * heads + h) * lora;
         for (int64_t j = 0; j < visible; ++j) {
           const std::byte* entry = cache.layer_block(kv_layer, chunk.block_table[j / block_size]) +
                                    static_cast<size_t>((j % block_size) * width) * elem;
@@ -302,15 +303,15 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   });
 
   // {num_rows, heads * v}: W_UV per head, then back into the step's rows.
-  attn_abs_.resize(num_rows * heads * v);
+  s.attn_abs.resize(num_rows * heads * v);
   for (int64_t h = 0; h < heads; ++h) {
     kernels::MatmulBf16Args& p = problems[h];
     p = {};
-    p.x = o_lat_.data() + h * lora;
+    p.x = s.o_lat.data() + h * lora;
     p.x_stride = heads * lora;
     p.w = w.kv_b.data + (h * (nope + v) + nope) * lora;
     p.w_stride = lora;
-    p.y = attn_abs_.data() + h * v;
+    p.y = s.attn_abs.data() + h * v;
     p.y_stride = heads * v;
     p.m = num_rows;
     p.n = v;
@@ -318,8 +319,8 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   }
   kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
   for (size_t c = 0; c < chunks.size(); ++c) {
-    std::memcpy(attn_.data() + chunks[c]->row_begin * heads * v,
-                attn_abs_.data() + first_row[c] * heads * v,
+    std::memcpy(s.attn.data() + chunks[c]->row_begin * heads * v,
+                s.attn_abs.data() + first_row[c] * heads * v,
                 chunks[c]->num_tokens * heads * v * sizeof(float));
   }
 }

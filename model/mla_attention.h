@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "kv/latent_kv_cache.h"
-#include "model/deepseek_model.h"
 #include "model/forward_step.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
 #include "model/rotary_embedding.h"
 
 namespace peerserve {
@@ -36,6 +37,14 @@ namespace peerserve {
 bool choose_absorbed_form(const ModelConfig& config, AttentionForm form, int64_t num_tokens,
                           int64_t context);
 
+// The attention's per-step buffers. Owned by the caller (a ForwardState), reused across
+// layers and steps; MlaAttention itself holds no mutable state.
+struct MlaScratch {
+  std::vector<float> q_a, q, kv_a, attn, ctx, kv, keys, values_t;
+  std::vector<float> q_abs, q_full, o_lat, attn_abs;
+  std::vector<kernels::MatmulBf16Args> problems;
+};
+
 class MlaAttention {
  public:
   MlaAttention(const ModelConfig& config, const RotaryEmbedding& rope);
@@ -43,22 +52,21 @@ class MlaAttention {
   // x_norm: [rows.num_rows, hidden] (after input_layernorm); out: [rows.num_rows, hidden].
   // Writes the rows' latents into cache layer slot `kv_layer` before attending.
   void forward(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
-               int64_t kv_layer, const float* x_norm, LatentKvCache& cache, float* out);
+               int64_t kv_layer, const float* x_norm, LatentKvCache& cache, MlaScratch& scratch,
+               float* out) const;
 
  private:
   void attend_plain(const ComputeContext& ctx, const AttentionWeights& w, const StepChunk& chunk,
-                    int64_t kv_layer, const LatentKvCache& cache);
+                    int64_t kv_layer, const LatentKvCache& cache, MlaScratch& s) const;
   void attend_absorbed(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
-                       int64_t kv_layer, const LatentKvCache& cache);
-  // Context latents [context, kv_lora_rank + rope] of a chunk as fp32 into ctx_.
-  void gather_context(const StepChunk& chunk, int64_t kv_layer, const LatentKvCache& cache);
+                       int64_t kv_layer, const LatentKvCache& cache, MlaScratch& s) const;
+  // Context latents [context, kv_lora_rank + rope] of a chunk as fp32 into s.ctx.
+  void gather_context(const StepChunk& chunk, int64_t kv_layer, const LatentKvCache& cache,
+                      MlaScratch& s) const;
 
   const ModelConfig& config_;
   const RotaryEmbedding& rope_;
   float scale_;
-  // Scratch, reused across layers and steps.
-  std::vector<float> q_a_, q_, kv_a_, attn_, ctx_, kv_, keys_, values_t_;
-  std::vector<float> q_abs_, q_full_, o_lat_, attn_abs_;
 };
 
 }  // namespace peerserve

@@ -36,7 +36,7 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     chunk.all_logits = false;
     chunks.push_back(chunk);
   }
-  PS_RETURN_IF_ERROR(model_->forward(chunks, cache_, &output_));
+  PS_RETURN_IF_ERROR(model_->forward(chunks, cache_, *state_, &output_));
   StepResult result;
   result.sampled.resize(plan.chunks.size());
   for (size_t i = 0; i < plan.chunks.size(); ++i) {

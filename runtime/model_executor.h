@@ -35,11 +35,12 @@ class ModelExecutor final : public Executor {
 
  private:
   ModelExecutor(DeepseekModel* model, LatentKvCache cache)
-      : model_(model), cache_(std::move(cache)) {}
+      : model_(model), cache_(std::move(cache)), state_(model->new_forward_state()) {}
 
   DeepseekModel* model_;
   LatentKvCache cache_;
-  ForwardOutput output_;  // reused across steps
+  std::unique_ptr<ForwardState> state_;  // the step's buffers, reused across steps
+  ForwardOutput output_;                 // reused across steps
 };
 
 }  // namespace peerserve

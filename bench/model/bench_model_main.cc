@@ -34,11 +34,14 @@ namespace {
 class CountingBackend final : public ExpertBackend {
  public:
   explicit CountingBackend(std::shared_ptr<ExpertBackend> inner) : inner_(std::move(inner)) {}
-  Status run(const RoutedTokens& tokens, std::span<float> out) override {
+  std::unique_ptr<Call> new_call(int slot) override { return inner_->new_call(slot); }
+  Status dispatch(const RoutedTokens& tokens, Call& call) override {
     std::set<int32_t> distinct(tokens.expert_ids.begin(), tokens.expert_ids.end());
     expert_loads += static_cast<int64_t>(distinct.size());
-    return inner_->run(tokens, out);
+    return inner_->dispatch(tokens, call);
   }
+  Status compute(Call& call) override { return inner_->compute(call); }
+  Status combine(Call& call, std::span<float> out) override { return inner_->combine(call, out); }
   int64_t expert_loads = 0;
 
  private:
@@ -193,6 +196,7 @@ int run(const Args& args) {
         blocks[b].push_back(static_cast<int32_t>(b * per_seq + i));
     }
     ForwardOutput out;
+    auto state = model.new_forward_state();
     for (int64_t pos = 0; pos < len;) {
       const int64_t n = pos == 0 ? args.context : 1;
       std::vector<SequenceChunk> chunks(batch);
@@ -201,7 +205,7 @@ int run(const Args& args) {
         chunks[b].start_pos = pos;
         chunks[b].block_table = blocks[b];
       }
-      if (!model.forward(chunks, *cache, &out).ok()) return 1;
+      if (!model.forward(chunks, *cache, *state, &out).ok()) return 1;
       pos += n;
     }
     return 0;
@@ -239,13 +243,14 @@ int run(const Args& args) {
   auto prefill_cache = LatentKvCache::create(layout, layout.blocks_for_tokens(args.prompt));
   std::vector<int32_t> prefill_blocks(prefill_cache->num_blocks());
   for (size_t i = 0; i < prefill_blocks.size(); ++i) prefill_blocks[i] = static_cast<int32_t>(i);
+  auto prefill_state = model.new_forward_state();
   auto run_prefill = [&]() -> Result<double> {
     SequenceChunk chunk;
     chunk.tokens = prompt;
     chunk.block_table = prefill_blocks;
     ForwardOutput out;
     const bench::Stopwatch watch(clock);
-    PS_RETURN_IF_ERROR(model.forward({&chunk, 1}, *prefill_cache, &out));
+    PS_RETURN_IF_ERROR(model.forward({&chunk, 1}, *prefill_cache, *prefill_state, &out));
     return watch.seconds();
   };
 
@@ -267,7 +272,8 @@ int run(const Args& args) {
       chunks[b].block_table = blocks[b];
     }
     ForwardOutput out;
-    PS_RETURN_IF_ERROR(model.forward(chunks, cache, &out));
+    auto state = model.new_forward_state();
+    PS_RETURN_IF_ERROR(model.forward(chunks, cache, *state, &out));
     std::vector<double> times, bytes;
     DecodeRun result;
     for (int64_t step = 0; step < args.steps; ++step) {
@@ -280,7 +286,7 @@ int run(const Args& args) {
       }
       counting->expert_loads = 0;
       const bench::Stopwatch watch(clock);
-      PS_RETURN_IF_ERROR(model.forward(chunks, cache, &out));
+      PS_RETURN_IF_ERROR(model.forward(chunks, cache, *state, &out));
       times.push_back(watch.seconds());
       bytes.push_back(cost.fixed_bytes() + 2.0 * cost.expert_params() * counting->expert_loads);
       result.kv_bytes = static_cast<double>(batch) * (args.context + step + 1) *

@@ -218,10 +218,15 @@ TEST(DeepseekModelTest, Fp8CheckpointEqualsBf16CheckpointOfItsDequantizedValues)
 // Records the layers it is asked about, and delegates nothing: all routed outputs are zero.
 class RecordingBackend final : public ExpertBackend {
  public:
-  Status run(const RoutedTokens& tokens, std::span<float> out) override {
+  std::unique_ptr<Call> new_call(int /*slot*/) override { return std::make_unique<Call>(); }
+  Status dispatch(const RoutedTokens& tokens, Call& /*call*/) override {
     layers.push_back(tokens.layer);
     rows += tokens.num_tokens;
     EXPECT_EQ(tokens.expert_ids.size(), static_cast<size_t>(tokens.num_tokens * tokens.top_k));
+    return ok_status();
+  }
+  Status compute(Call& /*call*/) override { return ok_status(); }
+  Status combine(Call& /*call*/, std::span<float> out) override {
     std::fill(out.begin(), out.end(), 0.0f);
     return ok_status();
   }
