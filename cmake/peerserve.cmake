@@ -23,15 +23,18 @@ function(peerserve_test name)
     "PEERSERVE_SOURCE_DIR=${PROJECT_SOURCE_DIR};PEERSERVE_BINARY_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
 
-# peerserve_layer(NAME DEPS ...): the library target peerserve_<NAME> built from every .cc
-# under the current folder (so that several files can be added without editing this list).
-# A folder with no sources yet becomes an INTERFACE target with the same dependencies.
+# peerserve_layer(NAME DEPS ... [PRIVATE_DEPS ...]): the library target peerserve_<NAME>
+# built from every .cc under the current folder (so that several files can be added without
+# editing this list). DEPS are what the layer's headers include (PUBLIC, so users get them
+# too); PRIVATE_DEPS are used by its .cc files only. A folder with no sources yet becomes an
+# INTERFACE target with the DEPS. Which layer may use which is README's layout table,
+# checked by scripts/check_layers.py.
 function(peerserve_layer name)
-  cmake_parse_arguments(L "" "" "DEPS" ${ARGN})
+  cmake_parse_arguments(L "" "" "DEPS;PRIVATE_DEPS" ${ARGN})
   file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
   if(sources)
     add_library(peerserve_${name} ${sources})
-    target_link_libraries(peerserve_${name} PUBLIC ${L_DEPS})
+    target_link_libraries(peerserve_${name} PUBLIC ${L_DEPS} PRIVATE ${L_PRIVATE_DEPS})
   else()
     add_library(peerserve_${name} INTERFACE)
     target_link_libraries(peerserve_${name} INTERFACE ${L_DEPS})

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 ./scripts/install-test-js.sh
+# Dependency direction first: it takes a second, the build takes minutes.
+python3 scripts/check_layers.py
 ./scripts/build.sh
 jobs=$(nproc)
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
