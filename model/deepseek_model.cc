@@ -45,15 +45,15 @@ struct DeepseekModel::Impl {
     ctx.precision = options.gemm_precision == GemmPrecision::kFp32
                         ? kernels::ActivationPrecision::kFp32
                         : kernels::ActivationPrecision::kBf16;
-    std::vector<std::span<const MlpWeights>> experts_by_layer(config.num_hidden_layers + 1);
+    std::vector<HeldExperts> held(config.num_hidden_layers + 1);
     for (const DecoderLayerWeights& layer : weights.layers) {
-      if (layer.moe) experts_by_layer[layer.index] = layer.moe->experts;
+      if (layer.moe) held[layer.index] = {layer.moe->experts, layer.moe->expert_ids};
     }
     if (weights.mtp && weights.mtp->layer.moe) {
-      experts_by_layer[config.num_hidden_layers] = weights.mtp->layer.moe->experts;
+      const MoeWeights& moe = *weights.mtp->layer.moe;
+      held[config.num_hidden_layers] = {moe.experts, moe.expert_ids};
     }
-    experts =
-        std::make_shared<LocalExpertBackend>(std::move(experts_by_layer), ctx.precision, &pool);
+    experts = std::make_shared<LocalExpertBackend>(std::move(held), ctx.precision, &pool);
   }
 
   Status validate(const char* what, std::span<const ChunkView> chunks, const LatentKvCache& cache,
@@ -369,7 +369,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint& checkpoint,
                                                                       const ModelOptions& options) {
-  PS_ASSIGN_OR_RETURN(DeepseekWeights weights, load_deepseek_weights(checkpoint, options.load_mtp));
+  PS_ASSIGN_OR_RETURN(DeepseekWeights weights,
+                      load_deepseek_weights(checkpoint, options.load_mtp, options.routed_experts));
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }

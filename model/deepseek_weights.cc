@@ -68,7 +68,12 @@ Result<AttentionWeights> load_attention(WeightReader& r, const ModelConfig& c,
   return w;
 }
 
-Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, int64_t index) {
+std::string expert_prefix(int64_t layer, int64_t expert) {
+  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + ".";
+}
+
+Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, int64_t index,
+                                       const RoutedExpertSelector& select) {
   const std::string prefix = "model.layers." + std::to_string(index) + ".";
   const int64_t hidden = c.hidden_size;
   DecoderLayerWeights w;
@@ -87,11 +92,21 @@ Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, in
   if (c.topk_method == TopkMethod::kNoAuxTc) {
     PS_ASSIGN_OR_RETURN(moe.bias, r.vector(prefix + "mlp.gate.e_score_correction_bias", n));
   }
-  moe.experts.reserve(n);
-  for (int64_t e = 0; e < n; ++e) {
+  if (select) {
+    moe.expert_ids = select(index);
+  } else {
+    moe.expert_ids.resize(n);
+    for (int64_t e = 0; e < n; ++e) moe.expert_ids[e] = static_cast<int32_t>(e);
+  }
+  moe.experts.reserve(moe.expert_ids.size());
+  for (const int32_t e : moe.expert_ids) {
+    if (e < 0 || e >= n) {
+      return invalid_argument("layer " + std::to_string(index) + ": routed expert " +
+                              std::to_string(e) + " selected for loading is outside [0, " +
+                              std::to_string(n) + ")");
+    }
     PS_ASSIGN_OR_RETURN(MlpWeights expert,
-                        load_mlp(r, prefix + "mlp.experts." + std::to_string(e) + ".", hidden,
-                                 c.moe_intermediate_size));
+                        load_mlp(r, expert_prefix(index, e), hidden, c.moe_intermediate_size));
     moe.experts.push_back(std::move(expert));
   }
   if (c.n_shared_experts > 0) {
@@ -102,7 +117,8 @@ Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, in
   return w;
 }
 
-Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index) {
+Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index,
+                            const RoutedExpertSelector& select) {
   const std::string prefix = "model.layers." + std::to_string(index) + ".";
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
   MtpWeights w;
@@ -110,7 +126,7 @@ Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index
   PS_ASSIGN_OR_RETURN(w.enorm, r.vector(prefix + "enorm.weight", hidden));
   PS_ASSIGN_OR_RETURN(w.hnorm, r.vector(prefix + "hnorm.weight", hidden));
   PS_ASSIGN_OR_RETURN(w.eh_proj, r.matrix(prefix + "eh_proj.weight", hidden, 2 * hidden));
-  PS_ASSIGN_OR_RETURN(w.layer, load_layer(r, c, index));
+  PS_ASSIGN_OR_RETURN(w.layer, load_layer(r, c, index, select));
   PS_ASSIGN_OR_RETURN(w.head_norm, r.vector(prefix + "shared_head.norm.weight", hidden));
   PS_ASSIGN_OR_RETURN(w.head, r.matrix(prefix + "shared_head.head.weight", vocab, hidden));
   return w;
@@ -118,14 +134,26 @@ Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index
 
 }  // namespace
 
-Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer) {
+Result<MlpWeights> load_routed_expert(Checkpoint& checkpoint, int64_t layer, int64_t expert) {
+  const ModelConfig& c = checkpoint.config();
+  if (layer < 0 || layer >= c.num_hidden_layers + c.num_nextn_predict_layers ||
+      !c.is_moe_layer(layer) || expert < 0 || expert >= c.n_routed_experts) {
+    return invalid_argument("no routed expert " + std::to_string(expert) + " in layer " +
+                            std::to_string(layer));
+  }
+  WeightReader r(checkpoint);
+  return load_mlp(r, expert_prefix(layer, expert), c.hidden_size, c.moe_intermediate_size);
+}
+
+Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer,
+                                              const RoutedExpertSelector& select) {
   const ModelConfig& c = checkpoint.config();
   WeightReader r(checkpoint);
   DeepseekWeights w;
   PS_ASSIGN_OR_RETURN(w.embed, r.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size));
   w.layers.reserve(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    PS_ASSIGN_OR_RETURN(DecoderLayerWeights layer, load_layer(r, c, i));
+    PS_ASSIGN_OR_RETURN(DecoderLayerWeights layer, load_layer(r, c, i, select));
     w.layers.push_back(std::move(layer));
   }
   PS_ASSIGN_OR_RETURN(w.final_norm, r.vector("model.norm.weight", c.hidden_size));
@@ -136,10 +164,11 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
   }
   // Only the first MTP layer is used (DeepSeek-V3 ships one).
   if (load_mtp_layer && c.num_nextn_predict_layers > 0) {
-    PS_ASSIGN_OR_RETURN(w.mtp, load_mtp(r, c, c.num_hidden_layers));
+    PS_ASSIGN_OR_RETURN(w.mtp, load_mtp(r, c, c.num_hidden_layers, select));
   }
 
-  // Every stored tensor must have been read, except MTP layers we chose not to load.
+  // Every stored tensor must have been read, except MTP layers we chose not to load and
+  // routed experts left to other processes.
   const int64_t first_skipped_mtp = c.num_hidden_layers + (w.mtp ? 1 : 0);
   std::vector<std::string> unexpected;
   for (const std::string& name : checkpoint.unused_tensors()) {
@@ -147,7 +176,8 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
     for (int64_t i = first_skipped_mtp; i < c.num_hidden_layers + c.num_nextn_predict_layers; ++i) {
       if (name.starts_with("model.layers." + std::to_string(i) + ".")) skipped_mtp = true;
     }
-    if (!skipped_mtp) unexpected.push_back(name);
+    const bool other_expert = select && name.find(".mlp.experts.") != std::string::npos;
+    if (!skipped_mtp && !other_expert) unexpected.push_back(name);
   }
   if (!unexpected.empty()) {
     std::string list;

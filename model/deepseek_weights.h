@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -49,9 +50,10 @@ struct AttentionWeights {
 };
 
 struct MoeWeights {
-  std::vector<float> router;  // [n_routed_experts, hidden]
-  std::vector<float> bias;    // [n_routed_experts] (V3's e_score_correction_bias) or empty
-  std::vector<MlpWeights> experts;
+  std::vector<float> router;         // [n_routed_experts, hidden]
+  std::vector<float> bias;           // [n_routed_experts] (V3's e_score_correction_bias) or empty
+  std::vector<MlpWeights> experts;   // the routed experts this process holds
+  std::vector<int32_t> expert_ids;   // logical id of experts[i] (0, 1, ... when all are held)
   std::optional<MlpWeights> shared;  // intermediate moe_intermediate_size * n_shared_experts
 };
 
@@ -82,8 +84,18 @@ struct DeepseekWeights {
   std::optional<MtpWeights> mtp;
 };
 
+// Per MoE layer, the logical ids of the routed experts to load (see
+// ModelOptions::routed_experts); an empty function loads all of them.
+using RoutedExpertSelector = std::function<std::vector<int32_t>(int64_t layer)>;
+
 // Loads every weight the model uses; with load_mtp == false the MTP tensors are read as
-// unused-but-expected. Fails on a missing or misshaped tensor, and on tensors left over.
-Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp);
+// unused-but-expected, and so are the routed experts `select` leaves out. Fails on a
+// missing or misshaped tensor, on tensors left over, and on a selected expert id outside
+// [0, n_routed_experts).
+Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp,
+                                              const RoutedExpertSelector& select = {});
+
+// One routed expert of one layer (e.g. to add a copy when the expert placement changes).
+Result<MlpWeights> load_routed_expert(Checkpoint& checkpoint, int64_t layer, int64_t expert);
 
 }  // namespace peerserve

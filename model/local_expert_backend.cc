@@ -16,6 +16,7 @@ struct LocalCall final : ExpertBackend::Call {
   std::span<const MlpWeights> experts;
   std::vector<int64_t> first_slot;    // [num_experts + 1]: expert e owns slots [first, next)
   std::vector<int64_t> next_slot;     // [num_experts]
+  std::vector<int32_t> local_ids;     // [num_tokens * top_k]: index into experts
   std::vector<int64_t> slot_of_pair;  // [num_tokens * top_k]
   std::vector<float> x, gate, up, down;
   std::vector<kernels::MatmulBf16Args> problems;
@@ -32,7 +33,32 @@ LocalCall& as_local(ExpertBackend::Call& call) {
 
 LocalExpertBackend::LocalExpertBackend(std::vector<std::span<const MlpWeights>> experts_by_layer,
                                        kernels::ActivationPrecision precision, ThreadPool* pool)
-    : experts_by_layer_(std::move(experts_by_layer)), precision_(precision), pool_(pool) {}
+    : experts_by_layer_(std::move(experts_by_layer)), precision_(precision), pool_(pool) {
+  for (std::span<const MlpWeights> experts : experts_by_layer_) {
+    std::vector<int32_t>& index = index_of_logical_.emplace_back(experts.size());
+    for (size_t e = 0; e < experts.size(); ++e) index[e] = static_cast<int32_t>(e);
+  }
+}
+
+LocalExpertBackend::LocalExpertBackend(std::vector<HeldExperts> held_by_layer,
+                                       kernels::ActivationPrecision precision, ThreadPool* pool)
+    : precision_(precision), pool_(pool) {
+  for (const HeldExperts& held : held_by_layer) {
+    experts_by_layer_.push_back(held.weights);
+    std::vector<int32_t>& index = index_of_logical_.emplace_back();
+    if (held.logical_ids.empty()) {
+      for (size_t e = 0; e < held.weights.size(); ++e) index.push_back(static_cast<int32_t>(e));
+      continue;
+    }
+    PS_CHECK_EQ(held.logical_ids.size(), held.weights.size());
+    for (size_t i = 0; i < held.logical_ids.size(); ++i) {
+      const int32_t id = held.logical_ids[i];
+      PS_CHECK(id >= 0);
+      if (static_cast<size_t>(id) >= index.size()) index.resize(id + 1, -1);
+      if (index[id] < 0) index[id] = static_cast<int32_t>(i);  // first copy serves
+    }
+  }
+}
 
 std::unique_ptr<ExpertBackend::Call> LocalExpertBackend::new_call(int /*slot*/) {
   return std::make_unique<LocalCall>();
@@ -47,6 +73,7 @@ Status LocalExpertBackend::dispatch(const RoutedTokens& tokens, Call& call_base)
                             " has no routed experts");
   }
   std::span<const MlpWeights> experts = experts_by_layer_[tokens.layer];
+  const std::vector<int32_t>& index_of = index_of_logical_[tokens.layer];
   const int64_t num_experts = static_cast<int64_t>(experts.size());
   const int64_t t_count = tokens.num_tokens, top_k = tokens.top_k, hidden = tokens.hidden_size;
   const int64_t pairs = t_count * top_k;
@@ -56,24 +83,28 @@ Status LocalExpertBackend::dispatch(const RoutedTokens& tokens, Call& call_base)
     return invalid_argument("expert backend: inconsistent sizes for " + std::to_string(t_count) +
                             " tokens x top " + std::to_string(top_k));
   }
+  call.local_ids.resize(pairs);
   for (int64_t i = 0; i < pairs; ++i) {
-    if (tokens.expert_ids[i] < 0 || tokens.expert_ids[i] >= num_experts) {
-      return invalid_argument("expert backend: expert id " + std::to_string(tokens.expert_ids[i]) +
-                              " outside [0, " + std::to_string(num_experts) + ")");
+    const int32_t id = tokens.expert_ids[i];
+    if (id < 0 || static_cast<size_t>(id) >= index_of.size() || index_of[id] < 0) {
+      return invalid_argument("expert backend: layer " + std::to_string(tokens.layer) +
+                              ": expert " + std::to_string(id) + " is not held by this process (" +
+                              std::to_string(num_experts) + " held)");
     }
+    call.local_ids[i] = index_of[id];
   }
   call.tokens = tokens;
   call.experts = experts;
 
   // Slots: the pairs sorted by expert (stable), so each expert's tokens are contiguous.
   call.first_slot.assign(num_experts + 1, 0);
-  for (int64_t i = 0; i < pairs; ++i) ++call.first_slot[tokens.expert_ids[i] + 1];
+  for (int64_t i = 0; i < pairs; ++i) ++call.first_slot[call.local_ids[i] + 1];
   for (int64_t e = 0; e < num_experts; ++e) call.first_slot[e + 1] += call.first_slot[e];
   call.next_slot.assign(call.first_slot.begin(), call.first_slot.end() - 1);
   call.slot_of_pair.resize(pairs);
   call.x.resize(pairs * hidden);
   for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t slot = call.next_slot[tokens.expert_ids[i]]++;
+    const int64_t slot = call.next_slot[call.local_ids[i]]++;
     call.slot_of_pair[i] = slot;
     std::memcpy(call.x.data() + slot * hidden, tokens.activations.data() + (i / top_k) * hidden,
                 hidden * sizeof(float));

@@ -22,12 +22,23 @@
 
 namespace peerserve {
 
+// The routed experts of one layer that this process holds.
+struct HeldExperts {
+  std::span<const MlpWeights> weights;  // empty for dense layers
+  // Logical expert id of weights[i]; empty means weights[i] is expert i (all are held).
+  std::vector<int32_t> logical_ids;
+};
+
 class LocalExpertBackend final : public ExpertBackend {
  public:
-  // experts_by_layer[layer] are the routed experts of that layer (empty for dense layers).
-  // The weights and the pool must outlive the backend.
+  // experts_by_layer[layer] are all the routed experts of that layer, in id order (empty
+  // for dense layers). The weights and the pool must outlive the backend.
   LocalExpertBackend(std::vector<std::span<const MlpWeights>> experts_by_layer,
                      kernels::ActivationPrecision precision, ThreadPool* pool);
+  // Only some experts per layer (expert parallelism: this rank's share). A token routed to
+  // an expert that is not held is an InvalidArgument naming it.
+  LocalExpertBackend(std::vector<HeldExperts> held_by_layer, kernels::ActivationPrecision precision,
+                     ThreadPool* pool);
 
   std::unique_ptr<Call> new_call(int slot) override;
   Status dispatch(const RoutedTokens& tokens, Call& call) override;
@@ -36,6 +47,8 @@ class LocalExpertBackend final : public ExpertBackend {
 
  private:
   std::vector<std::span<const MlpWeights>> experts_by_layer_;
+  // Per layer: index into experts_by_layer_[layer] of each logical expert id, -1 if not held.
+  std::vector<std::vector<int32_t>> index_of_logical_;
   kernels::ActivationPrecision precision_;
   ThreadPool* pool_;
 };

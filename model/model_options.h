@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace peerserve {
 
@@ -23,6 +24,11 @@ struct ModelOptions {
   AttentionForm attention_form = AttentionForm::kAuto;
   // Load the MTP layer (when the checkpoint has one). Default: true.
   bool load_mtp = true;
+  // Which routed experts to load, per MoE layer (the MTP layer is num_hidden_layers): their
+  // logical ids, in the order this process's expert backend indexes them, copies of one
+  // expert allowed (expert parallelism: this rank's share and its redundant copies). The
+  // other experts' tensors are left unread. Default (empty): every expert, in id order.
+  std::function<std::vector<int32_t>(int64_t layer)> routed_experts;
   // Called while weights load: bytes done, bytes total. Default: none.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
