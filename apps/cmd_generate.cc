@@ -119,6 +119,7 @@ int run_generate(const GenerateCli& cli) {
   if (tokenizer) detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer);
   const std::optional<int64_t> eos = model.config().eos_token_id;
   ForwardOutput out;
+  auto state = model.new_forward_state();
   int64_t cached = 0;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -131,7 +132,7 @@ int run_generate(const GenerateCli& cli) {
       chunk.tokens = std::span<const int32_t>(tokens).subspan(cached, n);
       chunk.start_pos = cached;
       chunk.block_table = blocks;
-      if (Status s = model.forward({&chunk, 1}, *cache, &out); !s.ok()) return fail(s);
+      if (Status s = model.forward({&chunk, 1}, *cache, *state, &out); !s.ok()) return fail(s);
       cached += n;
     }
     if (generated.empty()) first_token = Clock::now();

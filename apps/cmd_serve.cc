@@ -41,6 +41,7 @@ struct ServeCli {
   bool no_prefix_caching = false;
   bool fp32 = false;
   uint64_t seed = 0;
+  int microbatches = 1;
 };
 
 // "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples).
@@ -126,6 +127,7 @@ int run_serve(const ServeCli& cli) {
   executor_options.block_size = cli.block_size;
   executor_options.num_blocks = num_blocks;
   executor_options.kv_dtype = kv_dtype;
+  executor_options.microbatches = cli.microbatches;
   auto executor = ModelExecutor::create(model->get(), executor_options);
   if (!executor.ok()) return fail(executor.status());
 
@@ -229,6 +231,11 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_flag("--no-prefix-caching", cli->no_prefix_caching, "Disable prefix caching");
   sub->add_flag("--fp32", cli->fp32, "fp32 GEMM activations and KV cache (exactness checks)");
+  sub->add_option("--microbatches", cli->microbatches,
+                  "1, or 2 for the two-microbatch pipeline (one microbatch computes while the "
+                  "other's expert exchange is in flight; docs/forward_stages.md)")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });

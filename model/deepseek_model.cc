@@ -407,15 +407,40 @@ std::unique_ptr<ForwardState> DeepseekModel::new_forward_state(int slot) const {
   return std::make_unique<ForwardState>(slot);
 }
 
-Status DeepseekModel::begin_forward(ForwardState& state, std::span<const SequenceChunk> chunks,
-                                    LatentKvCache& cache) {
-  Impl& m = *impl_;
-  PS_CHECK(state.current == ForwardStage::kIdle);  // take_output before the next step
+namespace {
+
+std::vector<ChunkView> views_of(std::span<const SequenceChunk> chunks) {
   std::vector<ChunkView> views;
   views.reserve(chunks.size());
   for (const SequenceChunk& c : chunks) {
     views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits});
   }
+  return views;
+}
+
+}  // namespace
+
+Status DeepseekModel::validate_forward(std::span<const SequenceChunk> chunks,
+                                       const LatentKvCache& cache) const {
+  return impl_->validate("forward", views_of(chunks), cache, impl_->config.num_hidden_layers);
+}
+
+void DeepseekModel::abandon(ForwardState& state) {
+  state.current = ForwardStage::kIdle;
+  state.views.clear();
+  state.cache = nullptr;
+  // A call interrupted between its stages is not reused.
+  if (state.expert_call != nullptr) {
+    state.expert_call.reset();
+    state.expert_call_owner = nullptr;
+  }
+}
+
+Status DeepseekModel::begin_forward(ForwardState& state, std::span<const SequenceChunk> chunks,
+                                    LatentKvCache& cache) {
+  Impl& m = *impl_;
+  PS_CHECK(state.current == ForwardStage::kIdle);  // take_output before the next step
+  std::vector<ChunkView> views = views_of(chunks);
   PS_RETURN_IF_ERROR(m.validate("forward", views, cache, m.config.num_hidden_layers));
   state.views = std::move(views);
   state.layers.clear();
@@ -523,11 +548,7 @@ Status DeepseekModel::run_stage(ForwardState& state) {
     default:
       PS_CHECK(false);
   }
-  if (!status.ok()) {
-    state.current = ForwardStage::kIdle;
-    state.expert_call.reset();  // a broken exchange's state is not reused
-    state.expert_call_owner = nullptr;
-  }
+  if (!status.ok()) abandon(state);
   return status;
 }
 

@@ -97,6 +97,11 @@ class DeepseekModel {
   Status begin_forward_mtp(ForwardState& state, std::span<const MtpChunk> chunks,
                            LatentKvCache& cache);
   Status run_stage(ForwardState& state);
+  // Drops the state's step (whatever its stage) and makes it idle; the new tokens' KV slots
+  // hold unspecified values.
+  void abandon(ForwardState& state);
+  // The checks begin_forward makes, for a whole step that will run as several microbatches.
+  Status validate_forward(std::span<const SequenceChunk> chunks, const LatentKvCache& cache) const;
   // Runs stages until the state's next stage is `stop` (or it is done).
   Status run_until(ForwardState& state, ForwardStage stop);
   void take_output(ForwardState& state, ForwardOutput* out);

@@ -66,6 +66,11 @@ class ExpertBackend {
   // invariance), so that a batch equals its tokens run one by one.
   virtual Status combine(Call& call, std::span<float> out) = 0;
 
+  // Whether the call's next stage (compute after dispatch, combine after compute) would run
+  // without waiting for other processes. A pipeline driver asks this to run another
+  // microbatch's stages meanwhile. Local backends never wait.
+  virtual bool ready(const Call& /*call*/) const { return true; }
+
   // Whether every process of a group must take part in every call, with zero tokens if it
   // has none (expert parallelism: the owners wait for every peer's dispatch). The model
   // then runs every MoE layer of every step, empty steps included.

@@ -19,10 +19,15 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
     return invalid_argument("model executor: num_blocks = " + std::to_string(options.num_blocks) +
                             ", expected >= 1 (raise the KV cache memory)");
   }
+  if (options.microbatches != 1 && options.microbatches != 2) {
+    return invalid_argument("model executor: microbatches = " +
+                            std::to_string(options.microbatches) + ", expected 1 or 2");
+  }
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());
   PS_ASSIGN_OR_RETURN(LatentKvCache cache, LatentKvCache::create(layout, options.num_blocks));
-  return std::unique_ptr<ModelExecutor>(new ModelExecutor(model, std::move(cache)));
+  return std::unique_ptr<ModelExecutor>(
+      new ModelExecutor(model, std::move(cache), options.microbatches));
 }
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
@@ -36,7 +41,11 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     chunk.all_logits = false;
     chunks.push_back(chunk);
   }
-  PS_RETURN_IF_ERROR(model_->forward(chunks, cache_, *state_, &output_));
+  if (pipeline_) {
+    PS_RETURN_IF_ERROR(pipeline_->forward(chunks, cache_, &output_));
+  } else {
+    PS_RETURN_IF_ERROR(model_->forward(chunks, cache_, *state_, &output_));
+  }
   StepResult result;
   result.sampled.resize(plan.chunks.size());
   for (size_t i = 0; i < plan.chunks.size(); ++i) {

@@ -11,6 +11,7 @@
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 #include "runtime/executor.h"
+#include "runtime/microbatch_pipeline.h"
 
 namespace peerserve {
 
@@ -18,6 +19,9 @@ struct ModelExecutorOptions {
   int64_t block_size = 16;        // tokens per KV block. Default 16.
   int64_t num_blocks = 0;         // KV blocks to allocate; >= 1.
   DType kv_dtype = DType::kBF16;  // kBF16 (default) or kF32 (exactness tests).
+  // 1: each step is one forward; 2: the two-microbatch pipeline (microbatch_pipeline.h).
+  // Default 1.
+  int microbatches = 1;
 };
 
 // Blocks of `layout` that fit in `bytes` (0 if not even one).
@@ -32,15 +36,21 @@ class ModelExecutor final : public Executor {
   Result<StepResult> execute(const StepPlan& plan) override;
 
   const LatentKvCache& kv_cache() const { return cache_; }
+  // Null with one microbatch.
+  const MicrobatchPipeline* pipeline() const { return pipeline_.get(); }
 
  private:
-  ModelExecutor(DeepseekModel* model, LatentKvCache cache)
-      : model_(model), cache_(std::move(cache)), state_(model->new_forward_state()) {}
+  ModelExecutor(DeepseekModel* model, LatentKvCache cache, int microbatches)
+      : model_(model),
+        cache_(std::move(cache)),
+        state_(model->new_forward_state()),
+        pipeline_(microbatches == 2 ? std::make_unique<MicrobatchPipeline>(model) : nullptr) {}
 
   DeepseekModel* model_;
   LatentKvCache cache_;
   std::unique_ptr<ForwardState> state_;  // the step's buffers, reused across steps
-  ForwardOutput output_;                 // reused across steps
+  std::unique_ptr<MicrobatchPipeline> pipeline_;
+  ForwardOutput output_;  // reused across steps
 };
 
 }  // namespace peerserve

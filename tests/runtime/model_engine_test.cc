@@ -29,6 +29,7 @@ struct RunConfig {
   int32_t num_blocks = 256;
   int32_t block_size = 4;
   bool prefix_caching = true;
+  int microbatches = 1;
 };
 
 struct RunResult {
@@ -69,6 +70,7 @@ class ModelEngineTest : public ::testing::Test {
     ex.block_size = config.block_size;
     ex.num_blocks = config.num_blocks;
     ex.kv_dtype = DType::kF32;
+    ex.microbatches = config.microbatches;
     auto executor = ModelExecutor::create(model_.get(), ex);
     EXPECT_TRUE(executor.ok()) << executor.status().to_string();
     EngineOptions eo;
@@ -160,6 +162,27 @@ TEST_F(ModelEngineTest, BatchedEqualsSequentialGreedyAndSeeded) {
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_EQ(sequential.tokens[i].size(), 12u);
     EXPECT_EQ(batched.tokens[i], sequential.tokens[i]) << "request " << i;
+  }
+}
+
+TEST_F(ModelEngineTest, TwoMicrobatchesGiveTheSameTokensAsOne) {
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(request(prompt(7 + 5 * i, 200 + i), 14));
+  requests.push_back(request(prompt(19, 250), 14, 0.9f, 77));
+  RunConfig one;
+  one.max_num_batched_tokens = 24;  // chunked prefills sharing steps with decodes
+  RunResult reference = run(one, requests, /*sequential=*/false);
+  RunConfig two = one;
+  two.microbatches = 2;
+  RunResult pipelined = run(two, requests, /*sequential=*/false);
+  RunConfig two_tight = two;
+  two_tight.num_blocks = 20;  // preemption under the pipeline too
+  RunResult squeezed = run(two_tight, requests, /*sequential=*/false);
+  EXPECT_GT(squeezed.metrics.scheduler.num_preemptions, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(reference.tokens[i].size(), 14u);
+    EXPECT_EQ(pipelined.tokens[i], reference.tokens[i]) << "request " << i;
+    EXPECT_EQ(squeezed.tokens[i], reference.tokens[i]) << "request " << i;
   }
 }
 

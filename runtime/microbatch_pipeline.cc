@@ -1,0 +1,115 @@
+#include "runtime/microbatch_pipeline.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "model/expert_backend.h"
+
+namespace peerserve {
+namespace {
+
+// Whether the state's next stage would wait on other processes.
+bool would_wait(const ForwardState& state, const ExpertBackend& backend) {
+  const ForwardStage stage = state.stage();
+  if (stage != ForwardStage::kExperts && stage != ForwardStage::kCombine) return false;
+  return state.expert_call != nullptr && !backend.ready(*state.expert_call);
+}
+
+// Stages after which a microbatch hands over: its next stage involves the other processes.
+bool hand_over_before(ForwardStage stage) {
+  return stage == ForwardStage::kExperts || stage == ForwardStage::kCombine;
+}
+
+}  // namespace
+
+size_t microbatch_split_point(std::span<const SequenceChunk> chunks) {
+  int64_t total = 0;
+  for (const SequenceChunk& c : chunks) total += static_cast<int64_t>(c.tokens.size());
+  // The split that balances the rows best; on a tie the first microbatch takes more.
+  size_t best = chunks.size();
+  int64_t best_imbalance = total, first = 0;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    first += static_cast<int64_t>(chunks[i].tokens.size());
+    const int64_t imbalance = std::abs(2 * first - total);
+    if (imbalance <= best_imbalance) {
+      best = i + 1;
+      best_imbalance = imbalance;
+    }
+  }
+  return best;
+}
+
+MicrobatchPipeline::MicrobatchPipeline(DeepseekModel* model) : model_(model) {
+  for (int slot = 0; slot < 2; ++slot) states_[slot] = model_->new_forward_state(slot);
+}
+
+Status MicrobatchPipeline::forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache,
+                                   ForwardOutput* out) {
+  ++stats_.steps;
+  const size_t split = microbatch_split_point(chunks);
+  // With a collective expert backend every rank runs both microbatches, one possibly empty,
+  // so that the ranks' exchanges pair up slot by slot.
+  const bool collective = model_->expert_backend()->collective();
+  if (split == chunks.size() && !collective) {
+    return model_->forward(chunks, cache, *states_[0], out);
+  }
+  ++stats_.split_steps;
+  // The whole step is checked first (two halves writing one block pass each half's check).
+  PS_RETURN_IF_ERROR(model_->validate_forward(chunks, cache));
+  PS_RETURN_IF_ERROR(model_->begin_forward(*states_[0], chunks.first(split), cache));
+  if (Status s = model_->begin_forward(*states_[1], chunks.subspan(split), cache); !s.ok()) {
+    model_->abandon(*states_[0]);
+    return s;
+  }
+  PS_RETURN_IF_ERROR(drive());
+  for (int i = 0; i < 2; ++i) model_->take_output(*states_[i], &outputs_[i]);
+
+  // Rows of the first microbatch, then of the second.
+  const ForwardOutput& a = outputs_[0];
+  const ForwardOutput& b = outputs_[1];
+  out->vocab_size = a.vocab_size;
+  out->hidden_size = a.hidden_size;
+  out->logits.assign(a.logits.begin(), a.logits.end());
+  out->logits.insert(out->logits.end(), b.logits.begin(), b.logits.end());
+  out->hidden.assign(a.hidden.begin(), a.hidden.end());
+  out->hidden.insert(out->hidden.end(), b.hidden.begin(), b.hidden.end());
+  out->row_offsets.assign(a.row_offsets.begin(), a.row_offsets.end());
+  const int64_t base = a.num_rows();
+  for (size_t i = 1; i < b.row_offsets.size(); ++i) {
+    out->row_offsets.push_back(base + b.row_offsets[i]);
+  }
+  return ok_status();
+}
+
+Status MicrobatchPipeline::drive() {
+  const ExpertBackend& backend = *model_->expert_backend();
+  int current = 0;
+  auto done = [&](int i) { return states_[i]->stage() == ForwardStage::kDone; };
+  while (!done(0) || !done(1)) {
+    const int other = 1 - current;
+    if (done(current)) {
+      current = other;
+      continue;
+    }
+    if (would_wait(*states_[current], backend) && !done(other) &&
+        !would_wait(*states_[other], backend)) {
+      ++stats_.waits_avoided;
+      ++stats_.switches;
+      current = other;
+      continue;
+    }
+    Status s = model_->run_stage(*states_[current]);
+    if (!s.ok()) {
+      // The failed state is idle already; the other must not be left half-way.
+      model_->abandon(*states_[other]);
+      return s;
+    }
+    if (!done(other) && hand_over_before(states_[current]->stage())) {
+      ++stats_.switches;
+      current = other;
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace peerserve

@@ -1,0 +1,65 @@
+// The two-microbatch pipeline (paper 000 §4.2.3 decode, §4.3.2 prefill): a step's chunks
+// split into two microbatches, each with its own ForwardState, whose stages interleave so
+// that one microbatch computes while the other's expert exchange is in flight.
+//
+// Policy: a microbatch runs stage after stage until its next stage would wait on other
+// processes (the expert backend's compute or combine, ExpertBackend::ready() false);
+// then the other microbatch runs. When both would wait, the one that has waited longer
+// waits. With a local backend nothing waits, and the order degenerates to: A up to its
+// experts, B up to its experts, A's experts, B's experts, A's combine and next attention,
+// ... (the interleaving of §4.2.3), with no gain but no loss beyond bookkeeping.
+//
+// The split: chunks stay whole (a chunk's tokens depend on each other's KV) and in order;
+// the split point is the one that balances the two microbatches' rows (tokens) best, the
+// first taking more on a tie. Decode steps thus split their sequences evenly; a step with
+// one chunk runs as one microbatch. Rows are the right measure because every stage's cost
+// grows with them (GEMM rows, routed tokens); attention over long contexts is the
+// exception, and a prefill chunk usually dominates both halves' cost anyway. The result equals the
+// single-microbatch forward bitwise, because every row's value is independent of the rows it shares
+// a batch with.
+//
+// Thread-safety: one forward at a time (the engine thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "base/status.h"
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+
+namespace peerserve {
+
+struct MicrobatchStats {
+  int64_t steps = 0;          // forward calls
+  int64_t split_steps = 0;    // of which ran as two microbatches
+  int64_t switches = 0;       // times the driver moved to the other microbatch
+  int64_t waits_avoided = 0;  // switches made because the next stage would have waited
+};
+
+class MicrobatchPipeline {
+ public:
+  // The model must outlive the pipeline.
+  explicit MicrobatchPipeline(DeepseekModel* model);
+
+  // One step, as two microbatches when the chunks can be split. Same contract and errors
+  // as DeepseekModel::forward; out's rows are in chunk order.
+  Status forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache, ForwardOutput* out);
+
+  const MicrobatchStats& stats() const { return stats_; }
+
+ private:
+  // Runs both states to kDone, interleaving by the policy above.
+  Status drive();
+
+  DeepseekModel* model_;
+  std::unique_ptr<ForwardState> states_[2];
+  ForwardOutput outputs_[2];
+  MicrobatchStats stats_;
+};
+
+// Index of the first chunk of the second microbatch (chunks.size() when there is one).
+size_t microbatch_split_point(std::span<const SequenceChunk> chunks);
+
+}  // namespace peerserve
