@@ -160,16 +160,18 @@ int64_t packed_stride(int64_t k, int64_t multiple) {
 void grouped_matmul_bf16(std::span<const MatmulBf16Args> problems, ActivationPrecision precision,
                          ThreadPool* pool) {
   const KernelTable& table = internal::active_kernel_table();
-  std::vector<MatmulBf16Args> live;
-  live.reserve(problems.size());
+  // Reused per thread: a steady decode step allocates nothing (the expert-parallel path
+  // counts allocations).
+  thread_local std::vector<MatmulBf16Args> live;
+  thread_local std::vector<Task> tasks;
+  live.clear();
+  tasks.clear();
   for (const MatmulBf16Args& p : problems) {
     MatmulBf16Args a = checked(p, "grouped_matmul_bf16");
     if (!trivial(a)) live.push_back(a);
   }
   if (live.empty()) return;
 
-  std::vector<Task> tasks;
-  tasks.reserve(live.size());
   if (precision == ActivationPrecision::kFp32) {
     for (const auto& a : live)
       tasks.push_back(make_task(a, a.x, a.x_stride, table.matmul_f32_bf16));

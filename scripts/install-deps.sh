@@ -11,6 +11,7 @@ packages=(
   libboost-dev                        # Asio + Beast (header-only) for the HTTP front end
   python3 python3-jinja2 python3-numpy  # independent references used by tests
   libdnnl-dev                         # optional: oneDNN comparison bench (docs/kernels.md)
+  libopenmpi-dev openmpi-bin          # expert parallelism across processes (dist/)
   curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

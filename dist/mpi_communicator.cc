@@ -1,0 +1,256 @@
+#include "dist/mpi_communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace peerserve::dist {
+namespace {
+
+// Polls before the first yield: a peer on another core usually answers within a few
+// microseconds; on an oversubscribed machine yielding at once lets it run.
+constexpr int kSpinsBeforeYield = 32;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
+  return std::string(text, length);
+}
+
+}  // namespace
+
+struct MpiCommunicator::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  std::string name;
+  bool broken = false;
+
+  // Records the failure; every later teardown skips the collective MPI calls.
+  Status fail(Status status) {
+    broken = true;
+    return status;
+  }
+  Status check(int code, const std::string& what) {
+    if (code == MPI_SUCCESS) return ok_status();
+    return fail(unavailable(what + ": " + mpi_error_text(code)));
+  }
+  // Polls a non-blocking collective until it completes or the timeout passes.
+  Status wait_request(MPI_Request& request, const char* what, std::chrono::milliseconds timeout) {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    for (int spin = 0;; ++spin) {
+      int done = 0;
+      PS_RETURN_IF_ERROR(check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what));
+      if (done) return ok_status();
+      if (spin < kSpinsBeforeYield) continue;
+      if (Clock::now() > deadline) {
+        return fail(unavailable(std::string(what) + ": not every one of the " +
+                                std::to_string(size) + " ranks arrived within " +
+                                std::to_string(timeout.count()) + " ms (rank " +
+                                std::to_string(rank) + " waited)"));
+      }
+      sched_yield();
+    }
+  }
+};
+
+namespace {
+
+class MpiWindow final : public Window {
+ public:
+  MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes)
+      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes) {}
+
+  ~MpiWindow() override {
+    if (comm_->broken) return;  // MPI_Win_free is collective: a lost peer would hang it
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+
+  std::span<std::byte> local() override { return {base_, bytes_}; }
+
+  Status put(int target, size_t offset, std::span<const std::byte> bytes) override {
+    PS_RETURN_IF_ERROR(check_range(target, offset, bytes.size(), "put"));
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const int chunk = static_cast<int>(std::min<size_t>(bytes.size() - done, INT_MAX / 2));
+      PS_RETURN_IF_ERROR(
+          comm_->check(MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
+                               static_cast<MPI_Aint>(offset + done), chunk, MPI_BYTE, win_),
+                       "MPI_Put to rank " + std::to_string(target)));
+      done += chunk;
+    }
+    return ok_status();
+  }
+
+  Status flush(int target) override {
+    PS_RETURN_IF_ERROR(check_range(target, 0, 0, "flush"));
+    return comm_->check(MPI_Win_flush(target, win_),
+                        "MPI_Win_flush to rank " + std::to_string(target));
+  }
+
+  Status signal(int target, size_t offset, uint64_t value) override {
+    PS_RETURN_IF_ERROR(check_range(target, offset, sizeof value, "signal"));
+    if (offset % alignof(uint64_t) != 0) {
+      return invalid_argument("window signal: flag offset " + std::to_string(offset) +
+                              " is not 8-byte aligned");
+    }
+    PS_RETURN_IF_ERROR(flush(target));  // the data before the flag
+    PS_RETURN_IF_ERROR(
+        comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset),
+                                    1, MPI_UINT64_T, MPI_REPLACE, win_),
+                     "MPI_Accumulate (flag) to rank " + std::to_string(target)));
+    return flush(target);  // `value` is a local: complete before returning
+  }
+
+  Status wait_at_least(size_t offset, uint64_t value, int from_rank, const char* what,
+                       Clock::time_point deadline) override {
+    PS_RETURN_IF_ERROR(check_range(comm_->rank, offset, sizeof value, "wait"));
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(base_ + offset));
+    for (int spin = 0;; ++spin) {
+      // Makes the public copy (peers' puts) visible to our loads (MPI-3 §11.7).
+      PS_RETURN_IF_ERROR(comm_->check(MPI_Win_sync(win_), "MPI_Win_sync"));
+      if (word.load(std::memory_order_acquire) >= value) return ok_status();
+      if (spin < kSpinsBeforeYield) continue;
+      if ((spin & 15) == 0) {
+        if (Clock::now() > deadline) {
+          return comm_->fail(unavailable("rank " + std::to_string(from_rank) + " did not deliver " +
+                                         what + " to rank " + std::to_string(comm_->rank) +
+                                         " in time (lost?)"));
+        }
+        int pending = 0;  // drives MPI progress for transports that need the target's help
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_->comm, &pending, MPI_STATUS_IGNORE);
+      }
+      sched_yield();
+    }
+  }
+
+ private:
+  Status check_range(int target, size_t offset, size_t bytes, const char* op) const {
+    if (target < 0 || target >= comm_->size) {
+      return invalid_argument(std::string("window ") + op + ": rank " + std::to_string(target) +
+                              " outside [0, " + std::to_string(comm_->size) + ")");
+    }
+    if (offset > bytes_ || bytes > bytes_ - offset) {
+      return invalid_argument(std::string("window ") + op + ": bytes [" + std::to_string(offset) +
+                              ", " + std::to_string(offset + bytes) + ") outside the window of " +
+                              std::to_string(bytes_) + " bytes");
+    }
+    return ok_status();
+  }
+
+  std::shared_ptr<MpiCommunicator::Impl> comm_;
+  MPI_Win win_;
+  std::byte* base_;
+  size_t bytes_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return internal_error("MPI is already initialised in this process");
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    return unavailable("MPI_Init_thread failed (is this process started by mpirun?)");
+  }
+  auto impl = std::make_shared<Impl>();
+  if (provided < MPI_THREAD_FUNNELED) {
+    MPI_Finalize();
+    return unimplemented("this MPI library does not provide MPI_THREAD_FUNNELED");
+  }
+  MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
+  MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(impl->comm, &impl->rank);
+  MPI_Comm_size(impl->comm, &impl->size);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int host_length = 0;
+  MPI_Get_processor_name(host, &host_length);
+  impl->name = "mpi rank " + std::to_string(impl->rank) + " of " + std::to_string(impl->size) +
+               " on " + std::string(host, host_length);
+  return std::make_unique<MpiCommunicator>(std::move(impl));
+}
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (impl_->broken) return;  // MPI_Finalize would wait for the lost rank
+  MPI_Comm_free(&impl_->comm);
+  MPI_Finalize();
+}
+
+int MpiCommunicator::rank() const {
+  return impl_->rank;
+}
+int MpiCommunicator::size() const {
+  return impl_->size;
+}
+std::string_view MpiCommunicator::name() const {
+  return impl_->name;
+}
+
+Status MpiCommunicator::barrier(std::chrono::milliseconds timeout) {
+  MPI_Request request;
+  PS_RETURN_IF_ERROR(impl_->check(MPI_Ibarrier(impl_->comm, &request), "MPI_Ibarrier"));
+  return impl_->wait_request(request, "barrier", timeout);
+}
+
+Status MpiCommunicator::allreduce(std::span<int64_t> values, ReduceOp op,
+                                  std::chrono::milliseconds timeout) {
+  MPI_Request request;
+  PS_RETURN_IF_ERROR(impl_->check(
+      MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T,
+                     op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, impl_->comm, &request),
+      "MPI_Iallreduce"));
+  return impl_->wait_request(request, "allreduce", timeout);
+}
+
+Status MpiCommunicator::allgather(std::span<const std::byte> mine, std::span<std::byte> all,
+                                  std::chrono::milliseconds timeout) {
+  if (all.size() != mine.size() * impl_->size) {
+    return invalid_argument("allgather: output of " + std::to_string(all.size()) +
+                            " bytes, expected " + std::to_string(impl_->size) + " x " +
+                            std::to_string(mine.size()));
+  }
+  MPI_Request request;
+  const int count = static_cast<int>(mine.size());
+  PS_RETURN_IF_ERROR(impl_->check(MPI_Iallgather(mine.data(), count, MPI_BYTE, all.data(), count,
+                                                 MPI_BYTE, impl_->comm, &request),
+                                  "MPI_Iallgather"));
+  return impl_->wait_request(request, "allgather", timeout);
+}
+
+Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
+                                                               std::chrono::milliseconds timeout) {
+  // MPI_Win_allocate blocks until every rank calls it: meet first, with a timeout.
+  PS_RETURN_IF_ERROR(barrier(timeout));
+  void* base = nullptr;
+  MPI_Win win = MPI_WIN_NULL;
+  PS_RETURN_IF_ERROR(impl_->check(
+      MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, impl_->comm, &base, &win),
+      "MPI_Win_allocate of " + std::to_string(bytes) + " bytes"));
+  MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
+  std::memset(base, 0, bytes);
+  PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));
+  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes);
+  // Nobody may put before every rank has zeroed its part.
+  PS_RETURN_IF_ERROR(barrier(timeout));
+  return std::unique_ptr<Window>(std::move(window));
+}
+
+void MpiCommunicator::abort(int exit_code) {
+  impl_->broken = true;
+  MPI_Abort(impl_->comm == MPI_COMM_NULL ? MPI_COMM_WORLD : impl_->comm, exit_code);
+  std::_Exit(exit_code);
+}
+
+}  // namespace peerserve::dist

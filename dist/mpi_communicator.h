@@ -1,0 +1,60 @@
+// Communicator over MPI (Debian's OpenMPI): one rank per process, started by mpirun.
+//
+// MpiCommunicator::init() calls MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread
+// that owns the communicator calls MPI) and the destructor MPI_Finalize, so the object is
+// the MPI session. It works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so
+// MPI failures come back as Status.
+//
+// Windows are MPI-3 RMA windows (MPI_Win_allocate, shared memory between the ranks of one
+// node with OpenMPI's osc/sm, the network across nodes) opened once for passive target
+// access (MPI_Win_lock_all); put is MPI_Put, flush MPI_Win_flush, signal an MPI_Accumulate
+// (MPI_REPLACE) of one uint64 after a flush, and wait_at_least polls the local word with
+// MPI_Win_sync, yielding the core between polls (ranks may outnumber cores). Collectives
+// are the non-blocking MPI ones polled against the timeout.
+//
+// After any error the communicator is broken: windows and the session are then torn down
+// without the collective MPI_Win_free / MPI_Finalize (which would wait for the lost rank);
+// call abort() to end every process of the job, or return non-zero from main.
+//
+// Thread-safety: one thread (the one that called init) uses the communicator and its
+// windows. Windows must be destroyed before the communicator.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dist/communicator.h"
+
+namespace peerserve::dist {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Initialises MPI (once per process). Fails if MPI was already initialised.
+  static Result<std::unique_ptr<MpiCommunicator>> init(int* argc, char*** argv);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  std::string_view name() const override;
+
+  Status barrier(std::chrono::milliseconds timeout) override;
+  Status allreduce(std::span<int64_t> values, ReduceOp op,
+                   std::chrono::milliseconds timeout) override;
+  Status allgather(std::span<const std::byte> mine, std::span<std::byte> all,
+                   std::chrono::milliseconds timeout) override;
+  Result<std::unique_ptr<Window>> create_window(size_t bytes,
+                                                std::chrono::milliseconds timeout) override;
+
+  // Ends every process of the job with `exit_code` (MPI_Abort). Print the reason first.
+  [[noreturn]] void abort(int exit_code);
+
+  struct Impl;
+  explicit MpiCommunicator(std::shared_ptr<Impl> impl);  // use init()
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace peerserve::dist

@@ -1,0 +1,54 @@
+#include "kernels/quantize_rows.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace peerserve::kernels {
+namespace {
+
+TEST(QuantizeRowsInt8, MatchesADoubleReferenceAndRoundTripsWithinHalfAStep) {
+  std::mt19937 rng(11);
+  const int64_t rows = 37, cols = 300, stride = 310;
+  std::vector<float> x(rows * stride, 1e30f);  // padding must not be read
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float magnitude = std::ldexp(1.0f, static_cast<int>(i % 17) - 8);
+    for (int64_t k = 0; k < cols; ++k) x[i * stride + k] = magnitude * normal(rng);
+  }
+  for (int64_t k = 0; k < cols; ++k) x[5 * stride + k] = 0.0f;  // an all-zero row
+  x[6 * stride + 3] = -1000.0f;                                 // an outlier sets the scale
+
+  std::vector<int8_t> q(rows * cols);
+  std::vector<float> scales(rows);
+  quantize_rows_int8(x.data(), rows, cols, stride, q.data(), scales.data());
+  std::vector<float> back(rows * cols);
+  dequantize_rows_int8(q.data(), scales.data(), rows, cols, back.data(), cols);
+
+  int exact = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    double amax = 0.0;
+    for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(double{x[i * stride + k]}));
+    const double scale = amax / 127.0;
+    EXPECT_NEAR(scales[i], scale, scale * 1e-6) << "row " << i;
+    for (int64_t k = 0; k < cols; ++k) {
+      const double value = x[i * stride + k];
+      const double reference = amax == 0.0 ? 0.0 : std::nearbyint(value / scale);
+      // fp32 products can move a value that sits within an ulp of a half step: +-1.
+      EXPECT_LE(std::fabs(q[i * cols + k] - reference), 1.0) << i << "," << k;
+      exact += q[i * cols + k] == reference;
+      EXPECT_GE(q[i * cols + k], -127);
+      // Round trip: half a step, plus fp32 rounding of the scale and the product.
+      EXPECT_LE(std::fabs(back[i * cols + k] - value), scale * (0.5 + 1e-5) + 1e-30)
+          << i << "," << k;
+    }
+  }
+  EXPECT_GE(exact, rows * cols * 99 / 100);  // the +-1 cases are rare
+  EXPECT_EQ(scales[5], 0.0f);
+  EXPECT_EQ(q[6 * cols + 3], -127);
+}
+
+}  // namespace
+}  // namespace peerserve::kernels
