@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/command_registry.h"
+#include "apps/ep_session.h"
 #include "apps/load_progress_bar.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
@@ -40,18 +41,20 @@ struct GenerateCli {
   int threads = 0;
   std::string precision = "bf16";
   bool ignore_eos = false;
+  EpCli ep;
 };
 
 // Prompts longer than this are prefilled in several chunks (bounds activation memory).
 constexpr int64_t kPrefillChunk = 1024;
 constexpr int64_t kBlockSize = 16;
 
-int fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
-  return 1;
-}
-
 int run_generate(const GenerateCli& cli) {
+  auto started = EpSession::start(cli.ep);
+  if (!started.ok()) return EpSession::report_start_error(started.status());
+  EpSession& session = **started;
+  // Errors every rank meets alike (options, prompt, tokenizer): rank 0 reports.
+  auto fail = [&session](const Status& status) { return session.fail(status, true); };
+
   if (cli.prompt.empty() == cli.prompt_ids.empty()) {
     return fail(invalid_argument("give exactly one of --prompt and --prompt-ids"));
   }
@@ -101,15 +104,25 @@ int run_generate(const GenerateCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
-  auto loaded = load_model_showing_progress(cli.model_dir, options);
-  if (!loaded.ok()) return fail(loaded.status());
+  if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
+  auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
+                                 : DeepseekModel::load(cli.model_dir, options);
+  if (!loaded.ok()) return session.fail(loaded.status());
   DeepseekModel& model = **loaded;
+  if (Status s = session.install(model, kPrefillChunk); !s.ok()) return session.fail(s);
+  if (!session.leader()) {
+    // Followers bring no requests: they lend their experts to the leader's steps.
+    auto cache = LatentKvCache::create(model.kv_layout(kBlockSize, DType::kBF16), 1);
+    if (!cache.ok()) return session.fail(cache.status());
+    if (Status s = session.follow(model, *cache); !s.ok()) return session.fail(s);
+    return 0;
+  }
 
   const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
   const int64_t max_len = std::min(total, model.config().max_position_embeddings);
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
   auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(max_len));
-  if (!cache.ok()) return fail(cache.status());
+  if (!cache.ok()) return session.fail(cache.status());
   std::vector<int32_t> blocks(cache->num_blocks());
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
 
@@ -132,7 +145,9 @@ int run_generate(const GenerateCli& cli) {
       chunk.tokens = std::span<const int32_t>(tokens).subspan(cached, n);
       chunk.start_pos = cached;
       chunk.block_table = blocks;
-      if (Status s = model.forward({&chunk, 1}, *cache, *state, &out); !s.ok()) return fail(s);
+      if (Status s = session.forward(model, {&chunk, 1}, *cache, *state, &out); !s.ok()) {
+        return session.fail(s);
+      }
       cached += n;
     }
     if (generated.empty()) first_token = Clock::now();
@@ -153,6 +168,7 @@ int run_generate(const GenerateCli& cli) {
   }
   if (detokenizer) std::fputs(detokenizer->finish().c_str(), stdout);
   std::printf("\n");
+  if (Status s = session.finish(); !s.ok()) return session.fail(s);
   const auto end = Clock::now();
   const double prefill_s = std::chrono::duration<double>(first_token - start).count();
   const double decode_s = std::chrono::duration<double>(end - first_token).count();
@@ -181,6 +197,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--precision", cli->precision,
                   "GEMM activation precision: bf16 (default) or fp32");
   sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");
+  add_ep_options(sub, &cli->ep);
   sub->callback([cli] { set_command_exit_code(run_generate(*cli)); });
 });
 

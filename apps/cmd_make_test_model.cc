@@ -81,7 +81,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* sub = root.add_subcommand(
       "make-test-model", "Write a random-weight DeepSeek-V3 checkpoint (Hugging Face layout)");
   auto options = std::make_shared<MakeTestModelOptions>();
-  sub->add_option("--preset", options->preset, "tiny (fast tests) or mini (~0.5 B, benchmarks)")
+  sub->add_option("--preset", options->preset, "tiny (fast tests), mini (~0.5 B, benchmarks) or tiny-v2 (tiny as DeepSeek-V2)")
       ->check(CLI::IsMember({"tiny", "mini"}))
       ->capture_default_str();
   sub->add_option("--out", options->out_dir, "output directory")->required();

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/command_registry.h"
+#include "apps/ep_session.h"
 #include "apps/load_progress_bar.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
@@ -29,14 +30,15 @@ struct ScoreCli {
   std::string out_path;
   std::string precision = "fp32";
   int threads = 0;
+  EpCli ep;
 };
 
-int fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
-  return 1;
-}
-
 int run_score(const ScoreCli& cli) {
+  auto started = EpSession::start(cli.ep);
+  if (!started.ok()) return EpSession::report_start_error(started.status());
+  EpSession& session = **started;
+  // Errors every rank meets alike (options, prompt): rank 0 reports.
+  auto fail = [&session](const Status& status) { return session.fail(status, true); };
   if (cli.precision != "bf16" && cli.precision != "fp32") {
     return fail(invalid_argument("--precision '" + cli.precision + "': expected fp32 or bf16"));
   }
@@ -48,13 +50,23 @@ int run_score(const ScoreCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
-  auto loaded = load_model_showing_progress(cli.model_dir, options);
-  if (!loaded.ok()) return fail(loaded.status());
+  if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
+  auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
+                                 : DeepseekModel::load(cli.model_dir, options);
+  if (!loaded.ok()) return session.fail(loaded.status());
   DeepseekModel& model = **loaded;
+  if (Status s = session.install(model, static_cast<int64_t>(ids->size())); !s.ok()) {
+    return session.fail(s);
+  }
 
   const KvLayout layout = model.kv_layout(16, fp32 ? DType::kF32 : DType::kBF16);
   auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(ids->size()));
-  if (!cache.ok()) return fail(cache.status());
+  if (!cache.ok()) return session.fail(cache.status());
+  if (!session.leader()) {
+    // Followers bring no tokens: they lend their experts to the leader's step.
+    if (Status s = session.follow(model, *cache); !s.ok()) return session.fail(s);
+    return 0;
+  }
   std::vector<int32_t> blocks(cache->num_blocks());
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
   SequenceChunk chunk;
@@ -62,7 +74,11 @@ int run_score(const ScoreCli& cli) {
   chunk.block_table = blocks;
   chunk.all_logits = true;
   ForwardOutput out;
-  if (Status s = model.forward({&chunk, 1}, *cache, &out); !s.ok()) return fail(s);
+  auto state = model.new_forward_state();
+  if (Status s = session.forward(model, {&chunk, 1}, *cache, *state, &out); !s.ok()) {
+    return session.fail(s);
+  }
+  if (Status s = session.finish(); !s.ok()) return session.fail(s);
 
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t r = 0; r < out.num_rows(); ++r) {
@@ -91,6 +107,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--out", cli->out_path, "Output JSON file")->required();
   sub->add_option("--precision", cli->precision, "fp32 (default: exact path) or bf16");
   sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
+  add_ep_options(sub, &cli->ep);
   sub->callback([cli] { set_command_exit_code(run_score(*cli)); });
 });
 

@@ -395,6 +395,17 @@ KvLayout DeepseekModel::kv_layout(int64_t block_size, DType dtype) const {
   return layout;
 }
 
+std::span<const MlpWeights> DeepseekModel::held_experts(int64_t layer) const {
+  const DeepseekWeights& w = impl_->weights;
+  for (const DecoderLayerWeights& l : w.layers) {
+    if (l.index == layer) {
+      return l.moe ? std::span<const MlpWeights>(l.moe->experts) : std::span<const MlpWeights>();
+    }
+  }
+  if (w.mtp && w.mtp->layer.index == layer && w.mtp->layer.moe) return w.mtp->layer.moe->experts;
+  return {};
+}
+
 std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const {
   return impl_->experts;
 }

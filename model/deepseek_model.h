@@ -39,6 +39,7 @@ namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
+struct MlpWeights;
 
 class DeepseekModel {
  public:
@@ -105,6 +106,11 @@ class DeepseekModel {
   // Runs stages until the state's next stage is `stop` (or it is done).
   Status run_until(ForwardState& state, ForwardStage stop);
   void take_output(ForwardState& state, ForwardOutput* out);
+
+  // The routed experts this process holds at decoder layer `layer` (the MTP layer is
+  // num_hidden_layers), in the order of ModelOptions::routed_experts (all, in id order, by
+  // default); empty for dense layers. Valid as long as the model.
+  std::span<const MlpWeights> held_experts(int64_t layer) const;
 
   // The routed-expert executor (default: local execution with grouped GEMMs), and its
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).

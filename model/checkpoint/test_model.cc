@@ -125,12 +125,21 @@ std::string shard_name(size_t index, size_t count) {
 Result<TestModelPreset> parse_test_model_preset(std::string_view name) {
   if (name == "tiny") return TestModelPreset::kTiny;
   if (name == "mini") return TestModelPreset::kMini;
+  if (name == "tiny-v2") return TestModelPreset::kTinyV2;
   return invalid_argument("unknown test model preset '" + std::string(name) +
-                          "', expected tiny or mini");
+                          "', expected tiny, mini or tiny-v2");
 }
 
 std::string_view test_model_preset_name(TestModelPreset preset) {
-  return preset == TestModelPreset::kTiny ? "tiny" : "mini";
+  switch (preset) {
+    case TestModelPreset::kTiny:
+      return "tiny";
+    case TestModelPreset::kMini:
+      return "mini";
+    case TestModelPreset::kTinyV2:
+      return "tiny-v2";
+  }
+  return "unknown";
 }
 
 ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
@@ -142,7 +151,7 @@ ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
   c.first_k_dense_replace = 1;
   c.bos_token_id = 0;
   c.eos_token_id = 1;
-  if (preset == TestModelPreset::kTiny) {
+  if (preset == TestModelPreset::kTiny || preset == TestModelPreset::kTinyV2) {
     // Sizes deliberately not multiples of 32 (intermediate 80, q_lora_rank 48, kv_a rows 40)
     // so that the FP8 variant has partial edge blocks.
     c.hidden_size = 64;
@@ -191,6 +200,19 @@ ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
                                  .mscale_all_dim = 1.0};
     if (fp8) c.fp8_block_rows = c.fp8_block_cols = 128;
   }
+  if (preset == TestModelPreset::kTinyV2) {
+    // DeepSeek-V2's differences (as V2-Lite's config.json has them).
+    c.arch = ModelArch::kDeepseekV2;
+    c.q_lora_rank.reset();
+    c.scoring_func = ScoringFunc::kSoftmax;
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    c.norm_topk_prob = false;
+    c.routed_scaling_factor = 16.0;
+    c.num_nextn_predict_layers = 0;
+    c.n_shared_experts = 2;
+    c.rope_scaling->mscale = 0.707;
+    c.rope_scaling->mscale_all_dim = 0.707;
+  }
   return c;
 }
 
@@ -210,8 +232,8 @@ Status write_test_model(const std::string& out_dir, const TestModelOptions& opti
   // and write one shard at a time so that memory stays at one shard.
   const std::vector<TensorSpec> layout = deepseek_tensor_layout(config);
   const uint64_t max_shard = options.max_shard_bytes != 0               ? options.max_shard_bytes
-                             : options.preset == TestModelPreset::kTiny ? kTinyShardBytes
-                                                                        : kMiniShardBytes;
+                             : options.preset == TestModelPreset::kMini ? kMiniShardBytes
+                                                                        : kTinyShardBytes;
   std::vector<std::vector<StoredTensor>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
   for (const TensorSpec& spec : layout) {

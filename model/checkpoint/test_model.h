@@ -19,11 +19,12 @@
 namespace peerserve {
 
 enum class TestModelPreset {
-  kTiny,  // a few hundred K parameters, for fast tests
-  kMini,  // ~0.5 B parameters, for meaningful benchmarks
+  kTiny,    // a few hundred K parameters, for fast tests
+  kMini,    // ~0.5 B parameters, for meaningful benchmarks
+  kTinyV2,  // tiny's shapes as DeepSeek-V2: q_proj, softmax group-limited routing, no MTP
 };
 
-// "tiny" / "mini"; InvalidArgument otherwise.
+// "tiny" / "mini" / "tiny-v2"; InvalidArgument otherwise.
 Result<TestModelPreset> parse_test_model_preset(std::string_view name);
 std::string_view test_model_preset_name(TestModelPreset preset);
 

@@ -1,0 +1,212 @@
+#include "apps/ep_session.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dist/ep_expert_backend.h"
+#include "dist/expert_placement.h"
+#include "dist/mpi_communicator.h"
+#include "model/model_config.h"
+
+namespace peerserve {
+namespace {
+
+// The size of the job when started by OpenMPI's mpirun, 0 otherwise.
+int mpirun_world_size() {
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return size == nullptr ? 0 : std::atoi(size);
+}
+
+std::vector<int> moe_layers_of(const ModelConfig& config, bool with_mtp) {
+  std::vector<int> layers;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.is_moe_layer(l)) layers.push_back(static_cast<int>(l));
+  }
+  if (with_mtp && config.num_nextn_predict_layers > 0) {
+    layers.push_back(static_cast<int>(config.num_hidden_layers));
+  }
+  return layers;
+}
+
+}  // namespace
+
+struct EpSession::Impl {
+  EpCli cli;
+  std::unique_ptr<dist::MpiCommunicator> comm;  // null when inert
+  std::unique_ptr<dist::StepCoordinator> coordinator;
+  std::optional<dist::ExpertPlacement> placement;
+  dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
+  bool stopped = false;
+};
+
+void add_ep_options(CLI::App* command, EpCli* cli) {
+  command
+      ->add_option("--ep", cli->ep,
+                   "Expert-parallel ranks: run as 'mpirun -np N peerserve <command> --ep N ...'; "
+                   "each rank loads 1/N of the routed experts (docs/expert_parallelism.md)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  command
+      ->add_option("--ep-dispatch-dtype", cli->dispatch_dtype,
+                   "How tokens travel to their experts' ranks: int8 (per-token scale), bf16, or "
+                   "fp32 (bitwise equal to one process)")
+      ->check(CLI::IsMember({"int8", "bf16", "fp32"}))
+      ->capture_default_str();
+  command
+      ->add_option("--ep-timeout-ms", cli->peer_timeout_ms,
+                   "A peer rank silent for this long is reported lost and the job ends")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
+}
+
+EpSession::EpSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EpSession::~EpSession() = default;
+
+Result<std::unique_ptr<EpSession>> EpSession::start(const EpCli& cli) {
+  auto impl = std::make_unique<Impl>();
+  impl->cli = cli;
+  PS_ASSIGN_OR_RETURN(impl->dtype, dist::parse_dispatch_dtype(cli.dispatch_dtype));
+  const int world = mpirun_world_size();
+  if (cli.ep <= 1) {
+    if (world > 1) {
+      return invalid_argument("started by mpirun with " + std::to_string(world) +
+                              " processes but --ep is 1: pass --ep " + std::to_string(world));
+    }
+    return std::unique_ptr<EpSession>(new EpSession(std::move(impl)));
+  }
+  if (world != cli.ep) {
+    return invalid_argument("--ep " + std::to_string(cli.ep) + " needs " +
+                            std::to_string(cli.ep) + " processes, but " +
+                            (world == 0 ? std::string("this one was not started by mpirun")
+                                        : "mpirun started " + std::to_string(world)) +
+                            ": run 'mpirun -np " + std::to_string(cli.ep) +
+                            " peerserve <command> --ep " + std::to_string(cli.ep) + " ...'");
+  }
+  PS_ASSIGN_OR_RETURN(impl->comm, dist::MpiCommunicator::init(nullptr, nullptr));
+  if (impl->comm->size() != cli.ep) {
+    return invalid_argument("--ep " + std::to_string(cli.ep) + " but the MPI world has " +
+                            std::to_string(impl->comm->size()) + " ranks");
+  }
+  impl->coordinator = std::make_unique<dist::StepCoordinator>(
+      impl->comm.get(), std::chrono::milliseconds(cli.peer_timeout_ms));
+  return std::unique_ptr<EpSession>(new EpSession(std::move(impl)));
+}
+
+int EpSession::report_start_error(const Status& status) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (rank == nullptr || std::string(rank) == "0") {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  }
+  return 1;
+}
+
+bool EpSession::distributed() const {
+  return impl_->comm != nullptr;
+}
+int EpSession::rank() const {
+  return impl_->comm ? impl_->comm->rank() : 0;
+}
+int EpSession::size() const {
+  return impl_->comm ? impl_->comm->size() : 1;
+}
+
+Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* options) {
+  if (!distributed()) return ok_status();
+  PS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir + "/config.json"));
+  PS_ASSIGN_OR_RETURN(
+      dist::ExpertPlacement placement,
+      dist::ExpertPlacement::contiguous(moe_layers_of(config, options->load_mtp),
+                                        static_cast<int>(config.n_routed_experts), size()));
+  impl_->placement = std::move(placement);
+  const dist::ExpertPlacement* p = &*impl_->placement;
+  const int r = rank();
+  options->routed_experts = [p, r](int64_t layer) {
+    std::vector<int32_t> ids;
+    if (p->has_layer(layer)) {
+      for (int e : p->local_experts(layer, r)) ids.push_back(e);
+    }
+    return ids;
+  };
+  return ok_status();
+}
+
+Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
+  if (!distributed()) return ok_status();
+  const ModelConfig& config = model.config();
+  dist::EpExpertBackendOptions o;
+  o.communicator = impl_->comm.get();
+  o.placement = *impl_->placement;
+  o.local_experts_by_layer.resize(config.num_hidden_layers + 1);
+  for (int64_t l = 0; l <= config.num_hidden_layers; ++l) {
+    o.local_experts_by_layer[l] = model.held_experts(l);
+  }
+  o.dispatch_dtype = impl_->dtype;
+  o.max_tokens_per_rank = static_cast<int>(max_rows);
+  o.hidden_size = config.hidden_size;
+  o.top_k = static_cast<int>(config.num_experts_per_tok);
+  o.precision = model.options().gemm_precision == GemmPrecision::kFp32
+                    ? kernels::ActivationPrecision::kFp32
+                    : kernels::ActivationPrecision::kBf16;
+  o.pool = nullptr;
+  o.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
+  PS_ASSIGN_OR_RETURN(auto backend, dist::EpExpertBackend::create(std::move(o)));
+  model.set_expert_backend(std::move(backend));
+  return ok_status();
+}
+
+Result<dist::StepAgreement> EpSession::agree(int64_t rows, bool stop) {
+  if (!distributed()) {
+    dist::StepAgreement a;
+    a.step = rows > 0;
+    a.stop = stop;
+    a.tokens = rows;
+    a.ranks_with_work = rows > 0 ? 1 : 0;
+    return a;
+  }
+  return impl_->coordinator->agree(rows, stop);
+}
+
+Status EpSession::forward(DeepseekModel& model, std::span<const SequenceChunk> chunks,
+                          LatentKvCache& cache, ForwardState& state, ForwardOutput* out) {
+  if (distributed()) {
+    int64_t rows = 0;
+    for (const SequenceChunk& c : chunks) rows += static_cast<int64_t>(c.tokens.size());
+    PS_RETURN_IF_ERROR(agree(rows).status());
+  }
+  return model.forward(chunks, cache, state, out);
+}
+
+Status EpSession::finish() {
+  if (!distributed() || impl_->stopped) return ok_status();
+  impl_->stopped = true;
+  return agree(0, /*stop=*/true).status();
+}
+
+Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache) {
+  if (!distributed()) return ok_status();
+  auto state = model.new_forward_state();
+  ForwardOutput out;
+  while (true) {
+    PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(0));
+    if (a.step) PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
+    if (a.stop) return ok_status();
+  }
+}
+
+int EpSession::fail(const Status& status, bool everywhere) {
+  if (!distributed()) {
+    std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  if (everywhere) {
+    if (leader()) std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "error: rank %d of %d: %s\n", rank(), size(), status.message().c_str());
+  std::fflush(stderr);
+  impl_->comm->abort(1);
+}
+
+}  // namespace peerserve

@@ -1,0 +1,88 @@
+// Expert parallelism for the commands that run the model (generate, score, serve):
+//
+//   mpirun -np N peerserve generate --ep N --model DIR ...
+//
+// One EpSession per process. It starts MPI (when --ep > 1), checks that the job has
+// exactly --ep processes, gives this rank its share of the routed experts to load
+// (contiguous: experts [r E/N, (r+1) E/N) of every MoE layer), installs the
+// expert-parallel backend into the loaded model, and keeps the ranks in lock-step: before
+// each forward every rank says how many rows it brings (dist::StepCoordinator); whenever
+// anyone has work, everyone steps, the idle ranks with zero rows.
+//
+// Without --ep (or --ep 1) and outside mpirun the session is inert: single process,
+// every call a no-op. Started by mpirun with more than one process but --ep 1 is an error
+// (each process would otherwise run the whole job on its own).
+//
+// Errors after MPI started: an error every rank meets in the same way (a bad option) is
+// printed by rank 0 and every rank exits 1; an error of one rank (a lost peer, a load
+// failure) is printed by that rank, naming it, and ends the whole job (MPI_Abort).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "dist/step_coordinator.h"
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+
+namespace peerserve {
+
+struct EpCli {
+  int ep = 1;
+  std::string dispatch_dtype = "int8";
+  int peer_timeout_ms = 60000;
+};
+
+// Adds --ep, --ep-dispatch-dtype and --ep-timeout-ms to a command.
+void add_ep_options(CLI::App* command, EpCli* cli);
+
+class EpSession {
+ public:
+  static Result<std::unique_ptr<EpSession>> start(const EpCli& cli);
+  // Prints why start() failed (once per job: on rank 0 of an mpirun job) and returns 1.
+  static int report_start_error(const Status& status);
+  ~EpSession();
+  EpSession(const EpSession&) = delete;
+  EpSession& operator=(const EpSession&) = delete;
+
+  bool distributed() const;
+  int rank() const;
+  int size() const;
+  // Rank 0 (or the single process): the one that prints and writes outputs.
+  bool leader() const { return rank() == 0; }
+
+  // Sets options->routed_experts to this rank's share of the experts of the model in
+  // `model_dir`. InvalidArgument naming --ep when it does not divide the routed experts.
+  Status plan_experts(const std::string& model_dir, ModelOptions* options);
+  // Replaces the loaded model's expert backend by the expert-parallel one; `max_rows` is
+  // the most rows one forward of this rank can bring (sizes the exchange buffers).
+  // Collective.
+  Status install(DeepseekModel& model, int64_t max_rows);
+
+  // The lock-step agreement; see dist/step_coordinator.h. Inert session: {step = rows > 0}.
+  Result<dist::StepAgreement> agree(int64_t rows, bool stop = false);
+  // Leader: runs one forward in lock-step (agree, then forward).
+  Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks,
+                 LatentKvCache& cache, ForwardState& state, ForwardOutput* out);
+  // Leader, when done: tells the followers to stop. Followers: steps with zero rows until
+  // the leader stops. Both are no-ops in an inert session.
+  Status finish();
+  Status follow(DeepseekModel& model, LatentKvCache& cache);
+
+  // Reports `status` and returns the exit code: in a distributed session an error that
+  // only this rank met aborts the job (never returns), `everywhere` errors exit 1 on all.
+  int fail(const Status& status, bool everywhere = false);
+
+  struct Impl;
+
+ private:
+  explicit EpSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace peerserve

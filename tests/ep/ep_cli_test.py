@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Expert parallelism end to end: `mpirun -np N peerserve generate|score --ep N` as real
+processes, against the single-process engine.
+
+  ep_cli_test.py PEERSERVE_BINARY SOURCE_DIR SCRATCH_DIR
+
+Checks (each a separate case, all run; exit 1 if any failed):
+- greedy tokens with EP=2 and EP=4 equal the single process (tiny preset and the shipped
+  model), with int8 (default), bf16 and fp32 dispatch;
+- with fp32 dispatch, `score` logits equal the single process (V3 and V2 variants);
+  with bf16 and int8 dispatch within a stated tolerance, top-1 agreement reported;
+- one request on EP=4 (three ranks idle) finishes;
+- bad input: --ep not dividing the experts, --ep different from the world size, --ep
+  without mpirun: a clear error and a non-zero exit on every rank, no hang;
+- a rank killed mid-run: the others exit non-zero naming the lost rank within the timeout.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(SCRATCH, exist_ok=True)
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+failures = []
+
+
+def run(args, timeout=120):
+    started = time.monotonic()
+    p = subprocess.run(args, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - started
+
+
+def mpirun(n, args, timeout=120):
+    return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout)
+
+
+def case(name, fn):
+    try:
+        fn()
+        print(f"PASS {name}")
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}")
+        failures.append(name)
+    except subprocess.TimeoutExpired as e:
+        print(f"FAIL {name}: timed out after {e.timeout} s (a hang)")
+        failures.append(name)
+
+
+def make_model(preset):
+    out = os.path.join(SCRATCH, preset)
+    if not os.path.exists(os.path.join(out, "config.json")):
+        args = [BIN, "make-test-model", "--preset", preset, "--out", out, "--seed", "3"]
+        rc, _, err, _ = run(args)
+        assert rc == 0, err
+    return out
+
+
+PROMPT = "1,17,42,99,3,250,7,8,19,200,33"
+
+
+def generate(model, n=1, extra=(), max_tokens=12):
+    args = ["generate", "--model", model, "--prompt-ids", PROMPT, "--max-tokens", str(max_tokens),
+            "--ignore-eos", "--threads", "1"] + list(extra)
+    if n == 1:
+        rc, out, err, _ = run([BIN] + args)
+    else:
+        rc, out, err, _ = mpirun(n, args + ["--ep", str(n)])
+    assert rc == 0, f"exit {rc}: {err[-2000:]}"
+    return out.strip()
+
+
+def score(model, n=1, extra=()):
+    path = os.path.join(SCRATCH, f"score-{n}-{os.getpid()}-{time.monotonic_ns()}.json")
+    args = ["score", "--model", model, "--prompt-ids", PROMPT, "--out", path, "--threads", "1"]
+    args += list(extra)
+    if n == 1:
+        rc, _, err, _ = run([BIN] + args)
+    else:
+        rc, _, err, _ = mpirun(n, args + ["--ep", str(n)])
+    assert rc == 0, f"exit {rc}: {err[-2000:]}"
+    with open(path) as f:
+        return json.load(f)["logits"]
+
+
+def compare_logits(a, b):
+    """max |a-b| / max |a| over the whole matrix, and top-1 agreement."""
+    diff = scale = 0.0
+    agree = 0
+    for ra, rb in zip(a, b):
+        diff = max(diff, max(abs(x - y) for x, y in zip(ra, rb)))
+        scale = max(scale, max(abs(x) for x in ra))
+        agree += ra.index(max(ra)) == rb.index(max(rb))
+    return diff / scale, agree / len(a)
+
+
+tiny = make_model("tiny")
+shipped = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+
+
+def greedy_equal(model, n, dtype):
+    def check():
+        single = generate(model, 1, ["--precision", "fp32"])
+        multi = generate(model, n, ["--precision", "fp32", "--ep-dispatch-dtype", dtype])
+        assert single == multi, f"single {single!r} != ep{n} {multi!r}"
+    return check
+
+
+for n in (2, 4):
+    case(f"tiny greedy EP={n} fp32 dispatch", greedy_equal(tiny, n, "fp32"))
+case("tiny greedy EP=2 int8 dispatch", greedy_equal(tiny, 2, "int8"))
+case("shipped greedy EP=2 fp32 dispatch", greedy_equal(shipped, 2, "fp32"))
+case("shipped greedy EP=4 fp32 dispatch", greedy_equal(shipped, 4, "fp32"))
+
+
+def score_exact(model, n):
+    def check():
+        single = score(model)
+        multi = score(model, n, ["--ep-dispatch-dtype", "fp32"])
+        rel, top1 = compare_logits(single, multi)
+        assert rel == 0.0, f"fp32 dispatch differs: max rel {rel:.3g}"
+        assert top1 == 1.0
+    return check
+
+
+case("tiny V3 score EP=2 fp32 bitwise", score_exact(tiny, 2))
+case("tiny V2 score EP=2 fp32 bitwise", score_exact(make_model("tiny-v2"), 2))
+
+
+def score_rounded(model, dtype, tolerance):
+    def check():
+        single = score(model)
+        multi = score(model, 2, ["--ep-dispatch-dtype", dtype])
+        rel, top1 = compare_logits(single, multi)
+        print(f"  {os.path.basename(model)} {dtype} dispatch: max rel {rel:.3g}, top-1 {top1:.3f}")
+        assert rel < tolerance, f"max rel {rel:.3g} >= {tolerance}"
+    return check
+
+
+# bf16 and int8 tokens/results carry 8 and ~7 significant bits: logits move by ~1e-2.
+case("shipped score EP=2 bf16 within 5e-2", score_rounded(shipped, "bf16", 5e-2))
+case("shipped score EP=2 int8 within 1e-1", score_rounded(shipped, "int8", 1e-1))
+
+
+def bad(args, n, expect):
+    def check():
+        rc, out, err, took = (mpirun(n, args) if n > 1 else run([BIN] + args))
+        assert rc != 0, f"exit 0 for a bad invocation: {err[-500:]}"
+        assert expect in err, f"{expect!r} not in: {err[-1500:]}"
+        assert took < 60, f"took {took:.0f} s"
+    return check
+
+
+base = ["generate", "--model", tiny, "--prompt-ids", "1,2,3", "--max-tokens", "2"]
+case("--ep 3 does not divide 8 experts", bad(base + ["--ep", "3"], 3, "--ep"))
+case("--ep 2 under mpirun -np 4", bad(base + ["--ep", "2"], 4, "mpirun started 4"))
+case("--ep 2 without mpirun", bad(base + ["--ep", "2"], 1, "not started by mpirun"))
+case("mpirun -np 2 without --ep", bad(base, 2, "pass --ep 2"))
+
+
+def killed_rank():
+    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "generate", "--model", shipped,
+            "--prompt-ids", PROMPT, "--max-tokens", "100000", "--ignore-eos", "--ep", "2",
+            "--ep-timeout-ms", "3000", "--threads", "1"]
+    p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    # Kill the follower rank (the process of rank 1: a child of mpirun running peerserve).
+    pids = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "peerserve"], capture_output=True,
+                          text=True).stdout.split()
+    assert len(pids) == 2, f"expected 2 ranks, found {pids}"
+    victim = None
+    for pid in pids:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if b"OMPI_COMM_WORLD_RANK=1\0" in f.read():
+                victim = int(pid)
+    assert victim, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    assert p.returncode != 0, "exit 0 after losing a rank"
+    assert ("rank 1" in err) or ("rank: 1" in err) or ("Rank 1" in err) or ("process rank 1" in err), err[-1500:]
+
+
+case("rank killed mid-run: error naming it, no hang", killed_rank)
+
+print(f"{len(failures) == 0 and 'all' or len(failures)} " +
+      ("cases passed" if not failures else f"failed: {failures}"))
+sys.exit(1 if failures else 0)
