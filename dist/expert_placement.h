@@ -55,8 +55,9 @@ class ExpertPlacement {
   // Copies of logical `expert` at `layer` (>= 1), in slot order. REQUIRES: has_layer(layer).
   std::span<const PhysicalExpert> copies(int64_t layer, int expert) const;
 
+ ExpertPlacement() = default;  // empty: no layers, no ranks (use the factories)
+
  private:
-  ExpertPlacement() = default;
   int row(int64_t layer) const;
 
   plan::ExpertLayout layout_;

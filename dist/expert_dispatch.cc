@@ -1,0 +1,411 @@
+#include "dist/expert_dispatch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/bf16_convert.h"
+#include "kernels/quantize_rows.h"
+#include "kernels/vector_ops.h"
+
+namespace peerserve::dist {
+namespace {
+
+constexpr size_t kAlign = ExchangeLayout::kAlign;
+
+size_t round_up(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+size_t element_bytes(DispatchDtype dtype) {
+  switch (dtype) {
+    case DispatchDtype::kInt8:
+      return 1;
+    case DispatchDtype::kBf16:
+      return 2;
+    case DispatchDtype::kFp32:
+      return 4;
+  }
+  return 4;
+}
+
+// The first 64 bytes of a dispatch region.
+struct RegionHeader {
+  uint32_t tokens = 0;
+  uint32_t pairs = 0;
+  uint64_t sequence = 0;
+  int64_t layer = 0;  // the source's decoder layer: ranks must be at the same one
+};
+
+// Fixed fields at the start of a dispatch message; int32 local_slot[top_k] and
+// int32 pair_slot[top_k] follow.
+struct MessageFields {
+  int32_t token = 0;
+  int32_t num_entries = 0;
+  float scale = 0.0f;
+  int32_t reserved = 0;
+};
+constexpr size_t kFieldsBytes = sizeof(MessageFields);
+
+}  // namespace
+
+Result<DispatchDtype> parse_dispatch_dtype(std::string_view name) {
+  if (name == "int8") return DispatchDtype::kInt8;
+  if (name == "bf16") return DispatchDtype::kBf16;
+  if (name == "fp32") return DispatchDtype::kFp32;
+  return invalid_argument("dispatch dtype '" + std::string(name) +
+                          "', expected int8, bf16 or fp32");
+}
+
+std::string_view dispatch_dtype_name(DispatchDtype dtype) {
+  switch (dtype) {
+    case DispatchDtype::kInt8:
+      return "int8";
+    case DispatchDtype::kBf16:
+      return "bf16";
+    case DispatchDtype::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+ExchangeLayout::ExchangeLayout(const ExchangeShape& shape) : num_ranks_(shape.num_ranks) {
+  message_header_bytes = round_up(kFieldsBytes + 2 * sizeof(int32_t) * shape.top_k);
+  message_bytes = message_header_bytes + round_up(shape.hidden_size * element_bytes(shape.dtype));
+  const size_t result_element = shape.dtype == DispatchDtype::kFp32 ? 4 : 2;
+  result_bytes = round_up(shape.hidden_size * result_element);
+  max_pairs_per_peer =
+      int64_t{shape.max_tokens_per_rank} * std::min(shape.top_k, shape.slots_per_rank);
+  dispatch_region_bytes = kAlign + shape.max_tokens_per_rank * message_bytes;
+  combine_region_bytes = max_pairs_per_peer * result_bytes;
+  dispatch_buffer_bytes = shape.num_ranks * dispatch_region_bytes;
+  combine_buffer_bytes = shape.num_ranks * combine_region_bytes;
+  slot_bytes = 2 * shape.num_ranks * kAlign + dispatch_buffer_bytes + combine_buffer_bytes;
+  window_bytes = kSlots * slot_bytes;
+}
+
+size_t ExchangeLayout::dispatch_flag(int slot, int source) const {
+  return slot * slot_bytes + source * kAlign;
+}
+size_t ExchangeLayout::combine_flag(int slot, int owner) const {
+  return slot * slot_bytes + (num_ranks_ + owner) * kAlign;
+}
+size_t ExchangeLayout::dispatch_region(int slot, int source) const {
+  return slot * slot_bytes + 2 * num_ranks_ * kAlign + source * dispatch_region_bytes;
+}
+size_t ExchangeLayout::combine_region(int slot, int owner) const {
+  return slot * slot_bytes + 2 * num_ranks_ * kAlign + dispatch_buffer_bytes +
+         owner * combine_region_bytes;
+}
+
+Result<std::unique_ptr<ExpertExchange>> ExpertExchange::create(Communicator& comm,
+                                                               const ExchangeShape& shape,
+                                                               std::chrono::milliseconds timeout) {
+  if (shape.num_ranks != comm.size()) {
+    return invalid_argument("expert exchange for " + std::to_string(shape.num_ranks) +
+                            " ranks on a communicator of " + std::to_string(comm.size()));
+  }
+  if (shape.max_tokens_per_rank < 1 || shape.hidden_size < 1 || shape.top_k < 1 ||
+      shape.slots_per_rank < 1) {
+    return invalid_argument(
+        "expert exchange: max tokens per rank " + std::to_string(shape.max_tokens_per_rank) +
+        ", hidden " + std::to_string(shape.hidden_size) + ", top_k " + std::to_string(shape.top_k) +
+        ", experts per rank " + std::to_string(shape.slots_per_rank) + "; expected all >= 1");
+  }
+  const ExchangeLayout layout(shape);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Window> window,
+                      comm.create_window(layout.window_bytes, timeout));
+  return std::make_unique<ExpertExchange>(comm, shape, std::move(window), timeout);
+}
+
+ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
+                               std::unique_ptr<Window> window, std::chrono::milliseconds timeout)
+    : comm_(comm),
+      shape_(shape),
+      layout_(shape),
+      window_(std::move(window)),
+      timeout_(timeout),
+      dispatch_staging_(shape.num_ranks * layout_.dispatch_region_bytes),
+      staged_tokens_(shape.num_ranks),
+      staged_pairs_(shape.num_ranks),
+      token_scratch_(round_up(shape.hidden_size * sizeof(float))),
+      result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
+  for (int s = 0; s < ExchangeLayout::kSlots; ++s) {
+    pair_owner_[s].resize(int64_t{shape.max_tokens_per_rank} * shape.top_k);
+    pair_position_[s].resize(int64_t{shape.max_tokens_per_rank} * shape.top_k);
+  }
+}
+
+Status ExpertExchange::check_tokens(const RoutedTokens& tokens,
+                                    const ExpertPlacement& placement) const {
+  const int64_t n = tokens.num_tokens, k = tokens.top_k;
+  if (n < 0 || n > shape_.max_tokens_per_rank) {
+    return invalid_argument("expert dispatch: " + std::to_string(n) +
+                            " tokens; the exchange buffers hold at most " +
+                            std::to_string(shape_.max_tokens_per_rank) + " per rank");
+  }
+  if (tokens.hidden_size != shape_.hidden_size || k != shape_.top_k) {
+    return invalid_argument("expert dispatch: hidden " + std::to_string(tokens.hidden_size) +
+                            ", top_k " + std::to_string(k) + "; the exchange was built for " +
+                            std::to_string(shape_.hidden_size) + ", " +
+                            std::to_string(shape_.top_k));
+  }
+  if (static_cast<int64_t>(tokens.activations.size()) != n * tokens.hidden_size ||
+      static_cast<int64_t>(tokens.expert_ids.size()) != n * k ||
+      static_cast<int64_t>(tokens.weights.size()) != n * k) {
+    return invalid_argument("expert dispatch: inconsistent sizes for " + std::to_string(n) +
+                            " tokens x top " + std::to_string(k));
+  }
+  if (placement.num_ranks() != shape_.num_ranks ||
+      placement.slots_per_rank() > shape_.slots_per_rank) {
+    return invalid_argument(
+        "expert dispatch: placement over " + std::to_string(placement.num_ranks()) + " ranks x " +
+        std::to_string(placement.slots_per_rank()) + " experts does not fit the exchange");
+  }
+  if (!placement.has_layer(tokens.layer)) {
+    return invalid_argument("expert dispatch: layer " + std::to_string(tokens.layer) +
+                            " has no routed experts");
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t* ids = tokens.expert_ids.data() + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      if (ids[j] < 0 || ids[j] >= placement.num_experts()) {
+        return invalid_argument("expert dispatch: expert id " + std::to_string(ids[j]) +
+                                " outside [0, " + std::to_string(placement.num_experts()) + ")");
+      }
+      for (int64_t i = 0; i < j; ++i) {
+        if (ids[i] == ids[j]) {
+          return invalid_argument("expert dispatch: token " + std::to_string(t) +
+                                  " selects expert " + std::to_string(ids[j]) + " twice");
+        }
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
+                                const ExpertPlacement& placement) {
+  PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
+  PS_RETURN_IF_ERROR(check_tokens(tokens, placement));
+  const uint64_t sequence = ++sequence_[slot];
+  const int ranks = shape_.num_ranks, me = comm_.rank();
+  const int64_t k = tokens.top_k, hidden = tokens.hidden_size;
+  std::fill(staged_tokens_.begin(), staged_tokens_.end(), 0);
+  std::fill(staged_pairs_.begin(), staged_pairs_.end(), 0);
+  int32_t* owner_of = pair_owner_[slot].data();
+  int32_t* position = pair_position_[slot].data();
+  const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
+
+  for (int64_t t = 0; t < tokens.num_tokens; ++t) {
+    const float* x = tokens.activations.data() + t * hidden;
+    const int32_t* ids = tokens.expert_ids.data() + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      std::span<const PhysicalExpert> copies = placement.copies(tokens.layer, ids[j]);
+      // Spread a replicated expert's tokens over its copies (deterministic).
+      const PhysicalExpert& copy = copies[(t + me) % static_cast<int64_t>(copies.size())];
+      owner_of[t * k + j] = copy.rank;
+      position[t * k + j] = copy.local_slot;  // replaced by the result position below
+    }
+    // The token converted once, then copied into each owner's message.
+    MessageFields fields;
+    fields.token = static_cast<int32_t>(t);
+    const std::byte* payload = reinterpret_cast<const std::byte*>(x);
+    if (shape_.dtype == DispatchDtype::kInt8) {
+      kernels::quantize_rows_int8(x, 1, hidden, hidden,
+                                  reinterpret_cast<int8_t*>(token_scratch_.data()), &fields.scale);
+      payload = token_scratch_.data();
+    } else if (shape_.dtype == DispatchDtype::kBf16) {
+      kernels::fp32_to_bf16(x, reinterpret_cast<bf16*>(token_scratch_.data()), hidden);
+      payload = token_scratch_.data();
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const int owner = owner_of[t * k + j];
+      bool first = true;
+      for (int64_t i = 0; i < j && first; ++i) first = owner_of[t * k + i] != owner;
+      if (!first) continue;
+      std::byte* message = dispatch_staging_.data() + owner * layout_.dispatch_region_bytes +
+                           kAlign + staged_tokens_[owner]++ * layout_.message_bytes;
+      int32_t* local_slots = reinterpret_cast<int32_t*>(message + kFieldsBytes);
+      int32_t* pair_slots = local_slots + k;
+      fields.num_entries = 0;
+      for (int64_t i = j; i < k; ++i) {
+        if (owner_of[t * k + i] != owner) continue;
+        local_slots[fields.num_entries] = position[t * k + i];
+        pair_slots[fields.num_entries] = staged_pairs_[owner];
+        position[t * k + i] = staged_pairs_[owner]++;
+        ++fields.num_entries;
+      }
+      std::memcpy(message, &fields, kFieldsBytes);
+      std::memcpy(message + layout_.message_header_bytes, payload, payload_bytes);
+    }
+  }
+
+  for (int i = 0; i < ranks; ++i) {
+    const int owner = (me + i) % ranks;  // start with self, then spread the load
+    std::byte* region = dispatch_staging_.data() + owner * layout_.dispatch_region_bytes;
+    RegionHeader header;
+    header.tokens = static_cast<uint32_t>(staged_tokens_[owner]);
+    header.pairs = static_cast<uint32_t>(staged_pairs_[owner]);
+    header.sequence = sequence;
+    header.layer = tokens.layer;
+    std::memcpy(region, &header, sizeof header);
+    const size_t bytes = kAlign + staged_tokens_[owner] * layout_.message_bytes;
+    PS_RETURN_IF_ERROR(window_->put(owner, layout_.dispatch_region(slot, me),
+                                    std::span<const std::byte>(region, bytes)));
+  }
+  for (int i = 0; i < ranks; ++i) {
+    const int owner = (me + i) % ranks;
+    PS_RETURN_IF_ERROR(window_->signal(owner, layout_.dispatch_flag(slot, me), sequence));
+  }
+  return ok_status();
+}
+
+Status ExpertExchange::wait_all(int slot, bool results, const char* what) {
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  const uint64_t sequence = sequence_[slot];
+  for (int peer = 0; peer < shape_.num_ranks; ++peer) {
+    const size_t flag =
+        results ? layout_.combine_flag(slot, peer) : layout_.dispatch_flag(slot, peer);
+    Status status = window_->wait_at_least(flag, sequence, peer, what, deadline);
+    if (!status.ok()) {
+      return status.with_context("microbatch " + std::to_string(slot) + " step " +
+                                 std::to_string(sequence) + " (timeout " +
+                                 std::to_string(timeout_.count()) + " ms)");
+    }
+  }
+  return ok_status();
+}
+
+Status ExpertExchange::wait_dispatch(int slot) {
+  PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
+  PS_RETURN_IF_ERROR(wait_all(slot, false, "its dispatch"));
+  for (int source = 0; source < shape_.num_ranks; ++source) {
+    RegionHeader header;
+    std::memcpy(&header, window_->local().data() + layout_.dispatch_region(slot, source),
+                sizeof header);
+    if (header.sequence != sequence_[slot] ||
+        header.tokens > uint32_t(shape_.max_tokens_per_rank) ||
+        header.pairs > uint64_t(layout_.max_pairs_per_peer)) {
+      return data_loss("expert dispatch: rank " + std::to_string(source) + " sent step " +
+                       std::to_string(header.sequence) + " with " + std::to_string(header.tokens) +
+                       " tokens / " + std::to_string(header.pairs) + " pairs, expected step " +
+                       std::to_string(sequence_[slot]) + " (ranks out of lock-step?)");
+    }
+  }
+  return ok_status();
+}
+
+int ExpertExchange::received_tokens(int slot, int source) const {
+  RegionHeader header;
+  std::memcpy(&header, window_->local().data() + layout_.dispatch_region(slot, source),
+              sizeof header);
+  return static_cast<int>(header.tokens);
+}
+
+int64_t ExpertExchange::received_layer(int slot, int source) const {
+  RegionHeader header;
+  std::memcpy(&header, window_->local().data() + layout_.dispatch_region(slot, source),
+              sizeof header);
+  return header.layer;
+}
+
+int ExpertExchange::received_pairs(int slot, int source) const {
+  RegionHeader header;
+  std::memcpy(&header, window_->local().data() + layout_.dispatch_region(slot, source),
+              sizeof header);
+  return static_cast<int>(header.pairs);
+}
+
+ReceivedToken ExpertExchange::received(int slot, int source, int index) const {
+  const std::byte* message = window_->local().data() + layout_.dispatch_region(slot, source) +
+                             kAlign + index * layout_.message_bytes;
+  MessageFields fields;
+  std::memcpy(&fields, message, kFieldsBytes);
+  ReceivedToken token;
+  token.source = source;
+  token.num_entries = fields.num_entries;
+  token.local_slots = reinterpret_cast<const int32_t*>(message + kFieldsBytes);
+  token.pair_slots = token.local_slots + shape_.top_k;
+  token.header = message;
+  token.payload = message + layout_.message_header_bytes;
+  return token;
+}
+
+void ExpertExchange::load_activation(const ReceivedToken& token, float* row) const {
+  const int64_t hidden = shape_.hidden_size;
+  switch (shape_.dtype) {
+    case DispatchDtype::kInt8: {
+      MessageFields fields;
+      std::memcpy(&fields, token.header, kFieldsBytes);
+      kernels::dequantize_rows_int8(reinterpret_cast<const int8_t*>(token.payload), &fields.scale,
+                                    1, hidden, row, hidden);
+      break;
+    }
+    case DispatchDtype::kBf16:
+      kernels::bf16_to_fp32(reinterpret_cast<const bf16*>(token.payload), row, hidden);
+      break;
+    case DispatchDtype::kFp32:
+      std::memcpy(row, token.payload, hidden * sizeof(float));
+      break;
+  }
+}
+
+void ExpertExchange::stage_result(int source, int32_t pair_slot, const float* row) {
+  PS_CHECK(source >= 0 && source < shape_.num_ranks && pair_slot >= 0 &&
+           pair_slot < layout_.max_pairs_per_peer)
+      << "source " << source << " pair " << pair_slot;
+  std::byte* out = result_staging_.data() + source * layout_.combine_region_bytes +
+                   pair_slot * layout_.result_bytes;
+  if (shape_.dtype == DispatchDtype::kFp32) {
+    std::memcpy(out, row, shape_.hidden_size * sizeof(float));
+  } else {
+    kernels::fp32_to_bf16(row, reinterpret_cast<bf16*>(out), shape_.hidden_size);
+  }
+}
+
+Status ExpertExchange::send_results(int slot) {
+  PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
+  const int ranks = shape_.num_ranks, me = comm_.rank();
+  for (int i = 0; i < ranks; ++i) {
+    const int source = (me + i) % ranks;
+    const size_t bytes = received_pairs(slot, source) * layout_.result_bytes;
+    PS_RETURN_IF_ERROR(
+        window_->put(source, layout_.combine_region(slot, me),
+                     std::span<const std::byte>(
+                         result_staging_.data() + source * layout_.combine_region_bytes, bytes)));
+  }
+  for (int i = 0; i < ranks; ++i) {
+    const int source = (me + i) % ranks;
+    PS_RETURN_IF_ERROR(window_->signal(source, layout_.combine_flag(slot, me), sequence_[slot]));
+  }
+  return ok_status();
+}
+
+Status ExpertExchange::combine(int slot, const RoutedTokens& tokens, std::span<float> out) {
+  PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
+  const int64_t n = tokens.num_tokens, k = tokens.top_k, hidden = tokens.hidden_size;
+  if (static_cast<int64_t>(out.size()) != n * hidden) {
+    return invalid_argument("expert combine: output of " + std::to_string(out.size()) +
+                            " floats for " + std::to_string(n) + " tokens x " +
+                            std::to_string(hidden));
+  }
+  PS_RETURN_IF_ERROR(wait_all(slot, true, "its expert results"));
+  const std::byte* base = window_->local().data();
+  const int32_t* owner_of = pair_owner_[slot].data();
+  const int32_t* position = pair_position_[slot].data();
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const std::byte* row =
+        base + layout_.combine_region(slot, owner_of[i]) + position[i] * layout_.result_bytes;
+    float* y = out.data() + (i / k) * hidden;
+    if (shape_.dtype == DispatchDtype::kFp32) {
+      kernels::axpy(tokens.weights[i], reinterpret_cast<const float*>(row), y, hidden);
+    } else {
+      kernels::axpy(tokens.weights[i], reinterpret_cast<const bf16*>(row), y, hidden);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace peerserve::dist

@@ -1,0 +1,170 @@
+// FusedDispatch / FusedCombine (CloudMatrix-Infer §4.2.1) over a Communicator window.
+//
+// Dispatch: each token is converted once (INT8 with a per-token scale, BF16, or FP32 for
+// exact checks) and written, with the local expert slots it needs on that rank, straight
+// into the receive buffer of every rank that owns one of its experts: one message per
+// (token, owner rank), however many of the token's experts that rank holds. Combine: the
+// owner writes each (token, expert) output, unweighted, back into the source rank's
+// buffer at the position the source chose at dispatch, and the source sums
+//   out[t] = 0; for j in 0 .. top_k-1: out[t] += w[t, j] * result(t, j)
+// in top-k order with kernels::axpy, the same operations as the single-process backend
+// (so FP32 dispatch is bitwise equal to it).
+//
+// Buffers are sized once, at creation, by eq. 1-2 of the paper:
+//   buffer = ranks x max_tokens x msg_size,
+//   dispatch: max_tokens = max tokens per rank (a token is one message per owner),
+//   combine:  max_tokens = max tokens per rank x min(top_k, experts per rank) (pairs).
+// Every buffer exists twice, one per microbatch slot (double buffering), so that two
+// microbatches can be in flight. Completion is a flag per (slot, peer) holding the
+// slot's step sequence number; every rank writes every flag at every step, zero tokens
+// included (a dummy step), so lock-step ranks never wait for a message nobody sends.
+//
+// Why reuse is safe without more flags: a source starts dispatch n+1 of a slot only after
+// its combine n returned, i.e. after every owner sent results n, which an owner does only
+// after it read all of dispatch n; an owner writes results n+1 only after dispatch n+1
+// from that source arrived, i.e. after the source finished reading results n.
+//
+// Nothing on the step path allocates: staging, routing records and receive buffers are
+// allocated at creation.
+//
+// Protocol per slot and step, on every rank, in this order:
+//   dispatch() -> wait_dispatch() -> [received_* / load_activation / stage_result]
+//   -> send_results() -> combine()
+// Thread-safety: one thread drives an exchange (calls of two slots may interleave).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "dist/communicator.h"
+#include "dist/expert_placement.h"
+#include "model/expert_backend.h"
+
+namespace peerserve::dist {
+
+enum class DispatchDtype : uint8_t {
+  kInt8,  // int8 + fp32 scale per token; BF16 results (the default, as the paper)
+  kBf16,  // bf16 tokens; BF16 results
+  kFp32,  // fp32 tokens and results: bitwise equal to single-process execution
+};
+Result<DispatchDtype> parse_dispatch_dtype(std::string_view name);  // int8 | bf16 | fp32
+std::string_view dispatch_dtype_name(DispatchDtype dtype);
+
+struct ExchangeShape {
+  int num_ranks = 1;
+  int max_tokens_per_rank = 0;  // tokens one rank may dispatch in one call
+  int64_t hidden_size = 0;
+  int top_k = 0;
+  int slots_per_rank = 0;  // physical experts per rank (bounds pairs per peer)
+  DispatchDtype dtype = DispatchDtype::kInt8;
+};
+
+// The byte layout of the window, from the shape (eq. 1-2). All sizes are multiples of 64.
+struct ExchangeLayout {
+  static constexpr size_t kAlign = 64;
+  static constexpr int kSlots = 2;  // microbatches
+
+  explicit ExchangeLayout(const ExchangeShape& shape);
+
+  // Dispatch message: header (token, entry count, scale, then int32 local_slot[top_k] and
+  // int32 pair_slot[top_k]) padded to 64 bytes, then hidden_size elements of the dtype.
+  size_t message_header_bytes = 0;
+  size_t message_bytes = 0;
+  // Combine message: one result row (bf16, or fp32 in exact mode).
+  size_t result_bytes = 0;
+  int64_t max_pairs_per_peer = 0;  // max_tokens_per_rank x min(top_k, slots_per_rank)
+  // Per peer: a 64-byte count header + max_tokens_per_rank messages.
+  size_t dispatch_region_bytes = 0;
+  // Per peer: max_pairs_per_peer result rows.
+  size_t combine_region_bytes = 0;
+  size_t dispatch_buffer_bytes = 0;  // ranks x dispatch_region_bytes (eq. 1), per slot
+  size_t combine_buffer_bytes = 0;   // ranks x combine_region_bytes (eq. 1), per slot
+  size_t slot_bytes = 0;             // flags + both buffers
+  size_t window_bytes = 0;           // kSlots x slot_bytes
+
+  size_t dispatch_flag(int slot, int source) const;
+  size_t combine_flag(int slot, int owner) const;
+  size_t dispatch_region(int slot, int source) const;
+  size_t combine_region(int slot, int owner) const;
+
+ private:
+  int num_ranks_ = 1;
+};
+
+// One received (token, owner) message, viewed in place.
+struct ReceivedToken {
+  int source = 0;
+  int num_entries = 0;
+  const int32_t* local_slots = nullptr;  // [num_entries]: expert slot on this rank
+  const int32_t* pair_slots = nullptr;   // [num_entries]: where the result goes at the source
+  const std::byte* header = nullptr;
+  const std::byte* payload = nullptr;
+};
+
+class ExpertExchange {
+ public:
+  // Collective: creates the window on every rank of `comm` (which must outlive the
+  // exchange). `timeout` bounds every wait for a peer.
+  static Result<std::unique_ptr<ExpertExchange>> create(Communicator& comm,
+                                                        const ExchangeShape& shape,
+                                                        std::chrono::milliseconds timeout);
+
+  const ExchangeShape& shape() const { return shape_; }
+  const ExchangeLayout& layout() const { return layout_; }
+  Communicator& communicator() { return comm_; }
+
+  // Source side. Routes every (token, j) pair to a copy of its logical expert, converts
+  // and writes the tokens into the owners' buffers of `slot`, and signals every rank.
+  // The spans of `tokens` must stay valid until combine() of this slot returns.
+  Status dispatch(int slot, const RoutedTokens& tokens, const ExpertPlacement& placement);
+
+  // Owner side: waits until every rank's dispatch of this step has arrived.
+  Status wait_dispatch(int slot);
+  // The messages received from `source` (valid until send_results of this slot).
+  int received_tokens(int slot, int source) const;
+  int received_pairs(int slot, int source) const;
+  int64_t received_layer(int slot, int source) const;  // RoutedTokens::layer at the source
+  ReceivedToken received(int slot, int source, int index) const;
+  // Converts a received token's hidden state to fp32 (`row` has hidden_size entries).
+  void load_activation(const ReceivedToken& token, float* row) const;
+  // Stores the expert output `row` (hidden_size fp32) for the source's pair `pair_slot`.
+  void stage_result(int source, int32_t pair_slot, const float* row);
+  // Sends every staged result of this step back to its source and signals every rank.
+  Status send_results(int slot);
+
+  // Source side: waits for every owner's results and writes out[t] in top-k order.
+  // `tokens` is the RoutedTokens given to dispatch().
+  Status combine(int slot, const RoutedTokens& tokens, std::span<float> out);
+
+  // Use create().
+  ExpertExchange(Communicator& comm, const ExchangeShape& shape, std::unique_ptr<Window> window,
+                 std::chrono::milliseconds timeout);
+
+ private:
+  Status check_tokens(const RoutedTokens& tokens, const ExpertPlacement& placement) const;
+  Status wait_all(int slot, bool results, const char* what);
+
+  Communicator& comm_;
+  ExchangeShape shape_;
+  ExchangeLayout layout_;
+  std::unique_ptr<Window> window_;
+  std::chrono::milliseconds timeout_;
+  uint64_t sequence_[ExchangeLayout::kSlots] = {0, 0};  // step of each slot (1 = first)
+  // Source side, per slot: owner rank and result position of each (token, j) pair.
+  std::vector<int32_t> pair_owner_[ExchangeLayout::kSlots];
+  std::vector<int32_t> pair_position_[ExchangeLayout::kSlots];
+  // Dispatch staging: one region per owner, laid out as in the owner's buffer.
+  std::vector<std::byte> dispatch_staging_;
+  std::vector<int32_t> staged_tokens_, staged_pairs_;  // per owner
+  std::vector<std::byte> token_scratch_;               // one converted token
+  // Result staging: one region per source, laid out as in the source's buffer.
+  std::vector<std::byte> result_staging_;
+};
+
+}  // namespace peerserve::dist
