@@ -5,6 +5,7 @@
 #include <string>
 
 #include "apps/command_registry.h"
+#include "apps/load_progress_bar.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
@@ -20,31 +21,17 @@ struct MakeTestModelOptions {
   bool verify = false;
 };
 
-// A one-line progress bar on stderr, redrawn only when the percentage changes.
-LoadProgressCallback progress_bar(const std::string& label) {
-  auto last_percent = std::make_shared<int>(-1);
-  return [label, last_percent](uint64_t done, uint64_t total) {
-    const int percent = total == 0 ? 100 : static_cast<int>(done * 100 / total);
-    if (percent == *last_percent) return;
-    *last_percent = percent;
-    const int width = 40, filled = percent * width / 100;
-    std::fprintf(stderr, "\r%-8s [%s%s] %3d%% %8.1f MiB", label.c_str(),
-                 std::string(static_cast<size_t>(filled), '#').c_str(),
-                 std::string(static_cast<size_t>(width - filled), ' ').c_str(), percent,
-                 static_cast<double>(done) / (1 << 20));
-    if (done >= total) std::fprintf(stderr, "\n");
-  };
-}
-
 // Opens the checkpoint, checks its layout and reads every tensor as the model would.
 Status verify_checkpoint(const std::string& dir) {
   CheckpointOptions options;
-  options.progress = progress_bar("loading");
+  LoadProgressBar progress("loading");
+  options.progress = progress.callback();
   PS_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(dir, options));
   PS_RETURN_IF_ERROR(checkpoint.validate_layout());
   for (const TensorSpec& spec : deepseek_tensor_layout(checkpoint.config())) {
     PS_RETURN_IF_ERROR(checkpoint.get_bf16(spec.name, spec.shape).status());
   }
+  progress.finish();
   return checkpoint.check_all_used();
 }
 
@@ -58,7 +45,8 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   options.preset = *preset;
   options.seed = cli.seed;
   options.fp8 = cli.fp8;
-  options.progress = progress_bar("writing");
+  LoadProgressBar progress("writing");
+  options.progress = progress.callback();
   const ModelConfig config = test_model_config(*preset, cli.fp8);
   std::printf("writing %s%s test model (%.1f M parameters, seed %llu) to %s\n", cli.preset.c_str(),
               cli.fp8 ? " fp8" : "", static_cast<double>(model_parameter_count(config)) / 1e6,
@@ -67,6 +55,7 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
     return 1;
   }
+  progress.finish();
   if (cli.verify) {
     if (Status status = verify_checkpoint(cli.out_dir); !status.ok()) {
       std::fprintf(stderr, "error: verification failed: %s\n", status.to_string().c_str());
@@ -81,8 +70,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* sub = root.add_subcommand(
       "make-test-model", "Write a random-weight DeepSeek-V3 checkpoint (Hugging Face layout)");
   auto options = std::make_shared<MakeTestModelOptions>();
-  sub->add_option("--preset", options->preset, "tiny (fast tests), mini (~0.5 B, benchmarks) or tiny-v2 (tiny as DeepSeek-V2)")
-      ->check(CLI::IsMember({"tiny", "mini"}))
+  sub->add_option("--preset", options->preset,
+                  "tiny (fast tests), mini (~0.5 B, benchmarks) or tiny-v2 (tiny as DeepSeek-V2)")
+      ->check(CLI::IsMember({"tiny", "mini", "tiny-v2"}))
       ->capture_default_str();
   sub->add_option("--out", options->out_dir, "output directory")->required();
   sub->add_option("--seed", options->seed, "weight seed (same seed, same bytes)")

@@ -77,8 +77,8 @@ Result<std::unique_ptr<EpSession>> EpSession::start(const EpCli& cli) {
     return std::unique_ptr<EpSession>(new EpSession(std::move(impl)));
   }
   if (world != cli.ep) {
-    return invalid_argument("--ep " + std::to_string(cli.ep) + " needs " +
-                            std::to_string(cli.ep) + " processes, but " +
+    return invalid_argument("--ep " + std::to_string(cli.ep) + " needs " + std::to_string(cli.ep) +
+                            " processes, but " +
                             (world == 0 ? std::string("this one was not started by mpirun")
                                         : "mpirun started " + std::to_string(world)) +
                             ": run 'mpirun -np " + std::to_string(cli.ep) +

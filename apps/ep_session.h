@@ -67,8 +67,8 @@ class EpSession {
   // The lock-step agreement; see dist/step_coordinator.h. Inert session: {step = rows > 0}.
   Result<dist::StepAgreement> agree(int64_t rows, bool stop = false);
   // Leader: runs one forward in lock-step (agree, then forward).
-  Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks,
-                 LatentKvCache& cache, ForwardState& state, ForwardOutput* out);
+  Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks, LatentKvCache& cache,
+                 ForwardState& state, ForwardOutput* out);
   // Leader, when done: tells the followers to stop. Followers: steps with zero rows until
   // the leader stops. Both are no-ops in an inert session.
   Status finish();

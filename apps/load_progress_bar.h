@@ -8,15 +8,19 @@
 #include <memory>
 #include <string>
 
+#include <unistd.h>
+
 #include "model/deepseek_model.h"
 
 namespace peerserve {
 
-// callback() suits ModelOptions::progress / CheckpointOptions::progress: it draws
-// "loading [#####.....]  42%  1.2 / 2.9 GB" at most ten times a second. finish() ends the
-// line (also when some tensors were never read, e.g. a skipped MTP layer).
+// callback() suits ModelOptions::progress / CheckpointOptions::progress: on a terminal it
+// draws "loading [#####.....]  42%  1.2 / 2.9 GB" at most ten times a second; elsewhere (a
+// log file, a pipe) it stays silent until finish(), which prints the final line once (also
+// when some tensors were never read, e.g. a skipped MTP layer).
 class LoadProgressBar {
  public:
+  explicit LoadProgressBar(const char* label = "loading") { state_->label = label; }
   std::function<void(uint64_t, uint64_t)> callback() {
     return [state = state_](uint64_t done, uint64_t total) { state->draw(done, total, false); };
   }
@@ -28,6 +32,7 @@ class LoadProgressBar {
       done = done_in;
       total = total_in;
       if (total == 0 || finished) return;
+      if (!final && !on_terminal) return;
       const auto now = std::chrono::steady_clock::now();
       if (!final && now - last < std::chrono::milliseconds(100)) return;
       last = now;
@@ -36,7 +41,7 @@ class LoadProgressBar {
       char bar[kWidth + 1];
       for (int i = 0; i < kWidth; ++i) bar[i] = i < static_cast<int>(fraction * kWidth) ? '#' : '.';
       bar[kWidth] = '\0';
-      std::fprintf(stderr, "\rloading [%s] %3d%%  %.2f / %.2f GB", bar,
+      std::fprintf(stderr, "%s%s [%s] %3d%%  %.2f / %.2f GB", on_terminal ? "\r" : "", label, bar,
                    static_cast<int>(fraction * 100.0), done / 1e9, total / 1e9);
       if (final) {
         std::fprintf(stderr, "\n");
@@ -44,6 +49,8 @@ class LoadProgressBar {
       }
       std::fflush(stderr);
     }
+    const char* label = "loading";
+    bool on_terminal = isatty(fileno(stderr)) != 0;
     std::chrono::steady_clock::time_point last{};
     uint64_t done = 0, total = 0;
     bool finished = false;

@@ -141,8 +141,10 @@ def score_rounded(model, dtype, tolerance):
 
 
 # bf16 and int8 tokens/results carry 8 and ~7 significant bits: logits move by ~1e-2.
-case("shipped score EP=2 bf16 within 5e-2", score_rounded(shipped, "bf16", 5e-2))
-case("shipped score EP=2 int8 within 1e-1", score_rounded(shipped, "int8", 1e-1))
+# Measured on the shipped model: bf16 4.8e-4, int8 1.2e-3 (max over the logit matrix,
+# relative to its largest value); the bounds leave 10x for other machines' ISA paths.
+case("shipped score EP=2 bf16 within 5e-3", score_rounded(shipped, "bf16", 5e-3))
+case("shipped score EP=2 int8 within 1e-2", score_rounded(shipped, "int8", 1e-2))
 
 
 def bad(args, n, expect):
@@ -161,33 +163,57 @@ case("--ep 2 without mpirun", bad(base + ["--ep", "2"], 1, "not started by mpiru
 case("mpirun -np 2 without --ep", bad(base, 2, "pass --ep 2"))
 
 
-def killed_rank():
-    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "generate", "--model", shipped,
-            "--prompt-ids", PROMPT, "--max-tokens", "100000", "--ignore-eos", "--ep", "2",
-            "--ep-timeout-ms", "3000", "--threads", "1"]
-    p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    # Kill the follower rank (the process of rank 1: a child of mpirun running peerserve).
+def rank_pids(p):
+    """{rank: pid} of the peerserve processes mpirun `p` started."""
     pids = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "peerserve"], capture_output=True,
                           text=True).stdout.split()
-    assert len(pids) == 2, f"expected 2 ranks, found {pids}"
-    victim = None
+    ranks = {}
     for pid in pids:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            if b"OMPI_COMM_WORLD_RANK=1\0" in f.read():
-                victim = int(pid)
-    assert victim, "rank 1 not found"
-    os.kill(victim, signal.SIGKILL)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise
-    assert p.returncode != 0, "exit 0 after losing a rank"
-    assert ("rank 1" in err) or ("rank: 1" in err) or ("Rank 1" in err) or ("process rank 1" in err), err[-1500:]
+            env = f.read()
+        for r in range(8):
+            if f"OMPI_COMM_WORLD_RANK={r}\0".encode() in env:
+                ranks[r] = int(pid)
+    return ranks
 
 
-case("rank killed mid-run: error naming it, no hang", killed_rank)
+def lost_rank(sig, expect):
+    """Rank 1 gets `sig` mid-run; the job must end non-zero, naming rank 1, within 60 s."""
+    def check():
+        args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "generate", "--model", shipped,
+                "--prompt-ids", PROMPT, "--max-tokens", "100000", "--ignore-eos", "--ep", "2",
+                "--ep-timeout-ms", "3000", "--threads", "1"]
+        p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        ranks = {}
+        try:
+            deadline = time.monotonic() + 30
+            while len(ranks) < 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                ranks = rank_pids(p)
+            assert len(ranks) == 2, f"expected 2 ranks, found {ranks}"
+            time.sleep(2)  # well into decoding
+            os.kill(ranks[1], sig)
+            _, err = p.communicate(timeout=60)
+        finally:
+            for pid in ranks.values():  # a stopped rank outlives nothing
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode != 0, "exit 0 after losing a rank"
+        assert expect in err, f"{expect!r} not in: {err[-1500:]}"
+    return check
+
+
+# Killed: mpirun sees the exit and ends the job, naming the rank. Stopped (a hung or
+# unreachable peer mpirun cannot see): rank 0's own timeout names it.
+case("rank killed mid-run: the job ends naming it", lost_rank(signal.SIGKILL, "rank 1"))
+case("rank hung mid-run: rank 0 times out naming it",
+     lost_rank(signal.SIGSTOP, "rank 1 did not deliver"))
+
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))
