@@ -112,13 +112,14 @@ void block(const Int8Tile& t, int64_t i0, int64_t p) {
       }
     }
   }
-  alignas(32) int32_t sums[kHalves * 8];
+  // All sums to memory first, then the epilogue calls (no accumulator lives across a call).
+  alignas(32) int32_t sums[MR][kHalves * 8];
   for (int i = 0; i < MR; ++i) {
     for (int h = 0; h < kHalves; ++h) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8 * h), acc[i][h]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[i] + 8 * h), acc[i][h]);
     }
-    finish_row(t, i0 + i, p, NP, sums);
   }
+  for (int i = 0; i < MR; ++i) finish_row(t, i0 + i, p, NP, sums[i]);
 }
 
 template <bool kPrefetch>
@@ -183,7 +184,7 @@ inline void quantize8(__m256 v, __m256 inv, __m256i offset, uint8_t* out) {
 }  // namespace
 
 void avx2_matmul_int8(const Int8Tile& t) {
-  if (t.gemv && t.m <= kBlockRows) {
+  if (t.gemv) {
     gemv_tile(t);
   } else {
     gemm_tile(t);

@@ -36,6 +36,14 @@ constexpr T min_of(T a, T b) {
   return a < b ? a : b;
 }
 
+// acc += vpdpbusd(x, w). Inline asm: GCC 12 keeps stack copies of the accumulators of the
+// intrinsic in a 24-accumulator loop (a store per instruction); with asm the loop is loads
+// and vpdpbusd only.
+inline __m512i dpbusd(__m512i acc, __m512i x, __m512i w) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+  return acc;
+}
+
 __mmask16 first_lanes(int64_t count) {
   return count >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << count) - 1u);
 }
@@ -105,19 +113,21 @@ void block(const Int8Tile& t, int64_t i0, int64_t p) {
       std::memcpy(&x4, x + i * t.x_stride + 4 * g, 4);
       const __m512i xb = _mm512_set1_epi32(x4);
 #pragma GCC unroll 4
-      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xb, wv[j]);
+      for (int j = 0; j < NP; ++j) acc[i][j] = dpbusd(acc[i][j], xb, wv[j]);
     }
   }
-  alignas(64) int32_t sums[NP * kPanel];
+  // All sums to memory first, then the epilogue calls: accumulators live across no call
+  // (GCC otherwise keeps stack copies of them inside the k loop).
+  alignas(64) int32_t sums[MR][NP * kPanel];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int j = 0; j < NP; ++j) {
       const __m512i correction = _mm512_loadu_si512(t.w_correction + (p + j) * kPanel);
-      _mm512_store_si512(sums + j * kPanel, _mm512_sub_epi32(acc[i][j], correction));
+      _mm512_store_si512(sums[i] + j * kPanel, _mm512_sub_epi32(acc[i][j], correction));
     }
-    finish_row(t, i0 + i, p, NP, sums);
   }
+  for (int i = 0; i < MR; ++i) finish_row(t, i0 + i, p, NP, sums[i]);
 }
 
 // block<rows, panels> for run-time rows <= MR and panels <= NP.
@@ -147,12 +157,12 @@ void block_rows(int rows, int panels, const Int8Tile& t, int64_t i0, int64_t p) 
   }
 }
 
-// Few rows: all of them in registers, each weight byte read once, streaming (prefetched
-// along each panel).
+// Few rows (m <= 6): all of them in registers, each weight byte read once, streaming
+// (prefetched a fixed distance ahead along each panel).
 void gemv_tile(const Int8Tile& t) {
   for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
     const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
-    block_rows<4, true>(static_cast<int>(t.m), panels, t, 0, p);
+    block_rows<kGemmRows, true>(static_cast<int>(t.m), panels, t, 0, p);
   }
 }
 
@@ -178,7 +188,7 @@ void gemm_tile(const Int8Tile& t) {
 }
 
 void matmul_int8(const Int8Tile& t) {
-  if (t.gemv) {
+  if (t.gemv && t.m <= kGemmRows) {
     gemv_tile(t);
   } else {
     gemm_tile(t);

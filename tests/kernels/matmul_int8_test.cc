@@ -365,14 +365,16 @@ TEST_F(MatmulInt8Test, BatchInvariantAcrossRowsThreadsAndPaths) {
       const std::vector<float> part = run(w, x.data() + 3 * k, rows, &pool3_);
       EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin() + 3 * n)) << rows << " rows";
     }
-    // Forcing either path gives the same bits.
-    internal::set_int8_gemv_max_rows(0);
-    const std::vector<float> gemm_only = run(w, x.data(), 3, nullptr);
-    internal::set_int8_gemv_max_rows(64);
-    const std::vector<float> gemv_only = run(w, x.data(), 3, nullptr);
-    internal::set_int8_gemv_max_rows(kInt8GemvMaxRows);
-    EXPECT_TRUE(std::equal(gemm_only.begin(), gemm_only.end(), full.begin()));
-    EXPECT_EQ(gemv_only, gemm_only);
+    // Forcing either path gives the same bits, for every row count either path may see.
+    for (int64_t rows = 1; rows <= 8; ++rows) {
+      internal::set_int8_gemv_max_rows(0);
+      const std::vector<float> gemm_only = run(w, x.data(), rows, nullptr);
+      internal::set_int8_gemv_max_rows(64);
+      const std::vector<float> gemv_only = run(w, x.data(), rows, nullptr);
+      internal::set_int8_gemv_max_rows(kInt8GemvMaxRows);
+      EXPECT_TRUE(std::equal(gemm_only.begin(), gemm_only.end(), full.begin())) << rows;
+      EXPECT_EQ(gemv_only, gemm_only) << rows << " rows";
+    }
   }
 }
 
