@@ -1,10 +1,9 @@
 // matmul_int8 / gate_up_silu_int8 and their grouped forms: argument checks, per-token
-// quantization of x, the GEMV/GEMM choice and the split of panels over threads. The
+// quantization of x and the split of panels over threads. The
 // arithmetic is in the per-ISA int8 tile functions (internal/kernel_table.h).
 #include "kernels/matmul_int8.h"
 
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 #include "base/check.h"
@@ -24,8 +23,6 @@ constexpr int64_t kSerialWork = 32 * 1024;
 // A weight byte costs about as much to stream as this many rows multiplying it in cache
 // (used only to balance threads).
 constexpr int64_t kWeightByteCost = 8;
-
-std::atomic<int64_t> gemv_max_rows{kInt8GemvMaxRows};
 
 // One problem: tile.panel_begin/end cover all of it; threads take ranges of units
 // (a panel, or a gate/up pair of panels).
@@ -139,7 +136,6 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
   if (rows == 0) return;
   uint8_t* xq = scratch<uint8_t>(bytes);
   float* scales = scratch<float>(rows);
-  const int64_t gemv_rows = gemv_max_rows.load(std::memory_order_relaxed);
 
   std::vector<Task> tasks;
   tasks.reserve(problems.size());
@@ -175,7 +171,6 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
     t.y_stride = p.y_stride;
     t.n = w.outputs();
     t.accumulate = p.accumulate;
-    t.gemv = p.m <= gemv_rows;
     t.epilogue = p.epilogue;
     t.silu_mul = table.silu_mul;
     task.panels_per_unit = p.epilogue == Int8Epilogue::kGateUpSilu ? 2 : 1;
@@ -215,14 +210,6 @@ void grouped_gate_up_silu_int8(std::span<const GateUpInt8Args> problems, ThreadP
 }
 
 namespace internal {
-
-void set_int8_gemv_max_rows(int64_t rows) {
-  gemv_max_rows.store(rows, std::memory_order_relaxed);
-}
-
-int64_t int8_gemv_max_rows() {
-  return gemv_max_rows.load(std::memory_order_relaxed);
-}
 
 void matmul_int8_accumulators(const MatmulInt8Args& args, int32_t* acc, int64_t acc_stride,
                               ThreadPool* pool) {

@@ -19,6 +19,11 @@
 // with |x_k - x^_k| <= sx / 2 and |w_jk - w^_jk| <= sw_j / 2 (x^, w^ dequantized).
 // Non-finite x gives unspecified (but memory-safe) results.
 //
+// Speed: one loop nest serves decode and prefill. With m <= 6 (AVX-512 VNNI; 2 on AVX2)
+// every row sits in the register block and each weight byte is read once (a GEMV, bound by
+// memory bandwidth); with more rows the panel group just streamed is reused from L1/L2 by
+// each further 6-row step (a GEMM, bound by vpdpbusd). docs/kernels.md has the numbers.
+//
 // Threads: output columns are split over `pool`'s threads in 16-column panels (32 for
 // gate/up), in proportion to cost; k is never split; pool == nullptr runs on the calling
 // thread. One call at a time per pool. Shapes and pointers are programmer contracts
@@ -64,10 +69,5 @@ void grouped_matmul_int8(std::span<const MatmulInt8Args> problems, ThreadPool* p
 
 void gate_up_silu_int8(const GateUpInt8Args& args, ThreadPool* pool);
 void grouped_gate_up_silu_int8(std::span<const GateUpInt8Args> problems, ThreadPool* pool);
-
-// Problems with at most this many rows take the GEMV path (all rows in registers, each
-// weight byte read once); more take the blocked GEMM path. Measured in docs/kernels.md.
-// Both give the same bits, so the choice is about speed only.
-inline constexpr int64_t kInt8GemvMaxRows = 4;
 
 }  // namespace peerserve::kernels

@@ -4,8 +4,8 @@
 //   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8]
 //
 // --int8: only the INT8 section (matmul_int8 GEMV against the read bandwidth, GEMM against
-// the int8 multiply-add peak and against matmul_bf16 on the same shape, the GEMV/GEMM
-// switch, and a MoE decode step of INT8 experts).
+// the int8 multiply-add peak and against matmul_bf16 on the same shape, a MoE decode step
+// of INT8 experts, and the cost of an expert product as its tokens grow).
 //
 // --cpu-time (with --threads 1): time with the thread's CPU clock instead of the wall clock,
 // which leaves out preemption on a shared, oversubscribed machine (see TimeSource).
@@ -31,7 +31,6 @@
 #include "kernels/activation.h"
 #include "kernels/cpu_features.h"
 #include "kernels/int8_matrix.h"
-#include "kernels/internal/matmul_int8_hooks.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
 
@@ -356,42 +355,35 @@ void bench_int8_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64
               median(bf16_seconds) / r.seconds);
 }
 
-// The GEMV/GEMM switch: one fused gate/up expert matrix (cold: rotating copies) with m
-// tokens, each path forced; per-token cost and the ratio of the two paths.
-void bench_int8_switch(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t hidden,
-                       int64_t inter) {
+// Where decode turns into prefill: one fused gate/up expert matrix (cold: rotating copies)
+// with m tokens. While the time per call stays near the m = 1 time the product is bound
+// by streaming the weights (GEMV regime); once it grows with m it is bound by arithmetic.
+void bench_int8_rows(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t hidden,
+                     int64_t inter) {
   kernels::ScopedIsaLevel isa(level);
   std::vector<kernels::PackedInt8Matrix> weights;
   const int64_t copies = rotating_copies(flags, 2 * inter * hidden);
   for (int64_t i = 0; i < copies; ++i) weights.push_back(random_gate_up_int8(inter, hidden, i));
-  std::printf("gate_up_silu_int8 %s, k=%lld, 2x%lld rows (cold weights): median ms per call\n",
+  std::printf("gate_up_silu_int8 %s, k=%lld, 2x%lld rows (cold weights), m tokens:\n",
               std::string(kernels::isa_level_name(level)).c_str(), static_cast<long long>(hidden),
               static_cast<long long>(inter));
-  std::printf("  %4s %10s %10s %12s\n", "m", "gemv_ms", "gemm_ms", "gemm/gemv");
-  for (int64_t m : {1, 2, 3, 4, 5, 6, 8, 12, 16}) {
+  std::printf("  %4s %10s %12s %12s\n", "m", "median_ms", "us/token", "vs m=1");
+  double first = 0;
+  for (int64_t m : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64}) {
     const std::vector<float> x = random_floats(static_cast<size_t>(m * hidden), 4);
     std::vector<float> out(static_cast<size_t>(m * inter));
-    auto time_path = [&](int64_t gemv_rows) {
-      kernels::internal::set_int8_gemv_max_rows(gemv_rows);
-      std::vector<double> seconds;
-      for (int r = 0; r < (flags.quick ? 3 : 7) + 1; ++r) {
-        const Stopwatch watch(flags.time);
-        for (const auto& w : weights) {
-          kernels::gate_up_silu_int8({x.data(), 0, &w, out.data(), 0, m}, &pool);
-        }
-        if (r > 0) seconds.push_back(watch.seconds() / static_cast<double>(copies));
+    std::vector<double> seconds;
+    for (int r = 0; r < (flags.quick ? 3 : 7) + 1; ++r) {
+      const Stopwatch watch(flags.time);
+      for (const auto& w : weights) {
+        kernels::gate_up_silu_int8({x.data(), 0, &w, out.data(), 0, m}, &pool);
       }
-      return median(seconds);
-    };
-    const double gemv = m <= 6 ? time_path(m) : 0.0;
-    const double gemm = time_path(0);
-    kernels::internal::set_int8_gemv_max_rows(kernels::kInt8GemvMaxRows);
-    if (gemv > 0) {
-      std::printf("  %4lld %10.3f %10.3f %11.2fx\n", static_cast<long long>(m), gemv * 1e3,
-                  gemm * 1e3, gemm / gemv);
-    } else {
-      std::printf("  %4lld %10s %10.3f\n", static_cast<long long>(m), "-", gemm * 1e3);
+      if (r > 0) seconds.push_back(watch.seconds() / static_cast<double>(copies));
     }
+    const double t = median(seconds);
+    if (m == 1) first = t;
+    std::printf("  %4lld %10.3f %12.1f %11.2fx\n", static_cast<long long>(m), t * 1e3,
+                t * 1e6 / static_cast<double>(m), t / first);
   }
 }
 
@@ -470,7 +462,7 @@ void run_int8_section(ThreadPool& pool, const Flags& flags, const Ceilings& c,
   }
   for (IsaLevel level : levels) {
     if (level == IsaLevel::kScalar) continue;
-    bench_int8_switch(pool, flags, level, 2048, 1408);
+    bench_int8_rows(pool, flags, level, 2048, 1408);
   }
 }
 

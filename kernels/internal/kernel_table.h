@@ -64,9 +64,6 @@ struct Int8Tile {
   int64_t y_stride = 0;     // elements
   int64_t n = 0;            // valid output columns of y (columns at or past n are not written)
   bool accumulate = false;  // kScale only
-  // Few rows (decode): all rows in registers, each weight byte read once; else the blocked
-  // GEMM path. Either gives the same bits (integer sums).
-  bool gemv = false;
   Int8Epilogue epilogue = Int8Epilogue::kScale;
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
 };

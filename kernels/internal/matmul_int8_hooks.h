@@ -1,4 +1,4 @@
-// Test and benchmark hooks of kernels/matmul_int8.cc (not for the engine).
+// Test hooks of kernels/matmul_int8.cc (not for the engine).
 #pragma once
 
 #include <cstdint>
@@ -7,11 +7,6 @@
 #include "kernels/matmul_int8.h"
 
 namespace peerserve::kernels::internal {
-
-// The GEMV/GEMM switch (kInt8GemvMaxRows by default). Process-wide; must not race with
-// running kernels. Benchmarks use it to time both paths on the same shapes.
-void set_int8_gemv_max_rows(int64_t rows);
-int64_t int8_gemv_max_rows();
 
 // The exact int32 sums acc[i, j] = sum_k xq[i, k] * q[j, k] that matmul_int8 scales, at the
 // active level, into acc [m, n] with row stride acc_stride (elements, >= n).

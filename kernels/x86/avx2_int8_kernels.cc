@@ -17,7 +17,6 @@
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/avx2_math.h"
-#include "kernels/x86/weight_prefetch.h"
 
 namespace peerserve::kernels::internal {
 namespace {
@@ -139,34 +138,6 @@ void block_dispatch(int rows, int panels, const Int8Tile& t, int64_t i0, int64_t
   }
 }
 
-void gemv_tile(const Int8Tile& t) {
-  for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
-    const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
-    for (int64_t i = 0; i < t.m; i += kBlockRows) {
-      block_dispatch<true>(static_cast<int>(min_of<int64_t>(kBlockRows, t.m - i)), panels, t, i, p);
-    }
-  }
-}
-
-void gemm_tile(const Int8Tile& t) {
-  const int64_t row_block = min_of<int64_t>(
-      t.m, (kRowBlockBytes / t.x_stride + kBlockRows - 1) / kBlockRows * kBlockRows);
-  for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
-    const int64_t i1 = min_of(t.m, i0 + row_block);
-    WeightPrefetch<int8_t> prefetch(t.w, t.panel_stride, t.k_groups * 64, kBlockPanels,
-                                    (i1 - i0 + kBlockRows - 1) / kBlockRows);
-    for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
-      const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
-      prefetch.start_block(p + kBlockPanels, p + 2 * kBlockPanels <= t.panel_end);
-      for (int64_t i = i0; i < i1; i += kBlockRows) {
-        prefetch.step();
-        block_dispatch<false>(static_cast<int>(min_of<int64_t>(kBlockRows, i1 - i)), panels, t, i,
-                              p);
-      }
-    }
-  }
-}
-
 // Quantizes 8 floats: round to nearest even, clamp, add the offset; 8 bytes.
 inline void quantize8(__m256 v, __m256 inv, __m256i offset, uint8_t* out) {
   __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v, inv));  // NaN -> INT_MIN -> -127
@@ -183,11 +154,24 @@ inline void quantize8(__m256 v, __m256 inv, __m256i offset, uint8_t* out) {
 
 }  // namespace
 
+// One loop nest for every m, as the VNNI kernel (see there): row blocks, groups of 2
+// panels, 2-row steps; the first step of a group streams and prefetches its weights.
 void avx2_matmul_int8(const Int8Tile& t) {
-  if (t.gemv) {
-    gemv_tile(t);
-  } else {
-    gemm_tile(t);
+  const int64_t row_block = min_of<int64_t>(
+      t.m, (kRowBlockBytes / t.x_stride + kBlockRows - 1) / kBlockRows * kBlockRows);
+  for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
+    const int64_t i1 = min_of(t.m, i0 + row_block);
+    for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
+      const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
+      for (int64_t i = i0; i < i1; i += kBlockRows) {
+        const int rows = static_cast<int>(min_of<int64_t>(kBlockRows, i1 - i));
+        if (i == i0) {
+          block_dispatch<true>(rows, panels, t, i, p);
+        } else {
+          block_dispatch<false>(rows, panels, t, i, p);
+        }
+      }
+    }
   }
 }
 

@@ -16,7 +16,6 @@
 #include <cstring>
 
 #include "kernels/internal/kernel_table.h"
-#include "kernels/x86/weight_prefetch.h"
 
 namespace peerserve::kernels::internal {
 namespace {
@@ -26,9 +25,9 @@ constexpr int64_t kPanel = 16;
 // 4 weight loads + 6 broadcasts for 24 vpdpbusd.
 constexpr int kGemmRows = 6;
 constexpr int kBlockPanels = 4;
-// x rows (int8) kept in L2 while a group of 4 weight panels is reused from L2.
+// x rows (int8) kept in L2 while a group of 4 weight panels is reused from L1/L2.
 constexpr int64_t kRowBlockBytes = 256 * 1024;
-// GEMV: prefetch distance along each panel's weight stream, in 64-byte k groups.
+// Prefetch distance along each panel's weight stream, in 64-byte k groups.
 constexpr int64_t kGemvPrefetchGroups = 16;
 
 template <typename T>
@@ -157,41 +156,29 @@ void block_rows(int rows, int panels, const Int8Tile& t, int64_t i0, int64_t p) 
   }
 }
 
-// Few rows (m <= 6): all of them in registers, each weight byte read once, streaming
-// (prefetched a fixed distance ahead along each panel).
-void gemv_tile(const Int8Tile& t) {
-  for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
-    const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
-    block_rows<kGemmRows, true>(static_cast<int>(t.m), panels, t, 0, p);
-  }
-}
-
-// Many rows: 6-row steps over a group of 4 panels that stays in L2 while x rows (a block of
-// ~256 KiB) stream from L2; the next panel group is prefetched during the row steps.
-void gemm_tile(const Int8Tile& t) {
+// One loop nest for every m: x in row blocks of ~256 KiB (L2), weights in groups of 4
+// panels, 6-row register steps. The first row step of a group streams its weights from
+// memory, prefetching a fixed distance ahead along each panel; later steps (m > 6) find
+// the group in L1/L2. With m <= 6 (decode, experts with few tokens) that is a GEMV: all
+// rows in registers, each weight byte read once. An L2-prefetching GEMM path (the next
+// group prefetched during the row steps, as the bf16 kernel does) was slower at every m
+// measured (docs/kernels.md), so there is no separate path.
+void matmul_int8(const Int8Tile& t) {
   const int64_t row_block =
       min_of<int64_t>(t.m, (kRowBlockBytes / t.x_stride + kGemmRows - 1) / kGemmRows * kGemmRows);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
-    WeightPrefetch<int8_t> prefetch(t.w, t.panel_stride, t.k_groups * 64, kBlockPanels,
-                                    (i1 - i0 + kGemmRows - 1) / kGemmRows);
     for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
       const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
-      prefetch.start_block(p + kBlockPanels, p + 2 * kBlockPanels <= t.panel_end);
       for (int64_t i = i0; i < i1; i += kGemmRows) {
-        prefetch.step();
-        block_rows<kGemmRows, false>(static_cast<int>(min_of<int64_t>(kGemmRows, i1 - i)), panels,
-                                     t, i, p);
+        const int rows = static_cast<int>(min_of<int64_t>(kGemmRows, i1 - i));
+        if (i == i0) {
+          block_rows<kGemmRows, true>(rows, panels, t, i, p);
+        } else {
+          block_rows<kGemmRows, false>(rows, panels, t, i, p);
+        }
       }
     }
-  }
-}
-
-void matmul_int8(const Int8Tile& t) {
-  if (t.gemv && t.m <= kGemmRows) {
-    gemv_tile(t);
-  } else {
-    gemm_tile(t);
   }
 }
 

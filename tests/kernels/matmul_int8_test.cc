@@ -30,12 +30,13 @@ struct Shape {
   int64_t m, n, k;
 };
 
-// m = 0 and 1 (decode), odd n (panel tails) and k (group tails), m crossing the GEMV/GEMM
-// switch and the 6-row GEMM block, k crossing the 4 KiB panel-stride padding (k = 4096).
+// m = 0 and 1 (decode), odd n (panel tails) and k (group tails), m crossing the 6-row
+// register block and (70 x 4096) the 256 KiB row block, k crossing the 4 KiB panel-stride padding
+// (k = 4096).
 const Shape kShapes[] = {
-    {1, 1, 1},   {0, 5, 7},     {1, 17, 33},  {3, 7, 0},    {5, 37, 100},   {2, 3, 16},
-    {7, 64, 32}, {9, 13, 47},   {1, 130, 31}, {4, 64, 257}, {13, 50, 129},  {1, 9, 1000},
-    {6, 80, 64}, {8, 33, 4096}, {3, 1, 5},    {17, 31, 15}, {25, 100, 300},
+    {1, 1, 1},   {0, 5, 7},     {1, 17, 33},    {3, 7, 0},    {5, 37, 100},  {2, 3, 16},
+    {7, 64, 32}, {9, 13, 47},   {1, 130, 31},   {4, 64, 257}, {13, 50, 129}, {1, 9, 1000},
+    {6, 80, 64}, {8, 33, 4096}, {70, 20, 4096}, {3, 1, 5},    {17, 31, 15},  {25, 100, 300},
 };
 
 std::string describe(const Shape& s) {
@@ -360,20 +361,10 @@ TEST_F(MatmulInt8Test, BatchInvariantAcrossRowsThreadsAndPaths) {
       const std::vector<float> alone = run(w, x.data() + i * k, 1, &pool2_);
       EXPECT_TRUE(std::equal(alone.begin(), alone.end(), full.begin() + i * n)) << "row " << i;
     }
-    // Sub-batches of every size up to 8 (GEMV path up to kInt8GemvMaxRows, GEMM beyond).
-    for (int64_t rows = 2; rows <= 8; ++rows) {
+    // Sub-batches of every size up to 14: 1 to 3 register steps of 6 rows (2 on AVX2).
+    for (int64_t rows = 1; rows <= 14; ++rows) {
       const std::vector<float> part = run(w, x.data() + 3 * k, rows, &pool3_);
       EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin() + 3 * n)) << rows << " rows";
-    }
-    // Forcing either path gives the same bits, for every row count either path may see.
-    for (int64_t rows = 1; rows <= 8; ++rows) {
-      internal::set_int8_gemv_max_rows(0);
-      const std::vector<float> gemm_only = run(w, x.data(), rows, nullptr);
-      internal::set_int8_gemv_max_rows(64);
-      const std::vector<float> gemv_only = run(w, x.data(), rows, nullptr);
-      internal::set_int8_gemv_max_rows(kInt8GemvMaxRows);
-      EXPECT_TRUE(std::equal(gemm_only.begin(), gemm_only.end(), full.begin())) << rows;
-      EXPECT_EQ(gemv_only, gemm_only) << rows << " rows";
     }
   }
 }
