@@ -2,6 +2,7 @@
 // as a fraction of its ceiling, measured in the same run (medians of several runs).
 //
 //   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8]
+//                           [--decode-batch]
 //
 // --int8: only the INT8 section (matmul_int8 GEMV against the read bandwidth, GEMM against
 // the int8 multiply-add peak and against matmul_bf16 on the same shape, a MoE decode step
@@ -44,6 +45,7 @@ struct Flags {
   bool quick = false;
   bool all_isa = false;
   bool int8_only = false;
+  bool decode_batch_only = false;
   int threads = 0;
   TimeSource time = TimeSource::kWall;
 };
@@ -132,9 +134,10 @@ std::string shape_name(int64_t m, int64_t n, int64_t k) {
   return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
 }
 
-// GEMV 1 x n x k over rotating weight copies (total >= rotate_bytes).
+// GEMV m x n x k (m = 1, or a small decode batch) over rotating weight copies (total >=
+// rotate_bytes), against the read bandwidth: the weight-streaming floor.
 void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level, int64_t n,
-                int64_t k, ActivationPrecision precision) {
+                int64_t k, ActivationPrecision precision, int64_t m = 1) {
   kernels::ScopedIsaLevel isa(level);
   const int64_t matrix_bytes = n * k * 2;
   const int64_t rotate_bytes = int64_t{flags.quick ? 128 : 384} << 20;
@@ -142,16 +145,16 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
   std::vector<std::vector<bf16>> weights;
   for (int64_t i = 0; i < copies; ++i)
     weights.push_back(random_bf16(static_cast<size_t>(n * k), i + 1));
-  const std::vector<float> x = random_floats(static_cast<size_t>(k), 3);
-  std::vector<float> y(static_cast<size_t>(n));
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 3);
+  std::vector<float> y(static_cast<size_t>(m * n));
   kernels::MatmulBf16Args args;
   args.x = x.data();
   args.y = y.data();
-  args.m = 1;
+  args.m = m;
   args.n = n;
   args.k = k;
-  const double bytes = static_cast<double>(matrix_bytes + k * 4 + n * 4);
-  const Measurement m = measure_paired(
+  const double bytes = static_cast<double>(matrix_bytes + m * (k * 4 + n * 4));
+  const Measurement r = measure_paired(
       flags.quick ? 3 : 7, bytes,
       [&] {
         const Stopwatch watch(flags.time);
@@ -162,7 +165,8 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
         return watch.seconds() / static_cast<double>(copies);
       },
       [&] { return bandwidth_now(c); });
-  print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), m, "GB/s");
+  print_row(m == 1 ? "matmul_bf16 gemv" : "matmul_bf16 decode batch", level, shape_name(m, n, k),
+            precision_name(precision), r, "GB/s");
 }
 
 void bench_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m, int64_t n,
@@ -295,25 +299,26 @@ int64_t rotating_copies(const Flags& flags, int64_t matrix_bytes) {
 // GEMV 1 x n x k against the streaming read bandwidth: bytes = int8 weights + scales and
 // corrections + x + y.
 void bench_int8_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level,
-                     int64_t n, int64_t k) {
+                     int64_t n, int64_t k, int64_t m = 1) {
   kernels::ScopedIsaLevel isa(level);
   std::vector<kernels::PackedInt8Matrix> weights;
   const int64_t copies = rotating_copies(flags, n * k);
   for (int64_t i = 0; i < copies; ++i) weights.push_back(random_int8(n, k, i + 1));
-  const std::vector<float> x = random_floats(static_cast<size_t>(k), 3);
-  std::vector<float> y(static_cast<size_t>(n));
-  const double bytes = static_cast<double>(weights[0].bytes() + k * 4 + n * 4);
-  const Measurement m = measure_paired(
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 3);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const double bytes = static_cast<double>(weights[0].bytes() + m * (k * 4 + n * 4));
+  const Measurement r = measure_paired(
       flags.quick ? 3 : 7, bytes,
       [&] {
         const Stopwatch watch(flags.time);
         for (const auto& w : weights) {
-          kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, 1, false}, &pool);
+          kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, m, false}, &pool);
         }
         return watch.seconds() / static_cast<double>(copies);
       },
       [&] { return bandwidth_now(c); });
-  print_row("matmul_int8 gemv", level, shape_name(1, n, k), "int8", m, "GB/s");
+  print_row(m == 1 ? "matmul_int8 gemv" : "matmul_int8 decode batch", level, shape_name(m, n, k),
+            "int8", r, "GB/s");
 }
 
 // GEMM m x n x k against the int8 multiply-add peak of the level's instructions, then the
@@ -446,6 +451,8 @@ void run_int8_section(ThreadPool& pool, const Flags& flags, const Ceilings& c,
   for (IsaLevel level : levels) {
     if (level == IsaLevel::kScalar) continue;
     for (const auto& s : gemv_shapes) bench_int8_gemv(pool, flags, c, level, s[0], s[1]);
+    bench_int8_gemv(pool, flags, c, level, 2048, 2048, 16);
+    bench_int8_gemv(pool, flags, c, level, 2816, 1024, 16);
   }
   const int64_t gemm_shapes[][3] = {
       {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};
@@ -479,9 +486,13 @@ Flags parse_flags(int argc, char** argv) {
       f.time = TimeSource::kThreadCpu;
     } else if (std::strcmp(argv[i], "--int8") == 0) {
       f.int8_only = true;
+    } else if (std::strcmp(argv[i], "--decode-batch") == 0) {
+      f.decode_batch_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8] [--decode-batch]\n",
+          argv[0]);
       std::exit(2);
     }
   }
@@ -524,6 +535,16 @@ int run(int argc, char** argv) {
     run_int8_section(pool, flags, c, levels);
     return 0;
   }
+  if (flags.decode_batch_only) {  // --decode-batch: only the batch-16 decode lines (bf16, int8)
+    for (IsaLevel level : levels) {
+      if (level == IsaLevel::kScalar) continue;
+      bench_gemv(pool, flags, c, level, 2048, 2048, ActivationPrecision::kBf16, 16);
+      bench_gemv(pool, flags, c, level, 2816, 1024, ActivationPrecision::kBf16, 16);
+      bench_int8_gemv(pool, flags, c, level, 2048, 2048, 16);
+      bench_int8_gemv(pool, flags, c, level, 2816, 1024, 16);
+    }
+    return 0;
+  }
   // GEMV shapes: the examples and the mini model's projections.
   const int64_t gemv_shapes[][2] = {{2048, 2048}, {4096, 2048}, {1024, 1024},
                                     {2816, 1024}, {1024, 2816}, {2048, 256}};
@@ -533,6 +554,10 @@ int run(int argc, char** argv) {
         bench_gemv(pool, flags, c, level, s[0], s[1], p);
       }
     }
+    // Decode at batch 16 (dense projections, shared experts): still bound by streaming the
+    // weights once if the kernel keeps up.
+    bench_gemv(pool, flags, c, level, 2048, 2048, ActivationPrecision::kBf16, 16);
+    bench_gemv(pool, flags, c, level, 2816, 1024, ActivationPrecision::kBf16, 16);
   }
   const int64_t gemm_shapes[][3] = {
       {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};

@@ -27,6 +27,7 @@ constexpr int64_t kPanel = 16;
 // leave no room for more.
 constexpr int kBlockRows = 2;
 constexpr int kBlockPanels = 2;
+constexpr int kGemvPanels = 4;
 constexpr int64_t kRowBlockBytes = 256 * 1024;
 constexpr int64_t kGemvPrefetchGroups = 16;
 
@@ -121,19 +122,16 @@ void block(const Int8Tile& t, int64_t i0, int64_t p) {
   for (int i = 0; i < MR; ++i) finish_row(t, i0 + i, p, NP, sums[i]);
 }
 
-template <bool kPrefetch>
-void block_dispatch(int rows, int panels, const Int8Tile& t, int64_t i0, int64_t p) {
-  if (rows == 2) {
-    if (panels == 2) {
-      block<2, 2, kPrefetch>(t, i0, p);
-    } else {
-      block<2, 1, kPrefetch>(t, i0, p);
-    }
+// block<rows, panels> for rows <= 2 and panels <= NP.
+template <int MR, int NP, bool kPrefetch>
+void block_panels(int panels, const Int8Tile& t, int64_t i0, int64_t p) {
+  if constexpr (NP == 1) {
+    block<MR, 1, kPrefetch>(t, i0, p);
   } else {
-    if (panels == 2) {
-      block<1, 2, kPrefetch>(t, i0, p);
+    if (panels == NP) {
+      block<MR, NP, kPrefetch>(t, i0, p);
     } else {
-      block<1, 1, kPrefetch>(t, i0, p);
+      block_panels<MR, NP - 1, kPrefetch>(panels, t, i0, p);
     }
   }
 }
@@ -154,21 +152,29 @@ inline void quantize8(__m256 v, __m256 inv, __m256i offset, uint8_t* out) {
 
 }  // namespace
 
-// One loop nest for every m, as the VNNI kernel (see there): row blocks, groups of 2
-// panels, 2-row steps; the first step of a group streams and prefetches its weights.
+// One loop nest for every m, as the VNNI kernel (see there): row blocks, panel groups,
+// 2-row steps; the first step of a group streams and prefetches its weights. A single row
+// (decode) takes 4 panels per step: 8 accumulators, 4 weight streams in flight.
 void avx2_matmul_int8(const Int8Tile& t) {
   const int64_t row_block = min_of<int64_t>(
       t.m, (kRowBlockBytes / t.x_stride + kBlockRows - 1) / kBlockRows * kBlockRows);
+  const int64_t group = t.m == 1 ? kGemvPanels : kBlockPanels;
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
-    for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {
-      const int panels = static_cast<int>(min_of<int64_t>(kBlockPanels, t.panel_end - p));
+    for (int64_t p = t.panel_begin; p < t.panel_end; p += group) {
+      const int panels = static_cast<int>(min_of<int64_t>(group, t.panel_end - p));
+      if (t.m == 1) {
+        block_panels<1, kGemvPanels, true>(panels, t, 0, p);
+        continue;
+      }
       for (int64_t i = i0; i < i1; i += kBlockRows) {
-        const int rows = static_cast<int>(min_of<int64_t>(kBlockRows, i1 - i));
-        if (i == i0) {
-          block_dispatch<true>(rows, panels, t, i, p);
+        const bool first = i == i0;
+        if (i1 - i >= 2) {
+          first ? block_panels<2, kBlockPanels, true>(panels, t, i, p)
+                : block_panels<2, kBlockPanels, false>(panels, t, i, p);
         } else {
-          block_dispatch<false>(rows, panels, t, i, p);
+          first ? block_panels<1, kBlockPanels, true>(panels, t, i, p)
+                : block_panels<1, kBlockPanels, false>(panels, t, i, p);
         }
       }
     }
