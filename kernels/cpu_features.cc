@@ -37,6 +37,8 @@ std::string_view isa_level_name(IsaLevel level) {
       return "avx2";
     case IsaLevel::kAvx512:
       return "avx512";
+    case IsaLevel::kAvx512Vnni:
+      return "avx512_vnni";
     case IsaLevel::kAvx512Bf16:
       return "avx512_bf16";
   }
@@ -59,8 +61,10 @@ bool isa_level_supported(IsaLevel level) {
       return avx2;
     case IsaLevel::kAvx512:
       return avx512;
+    case IsaLevel::kAvx512Vnni:
+      return avx512 && f.avx512_vnni;
     case IsaLevel::kAvx512Bf16:
-      return avx512 && f.avx512_bf16;
+      return avx512 && f.avx512_vnni && f.avx512_bf16;
   }
   return false;
 }
@@ -68,7 +72,8 @@ bool isa_level_supported(IsaLevel level) {
 IsaLevel best_isa_level() {
   static const IsaLevel best = [] {
     IsaLevel level = IsaLevel::kScalar;
-    for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Bf16}) {
+    for (IsaLevel l :
+         {IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Vnni, IsaLevel::kAvx512Bf16}) {
       if (isa_level_supported(l)) level = l;
     }
     return level;
@@ -78,8 +83,8 @@ IsaLevel best_isa_level() {
 
 std::vector<IsaLevel> supported_isa_levels() {
   std::vector<IsaLevel> levels;
-  for (IsaLevel l :
-       {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Bf16}) {
+  for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Vnni,
+                     IsaLevel::kAvx512Bf16}) {
     if (isa_level_supported(l)) levels.push_back(l);
   }
   return levels;

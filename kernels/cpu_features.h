@@ -19,10 +19,12 @@ enum class IsaLevel : uint8_t {
   kScalar = 0,      // plain C++ loops: the reference, available everywhere
   kAvx2 = 1,        // AVX2 + FMA (256-bit fp32 FMA)
   kAvx512 = 2,      // AVX-512 F/BW/VL/DQ (512-bit fp32 FMA)
-  kAvx512Bf16 = 3,  // + AVX512_BF16 (vdpbf16ps: bf16 pairs, fp32 accumulation)
+  kAvx512Vnni = 3,  // + AVX512_VNNI (vpdpbusd: int8 x int8 -> int32, kernels/matmul_int8.h)
+  kAvx512Bf16 = 4,  // + AVX512_BF16 (vdpbf16ps: bf16 pairs, fp32 accumulation); every CPU
+                    // with AVX512_BF16 also has VNNI (Cooper Lake, Sapphire Rapids, Zen 4)
 };
 
-// "scalar", "avx2", "avx512", "avx512_bf16".
+// "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16".
 std::string_view isa_level_name(IsaLevel level);
 
 struct CpuFeatures {

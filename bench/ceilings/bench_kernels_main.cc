@@ -1,7 +1,12 @@
 // peerserve_bench_kernels: the machine's ceilings, then each kernel's achieved throughput
 // as a fraction of its ceiling, measured in the same run (medians of several runs).
 //
-//   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time]
+//   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8]
+//                           [--decode-batch]
+//
+// --int8: only the INT8 section (matmul_int8 GEMV against the read bandwidth, GEMM against
+// the int8 multiply-add peak and against matmul_bf16 on the same shape, a MoE decode step
+// of INT8 experts, and the cost of an expert product as its tokens grow).
 //
 // --cpu-time (with --threads 1): time with the thread's CPU clock instead of the wall clock,
 // which leaves out preemption on a shared, oversubscribed machine (see TimeSource).
@@ -26,7 +31,9 @@
 #include "bench/ceilings/machine_ceilings.h"
 #include "kernels/activation.h"
 #include "kernels/cpu_features.h"
+#include "kernels/int8_matrix.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
 
 namespace peerserve::bench {
 namespace {
@@ -37,6 +44,8 @@ using kernels::IsaLevel;
 struct Flags {
   bool quick = false;
   bool all_isa = false;
+  bool int8_only = false;
+  bool decode_batch_only = false;
   int threads = 0;
   TimeSource time = TimeSource::kWall;
 };
@@ -125,9 +134,10 @@ std::string shape_name(int64_t m, int64_t n, int64_t k) {
   return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
 }
 
-// GEMV 1 x n x k over rotating weight copies (total >= rotate_bytes).
+// GEMV m x n x k (m = 1, or a small decode batch) over rotating weight copies (total >=
+// rotate_bytes), against the read bandwidth: the weight-streaming floor.
 void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level, int64_t n,
-                int64_t k, ActivationPrecision precision) {
+                int64_t k, ActivationPrecision precision, int64_t m = 1) {
   kernels::ScopedIsaLevel isa(level);
   const int64_t matrix_bytes = n * k * 2;
   const int64_t rotate_bytes = int64_t{flags.quick ? 128 : 384} << 20;
@@ -135,16 +145,16 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
   std::vector<std::vector<bf16>> weights;
   for (int64_t i = 0; i < copies; ++i)
     weights.push_back(random_bf16(static_cast<size_t>(n * k), i + 1));
-  const std::vector<float> x = random_floats(static_cast<size_t>(k), 3);
-  std::vector<float> y(static_cast<size_t>(n));
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 3);
+  std::vector<float> y(static_cast<size_t>(m * n));
   kernels::MatmulBf16Args args;
   args.x = x.data();
   args.y = y.data();
-  args.m = 1;
+  args.m = m;
   args.n = n;
   args.k = k;
-  const double bytes = static_cast<double>(matrix_bytes + k * 4 + n * 4);
-  const Measurement m = measure_paired(
+  const double bytes = static_cast<double>(matrix_bytes + m * (k * 4 + n * 4));
+  const Measurement r = measure_paired(
       flags.quick ? 3 : 7, bytes,
       [&] {
         const Stopwatch watch(flags.time);
@@ -155,7 +165,8 @@ void bench_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLeve
         return watch.seconds() / static_cast<double>(copies);
       },
       [&] { return bandwidth_now(c); });
-  print_row("matmul_bf16 gemv", level, shape_name(1, n, k), precision_name(precision), m, "GB/s");
+  print_row(m == 1 ? "matmul_bf16 gemv" : "matmul_bf16 decode batch", level, shape_name(m, n, k),
+            precision_name(precision), r, "GB/s");
 }
 
 void bench_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m, int64_t n,
@@ -259,6 +270,209 @@ void bench_experts(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaL
       "bf16", m, "GB/s");
 }
 
+// ---- INT8 ----
+
+kernels::PackedInt8Matrix random_int8(int64_t n, int64_t k, uint64_t seed) {
+  const std::vector<float> w = random_floats(static_cast<size_t>(n * k), seed);
+  auto packed = kernels::PackedInt8Matrix::quantize(kernels::MatrixView<float>{w.data(), n, k, 0});
+  PS_CHECK(packed.ok()) << packed.status().to_string();
+  return std::move(packed).value();
+}
+
+kernels::PackedInt8Matrix random_gate_up_int8(int64_t inter, int64_t k, uint64_t seed) {
+  const std::vector<float> g = random_floats(static_cast<size_t>(inter * k), seed);
+  const std::vector<float> u = random_floats(static_cast<size_t>(inter * k), seed + 1);
+  auto packed = kernels::PackedInt8Matrix::quantize_gate_up(
+      kernels::MatrixView<float>{g.data(), inter, k, 0},
+      kernels::MatrixView<float>{u.data(), inter, k, 0});
+  PS_CHECK(packed.ok()) << packed.status().to_string();
+  return std::move(packed).value();
+}
+
+// Copies of a matrix totalling several times the last-level cache (as a decode step streams
+// a model's weights from memory).
+int64_t rotating_copies(const Flags& flags, int64_t matrix_bytes) {
+  const int64_t rotate_bytes = int64_t{flags.quick ? 128 : 384} << 20;
+  return std::max<int64_t>(2, rotate_bytes / matrix_bytes);
+}
+
+// GEMV 1 x n x k against the streaming read bandwidth: bytes = int8 weights + scales and
+// corrections + x + y.
+void bench_int8_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level,
+                     int64_t n, int64_t k, int64_t m = 1) {
+  kernels::ScopedIsaLevel isa(level);
+  std::vector<kernels::PackedInt8Matrix> weights;
+  const int64_t copies = rotating_copies(flags, n * k);
+  for (int64_t i = 0; i < copies; ++i) weights.push_back(random_int8(n, k, i + 1));
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 3);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const double bytes = static_cast<double>(weights[0].bytes() + m * (k * 4 + n * 4));
+  const Measurement r = measure_paired(
+      flags.quick ? 3 : 7, bytes,
+      [&] {
+        const Stopwatch watch(flags.time);
+        for (const auto& w : weights) {
+          kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, m, false}, &pool);
+        }
+        return watch.seconds() / static_cast<double>(copies);
+      },
+      [&] { return bandwidth_now(c); });
+  print_row(m == 1 ? "matmul_int8 gemv" : "matmul_int8 decode batch", level, shape_name(m, n, k),
+            "int8", r, "GB/s");
+}
+
+// GEMM m x n x k against the int8 multiply-add peak of the level's instructions, then the
+// same shape with matmul_bf16 (bf16 activations) for the speed-up.
+void bench_int8_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m, int64_t n,
+                     int64_t k) {
+  kernels::ScopedIsaLevel isa(level);
+  const kernels::PackedInt8Matrix w = random_int8(n, k, 5);
+  const std::vector<bf16> wb = random_bf16(static_cast<size_t>(n * k), 5);
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 6);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  const int runs = flags.quick ? 3 : 5;
+  const double ops = 2.0 * static_cast<double>(m * n * k);
+  const Measurement r = measure_paired(
+      runs, ops,
+      [&] {
+        const Stopwatch watch(flags.time);
+        kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, m, false}, &pool);
+        return watch.seconds();
+      },
+      [&] { return measure_int8_dot_peak(pool, level, 1, 0.05, flags.time); });
+  print_row("matmul_int8 gemm", level, shape_name(m, n, k), "int8", r, "GOP/s");
+  kernels::MatmulBf16Args args;
+  args.x = x.data();
+  args.w = wb.data();
+  args.y = y.data();
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  std::vector<double> bf16_seconds;
+  for (int i = 0; i < runs + 1; ++i) {
+    const Stopwatch watch(flags.time);
+    kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
+    if (i > 0) bf16_seconds.push_back(watch.seconds());
+  }
+  std::printf("%-24s %-12s %-16s %-5s %9.3f   int8 speed-up over matmul_bf16: %.2fx\n",
+              "  matmul_bf16 same shape", std::string(kernels::isa_level_name(level)).c_str(),
+              shape_name(m, n, k).c_str(), "bf16", median(bf16_seconds) * 1e3,
+              median(bf16_seconds) / r.seconds);
+}
+
+// Where decode turns into prefill: one fused gate/up expert matrix (cold: rotating copies)
+// with m tokens. While the time per call stays near the m = 1 time the product is bound
+// by streaming the weights (GEMV regime); once it grows with m it is bound by arithmetic.
+void bench_int8_rows(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t hidden,
+                     int64_t inter) {
+  kernels::ScopedIsaLevel isa(level);
+  std::vector<kernels::PackedInt8Matrix> weights;
+  const int64_t copies = rotating_copies(flags, 2 * inter * hidden);
+  for (int64_t i = 0; i < copies; ++i) weights.push_back(random_gate_up_int8(inter, hidden, i));
+  std::printf("gate_up_silu_int8 %s, k=%lld, 2x%lld rows (cold weights), m tokens:\n",
+              std::string(kernels::isa_level_name(level)).c_str(), static_cast<long long>(hidden),
+              static_cast<long long>(inter));
+  std::printf("  %4s %10s %12s %12s\n", "m", "median_ms", "us/token", "vs m=1");
+  double first = 0;
+  for (int64_t m : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64}) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(m * hidden), 4);
+    std::vector<float> out(static_cast<size_t>(m * inter));
+    std::vector<double> seconds;
+    for (int r = 0; r < (flags.quick ? 3 : 7) + 1; ++r) {
+      const Stopwatch watch(flags.time);
+      for (const auto& w : weights) {
+        kernels::gate_up_silu_int8({x.data(), 0, &w, out.data(), 0, m}, &pool);
+      }
+      if (r > 0) seconds.push_back(watch.seconds() / static_cast<double>(copies));
+    }
+    const double t = median(seconds);
+    if (m == 1) first = t;
+    std::printf("  %4lld %10.3f %12.1f %11.2fx\n", static_cast<long long>(m), t * 1e3,
+                t * 1e6 / static_cast<double>(m), t / first);
+  }
+}
+
+// One MoE decode step with INT8 experts: `active` experts of `tokens` tokens each, fused
+// gate/up/SiLU in one grouped call, down in a second; against the read bandwidth.
+void bench_int8_experts(ThreadPool& pool, const Flags& flags, const Ceilings& c, IsaLevel level,
+                        int64_t hidden, int64_t inter, int64_t num_experts, int64_t active,
+                        int64_t tokens) {
+  kernels::ScopedIsaLevel isa(level);
+  struct Expert {
+    kernels::PackedInt8Matrix gate_up, down;
+  };
+  std::vector<Expert> experts;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    experts.push_back(
+        {random_gate_up_int8(inter, hidden, 3 * e + 1), random_int8(hidden, inter, 3 * e + 3)});
+  }
+  const std::vector<float> x = random_floats(static_cast<size_t>(tokens * hidden), 9);
+  std::vector<float> act(static_cast<size_t>(active * tokens * inter)),
+      down_out(static_cast<size_t>(active * tokens * hidden));
+  const int steps = static_cast<int>(std::max<int64_t>(8, 2 * num_experts / active));
+  uint64_t pick = 1;
+  const auto step = [&] {
+    std::vector<kernels::GateUpInt8Args> first;
+    std::vector<kernels::MatmulInt8Args> second;
+    for (int64_t a = 0; a < active; ++a) {
+      pick = pick * 6364136223846793005ull + 1442695040888963407ull;
+      const Expert& e = experts[(pick >> 33) % static_cast<uint64_t>(num_experts)];
+      float* h = act.data() + a * tokens * inter;
+      first.push_back({x.data(), 0, &e.gate_up, h, 0, tokens});
+      second.push_back({h, 0, &e.down, down_out.data() + a * tokens * hidden, 0, tokens, false});
+    }
+    kernels::grouped_gate_up_silu_int8(first, &pool);
+    kernels::grouped_matmul_int8(second, &pool);
+  };
+  const Measurement m = measure_paired(
+      flags.quick ? 3 : 7, static_cast<double>(active * 3 * inter * hidden),
+      [&] {
+        const Stopwatch watch(flags.time);
+        for (int s = 0; s < steps; ++s) step();
+        return watch.seconds() / steps;
+      },
+      [&] { return bandwidth_now(c); });
+  print_row("experts int8 grouped", level,
+            std::to_string(active) + "x" + std::to_string(tokens) + "x(" + std::to_string(hidden) +
+                "," + std::to_string(inter) + ")",
+            "int8", m, "GB/s");
+}
+
+void run_int8_section(ThreadPool& pool, const Flags& flags, const Ceilings& c,
+                      const std::vector<IsaLevel>& levels) {
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;
+    std::printf("ceiling: int8 multiply-add peak (%s) %.1f GOP/s\n",
+                std::string(kernels::isa_level_name(level)).c_str(),
+                measure_int8_dot_peak(pool, level, 3, 0.05, flags.time));
+  }
+  const int64_t gemv_shapes[][2] = {{2048, 2048}, {4096, 2048}, {2816, 2048}, {2048, 1408},
+                                    {1024, 1024}, {2816, 1024}, {1024, 2816}};
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;
+    for (const auto& s : gemv_shapes) bench_int8_gemv(pool, flags, c, level, s[0], s[1]);
+    bench_int8_gemv(pool, flags, c, level, 2048, 2048, 16);
+    bench_int8_gemv(pool, flags, c, level, 2816, 1024, 16);
+  }
+  const int64_t gemm_shapes[][3] = {
+      {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;
+    for (const auto& s : gemm_shapes) bench_int8_gemm(pool, flags, level, s[0], s[1], s[2]);
+  }
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;
+    // The mini model's experts and DeepSeek-V2-Lite's (hidden 2048, moe_intermediate 1408).
+    bench_int8_experts(pool, flags, c, level, 1024, 512, 64, 8, 1);
+    bench_int8_experts(pool, flags, c, level, 2048, 1408, flags.quick ? 12 : 24, 6, 1);
+    bench_int8_experts(pool, flags, c, level, 2048, 1408, flags.quick ? 12 : 24, 6, 4);
+  }
+  for (IsaLevel level : levels) {
+    if (level == IsaLevel::kScalar) continue;
+    bench_int8_rows(pool, flags, level, 2048, 1408);
+  }
+}
+
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -270,8 +484,15 @@ Flags parse_flags(int argc, char** argv) {
       f.threads = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       f.time = TimeSource::kThreadCpu;
+    } else if (std::strcmp(argv[i], "--int8") == 0) {
+      f.int8_only = true;
+    } else if (std::strcmp(argv[i], "--decode-batch") == 0) {
+      f.decode_batch_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time]\n", argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8] [--decode-batch]\n",
+          argv[0]);
       std::exit(2);
     }
   }
@@ -310,6 +531,20 @@ int run(int argc, char** argv) {
 
   std::vector<IsaLevel> levels = {kernels::best_isa_level()};
   if (flags.all_isa) levels = kernels::supported_isa_levels();
+  if (flags.int8_only) {
+    run_int8_section(pool, flags, c, levels);
+    return 0;
+  }
+  if (flags.decode_batch_only) {  // --decode-batch: only the batch-16 decode lines (bf16, int8)
+    for (IsaLevel level : levels) {
+      if (level == IsaLevel::kScalar) continue;
+      bench_gemv(pool, flags, c, level, 2048, 2048, ActivationPrecision::kBf16, 16);
+      bench_gemv(pool, flags, c, level, 2816, 1024, ActivationPrecision::kBf16, 16);
+      bench_int8_gemv(pool, flags, c, level, 2048, 2048, 16);
+      bench_int8_gemv(pool, flags, c, level, 2816, 1024, 16);
+    }
+    return 0;
+  }
   // GEMV shapes: the examples and the mini model's projections.
   const int64_t gemv_shapes[][2] = {{2048, 2048}, {4096, 2048}, {1024, 1024},
                                     {2816, 1024}, {1024, 2816}, {2048, 256}};
@@ -319,6 +554,10 @@ int run(int argc, char** argv) {
         bench_gemv(pool, flags, c, level, s[0], s[1], p);
       }
     }
+    // Decode at batch 16 (dense projections, shared experts): still bound by streaming the
+    // weights once if the kernel keeps up.
+    bench_gemv(pool, flags, c, level, 2048, 2048, ActivationPrecision::kBf16, 16);
+    bench_gemv(pool, flags, c, level, 2816, 1024, ActivationPrecision::kBf16, 16);
   }
   const int64_t gemm_shapes[][3] = {
       {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};
@@ -337,6 +576,7 @@ int run(int argc, char** argv) {
     bench_experts(pool, flags, c, level, 1024, 512, 64, 8, false);
     bench_experts(pool, flags, c, level, 2048, 1024, flags.quick ? 16 : 32, 8, true);
   }
+  run_int8_section(pool, flags, c, levels);
   return 0;
 }
 

@@ -14,6 +14,11 @@ float fma_loop_avx2(int64_t iterations);
 float fma_loop_scalar(int64_t iterations);
 // Independent vdpbf16ps chains: `iterations` x kFmaChains instructions.
 float bf16_dot_loop_avx512(int64_t iterations);
+// Independent vpdpbusd chains (64 u8 x s8 multiply-adds each): `iterations` x kFmaChains.
+int32_t int8_dot_loop_avx512_vnni(int64_t iterations);
+// The AVX2 int8 kernel's step on independent chains: vpsignb, vpmaddubsw, vpmaddwd, vpaddd
+// (32 multiply-adds); `iterations` x kFmaChains steps.
+int32_t int8_madd_loop_avx2(int64_t iterations);
 
 // Sum of floats [begin, end) with wide loads; bandwidth-bound.
 float read_sum_avx2(const float* begin, const float* end);

@@ -21,6 +21,32 @@ float fma_loop_avx2(int64_t iterations) {
   return total;
 }
 
+int32_t int8_madd_loop_avx2(int64_t iterations) {
+  __m256i acc[kFmaChains];
+  for (int c = 0; c < kFmaChains; ++c) acc[c] = _mm256_set1_epi32(c);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Fresh sign operand per iteration (as the kernel's broadcast activations), so that the
+  // vpsignb cannot be hoisted out of the loop.
+  __m256i x = _mm256_set1_epi8(3);
+  const __m256i w = _mm256_set1_epi8(-2), step = _mm256_set1_epi8(1);
+  for (int64_t i = 0; i < iterations; ++i) {
+    const __m256i ax = _mm256_abs_epi8(x);
+#pragma GCC unroll 16
+    for (int c = 0; c < kFmaChains; ++c) {
+      const __m256i pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
+      acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(pairs, ones));
+    }
+    x = _mm256_xor_si256(x, step);
+  }
+  __m256i sum = acc[0];
+  for (int c = 1; c < kFmaChains; ++c) sum = _mm256_add_epi32(sum, acc[c]);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+  int32_t total = 0;
+  for (int32_t v : lanes) total += v;
+  return total;
+}
+
 float read_sum_avx2(const float* begin, const float* end) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const float* p = begin;

@@ -124,6 +124,26 @@ double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds, Tim
          1e9;
 }
 
+double measure_int8_dot_peak(ThreadPool& pool, kernels::IsaLevel level, int runs,
+                             double run_seconds, TimeSource time) {
+  using internal::kFmaChains;
+  if (level >= kernels::IsaLevel::kAvx512Vnni && has(kernels::IsaLevel::kAvx512Vnni)) {
+    // Each int32 sink is converted to float only to keep it alive.
+    return peak_rate(pool, time, runs, run_seconds, 2.0 * 64 * kFmaChains,
+                     [](int64_t n) {
+                       return static_cast<float>(internal::int8_dot_loop_avx512_vnni(n));
+                     }) /
+           1e9;
+  }
+  if (level >= kernels::IsaLevel::kAvx2 && has(kernels::IsaLevel::kAvx2)) {
+    return peak_rate(
+               pool, time, runs, run_seconds, 2.0 * 32 * kFmaChains,
+               [](int64_t n) { return static_cast<float>(internal::int8_madd_loop_avx2(n)); }) /
+           1e9;
+  }
+  return 0;
+}
+
 double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
                                       TimeSource time) {
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu_features.h"
 
 namespace peerserve::bench {
 
@@ -77,6 +78,13 @@ double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds,
 // per fp32 lane); 0 if the CPU has no AVX512_BF16.
 double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds,
                              TimeSource time = TimeSource::kWall);
+
+// Peak int8 multiply-add throughput in GOP/s (2 ops per multiply-add) of the instructions
+// matmul_int8 uses at `level`: vpdpbusd (64 per instruction) at avx512_vnni and above, the
+// AVX2 step vpsignb + vpmaddubsw + vpmaddwd + vpaddd (32 per step) at avx2 and avx512;
+// 0 at scalar.
+double measure_int8_dot_peak(ThreadPool& pool, kernels::IsaLevel level, int runs,
+                             double run_seconds, TimeSource time = TimeSource::kWall);
 
 // Throughput of kernels::matmul_bf16 with bf16 activations on m x n x k, in GFLOP/s
 // (2 m n k flops). The best a real GEMM reaches here: the "measured matmul peak".

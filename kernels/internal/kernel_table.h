@@ -33,6 +33,43 @@ struct MatmulTile {
 
 using MatmulTileFn = void (*)(const MatmulTile& tile);
 
+// What an int8 tile does with its int32 sums (kernels/matmul_int8.h).
+enum class Int8Epilogue : uint8_t {
+  // y[i, c] (+)= float(acc) * (x_scale[i] * w_scale[c]): fp32 y, plain layout.
+  kScale,
+  // out[i, 16 t + l] = silu_mul(gate, up) of the two scaled sums of panels 2 t (gate) and
+  // 2 t + 1 (up), through `silu_mul` (the table's, so fused == unfused bit for bit).
+  kGateUpSilu,
+  // y[i, c] = acc as int32 (tests: exact integer sums).
+  kInt32,
+};
+
+// Columns [16 * panel_begin, 16 * panel_end) of an int8 product over the packed layout of
+// kernels/int8_matrix.h (panel_begin, panel_end even for kGateUpSilu). acc[i, c] is the exact
+// integer sum_p xq[i, p] * q[c, p]; x arrives quantized by the table's quantize_row_int8
+// (plus the table's activation offset), rows padded to 4 * k_groups bytes.
+struct Int8Tile {
+  const uint8_t* x = nullptr;      // [m, x_stride] quantized activations
+  int64_t x_stride = 0;            // bytes, >= 4 * k_groups
+  const float* x_scale = nullptr;  // [m]
+  int64_t m = 0;
+  const int8_t* w = nullptr;  // packed panels (64-byte aligned)
+  int64_t panel_stride = 0;   // bytes
+  int64_t k_groups = 0;
+  const float* w_scale = nullptr;         // per packed column
+  const int32_t* w_correction = nullptr;  // per packed column: 128 * sum_p q[c, p]
+  int64_t panel_begin = 0;
+  int64_t panel_end = 0;
+  void* y = nullptr;        // float (or int32 for kInt32)
+  int64_t y_stride = 0;     // elements
+  int64_t n = 0;            // valid output columns of y (columns at or past n are not written)
+  bool accumulate = false;  // kScale only
+  Int8Epilogue epilogue = Int8Epilogue::kScale;
+  void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
+};
+
+using Int8TileFn = void (*)(const Int8Tile& tile);
+
 struct KernelTable {
   IsaLevel level = IsaLevel::kScalar;
 
@@ -45,6 +82,17 @@ struct KernelTable {
   // then round x to bf16 values and use matmul_f32_bf16 (the same products, exactly).
   MatmulTileFn matmul_bf16_bf16 = nullptr;
   int64_t bf16_x_k_multiple = 1;
+
+  // W8A8 product over a packed int8 matrix; activations quantized by quantize_row_int8.
+  Int8TileFn matmul_int8 = nullptr;
+  // One row of x -> k_padded bytes: round_to_nearest_even(x * 127 / absmax) clamped to
+  // [-127, 127], plus `offset` (mod 256), then `offset` up to k_padded; returns the scale
+  // absmax / 127 (0 for an all-zero row). Bit for bit the same at every level.
+  float (*quantize_row_int8)(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
+                             uint8_t* out) = nullptr;
+  // Added to every quantized activation: 128 where the kernel multiplies unsigned x bytes
+  // (vpdpbusd) and subtracts w_correction; 0 where it takes signed x.
+  uint8_t int8_activation_offset = 0;
 
   void (*bf16_to_fp32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
   void (*fp32_to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
@@ -68,7 +116,17 @@ struct KernelTable {
 const KernelTable& scalar_kernel_table();
 const KernelTable& avx2_kernel_table();         // REQUIRES: isa_level_supported(kAvx2)
 const KernelTable& avx512_kernel_table();       // REQUIRES: isa_level_supported(kAvx512)
+const KernelTable& avx512_vnni_kernel_table();  // REQUIRES: isa_level_supported(kAvx512Vnni)
 const KernelTable& avx512_bf16_kernel_table();  // REQUIRES: isa_level_supported(kAvx512Bf16)
+
+// The int8 entries per ISA, defined in their own translation units (compiled with that
+// ISA's flags) and reached only through the tables.
+void scalar_matmul_int8(const Int8Tile& tile);
+float scalar_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
+                               uint8_t* out);
+void avx2_matmul_int8(const Int8Tile& tile);
+float avx2_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
+                             uint8_t* out);
 
 // The table of active_isa_level().
 const KernelTable& active_kernel_table();

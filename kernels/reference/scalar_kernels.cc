@@ -94,6 +94,9 @@ void softmax(float* x, int64_t n) {
 KernelTable make_scalar_table() {
   KernelTable t;
   t.level = IsaLevel::kScalar;
+  t.matmul_int8 = &scalar_matmul_int8;
+  t.quantize_row_int8 = &scalar_quantize_row_int8;
+  t.int8_activation_offset = 0;
   t.matmul_f32_bf16 = &matmul_tile<float, uint16_t>;
   t.matmul_f32_f32 = &matmul_tile<float, float>;
   t.matmul_bf16_bf16 = nullptr;

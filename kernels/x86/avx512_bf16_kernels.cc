@@ -1,5 +1,5 @@
 // AVX512_BF16 kernels: the bf16 x bf16 matmul with vdpbf16ps; everything else is the
-// AVX-512 table. Compiled with -mavx512bf16 (see internal/kernel_table.h).
+// AVX512_VNNI table. Compiled with -mavx512bf16 (see internal/kernel_table.h).
 //
 // Summation order of y[i, j] (the same in every register block: batch invariance): one
 // 16-lane fp32 accumulator; each k step of 32 adds lane l's pair x[2l, 2l+1] * w[2l, 2l+1]
@@ -119,7 +119,7 @@ void matmul_bf16_bf16(const MatmulTile& t) {
 }
 
 KernelTable make_avx512_bf16_table() {
-  KernelTable t = avx512_kernel_table();
+  KernelTable t = avx512_vnni_kernel_table();
   t.level = IsaLevel::kAvx512Bf16;
   t.matmul_bf16_bf16 = &matmul_bf16_bf16;
   t.bf16_x_k_multiple = kStep;

@@ -247,6 +247,10 @@ void softmax(float* x, int64_t n) {
 KernelTable make_avx512_table() {
   KernelTable t;
   t.level = IsaLevel::kAvx512;
+  // No VNNI: the AVX2 int8 kernels (AVX-512 without VNNI is only Skylake-SP/X).
+  t.matmul_int8 = &avx2_matmul_int8;
+  t.quantize_row_int8 = &avx2_quantize_row_int8;
+  t.int8_activation_offset = 0;
   t.matmul_f32_bf16 = &matmul_f32_bf16;
   t.matmul_f32_f32 = &matmul_f32_f32;
   t.matmul_bf16_bf16 = nullptr;

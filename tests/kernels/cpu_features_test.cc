@@ -22,8 +22,10 @@ TEST(CpuFeatures, LevelsAreOrderedAndScalarAlwaysThere) {
 TEST(CpuFeatures, FeaturesMatchLevels) {
   const CpuFeatures& f = cpu_features();
   EXPECT_EQ(isa_level_supported(IsaLevel::kAvx2), f.avx2 && f.fma && f.f16c);
+  EXPECT_EQ(isa_level_supported(IsaLevel::kAvx512Vnni),
+            isa_level_supported(IsaLevel::kAvx512) && f.avx512_vnni);
   EXPECT_EQ(isa_level_supported(IsaLevel::kAvx512Bf16),
-            isa_level_supported(IsaLevel::kAvx512) && f.avx512_bf16);
+            isa_level_supported(IsaLevel::kAvx512Vnni) && f.avx512_bf16);
 }
 
 TEST(CpuFeatures, ForceAndReset) {
@@ -40,7 +42,8 @@ TEST(CpuFeatures, ForceAndReset) {
 }
 
 TEST(CpuFeatures, ForcingAnUnsupportedLevelIsAnError) {
-  for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Bf16}) {
+  for (IsaLevel l :
+       {IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Vnni, IsaLevel::kAvx512Bf16}) {
     const Status status = force_isa_level(l);
     EXPECT_EQ(status.ok(), isa_level_supported(l));
     if (!status.ok()) {
@@ -55,6 +58,7 @@ TEST(CpuFeatures, Names) {
   EXPECT_EQ(isa_level_name(IsaLevel::kScalar), "scalar");
   EXPECT_EQ(isa_level_name(IsaLevel::kAvx2), "avx2");
   EXPECT_EQ(isa_level_name(IsaLevel::kAvx512), "avx512");
+  EXPECT_EQ(isa_level_name(IsaLevel::kAvx512Vnni), "avx512_vnni");
   EXPECT_EQ(isa_level_name(IsaLevel::kAvx512Bf16), "avx512_bf16");
 }
 

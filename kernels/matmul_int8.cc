@@ -1,0 +1,237 @@
+// matmul_int8 / gate_up_silu_int8 and their grouped forms: argument checks, per-token
+// quantization of x and the split of panels over threads. The
+// arithmetic is in the per-ISA int8 tile functions (internal/kernel_table.h).
+#include "kernels/matmul_int8.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/internal/kernel_table.h"
+#include "kernels/internal/matmul_int8_hooks.h"
+
+namespace peerserve::kernels {
+namespace {
+
+using internal::Int8Epilogue;
+using internal::Int8Tile;
+using internal::KernelTable;
+
+constexpr int64_t kPanel = PackedInt8Matrix::kPanelColumns;
+// Below this much work (multiply-adds + weight bytes) one thread does it all.
+constexpr int64_t kSerialWork = 32 * 1024;
+// A weight byte costs about as much to stream as this many rows multiplying it in cache
+// (used only to balance threads).
+constexpr int64_t kWeightByteCost = 8;
+
+// One problem: tile.panel_begin/end cover all of it; threads take ranges of units
+// (a panel, or a gate/up pair of panels).
+struct Task {
+  Int8Tile tile;
+  int64_t units = 0;
+  int64_t panels_per_unit = 1;
+  int64_t cost_per_unit = 0;
+};
+
+// Thread-local scratch for quantized activations, reused across calls.
+template <typename T>
+T* scratch(size_t elements) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < elements) buffer.resize(elements);
+  return buffer.data();
+}
+
+// Bytes between quantized rows: k padded to the 4-byte groups, a multiple of 64, plus one
+// cache line when rows would be a multiple of 1 KiB apart (L1 set conflicts between the
+// rows of a register block).
+int64_t quantized_stride(int64_t k_groups) {
+  const int64_t bytes = std::max<int64_t>(64, (4 * k_groups + 63) / 64 * 64);
+  return bytes % 1024 == 0 ? bytes + 64 : bytes;
+}
+
+struct Problem {
+  const float* x;
+  int64_t x_stride;
+  const PackedInt8Matrix* w;
+  void* y;
+  int64_t y_stride;
+  int64_t m;
+  bool accumulate;
+  Int8Epilogue epilogue;
+};
+
+Problem checked(const MatmulInt8Args& a, const char* what) {
+  PS_CHECK(a.w != nullptr) << what << ": no weight matrix";
+  PS_CHECK(!a.w->is_gate_up()) << what << ": the weight matrix has the gate/up layout";
+  const int64_t k = a.w->cols(), n = a.w->rows();
+  PS_CHECK(a.m >= 0) << what << ": negative m=" << a.m;
+  const int64_t xs = a.x_stride == 0 ? k : a.x_stride, ys = a.y_stride == 0 ? n : a.y_stride;
+  PS_CHECK(xs >= k && ys >= n) << what << ": strides x=" << xs << " y=" << ys
+                               << " too small for n=" << n << " k=" << k;
+  if (a.m > 0 && n > 0) PS_CHECK(a.y != nullptr) << what << ": y is null";
+  if (a.m > 0 && k > 0) PS_CHECK(a.x != nullptr) << what << ": x is null";
+  return {a.x, xs, a.w, a.y, ys, a.m, a.accumulate, Int8Epilogue::kScale};
+}
+
+Problem checked(const GateUpInt8Args& a, const char* what) {
+  PS_CHECK(a.gate_up != nullptr) << what << ": no weight matrix";
+  PS_CHECK(a.gate_up->is_gate_up()) << what << ": the weight matrix has the plain layout";
+  const int64_t k = a.gate_up->cols(), n = a.gate_up->outputs();
+  PS_CHECK(a.m >= 0) << what << ": negative m=" << a.m;
+  const int64_t xs = a.x_stride == 0 ? k : a.x_stride, ys = a.out_stride == 0 ? n : a.out_stride;
+  PS_CHECK(xs >= k && ys >= n) << what << ": strides x=" << xs << " out=" << ys
+                               << " too small for n=" << n << " k=" << k;
+  if (a.m > 0 && n > 0) PS_CHECK(a.out != nullptr) << what << ": out is null";
+  if (a.m > 0 && k > 0) PS_CHECK(a.x != nullptr) << what << ": x is null";
+  return {a.x, xs, a.gate_up, a.out, ys, a.m, false, Int8Epilogue::kGateUpSilu};
+}
+
+// The table's int8 tile function for one task's tile.
+void run_tile(const Int8Tile& tile) {
+  internal::active_kernel_table().matmul_int8(tile);
+}
+
+// The unit of task `task` at cost offset `offset`, rounded to the nearest unit. Adjacent
+// threads evaluate it at the same offsets, so their ranges tile the task exactly.
+int64_t unit_at(const Task& task, int64_t offset) {
+  return std::min(task.units, (offset + task.cost_per_unit / 2) / task.cost_per_unit);
+}
+
+void run_tasks(std::span<const Task> tasks, ThreadPool* pool) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.units * t.cost_per_unit;
+  const int threads = pool == nullptr ? 1 : pool->num_threads();
+  if (threads == 1 || total < kSerialWork) {
+    for (const Task& t : tasks) run_tile(t.tile);
+    return;
+  }
+  // Thread t takes the cost range [total * t / threads, total * (t + 1) / threads) of the
+  // tasks laid end to end, cut at units.
+  pool->run_on_all([&](int t, int nt) {
+    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
+    int64_t start = 0;
+    for (const Task& task : tasks) {
+      const int64_t span = task.units * task.cost_per_unit;
+      const int64_t a = std::max(lo, start) - start, b = std::min(hi, start + span) - start;
+      start += span;
+      if (a >= b) continue;
+      const int64_t u0 = unit_at(task, a), u1 = b == span ? task.units : unit_at(task, b);
+      if (u0 >= u1) continue;
+      Int8Tile tile = task.tile;
+      tile.panel_begin = u0 * task.panels_per_unit;
+      tile.panel_end = u1 * task.panels_per_unit;
+      run_tile(tile);
+    }
+  });
+}
+
+// Quantizes the x rows of every problem into scratch and runs their tiles.
+void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
+  const KernelTable& table = internal::active_kernel_table();
+  size_t bytes = 0, rows = 0;
+  for (const Problem& p : problems) {
+    bytes += static_cast<size_t>(p.m * quantized_stride(p.w->k_groups()));
+    rows += static_cast<size_t>(p.m);
+  }
+  if (rows == 0) return;
+  uint8_t* xq = scratch<uint8_t>(bytes);
+  float* scales = scratch<float>(rows);
+
+  std::vector<Task> tasks;
+  tasks.reserve(problems.size());
+  for (const Problem& p : problems) {
+    if (p.m == 0) continue;
+    const PackedInt8Matrix& w = *p.w;
+    const int64_t k = w.cols(), stride = quantized_stride(w.k_groups());
+    auto quantize = [&](int64_t i) {
+      scales[i] = table.quantize_row_int8(p.x + i * p.x_stride, k, 4 * w.k_groups(),
+                                          table.int8_activation_offset, xq + i * stride);
+    };
+    if (pool == nullptr || pool->num_threads() == 1 || p.m * k < 64 * 1024) {
+      for (int64_t i = 0; i < p.m; ++i) quantize(i);
+    } else {
+      pool->parallel_for(p.m, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) quantize(i);
+      });
+    }
+    Task task;
+    Int8Tile& t = task.tile;
+    t.x = xq;
+    t.x_stride = stride;
+    t.x_scale = scales;
+    t.m = p.m;
+    t.w = w.panel_data();
+    t.panel_stride = w.panel_stride();
+    t.k_groups = w.k_groups();
+    t.w_scale = w.column_scales();
+    t.w_correction = w.column_corrections();
+    t.panel_begin = 0;
+    t.panel_end = w.panels();
+    t.y = p.y;
+    t.y_stride = p.y_stride;
+    t.n = w.outputs();
+    t.accumulate = p.accumulate;
+    t.epilogue = p.epilogue;
+    t.silu_mul = table.silu_mul;
+    task.panels_per_unit = p.epilogue == Int8Epilogue::kGateUpSilu ? 2 : 1;
+    task.units = w.panels() / task.panels_per_unit;
+    task.cost_per_unit = task.panels_per_unit * kPanel * 4 * w.k_groups() * (p.m + kWeightByteCost);
+    if (task.units > 0) tasks.push_back(task);
+    xq += p.m * stride;
+    scales += p.m;
+  }
+  run_tasks(tasks, pool);
+}
+
+template <typename Args>
+void run_checked(std::span<const Args> problems, const char* what, ThreadPool* pool) {
+  std::vector<Problem> checked_problems;
+  checked_problems.reserve(problems.size());
+  for (const Args& a : problems) checked_problems.push_back(checked(a, what));
+  run_problems(checked_problems, pool);
+}
+
+}  // namespace
+
+void matmul_int8(const MatmulInt8Args& args, ThreadPool* pool) {
+  run_checked(std::span<const MatmulInt8Args>(&args, 1), "matmul_int8", pool);
+}
+
+void grouped_matmul_int8(std::span<const MatmulInt8Args> problems, ThreadPool* pool) {
+  run_checked(problems, "grouped_matmul_int8", pool);
+}
+
+void gate_up_silu_int8(const GateUpInt8Args& args, ThreadPool* pool) {
+  run_checked(std::span<const GateUpInt8Args>(&args, 1), "gate_up_silu_int8", pool);
+}
+
+void grouped_gate_up_silu_int8(std::span<const GateUpInt8Args> problems, ThreadPool* pool) {
+  run_checked(problems, "grouped_gate_up_silu_int8", pool);
+}
+
+namespace internal {
+
+void matmul_int8_accumulators(const MatmulInt8Args& args, int32_t* acc, int64_t acc_stride,
+                              ThreadPool* pool) {
+  Problem p = checked(args, "matmul_int8_accumulators");
+  p.y = acc;
+  p.y_stride = acc_stride;
+  p.accumulate = false;
+  p.epilogue = Int8Epilogue::kInt32;
+  run_problems(std::span<const Problem>(&p, 1), pool);
+}
+
+float quantize_activation_row(const float* x, int64_t k, int8_t* q) {
+  const KernelTable& table = active_kernel_table();
+  std::vector<uint8_t> bytes(static_cast<size_t>((k + 3) / 4 * 4));
+  const float scale = table.quantize_row_int8(x, k, static_cast<int64_t>(bytes.size()),
+                                              table.int8_activation_offset, bytes.data());
+  for (int64_t p = 0; p < k; ++p) {
+    q[p] = static_cast<int8_t>(
+        static_cast<uint8_t>(bytes[static_cast<size_t>(p)] - table.int8_activation_offset));
+  }
+  return scale;
+}
+
+}  // namespace internal
+}  // namespace peerserve::kernels
