@@ -62,14 +62,13 @@ std::optional<ApiError> check_model(const OpenAiServer::Context& ctx,
   return e;
 }
 
-// Parses the body as JSON; on failure sends 400 and returns nullopt.
-std::optional<json> parse_body(const HttpRequest& request, HttpExchange& exchange) {
-  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    ApiError e;
-    e.message = "the request body is not valid JSON";
-    e.code = "invalid_json";
-    send_error(exchange, e);
+// Parses the body as JSON (depth-checked, see parse_json_body); on failure sends 400 and
+// returns nullopt.
+std::optional<json> parse_body(const OpenAiServer::Context& ctx, const HttpRequest& request,
+                               HttpExchange& exchange) {
+  json body;
+  if (auto e = parse_json_body(request.body, ctx.options.limits, &body)) {
+    send_error(exchange, *e);
     return std::nullopt;
   }
   return body;
@@ -289,7 +288,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
 
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ChatRequest chat;
   if (auto e = parse_chat_request(*body, ctx.options.limits, &chat))
@@ -321,7 +320,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
 
 void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
                        std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   CompletionRequest completion;
   if (auto e = parse_completion_request(*body, ctx.options.limits, &completion)) {
@@ -365,7 +364,7 @@ json model_card(const OpenAiServer::Context& ctx) {
 
 void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                      std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ApiError e;
   if (!body->is_object()) {
@@ -423,7 +422,7 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
 
 void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                        std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ApiError e;
   e.param = "tokens";
