@@ -7,7 +7,9 @@
 #include <boost/beast/http.hpp>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <optional>
 
@@ -42,11 +44,32 @@ std::string reason_phrase(int status) {
   return reason.empty() ? "Status" : std::string(reason);
 }
 
+// Printable ASCII without quotes or backslashes, at most 40 characters: safe inside the
+// hand-written JSON below.
+std::string sanitize_header_text(std::string_view text) {
+  std::string out;
+  for (const char c : text.substr(0, 40)) {
+    out += (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') ? c : '?';
+  }
+  return out;
+}
+
 std::string error_json(const std::string& message, const std::string& type,
                        const std::string& code) {
   // Minimal OpenAI-shaped error written without a JSON library (messages here are fixed).
   return "{\"error\":{\"message\":\"" + message + "\",\"type\":\"" + type +
          "\",\"param\":null,\"code\":\"" + code + "\"}}";
+}
+
+// The message of the exception being handled, for logs (never sent to clients).
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 }  // namespace
@@ -135,10 +158,25 @@ class Session : public std::enable_shared_from_this<Session> {
     head += (keep_alive_ && !close_after_write_) ? "Connection: keep-alive\r\n"
                                                  : "Connection: close\r\n";
     head += "\r\n";
-    head += body;
+    if (!head_request_) head += body;  // HEAD: the GET answer's headers, no body
     server_->count(status);
     response_complete_ = true;
     enqueue(std::move(head));
+  }
+
+  // Exception firewall: a handler (or a callback it posted) threw. Answer 500 if nothing
+  // was sent yet, else end the stream; either way the connection closes and the server
+  // keeps serving everyone else.
+  void fail_exchange(uint64_t id, const std::string& what) {
+    std::fprintf(stderr, "http: request handler threw (%s); answering 500\n", what.c_str());
+    if (!accepting_writes(id)) return;
+    close_after_write_ = true;
+    if (streaming_) {
+      end_stream(id);
+      return;
+    }
+    respond(id, 500, "application/json",
+            error_json("internal server error", "server_error", "internal_error"), {});
   }
 
   void start_stream(uint64_t id, const std::string& content_type) {
@@ -154,7 +192,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void write_chunk(uint64_t id, const std::string& data) {
     // An empty chunk would end the chunked body; skip it.
-    if (!accepting_writes(id) || !streaming_ || data.empty()) return;
+    if (!accepting_writes(id) || !streaming_ || data.empty() || head_request_) return;
     char size[20];
     const int n = std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
     std::string chunk(size, static_cast<size_t>(n));
@@ -166,7 +204,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_stream(uint64_t id) {
     if (!accepting_writes(id) || !streaming_) return;
     response_complete_ = true;
-    enqueue("0\r\n\r\n");
+    enqueue(head_request_ ? "" : "0\r\n\r\n");
   }
 
   void set_disconnect_callback(uint64_t id, std::function<void()> callback) {
@@ -264,11 +302,26 @@ class Session : public std::enable_shared_from_this<Session> {
     in_exchange_ = true;
     streaming_ = false;
     response_complete_ = false;
+    head_request_ = request.method == "HEAD";
     disconnect_callback_ = nullptr;
     stream_.expires_never();
+    // A compressed body would reach the JSON parser as garbage: refuse it by name.
+    if (const std::string* encoding = request.header("content-encoding");
+        encoding != nullptr && !beast::iequals(*encoding, "identity")) {
+      respond(current_id_, 415, "application/json",
+              error_json("Content-Encoding '" + sanitize_header_text(*encoding) +
+                             "' is not supported; send the body uncompressed",
+                         "invalid_request_error", "unsupported_media_type"),
+              {{"Accept-Encoding", "identity"}});
+      return;
+    }
     watch_for_disconnect();
     auto exchange = std::make_shared<Exchange>(shared_from_this(), current_id_);
-    server_->handler(std::move(request), std::move(exchange));
+    try {
+      server_->handler(std::move(request), std::move(exchange));
+    } catch (...) {
+      fail_exchange(current_id_, current_exception_text());
+    }
   }
 
   // A readable socket with nothing to read means the peer closed its side. (Pipelined
@@ -378,6 +431,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool streaming_ = false;
   bool response_complete_ = false;
   bool keep_alive_ = true;
+  bool head_request_ = false;
   bool close_after_write_ = false;
   bool peer_closed_ = false;
   std::atomic<bool> peer_closed_flag_{false};
@@ -406,7 +460,13 @@ void Exchange::end_stream() {
 }
 
 void Exchange::post(std::function<void()> fn) {
-  asio::post(session_->executor(), std::move(fn));
+  asio::post(session_->executor(), [s = session_, id = id_, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (...) {
+      s->fail_exchange(id, current_exception_text());
+    }
+  });
 }
 
 void Exchange::on_disconnect(std::function<void()> callback) {

@@ -85,13 +85,15 @@ class Fields {
   std::optional<int64_t> as_integer(const json& v, const std::string& name, int64_t lo,
                                     int64_t hi) {
     int64_t x = 0;
-    if (v.is_number_integer()) {
-      x = v.get<int64_t>();
-    } else if (v.is_number_unsigned()) {
+    // is_number_integer() is true for unsigned values too: test unsigned first, or 2^63
+    // would read as a negative number.
+    if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
       x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
               ? std::numeric_limits<int64_t>::max()
               : static_cast<int64_t>(u);
+    } else if (v.is_number_integer()) {
+      x = v.get<int64_t>();
     } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
                std::fabs(v.get<double>()) < 9e15) {
       x = static_cast<int64_t>(v.get<double>());
@@ -102,7 +104,7 @@ class Fields {
     }
     if (x < lo || x > hi) {
       fail(name, "'" + name + "' must be between " + std::to_string(lo) + " and " +
-                     std::to_string(hi) + ", got " + std::to_string(x));
+                     std::to_string(hi) + ", got " + brief(v));
       return std::nullopt;
     }
     return x;
@@ -238,6 +240,29 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   }
 }
 
+// The UTF-16 unit of the four hex digits at text[pos..pos+4), or -1.
+int32_t hex4(std::string_view text, size_t pos) {
+  if (pos + 4 > text.size()) return -1;
+  int32_t unit = 0;
+  for (size_t k = pos; k < pos + 4; ++k) {
+    const char c = text[k];
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
+    if (digit < 0) return -1;
+    unit = unit * 16 + digit;
+  }
+  return unit;
+}
+
+bool is_high_surrogate(int32_t unit) {
+  return unit >= 0xD800 && unit <= 0xDBFF;
+}
+bool is_low_surrogate(int32_t unit) {
+  return unit >= 0xDC00 && unit <= 0xDFFF;
+}
+
 std::optional<ApiError> require_object(const json& body) {
   if (!body.is_object()) {
     ApiError e;
@@ -255,6 +280,63 @@ std::string api_error_json(const ApiError& error) {
             {"param", error.param ? json(*error.param) : json(nullptr)},
             {"code", error.code ? json(*error.code) : json(nullptr)}};
   return json{{"error", e}}.dump();
+}
+
+std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& limits, json* out) {
+  // One pass over the raw text before parsing: the nesting depth outside strings, and lone
+  // surrogate escapes rewritten in place as the escape of U+FFFD (both are six characters).
+  std::string rewritten;  // a copy of `body`, made only when something is rewritten
+  int32_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (!in_string) {
+      if (c == '"') {
+        in_string = true;
+      } else if (c == '[' || c == '{') {
+        if (++depth > limits.max_json_depth) {
+          ApiError e;
+          e.message = "the request body is nested deeper than " +
+                      std::to_string(limits.max_json_depth) + " levels of arrays and objects";
+          e.code = "invalid_json";
+          return e;
+        }
+      } else if (c == ']' || c == '}') {
+        --depth;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = false;
+    } else if (c == '\\') {
+      if (i + 1 < body.size() && body[i + 1] == 'u') {
+        const int32_t unit = hex4(body, i + 2);
+        const bool paired = is_high_surrogate(unit) && i + 11 < body.size() &&
+                            body[i + 6] == '\\' && body[i + 7] == 'u' &&
+                            is_low_surrogate(hex4(body, i + 8));
+        if (paired) {
+          i += 11;
+          continue;
+        }
+        if (is_high_surrogate(unit) || is_low_surrogate(unit)) {
+          if (rewritten.empty()) rewritten.assign(body);
+          rewritten.replace(i, 6, "\\ufffd");
+        }
+        if (unit >= 0) i += 5;
+      } else {
+        ++i;  // the escaped character
+      }
+    }
+  }
+  *out = json::parse(rewritten.empty() ? body : std::string_view(rewritten), nullptr,
+                     /*allow_exceptions=*/false);
+  if (out->is_discarded()) {
+    ApiError e;
+    e.message = "the request body is not valid JSON";
+    e.code = "invalid_json";
+    return e;
+  }
+  return std::nullopt;
 }
 
 ApiError api_error_from_status(const Status& status, std::optional<std::string> param) {

@@ -38,7 +38,16 @@ struct ApiLimits {
   int32_t max_top_logprobs = 20;
   int32_t max_stop_strings = 16;
   int32_t max_prompts = 64;  // prompts in one /v1/completions batch
+  // Nesting of arrays and objects in a request body. Checked before the JSON is built, so
+  // no later copy, dump or template conversion can recurse deeper.
+  int32_t max_json_depth = 64;
 };
+
+// Parses a request body as JSON. Bodies nested deeper than limits.max_json_depth are
+// refused without building anything. A lone UTF-16 surrogate escape ("\ud800", valid JSON
+// that nlohmann rejects) becomes U+FFFD, as Python's json module and OpenAI's server do.
+std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& limits,
+                                        nlohmann::json* out);
 
 // Fields shared by both endpoints.
 struct CommonRequestFields {

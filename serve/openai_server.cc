@@ -1,5 +1,6 @@
 #include "serve/openai_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <vector>
@@ -62,14 +63,13 @@ std::optional<ApiError> check_model(const OpenAiServer::Context& ctx,
   return e;
 }
 
-// Parses the body as JSON; on failure sends 400 and returns nullopt.
-std::optional<json> parse_body(const HttpRequest& request, HttpExchange& exchange) {
-  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    ApiError e;
-    e.message = "the request body is not valid JSON";
-    e.code = "invalid_json";
-    send_error(exchange, e);
+// Parses the body as JSON (depth-checked, see parse_json_body); on failure sends 400 and
+// returns nullopt.
+std::optional<json> parse_body(const OpenAiServer::Context& ctx, const HttpRequest& request,
+                               HttpExchange& exchange) {
+  json body;
+  if (auto e = parse_json_body(request.body, ctx.options.limits, &body)) {
+    send_error(exchange, *e);
     return std::nullopt;
   }
   return body;
@@ -289,7 +289,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
 
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ChatRequest chat;
   if (auto e = parse_chat_request(*body, ctx.options.limits, &chat))
@@ -321,7 +321,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
 
 void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
                        std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   CompletionRequest completion;
   if (auto e = parse_completion_request(*body, ctx.options.limits, &completion)) {
@@ -365,7 +365,7 @@ json model_card(const OpenAiServer::Context& ctx) {
 
 void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                      std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ApiError e;
   if (!body->is_object()) {
@@ -423,7 +423,7 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
 
 void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                        std::shared_ptr<HttpExchange> exchange) {
-  auto body = parse_body(request, *exchange);
+  auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ApiError e;
   e.param = "tokens";
@@ -451,10 +451,23 @@ void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
   exchange->respond(200, kJson, json{{"prompt", sanitize_utf8(*text)}}.dump());
 }
 
+// Compares in time that depends only on the lengths, so the key cannot be guessed byte by
+// byte from response times.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  unsigned char difference = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
+    const auto y = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
+    difference |= static_cast<unsigned char>(x ^ y);
+  }
+  return difference == 0;
+}
+
 bool authorized(const OpenAiServer::Context& ctx, const HttpRequest& request) {
   if (!ctx.options.api_key) return true;
   const std::string* auth = request.header("authorization");
-  return auth != nullptr && *auth == "Bearer " + *ctx.options.api_key;
+  return auth != nullptr && constant_time_equal(*auth, "Bearer " + *ctx.options.api_key);
 }
 
 void route(OpenAiServer::Context& ctx, HttpRequest request,
@@ -465,8 +478,9 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
     ApiError e;
     e.status = 401;
     e.message = "Incorrect or missing API key; send it as 'Authorization: Bearer <key>'.";
+    e.type = "authentication_error";
     e.code = "invalid_api_key";
-    return send_error(*exchange, e);
+    return exchange->respond(401, kJson, api_error_json(e), {{"WWW-Authenticate", "Bearer"}});
   }
   struct Route {
     const char* path;
@@ -498,20 +512,23 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
                      render_server_metrics(c.engine->metrics(), http, c.options.served_model_name));
        }},
   };
+  const bool get_or_head = method == "GET" || method == "HEAD";  // HEAD: GET without body
   for (const Route& r : kRoutes) {
     if (path != r.path) continue;
-    if (method != r.method) {
+    const bool is_get = std::string_view(r.method) == "GET";
+    if (method != r.method && !(is_get && get_or_head)) {
+      const std::string allowed = is_get ? "GET, HEAD" : r.method;
       ApiError e;
       e.status = 405;
-      e.message = "method " + method + " is not allowed on " + path + "; use " + r.method;
+      e.message = "method " + method + " is not allowed on " + path + "; use " + allowed;
       e.code = "method_not_allowed";
-      exchange->respond(405, kJson, api_error_json(e), {{"Allow", r.method}});
+      exchange->respond(405, kJson, api_error_json(e), {{"Allow", allowed}});
       return;
     }
     return r.handler(ctx, request, std::move(exchange));
   }
   const std::string prefix = "/v1/models/";
-  if (method == "GET" && path.rfind(prefix, 0) == 0) {
+  if (get_or_head && path.rfind(prefix, 0) == 0) {
     const std::string name = path.substr(prefix.size());
     if (auto e = check_model(ctx, name)) return send_error(*exchange, *e);
     return exchange->respond(200, kJson, model_card(ctx).dump());

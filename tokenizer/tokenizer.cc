@@ -13,12 +13,45 @@ namespace {
 
 using nlohmann::json;
 
+// Tokenizer files come from checkpoints downloaded from a hub: untrusted. Their real
+// nesting is under 10 levels; the checks below (and dump()) recurse.
+constexpr size_t kMaxJsonDepth = 64;
+
 Result<json> parse_json(std::string_view text, const std::string& name) {
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return invalid_argument(name + ": not valid JSON");
   if (!value.is_object())
     return invalid_argument(name + ": expected a JSON object at the top level");
+  std::vector<std::pair<const json*, size_t>> stack = {{&value, 1}};
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (depth > kMaxJsonDepth) {
+      return invalid_argument(name + ": nested deeper than " + std::to_string(kMaxJsonDepth) +
+                              " levels of arrays and objects");
+    }
+    if (node->is_structured()) {
+      for (const auto& child : *node) stack.emplace_back(&child, depth + 1);
+    }
+  }
   return value;
+}
+
+// Ids index dense tables. Real files number their tokens densely, sometimes with a gap
+// (e.g. reserved ids); an id far beyond the number of tokens would allocate gigabytes.
+// So ids must be below twice the number of tokens in model.vocab and added_tokens, plus
+// 1024.
+int64_t id_limit(const json& root) {
+  int64_t count = 0;
+  if (const auto model = root.find("model"); model != root.end() && model->is_object()) {
+    if (const auto vocab = model->find("vocab"); vocab != model->end() && vocab->is_object()) {
+      count += static_cast<int64_t>(vocab->size());
+    }
+  }
+  if (const auto added = root.find("added_tokens"); added != root.end() && added->is_array()) {
+    count += static_cast<int64_t>(added->size());
+  }
+  return 2 * count + 1024;
 }
 
 std::string component_type(const json& config) {
@@ -108,7 +141,17 @@ Status parse_post_processor(const json& config, SpecialTokenTemplate& out) {
             "' has no ids");
       }
       for (const auto& id : (*special)["ids"]) {
-        (seen_sequence ? out.after : out.before).push_back(id.get<TokenId>());
+        // Range-checked as int64 first: get<int32_t> of 1e20 or 2^40 is undefined.
+        const bool ok = id.is_number_integer() && !id.is_number_unsigned()
+                            ? id.get<int64_t>() >= 0 && id.get<int64_t>() <= INT32_MAX
+                            : id.is_number_unsigned() && id.get<uint64_t>() <= INT32_MAX;
+        if (!ok) {
+          return invalid_argument(
+              "tokenizer.json: post_processor TemplateProcessing: special "
+              "token '" +
+              name + "' has id " + id.dump() + ", expected a non-negative integer token id");
+        }
+        (seen_sequence ? out.after : out.before).push_back(static_cast<TokenId>(id.get<int64_t>()));
       }
     }
     return ok_status();
@@ -202,7 +245,9 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
         "tokenizer.json: a BPE model without a ByteLevel pre_tokenizer is not supported");
   }
   if (!root.contains("model")) return invalid_argument("tokenizer.json: missing 'model'");
-  PS_ASSIGN_OR_RETURN(BpeModel model, BpeModel::from_json(root["model"], /*byte_level=*/true));
+  const int64_t ids_below = id_limit(root);
+  PS_ASSIGN_OR_RETURN(BpeModel model,
+                      BpeModel::from_json(root["model"], /*byte_level=*/true, ids_below));
   PS_ASSIGN_OR_RETURN(AddedVocabulary added,
                       AddedVocabulary::from_json(root.value("added_tokens", json())));
   auto impl = std::make_unique<Impl>(std::move(pre_tokenizer), std::move(model), std::move(added));
@@ -213,6 +258,23 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
   // An added token whose id is also a model token wins for decode, as in Hugging Face.
   for (const AddedToken& token : impl->added.tokens()) max_id = std::max(max_id, token.id);
   impl->vocab_size = max_id + 1;
+  if (max_id >= ids_below) {
+    return invalid_argument(
+        "tokenizer.json: added_tokens has id " + std::to_string(max_id) +
+        ", out of range: ids must be below " + std::to_string(ids_below) +
+        " (twice the number of tokens in model.vocab and added_tokens, plus 1024)");
+  }
+  // Ids the post-processor adds must be tokens: encode hands them to the model and
+  // decode looks them up.
+  for (const auto* ids : {&impl->post_template.before, &impl->post_template.after}) {
+    for (const TokenId id : *ids) {
+      if (id > max_id || (!impl->model.has_id(id) && impl->added.find_by_id(id) == nullptr)) {
+        return invalid_argument("tokenizer.json: post_processor adds token id " +
+                                std::to_string(id) + ", which is not in the vocabulary (" +
+                                std::to_string(impl->vocab_size) + " ids)");
+      }
+    }
+  }
 
   if (!sources.tokenizer_config_json.empty()) {
     PS_ASSIGN_OR_RETURN(json config,

@@ -240,3 +240,89 @@ TEST_F(HttpServerTest, ManyConcurrentStreamsOnOneThread) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// A handler that throws must cost one 500, not the server: the next request is served.
+TEST_F(HttpServerTest, ExceptionsInHandlersBecome500) {
+  start([](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+    if (req.path() == "/throw") throw std::runtime_error("boom");
+    if (req.path() == "/throw-int") throw 42;
+    if (req.path() == "/throw-later") {
+      ex->post([] { throw std::logic_error("boom later"); });
+      return;
+    }
+    if (req.path() == "/throw-mid-stream") {
+      ex->start_stream("text/event-stream");
+      ex->write_chunk("data: 1\n\n");
+      ex->post([] { throw std::runtime_error("boom mid-stream"); });
+      return;
+    }
+    ex->respond(200, "text/plain", "fine");
+  });
+  for (const char* path : {"/throw", "/throw-int", "/throw-later"}) {
+    Client c(port());
+    ASSERT_TRUE(c.connected());
+    c.send(std::string("GET ") + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string r = c.read_response();
+    EXPECT_EQ(r.rfind("HTTP/1.1 500 ", 0), 0u) << path << ": " << r;
+    EXPECT_NE(r.find("internal_error"), std::string::npos) << r;
+    EXPECT_EQ(r.find("boom"), std::string::npos) << "exception text must not leak: " << r;
+  }
+  {
+    Client c(port());
+    c.send("GET /throw-mid-stream HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string r = c.read_until("0\r\n\r\n");
+    EXPECT_EQ(r.rfind("HTTP/1.1 200 ", 0), 0u) << r;
+    EXPECT_NE(r.find("data: 1"), std::string::npos) << r;
+    EXPECT_NE(r.find("0\r\n\r\n"), std::string::npos) << "the stream must end properly: " << r;
+  }
+  Client c(port());
+  c.send("GET /ok HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 ", 0), 0u) << r;
+  EXPECT_NE(r.find("fine"), std::string::npos) << r;
+  EXPECT_EQ(server_->counters().responses_by_status.at(500), 3);
+}
+
+TEST_F(HttpServerTest, HeadAnswersHeadersWithoutBody) {
+  start([](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+    ex->respond(200, "application/json", "{\"method\":\"" + req.method + "\"}");
+  });
+  Client c(port());
+  c.send("HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string head = c.read_until("\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 ", 0), 0u) << head;
+  EXPECT_NE(head.find("Content-Length: 17\r\n"), std::string::npos) << head;
+  // Keep-alive: the next answer follows at once, so no body was sent after the HEAD one.
+  c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string get = c.read_response();
+  EXPECT_EQ(get.rfind("HTTP/1.1 200 ", 0), 0u) << get;
+  EXPECT_NE(get.find("{\"method\":\"GET\"}"), std::string::npos) << get;
+}
+
+TEST_F(HttpServerTest, CompressedBodiesGet415) {
+  std::atomic<int> handled{0};
+  start([&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ++handled;
+    ex->respond(200, "text/plain", "ok");
+  });
+  Client c(port());
+  c.send(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+      "Content-Length: 4\r\n\r\n\x1f\x8b\x08\x01");
+  const std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 415 ", 0), 0u) << r;
+  EXPECT_NE(r.find("Content-Encoding 'gzip' is not supported"), std::string::npos) << r;
+  EXPECT_EQ(handled.load(), 0);
+  // identity is no encoding; the connection is still usable.
+  c.send(
+      "POST /x HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}");
+  const std::string ok = c.read_response();
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 ", 0), 0u) << ok;
+  EXPECT_EQ(handled.load(), 1);
+}
+
+}  // namespace
+}  // namespace peerserve

@@ -236,3 +236,78 @@ TEST(OpenAiProtocolTest, CompletionLogprobsOffsets) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+std::optional<ApiError> parse_body_text(const std::string& text, nlohmann::json* out,
+                                        ApiLimits limits = {}) {
+  return parse_json_body(text, limits, out);
+}
+
+// A `tools` array nested 300,000 deep (600 KB) must be refused before any JSON value is
+// built: the copies, dumps and template conversions behind the parser recurse.
+TEST(JsonBodyTest, DeepNestingIsRefusedBeforeParsing) {
+  const int kDeep = 300000;
+  const std::string body =
+      R"({"messages": [], "tools": )" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
+  nlohmann::json parsed;
+  auto e = parse_body_text(body, &parsed);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->status, 400);
+  EXPECT_NE(e->message.find("nested deeper than 64"), std::string::npos) << e->message;
+
+  // Exactly at the limit is fine; one more is not.
+  ApiLimits limits;
+  limits.max_json_depth = 4;
+  EXPECT_FALSE(parse_body_text(R"({"a": [{"b": []}]})", &parsed, limits).has_value());
+  EXPECT_TRUE(parse_body_text(R"({"a": [{"b": [[]]}]})", &parsed, limits).has_value());
+  // Brackets inside strings (escaped quotes included) do not count.
+  EXPECT_FALSE(
+      parse_body_text(R"({"a": "[[[[[[{{{{\"[[[[[", "b": ["]]]]"]})", &parsed, limits).has_value());
+  EXPECT_EQ(parsed["a"], "[[[[[[{{{{\"[[[[[");
+}
+
+TEST(JsonBodyTest, InvalidJsonIsAClearError) {
+  nlohmann::json parsed;
+  for (const char* bad : {"", "{", "{\"a\": }", "[1, 2", "\"\\u12\"", "nul"}) {
+    auto e = parse_body_text(bad, &parsed);
+    ASSERT_TRUE(e.has_value()) << bad;
+    EXPECT_EQ(e->message, "the request body is not valid JSON");
+  }
+}
+
+// A lone surrogate escape is valid JSON; Python's json module and OpenAI's server accept
+// it. It becomes U+FFFD; a proper pair stays the character it encodes.
+TEST(JsonBodyTest, LoneSurrogatesBecomeReplacementCharacters) {
+  nlohmann::json parsed;
+  ASSERT_FALSE(parse_body_text(R"({"p": "a\ud800b", "q": "\udc00", "r": "\ud83d\ude00",
+                                   "s": "\ud800\ud800x", "t": "\\ud800", "u": "x\uD83D"})",
+                               &parsed)
+                   .has_value());
+  EXPECT_EQ(parsed["p"],
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(parsed["q"], "\xEF\xBF\xBD");
+  EXPECT_EQ(parsed["r"], "\xF0\x9F\x98\x80");
+  EXPECT_EQ(parsed["s"], "\xEF\xBF\xBD\xEF\xBF\xBDx");
+  EXPECT_EQ(parsed["t"], "\\ud800");  // an escaped backslash, then plain text
+  EXPECT_EQ(parsed["u"], "x\xEF\xBF\xBD");
+}
+
+// 2^63 does not fit an int64: the message must print it as sent, not as a negative number.
+TEST(JsonBodyTest, HugeIntegersArePrintedAsSent) {
+  for (const char* field : {"max_tokens", "n", "top_k"}) {
+    CompletionRequest r;
+    nlohmann::json body = nlohmann::json::parse(std::string(R"({"prompt": "x", ")") + field +
+                                                R"(": 9223372036854775808})");
+    auto e = parse_completion_request(body, ApiLimits{}, &r);
+    ASSERT_TRUE(e.has_value()) << field;
+    EXPECT_EQ(e->param, field);
+    EXPECT_NE(e->message.find("got 9223372036854775808"), std::string::npos) << e->message;
+    EXPECT_EQ(e->message.find("-9223372036854775808"), std::string::npos) << e->message;
+  }
+}
+
+}  // namespace
+}  // namespace peerserve

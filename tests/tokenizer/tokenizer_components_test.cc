@@ -252,3 +252,100 @@ TEST(TokenizerComponentsTest, InvalidUtf8IsReplacedPerMaximalSubpart) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+std::string load_error(const json& tokenizer_json, const json& config = json()) {
+  auto t = Tokenizer::from_sources({tokenizer_json.dump(), config.is_null() ? "" : config.dump()});
+  return t.ok() ? "" : t.status().message();
+}
+
+// tokenizer.json comes with a downloaded checkpoint: ids are checked against the size of
+// the vocabulary before anything is allocated for them.
+TEST(TokenizerHostileFilesTest, VocabIdsAreCheckedAgainstTheVocabularySize) {
+  json file = make_tokenizer_json({"ab"}, json::array({"a b"}));
+  file["model"]["vocab"]["ab"] = (1 << 30) - 1;  // used to allocate ~34 GB, then abort
+  std::string error = load_error(file);
+  EXPECT_NE(error.find("tokenizer.json: model.vocab['ab'] = 1073741823 is out of range"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("below 1538"), std::string::npos) << error;  // 2 * 257 + 1024
+
+  file["model"]["vocab"]["ab"] = 1 << 30;
+  EXPECT_NE(load_error(file).find("model.vocab['ab'] = 1073741824, expected a non-negative"),
+            std::string::npos);
+  file["model"]["vocab"]["ab"] = 1537;  // a gap is fine
+  EXPECT_EQ(load_error(file), "");
+
+  json added = make_tokenizer_json(
+      {}, json::array(), json::array({{{"id", 1 << 29}, {"content", "<x>"}, {"special", true}}}));
+  error = load_error(added);
+  EXPECT_NE(error.find("tokenizer.json: added_tokens has id 536870912, out of range"),
+            std::string::npos)
+      << error;
+}
+
+TEST(TokenizerHostileFilesTest, PostProcessorIdsAreRangeChecked) {
+  const json added = json::array({{{"id", 300}, {"content", "<s>"}, {"special", true}}});
+  const auto with_ids = [&](const json& ids) {
+    json file = make_tokenizer_json({}, json::array(), added);
+    file["post_processor"] = {{"type", "TemplateProcessing"},
+                              {"single", json::array({{{"SpecialToken", {{"id", "<s>"}}}},
+                                                      {{"Sequence", {{"id", "A"}}}}})},
+                              {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", ids}}}}}};
+    return file;
+  };
+  for (const json& bad : {json::array({-7}), json::array({1e20}), json::array({1.5}),
+                          json::array({"300"}), json::array({4294967296LL})}) {
+    const std::string error = load_error(with_ids(bad));
+    EXPECT_NE(error.find("special token '<s>' has id"), std::string::npos) << bad << error;
+  }
+  for (const json& absent : {json::array({299}), json::array({301}), json::array({100000})}) {
+    const std::string error = load_error(with_ids(absent));
+    EXPECT_NE(error.find("post_processor adds token id"), std::string::npos) << absent << error;
+    EXPECT_NE(error.find("not in the vocabulary"), std::string::npos) << error;
+  }
+  auto ok = Tokenizer::from_sources({with_ids(json::array({300})).dump(), ""});
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok->encode("x"), (std::vector<TokenId>{300, 'x'}));
+}
+
+// \C matches one byte even in UTF mode, cutting characters that later steps match
+// without a UTF check.
+TEST(TokenizerHostileFilesTest, BackslashCIsRefused) {
+  json file = make_tokenizer_json({}, json::array());
+  file["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\C"}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}};
+  const std::string error = load_error(file);
+  EXPECT_NE(error.find("\\C"), std::string::npos) << error;
+  EXPECT_NE(error.find("does not compile"), std::string::npos) << error;
+}
+
+// Built as text: copying a deep nlohmann::json would itself recurse.
+TEST(TokenizerHostileFilesTest, DeepNestingIsRefused) {
+  const int kDeep = 100000;
+  std::string decoder;
+  for (int i = 0; i < kDeep; ++i) decoder += R"({"type": "Sequence", "decoders": [)";
+  decoder += R"({"type": "ByteLevel"})";
+  for (int i = 0; i < kDeep; ++i) decoder += "]}";
+  std::string file = make_tokenizer_json({}, json::array()).dump();
+  file = file.substr(0, file.size() - 1) + R"(, "decoder": )" + decoder + "}";
+  auto t = Tokenizer::from_sources({file, ""});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("tokenizer.json: nested deeper than 64 levels"),
+            std::string::npos)
+      << t.status().message();
+  const std::string config =
+      R"({"chat_template": )" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
+  auto c = Tokenizer::from_sources({make_tokenizer_json({}, json::array()).dump(), config});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("tokenizer_config.json: nested deeper"), std::string::npos)
+      << c.status().message();
+}
+
+}  // namespace
+}  // namespace peerserve

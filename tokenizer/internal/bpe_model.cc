@@ -62,7 +62,8 @@ BpeModel& BpeModel::operator=(BpeModel&& other) noexcept {
   return *this;
 }
 
-Result<BpeModel> BpeModel::from_json(const nlohmann::json& config, bool byte_level) {
+Result<BpeModel> BpeModel::from_json(const nlohmann::json& config, bool byte_level,
+                                     int64_t id_limit) {
   if (!config.is_object()) return invalid_argument("tokenizer.json: 'model' must be an object");
   const std::string type = config.value("type", std::string("BPE"));
   if (type != "BPE") {
@@ -97,6 +98,12 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& config, bool byte_lev
         id_json.get<int64_t>() > INT32_MAX / 2) {
       return invalid_argument("tokenizer.json: model.vocab['" + text + "'] = " + id_json.dump() +
                               ", expected a non-negative integer id");
+    }
+    if (id_json.get<int64_t>() >= id_limit) {
+      return invalid_argument(
+          "tokenizer.json: model.vocab['" + text + "'] = " + id_json.dump() +
+          " is out of range: ids must be below " + std::to_string(id_limit) +
+          " (twice the number of tokens in model.vocab and added_tokens, plus 1024)");
     }
     model.max_id_ = std::max(model.max_id_, static_cast<int32_t>(id_json.get<int64_t>()));
   }

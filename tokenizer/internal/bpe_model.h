@@ -21,7 +21,9 @@ class BpeModel {
  public:
   // `config` is tokenizer.json's "model"; `byte_level` says whether its vocabulary is
   // written in the byte-level alphabet (a ByteLevel pre-tokenizer or decoder is present).
-  static Result<BpeModel> from_json(const nlohmann::json& config, bool byte_level);
+  // Every id must be below `id_limit` (tables are indexed by id).
+  static Result<BpeModel> from_json(const nlohmann::json& config, bool byte_level,
+                                    int64_t id_limit);
 
   BpeModel(BpeModel&& other) noexcept;
   BpeModel& operator=(BpeModel&& other) noexcept;

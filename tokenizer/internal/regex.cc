@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "tokenizer/internal/utf8.h"
+
 namespace peerserve {
 namespace {
 
@@ -49,7 +51,10 @@ Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   // PCRE2_LITERAL admits no UCP (a literal has no classes to interpret anyway).
-  const uint32_t options = literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP);
+  // \C matches one byte even in UTF mode: it would cut characters in half, and the pieces
+  // are matched again without a UTF check. Patterns come from downloaded files: refuse it.
+  const uint32_t options =
+      literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
@@ -78,6 +83,11 @@ Status Regex::find_all(std::string_view subject,
   std::unique_ptr<pcre2_match_context, MatchContextDeleter> context;
   std::unique_ptr<pcre2_jit_stack, JitStackDeleter> jit_stack;
 
+  // Checked once here, so the matches below can skip PCRE2's own check (which would scan
+  // the whole subject again at every offset).
+  if (!utf8::is_valid(subject)) {
+    return invalid_argument("regex /" + impl_->pattern + "/: the text is not valid UTF-8");
+  }
   const auto* text = reinterpret_cast<PCRE2_SPTR>(subject.data());
   const size_t first_match = matches.size();
   size_t offset = 0;

@@ -16,6 +16,7 @@ namespace peerserve {
 class Regex {
  public:
   // `literal` treats the pattern as a plain string (Hugging Face's {"String": ...}).
+  // Patterns using \C (one byte, even in UTF mode) are refused.
   static Result<Regex> compile(std::string_view pattern, bool literal = false);
 
   Regex(Regex&&) noexcept;
@@ -24,7 +25,7 @@ class Regex {
 
   // Appends [start, end) byte offsets of the successive non-empty, non-overlapping
   // matches in `subject`; lookarounds see nothing outside `subject`.
-  // REQUIRES: subject is valid UTF-8 (it is not re-checked).
+  // Invalid UTF-8 in `subject` is an error.
   Status find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>>& matches) const;
 
   bool jit_compiled() const;

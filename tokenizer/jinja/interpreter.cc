@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "tokenizer/internal/utf8.h"
 #include "tokenizer/jinja/builtins.h"
 #include "tokenizer/jinja/lexer.h"
+#include "tokenizer/jinja/limits.h"
 
 namespace peerserve::jinja {
 namespace {
@@ -49,27 +51,43 @@ char32_t first_code_point(const std::string& cp) {
   return utf8::decode_valid(cp);
 }
 
-// str.strip/lstrip/rstrip: whitespace, or any of the code points in `chars`.
+// str.strip/lstrip/rstrip: whitespace, or any of the code points in `chars`. Walks the
+// string in place (message contents can be megabytes).
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  const std::vector<std::string> cps = code_points(s);
-  std::vector<std::string> set;
-  if (chars != nullptr && chars->is_string()) set = code_points(chars->as_string());
-  const auto strip_this = [&](const std::string& cp) {
-    if (chars != nullptr && chars->is_string())
-      return std::find(set.begin(), set.end(), cp) != set.end();
-    return is_python_space(first_code_point(cp));
+  std::u32string set;
+  const bool use_set = chars != nullptr && chars->is_string();
+  if (use_set) {
+    for (const std::string& cp : code_points(chars->as_string())) set += first_code_point(cp);
+  }
+  const auto strip_this = [&](std::string_view cp) {
+    const utf8::Sequence seq = utf8::next_sequence(cp);
+    if (seq.kind != utf8::SequenceKind::kValid) return false;
+    const char32_t c = utf8::decode_valid(cp.substr(0, seq.length));
+    return use_set ? set.find(c) != std::u32string::npos : is_python_space(c);
   };
+  const std::string_view text(s);
   size_t begin = 0;
-  size_t end = cps.size();
+  size_t end = text.size();
   if (left) {
-    while (begin < end && strip_this(cps[begin])) ++begin;
+    while (begin < end) {
+      const size_t length = utf8::next_sequence(text.substr(begin, end - begin)).length;
+      if (!strip_this(text.substr(begin, length))) break;
+      begin += length;
+    }
   }
   if (right) {
-    while (end > begin && strip_this(cps[end - 1])) --end;
+    while (end > begin) {
+      size_t start = end - 1;  // back to the lead byte of the last code point
+      while (start > begin && end - start < 4 &&
+             (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) {
+        --start;
+      }
+      const std::string_view last = text.substr(start, end - start);
+      if (utf8::next_sequence(last).length != last.size() || !strip_this(last)) break;
+      end = start;
+    }
   }
-  std::string out;
-  for (size_t i = begin; i < end; ++i) out += cps[i];
-  return out;
+  return std::string(text.substr(begin, end - begin));
 }
 
 // Case mapping is ASCII-only (templates only change the case of ASCII role names).
@@ -102,40 +120,46 @@ std::string title_case(const std::string& s) {
   return out;
 }
 
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
-                        int64_t count) {
+// Python str.replace; nullopt when the result would pass `max_bytes`.
+std::optional<std::string> replace_all(const std::string& s, const std::string& from,
+                                       const std::string& to, int64_t count, uint64_t max_bytes) {
+  std::string out;
+  const auto append = [&](std::string_view piece) {
+    if (out.size() + piece.size() > max_bytes) return false;
+    out += piece;
+    return true;
+  };
   if (from.empty()) {
     // Python inserts `to` between code points (and at both ends).
-    std::string out;
     int64_t done = 0;
     for (const std::string& cp : code_points(s)) {
       if (count < 0 || done < count) {
-        out += to;
+        if (!append(to)) return std::nullopt;
         ++done;
       }
-      out += cp;
+      if (!append(cp)) return std::nullopt;
     }
-    if (count < 0 || done < count) out += to;
+    if ((count < 0 || done < count) && !append(to)) return std::nullopt;
     return out;
   }
-  std::string out;
   size_t pos = 0;
   int64_t done = 0;
   while (count < 0 || done < count) {
     const size_t hit = s.find(from, pos);
     if (hit == std::string::npos) break;
-    out.append(s, pos, hit - pos);
-    out += to;
+    if (!append(std::string_view(s).substr(pos, hit - pos)) || !append(to)) return std::nullopt;
     pos = hit + from.size();
     ++done;
   }
-  out.append(s, pos, std::string::npos);
+  if (!append(std::string_view(s).substr(pos))) return std::nullopt;
   return out;
 }
 
-// Python str.split(sep=None, maxsplit=-1).
-List split(const std::string& s, const Value* sep, int64_t maxsplit) {
+// Python str.split(sep=None, maxsplit=-1); nullopt past `max_items` pieces.
+std::optional<List> split(const std::string& s, const Value* sep, int64_t maxsplit,
+                          int64_t max_items) {
   List out;
+  const auto full = [&] { return static_cast<int64_t>(out.size()) >= max_items; };
   if (sep == nullptr || sep->is_none()) {
     const std::vector<std::string> cps = code_points(s);
     size_t i = 0;
@@ -144,6 +168,7 @@ List split(const std::string& s, const Value* sep, int64_t maxsplit) {
       while (i < cps.size() && is_python_space(first_code_point(cps[i]))) ++i;
       if (i >= cps.size()) break;
       std::string word;
+      if (full()) return std::nullopt;
       if (maxsplit >= 0 && splits >= maxsplit) {
         for (; i < cps.size(); ++i) word += cps[i];  // the rest, trailing spaces kept
         out.emplace_back(std::move(word));
@@ -161,10 +186,12 @@ List split(const std::string& s, const Value* sep, int64_t maxsplit) {
   while (maxsplit < 0 || splits < maxsplit) {
     const size_t hit = s.find(separator, pos);
     if (hit == std::string::npos) break;
+    if (full()) return std::nullopt;
     out.emplace_back(s.substr(pos, hit - pos));
     pos = hit + separator.size();
     ++splits;
   }
+  if (full()) return std::nullopt;
   out.emplace_back(s.substr(pos));
   return out;
 }
@@ -173,7 +200,8 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 class Interpreter {
  public:
-  Interpreter(std::string_view source, const nlohmann::json& variables) : src_(source) {
+  Interpreter(std::string_view source, const nlohmann::json& variables, const RenderLimits& limits)
+      : src_(source), limits_(limits) {
     for (const auto& [key, value] : variables.items()) globals_[key] = Value::from_json(value);
     frames_.emplace_back();
   }
@@ -190,6 +218,52 @@ class Interpreter {
 
   Status error(size_t offset, const std::string& what) const {
     return invalid_argument("chat template " + position_text(src_, offset) + ": " + what);
+  }
+
+  // ---- sandbox budgets (tokenizer/jinja/limits.h) ----
+  Status charge_steps(uint64_t steps, size_t offset) {
+    steps_ += steps;
+    if (steps_ > limits_.max_steps) {
+      return error(offset, "the template took more than " + std::to_string(limits_.max_steps) +
+                               " steps (loop iterations, expressions and elements scanned)");
+    }
+    return ok_status();
+  }
+  // A value just computed: bounded in nesting and size, and counted against the render's
+  // total of computed bytes.
+  Status check_computed(const Value& v, size_t offset) {
+    if (v.depth() > kMaxValueDepth) {
+      return error(offset,
+                   "a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+    }
+    if (v.weight() > limits_.max_value_bytes) {
+      return error(offset,
+                   "a value larger than " + std::to_string(limits_.max_value_bytes) + " bytes");
+    }
+    bytes_ += v.weight();
+    if (bytes_ > limits_.max_computed_bytes) {
+      return error(offset, "the template computed more than " +
+                               std::to_string(limits_.max_computed_bytes) + " bytes of values");
+    }
+    return ok_status();
+  }
+  Status check_output(const std::string& out, size_t offset) const {
+    if (out.size() > limits_.max_output_bytes) {
+      return error(offset, "the rendered text is longer than " +
+                               std::to_string(limits_.max_output_bytes) + " bytes");
+    }
+    return ok_status();
+  }
+  // Strings are split into characters for iteration, indexing and slicing.
+  Status check_characters(const std::string& s, size_t offset) const {
+    if (static_cast<int64_t>(code_point_count(s)) > limits_.max_list_items) {
+      return error(offset, "a string of more than " + std::to_string(limits_.max_list_items) +
+                               " characters cannot be iterated, indexed or sliced");
+    }
+    return ok_status();
+  }
+  Status overflow(size_t offset, const std::string& what) const {
+    return error(offset, "integer overflow in " + what + " (results must fit in 64 bits)");
   }
   static std::string undefined_label(const Value& v) {
     return v.undefined_name().empty() ? "undefined value"
@@ -222,10 +296,12 @@ class Interpreter {
     switch (node.kind) {
       case NodeKind::kText:
         out += node.text;
+        PS_RETURN_IF_ERROR(check_output(out, node.offset));
         return Flow::kNormal;
       case NodeKind::kOutput: {
         PS_ASSIGN_OR_RETURN(Value v, eval(*node.expr));
         out += to_str(v);
+        PS_RETURN_IF_ERROR(check_output(out, node.offset));
         return Flow::kNormal;
       }
       case NodeKind::kIf:
@@ -280,6 +356,14 @@ class Interpreter {
                                       describe(target) + " '" + node.targets[0] +
                                       "' (only namespace() objects are assignable)");
       }
+      // Namespaces are the one mutable value: holding none keeps values acyclic.
+      if (value.holds_namespace()) {
+        return error(node.offset, "a namespace attribute cannot hold a namespace");
+      }
+      if (value.depth() > Value::kMaxNamespaceMemberDepth) {
+        return error(node.offset, "a namespace attribute cannot hold a value nested deeper than " +
+                                      std::to_string(Value::kMaxNamespaceMemberDepth) + " levels");
+      }
       target.as_namespace()[node.attribute] = std::move(value);
       return ok_status();
     }
@@ -295,6 +379,7 @@ class Interpreter {
       return keys;
     }
     if (v.is_string()) {
+      PS_RETURN_IF_ERROR(check_characters(v.as_string(), offset));
       List chars;
       for (std::string& cp : code_points(v.as_string())) chars.emplace_back(std::move(cp));
       return chars;
@@ -305,10 +390,12 @@ class Interpreter {
   Result<Flow> exec_for(const Node& node, std::string& out) {
     PS_ASSIGN_OR_RETURN(Value iterable, eval(*node.expr));
     PS_ASSIGN_OR_RETURN(List items, iterate(iterable, node.expr->offset));
+    PS_RETURN_IF_ERROR(charge_steps(items.size(), node.offset));  // the copy
     frames_.emplace_back();
     if (node.filter) {
       List kept;
       for (const Value& item : items) {
+        PS_RETURN_IF_ERROR(charge_steps(1, node.offset));
         PS_RETURN_IF_ERROR(assign_targets(node, node.targets, item));
         PS_ASSIGN_OR_RETURN(Value keep, eval(*node.filter));
         if (keep.truthy()) kept.push_back(item);
@@ -317,6 +404,10 @@ class Interpreter {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (Status charged = charge_steps(1, node.offset); !charged.ok()) {
+        frames_.pop_back();
+        return charged;
+      }
       PS_RETURN_IF_ERROR(assign_targets(node, node.targets, items[static_cast<size_t>(i)]));
       Dict loop = {
           {"index", Value(i + 1)},
@@ -348,6 +439,21 @@ class Interpreter {
 
   // ---- expressions ----
   Result<Value> eval(const Expr& e) {
+    PS_RETURN_IF_ERROR(charge_steps(1, e.offset));
+    PS_ASSIGN_OR_RETURN(Value v, eval_uncounted(e));
+    switch (e.kind) {
+      case ExprKind::kLiteral:
+      case ExprKind::kName:
+      case ExprKind::kAttribute:
+      case ExprKind::kItem:
+        return v;  // existing data, not computed here
+      default:
+        PS_RETURN_IF_ERROR(check_computed(v, e.offset));
+        return v;
+    }
+  }
+
+  Result<Value> eval_uncounted(const Expr& e) {
     switch (e.kind) {
       case ExprKind::kLiteral:
         return e.literal;
@@ -416,7 +522,9 @@ class Interpreter {
         if (e.kind == ExprKind::kPlus)
           return v.is_bool() ? Value(static_cast<int64_t>(v.as_bool())) : v;
         if (v.is_float()) return Value(-v.as_double());
-        return Value(-(v.is_bool() ? static_cast<int64_t>(v.as_bool()) : v.as_int()));
+        const int64_t x = v.is_bool() ? static_cast<int64_t>(v.as_bool()) : v.as_int();
+        if (x == INT64_MIN) return overflow(e.offset, "unary -");
+        return Value(-x);
       }
       case ExprKind::kNot: {
         PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
@@ -462,6 +570,7 @@ class Interpreter {
         if (i < 0 || i >= n) return Value::undefined();
         return object.as_list()[static_cast<size_t>(i)];
       }
+      PS_RETURN_IF_ERROR(check_characters(object.as_string(), offset));
       const std::vector<std::string> cps = code_points(object.as_string());
       const auto n = static_cast<int64_t>(cps.size());
       const int64_t i = raw < 0 ? raw + n : raw;
@@ -489,6 +598,7 @@ class Interpreter {
       items = object.as_list();
     } else if (object.is_string()) {
       is_string = true;
+      PS_RETURN_IF_ERROR(check_characters(object.as_string(), e.offset));
       for (std::string& cp : code_points(object.as_string())) items.emplace_back(std::move(cp));
     } else {
       return error(e.offset, "cannot slice " + describe(object));
@@ -504,8 +614,11 @@ class Interpreter {
     const int64_t start = clamp(bounds[0], step > 0 ? 0 : n - 1);
     const int64_t stop = clamp(bounds[1], step > 0 ? n : -1);
     List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+    // start and stop are within [-1, n]; a step near INT64_MAX must not wrap the index.
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       out.push_back(items[static_cast<size_t>(i)]);
+      if (__builtin_add_overflow(i, step, &i)) break;
+    }
     if (!is_string) return Value(std::move(out));
     std::string text;
     for (const Value& cp : out) text += cp.as_string();
@@ -516,12 +629,26 @@ class Interpreter {
     PS_ASSIGN_OR_RETURN(Value a, eval(*e.args[0]));
     PS_ASSIGN_OR_RETURN(Value b, eval(*e.args[1]));
     const std::string& op = e.name;
-    if (op == "~") return Value(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string left = to_str(a);
+      std::string right = to_str(b);
+      if (left.size() + right.size() > limits_.max_value_bytes) {
+        return error(e.offset, "'~' would make a string longer than " +
+                                   std::to_string(limits_.max_value_bytes) + " bytes");
+      }
+      return Value(std::move(left) + right);
+    }
     const auto type_error = [&]() {
       return error(e.offset, "unsupported operand types for " + op + ": " + describe(a) + " and " +
                                  describe(b));
     };
     if (op == "+") {
+      if ((a.is_string() && b.is_string()) || (a.is_list() && b.is_list())) {
+        if (a.weight() + b.weight() > limits_.max_value_bytes) {
+          return error(e.offset, "'+' would make a value larger than " +
+                                     std::to_string(limits_.max_value_bytes) + " bytes");
+        }
+      }
       if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
       if (a.is_list() && b.is_list()) {
         List out = a.as_list();
@@ -536,7 +663,15 @@ class Interpreter {
       const Value* count = text == &a ? &b : &a;
       if (text != nullptr && (count->is_int() || count->is_bool())) {
         const int64_t times = count->is_bool() ? count->as_bool() : count->as_int();
-        if (times > 1000000) return error(e.offset, "repetition count too large");
+        // Checked before allocating: the product, not the count, is what can explode.
+        const uint64_t unit = text->is_string() ? text->as_string().size() : text->weight();
+        const uint64_t items = text->is_string() ? 0 : text->as_list().size();
+        if (times > 0 && (unit > limits_.max_value_bytes / static_cast<uint64_t>(times) ||
+                          items > static_cast<uint64_t>(limits_.max_list_items / times))) {
+          return error(e.offset, "repetition would make a value larger than " +
+                                     std::to_string(limits_.max_value_bytes) + " bytes or " +
+                                     std::to_string(limits_.max_list_items) + " items");
+        }
         if (text->is_string()) {
           std::string out;
           for (int64_t i = 0; i < times; ++i) out += text->as_string();
@@ -557,8 +692,17 @@ class Interpreter {
         const int64_t base = a.is_bool() ? a.as_bool() : a.as_int();
         const int64_t exponent = b.is_bool() ? b.as_bool() : b.as_int();
         if (exponent >= 0) {
+          // Square and multiply, every product checked.
           int64_t result = 1;
-          for (int64_t i = 0; i < exponent && i < 64; ++i) result *= base;
+          int64_t square = base;
+          for (int64_t rest = exponent; rest > 0; rest >>= 1) {
+            if ((rest & 1) != 0 && __builtin_mul_overflow(result, square, &result)) {
+              return overflow(e.offset, "**");
+            }
+            if (rest > 1 && __builtin_mul_overflow(square, square, &square)) {
+              return overflow(e.offset, "**");
+            }
+          }
           return Value(result);
         }
         return Value(std::pow(x, y));
@@ -575,10 +719,28 @@ class Interpreter {
     }
     const int64_t x = a.is_bool() ? a.as_bool() : a.as_int();
     const int64_t y = b.is_bool() ? b.as_bool() : b.as_int();
-    if (op == "+") return Value(x + y);
-    if (op == "-") return Value(x - y);
-    if (op == "*") return Value(x * y);
+    int64_t result = 0;
+    if (op == "+") {
+      if (__builtin_add_overflow(x, y, &result)) return overflow(e.offset, "+");
+      return Value(result);
+    }
+    if (op == "-") {
+      if (__builtin_sub_overflow(x, y, &result)) return overflow(e.offset, "-");
+      return Value(result);
+    }
+    if (op == "*") {
+      if (__builtin_mul_overflow(x, y, &result)) return overflow(e.offset, "*");
+      return Value(result);
+    }
     if (y == 0) return error(e.offset, "integer division or modulo by zero");
+    // INT64_MIN / -1 traps in hardware: its quotient 2^63 does not fit, its remainder is 0.
+    if (y == -1) {
+      if (op == "%") return Value(int64_t{0});
+      if (op == "//") {
+        if (x == INT64_MIN) return overflow(e.offset, "//");
+        return Value(-x);
+      }
+    }
     // Python floors (the result of % takes the divisor's sign).
     int64_t q = x / y;
     if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
@@ -587,7 +749,7 @@ class Interpreter {
     return type_error();
   }
 
-  Result<bool> contains(const Value& container, const Value& item, size_t offset) const {
+  Result<bool> contains(const Value& container, const Value& item, size_t offset) {
     if (container.is_string()) {
       if (!item.is_string()) {
         return error(offset, "'in <string>' requires a string on the left, not " + describe(item));
@@ -595,6 +757,7 @@ class Interpreter {
       return container.as_string().find(item.as_string()) != std::string::npos;
     }
     if (container.is_list()) {
+      PS_RETURN_IF_ERROR(charge_steps(container.as_list().size(), offset));
       for (const Value& v : container.as_list()) {
         if (equals(v, item)) return true;
       }
@@ -614,8 +777,10 @@ class Interpreter {
     return compare(e.name, a, b, e.offset);
   }
 
-  Result<Value> compare(const std::string& op, const Value& a, const Value& b,
-                        size_t offset) const {
+  Result<Value> compare(const std::string& op, const Value& a, const Value& b, size_t offset) {
+    // Comparing containers walks them.
+    PS_RETURN_IF_ERROR(
+        charge_steps(std::min(a.weight(), b.weight()) / Value::kScalarWeight, offset));
     if (op == "==") return Value(equals(a, b));
     if (op == "!=") return Value(!equals(a, b));
     if (op == "in" || op == "notin") {
@@ -699,9 +864,13 @@ class Interpreter {
       }
       if (bounds[2] == 0) return error(e.offset, "range() step must not be zero");
       List out;
-      for (int64_t i = bounds[0]; bounds[2] > 0 ? i < bounds[1] : i > bounds[1]; i += bounds[2]) {
-        if (out.size() >= 1000000) return error(e.offset, "range() longer than 1000000 items");
+      for (int64_t i = bounds[0]; bounds[2] > 0 ? i < bounds[1] : i > bounds[1];) {
+        if (static_cast<int64_t>(out.size()) >= limits_.max_list_items) {
+          return error(e.offset,
+                       "range() longer than " + std::to_string(limits_.max_list_items) + " items");
+        }
         out.emplace_back(i);
+        if (__builtin_add_overflow(i, bounds[2], &i)) break;  // past INT64 bounds: done
       }
       return Value(std::move(out));
     }
@@ -715,6 +884,9 @@ class Interpreter {
     if (object.is_string()) {
       const std::string& s = object.as_string();
       if (m == "strip" || m == "lstrip" || m == "rstrip") {
+        if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
+          PS_RETURN_IF_ERROR(check_characters(chars->as_string(), e.offset));
+        }
         return Value(strip(s, args.get(0, "chars"), m != "rstrip", m != "lstrip"));
       }
       if (m == "split") {
@@ -723,7 +895,13 @@ class Interpreter {
           return error(e.offset, "split() separator must be a non-empty string");
         }
         PS_ASSIGN_OR_RETURN(int64_t maxsplit, int_arg(args.get(1, "maxsplit"), -1, e, "maxsplit"));
-        return Value(split(s, sep, maxsplit));
+        if (sep == nullptr || sep->is_none()) PS_RETURN_IF_ERROR(check_characters(s, e.offset));
+        std::optional<List> parts = split(s, sep, maxsplit, limits_.max_list_items);
+        if (!parts) {
+          return error(e.offset, "split() would make more than " +
+                                     std::to_string(limits_.max_list_items) + " pieces");
+        }
+        return Value(std::move(*parts));
       }
       if (m == "startswith" || m == "endswith") {
         const Value* what = args.get(0, "prefix");
@@ -754,7 +932,10 @@ class Interpreter {
           return error(e.offset, "replace() takes two strings");
         }
         PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
-        return Value(replace_all(s, from->as_string(), to->as_string(), count));
+        if (from->as_string().empty()) PS_RETURN_IF_ERROR(check_characters(s, e.offset));
+        return replaced(
+            replace_all(s, from->as_string(), to->as_string(), count, limits_.max_value_bytes),
+            e.offset);
       }
     }
     if (object.is_dict() || object.is_namespace()) {
@@ -788,6 +969,14 @@ class Interpreter {
                                (object.is_undefined() ? " (" + undefined_label(object) + ")" : ""));
   }
 
+  Result<Value> replaced(std::optional<std::string> text, size_t offset) const {
+    if (!text) {
+      return error(offset, "replace() would make a string longer than " +
+                               std::to_string(limits_.max_value_bytes) + " bytes");
+    }
+    return Value(std::move(*text));
+  }
+
   // ---- filters ----
   Result<Value> apply_filter(const Expr& e) {
     PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
@@ -808,7 +997,12 @@ class Interpreter {
       if (v.is_undefined()) return Value(0);
       return error(e.offset, "object of type '" + std::string(v.type_name()) + "' has no len()");
     }
-    if (f == "trim") return Value(strip(to_str(v), args.get(0, "chars"), true, true));
+    if (f == "trim") {
+      if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
+        PS_RETURN_IF_ERROR(check_characters(chars->as_string(), e.offset));
+      }
+      return Value(strip(to_str(v), args.get(0, "chars"), true, true));
+    }
     if (f == "upper") return Value(ascii_upper(to_str(v)));
     if (f == "lower") return Value(ascii_lower(to_str(v)));
     if (f == "title") return Value(title_case(to_str(v)));
@@ -822,20 +1016,34 @@ class Interpreter {
       const Value* to = args.get(1, "new");
       if (from == nullptr || to == nullptr) return error(e.offset, "replace needs two arguments");
       PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
-      return Value(replace_all(to_str(v), to_str(*from), to_str(*to), count));
+      if (to_str(*from).empty()) PS_RETURN_IF_ERROR(check_characters(to_str(v), e.offset));
+      return replaced(
+          replace_all(to_str(v), to_str(*from), to_str(*to), count, limits_.max_value_bytes),
+          e.offset);
     }
     if (f == "tojson") {
       PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, e, "indent"));
+      constexpr int64_t kMaxIndent = 64;
+      if (indent > kMaxIndent) return error(e.offset, "tojson indent larger than 64");
       const Value* sort_keys = args.get(99, "sort_keys");
       auto text =
-          to_json_text(v, static_cast<int>(indent), sort_keys != nullptr && sort_keys->truthy());
+          to_json_text(v, static_cast<int>(std::max<int64_t>(indent, -1)),
+                       sort_keys != nullptr && sort_keys->truthy(), limits_.max_value_bytes);
       if (!text.ok()) return error(e.offset, text.status().message());
       return Value(std::move(text).value());
     }
     if (f == "int") {
       if (v.is_int()) return v;
       if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
-      if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+      if (v.is_float()) {
+        // Python's int() truncates; out of the int64 range (or nan/inf) it cannot here.
+        const double d = std::trunc(v.as_double());
+        if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+          return error(e.offset,
+                       "int() of " + float_repr(v.as_double()) + " does not fit in 64 bits");
+        }
+        return Value(static_cast<int64_t>(d));
+      }
       if (v.is_string()) {
         try {
           size_t used = 0;
@@ -864,7 +1072,10 @@ class Interpreter {
     }
     if (f == "abs") {
       if (v.is_float()) return Value(std::fabs(v.as_double()));
-      if (v.is_int()) return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+      if (v.is_int()) {
+        if (v.as_int() == INT64_MIN) return overflow(e.offset, "abs()");
+        return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
+      }
       if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
       return error(e.offset, "bad operand type for abs(): " + describe(v));
     }
@@ -907,6 +1118,10 @@ class Interpreter {
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += sep;
         out += to_str(items[i]);
+        if (out.size() > limits_.max_value_bytes) {
+          return error(e.offset, "join would make a string longer than " +
+                                     std::to_string(limits_.max_value_bytes) + " bytes");
+        }
       }
       return Value(std::move(out));
     }
@@ -921,6 +1136,7 @@ class Interpreter {
       if (f == "unique") {
         List out;
         for (const Value& item : items) {
+          PS_RETURN_IF_ERROR(charge_steps(out.size() + 1, e.offset));  // quadratic
           if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equals(o, item); }))
             out.push_back(item);
         }
@@ -977,6 +1193,7 @@ class Interpreter {
       if (arg == nullptr || !arg->is_int() || arg->as_int() == 0) {
         return error(e.offset, "divisibleby needs a non-zero integer");
       }
+      if (arg->as_int() == -1) return true;  // INT64_MIN % -1 traps
       return v.as_int() % arg->as_int() == 0;
     }
     if (arg == nullptr) return error(e.offset, "test '" + t + "' needs an argument");
@@ -996,8 +1213,11 @@ class Interpreter {
   }
 
   std::string_view src_;
+  const RenderLimits limits_;
   std::unordered_map<std::string, Value> globals_;
   std::vector<Frame> frames_;
+  uint64_t steps_ = 0;
+  uint64_t bytes_ = 0;
 };
 
 }  // namespace
@@ -1016,13 +1236,13 @@ bool is_supported_method(std::string_view name) {
 }
 
 Result<std::string> render_template(std::string_view source, const NodeList& nodes,
-                                    const nlohmann::json& variables) {
+                                    const nlohmann::json& variables, const RenderLimits& limits) {
   if (!variables.is_object()) {
     return invalid_argument("chat template: variables must be a JSON object, got " +
                             std::string(variables.type_name()));
   }
   // Values are converted and printed recursively: bound the nesting of request data.
-  constexpr size_t kMaxDepth = 128;
+  constexpr size_t kMaxDepth = kMaxVariableDepth;
   std::vector<std::pair<const nlohmann::json*, size_t>> stack = {{&variables, 1}};
   while (!stack.empty()) {
     const auto [value, depth] = stack.back();
@@ -1035,7 +1255,7 @@ Result<std::string> render_template(std::string_view source, const NodeList& nod
       for (const auto& child : *value) stack.emplace_back(&child, depth + 1);
     }
   }
-  return Interpreter(source, variables).run(nodes);
+  return Interpreter(source, variables, limits).run(nodes);
 }
 
 }  // namespace peerserve::jinja

@@ -10,11 +10,14 @@
 
 #include "base/status.h"
 #include "tokenizer/jinja/ast.h"
+#include "tokenizer/jinja/limits.h"
 
 namespace peerserve::jinja {
 
-// `variables` must be a JSON object (the template's global names).
+// `variables` must be a JSON object (the template's global names). Breaking a limit is an
+// InvalidArgument error naming it.
 Result<std::string> render_template(std::string_view source, const NodeList& nodes,
-                                    const nlohmann::json& variables);
+                                    const nlohmann::json& variables,
+                                    const RenderLimits& limits = {});
 
 }  // namespace peerserve::jinja

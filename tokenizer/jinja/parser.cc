@@ -3,6 +3,7 @@
 #include <initializer_list>
 
 #include "tokenizer/jinja/builtins.h"
+#include "tokenizer/jinja/limits.h"
 
 namespace peerserve::jinja {
 namespace {
@@ -72,6 +73,31 @@ class Parser {
     return next().text;
   }
 
+  // Takes levels of nesting for as long as it lives. Every recursive construct takes one,
+  // and so does every link of an operator, attribute or filter chain (a chain is a loop
+  // here but nests one level per link in the tree the interpreter walks recursively).
+  class DepthGuard {
+   public:
+    explicit DepthGuard(Parser& parser) : parser_(parser) {}
+    DepthGuard(const DepthGuard&) = delete;
+    DepthGuard& operator=(const DepthGuard&) = delete;
+    ~DepthGuard() { parser_.depth_ -= taken_; }
+    Status enter(size_t offset) {
+      ++taken_;
+      if (++parser_.depth_ > kMaxSyntaxDepth) {
+        return parser_.error_at(offset, "nested too deeply (more than " +
+                                            std::to_string(kMaxSyntaxDepth) +
+                                            " levels of blocks, operators, attributes, calls "
+                                            "and filters)");
+      }
+      return ok_status();
+    }
+
+   private:
+    Parser& parser_;
+    int taken_ = 0;
+  };
+
   static ExprPtr make(ExprKind kind, size_t offset) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -131,6 +157,8 @@ class Parser {
         }
       }
       next();
+      DepthGuard block(*this);
+      PS_RETURN_IF_ERROR(block.enter(keyword.offset));
       NodePtr node;
       if (keyword.text == "if") {
         PS_ASSIGN_OR_RETURN(node, parse_if(keyword.offset));
@@ -268,16 +296,17 @@ class Parser {
   }
 
   Result<ExprPtr> parse_expression(bool with_conditional) {
-    if (++depth_ > kMaxDepth) return error_at(peek().offset, "expression nested too deeply");
-    Result<ExprPtr> result = with_conditional ? parse_conditional() : parse_or();
-    --depth_;
-    return result;
+    DepthGuard guard(*this);
+    PS_RETURN_IF_ERROR(guard.enter(peek().offset));
+    return with_conditional ? parse_conditional() : parse_or();
   }
 
   Result<ExprPtr> parse_conditional() {
     PS_ASSIGN_OR_RETURN(ExprPtr value, parse_or());
+    DepthGuard chain(*this);
     while (is_name("if")) {
       const size_t offset = next().offset;
+      PS_RETURN_IF_ERROR(chain.enter(offset));
       auto cond = make(ExprKind::kConditional, offset);
       PS_ASSIGN_OR_RETURN(ExprPtr test, parse_or());
       cond->args.push_back(std::move(value));
@@ -296,8 +325,10 @@ class Parser {
 
   Result<ExprPtr> parse_or() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_and());
+    DepthGuard chain(*this);
     while (is_name("or")) {
       const size_t offset = next().offset;
+      PS_RETURN_IF_ERROR(chain.enter(offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_and());
       auto e = make(ExprKind::kOr, offset);
       e->args.push_back(std::move(left));
@@ -309,8 +340,10 @@ class Parser {
 
   Result<ExprPtr> parse_and() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_not());
+    DepthGuard chain(*this);
     while (is_name("and")) {
       const size_t offset = next().offset;
+      PS_RETURN_IF_ERROR(chain.enter(offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_not());
       auto e = make(ExprKind::kAnd, offset);
       e->args.push_back(std::move(left));
@@ -323,12 +356,11 @@ class Parser {
   Result<ExprPtr> parse_not() {
     if (is_name("not")) {
       const size_t offset = next().offset;
-      if (++depth_ > kMaxDepth) return error_at(offset, "expression nested too deeply");
-      Result<ExprPtr> operand = parse_not();
-      --depth_;
-      if (!operand.ok()) return operand.status();
+      DepthGuard guard(*this);
+      PS_RETURN_IF_ERROR(guard.enter(offset));
+      PS_ASSIGN_OR_RETURN(ExprPtr operand, parse_not());
       auto e = make(ExprKind::kNot, offset);
-      e->args.push_back(std::move(operand).value());
+      e->args.push_back(std::move(operand));
       return e;
     }
     return parse_compare();
@@ -337,6 +369,7 @@ class Parser {
   Result<ExprPtr> parse_compare() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_math1());
     ExprPtr chain;
+    DepthGuard link(*this);
     while (true) {
       std::string op;
       const size_t offset = peek().offset;
@@ -355,6 +388,7 @@ class Parser {
         break;
       }
       if (chain) return error_at(offset, "chained comparisons (a < b < c) are not supported");
+      PS_RETURN_IF_ERROR(link.enter(offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_math1());
       chain = make(ExprKind::kCompare, offset);
       chain->name = op;
@@ -374,8 +408,10 @@ class Parser {
 
   Result<ExprPtr> parse_math1() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_concat());
+    DepthGuard chain(*this);
     while (is_op("+") || is_op("-")) {
       const Token& op = next();
+      PS_RETURN_IF_ERROR(chain.enter(op.offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_concat());
       PS_ASSIGN_OR_RETURN(left, binary(std::move(left), std::move(right), op.text, op.offset));
     }
@@ -384,8 +420,10 @@ class Parser {
 
   Result<ExprPtr> parse_concat() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_math2());
+    DepthGuard chain(*this);
     while (is_op("~")) {
       const Token& op = next();
+      PS_RETURN_IF_ERROR(chain.enter(op.offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_math2());
       PS_ASSIGN_OR_RETURN(left, binary(std::move(left), std::move(right), "~", op.offset));
     }
@@ -394,8 +432,10 @@ class Parser {
 
   Result<ExprPtr> parse_math2() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_pow());
+    DepthGuard chain(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const Token& op = next();
+      PS_RETURN_IF_ERROR(chain.enter(op.offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_pow());
       PS_ASSIGN_OR_RETURN(left, binary(std::move(left), std::move(right), op.text, op.offset));
     }
@@ -404,8 +444,10 @@ class Parser {
 
   Result<ExprPtr> parse_pow() {
     PS_ASSIGN_OR_RETURN(ExprPtr left, parse_unary(true));
+    DepthGuard chain(*this);
     while (is_op("**")) {
       const Token& op = next();
+      PS_RETURN_IF_ERROR(chain.enter(op.offset));
       PS_ASSIGN_OR_RETURN(ExprPtr right, parse_unary(true));
       PS_ASSIGN_OR_RETURN(left, binary(std::move(left), std::move(right), "**", op.offset));
     }
@@ -416,12 +458,11 @@ class Parser {
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       const Token& op = next();
-      if (++depth_ > kMaxDepth) return error_at(op.offset, "expression nested too deeply");
-      Result<ExprPtr> operand = parse_unary(false);
-      --depth_;
-      if (!operand.ok()) return operand.status();
+      DepthGuard guard(*this);
+      PS_RETURN_IF_ERROR(guard.enter(op.offset));
+      PS_ASSIGN_OR_RETURN(ExprPtr operand, parse_unary(false));
       node = make(op.text == "-" ? ExprKind::kNegate : ExprKind::kPlus, op.offset);
-      node->args.push_back(std::move(operand).value());
+      node->args.push_back(std::move(operand));
     } else {
       PS_ASSIGN_OR_RETURN(node, parse_primary());
     }
@@ -571,7 +612,9 @@ class Parser {
   }
 
   Result<ExprPtr> parse_postfix(ExprPtr node) {
+    DepthGuard chain(*this);
     while (true) {
+      if (is_op(".") || is_op("[") || is_op("(")) PS_RETURN_IF_ERROR(chain.enter(peek().offset));
       if (is_op(".")) {
         const size_t offset = next().offset;
         if (peek().kind == TokenKind::kInteger) {  // foo.0 == foo[0]
@@ -652,7 +695,9 @@ class Parser {
   }
 
   Result<ExprPtr> parse_filters(ExprPtr node) {
+    DepthGuard chain(*this);
     while (true) {
+      if (is_op("|") || is_name("is")) PS_RETURN_IF_ERROR(chain.enter(peek().offset));
       if (is_op("|")) {
         const size_t offset = next().offset;
         PS_ASSIGN_OR_RETURN(std::string name, expect_name());
@@ -704,7 +749,6 @@ class Parser {
     }
   }
 
-  static constexpr int kMaxDepth = 200;
   std::string_view src_;
   const std::vector<Token>& tokens_;
   size_t pos_ = 0;

@@ -1,12 +1,49 @@
 #include "tokenizer/jinja/value.h"
 
+#include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 
 #include "tokenizer/internal/utf8.h"
 
 namespace peerserve::jinja {
+
+namespace {
+
+uint64_t saturating_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+}  // namespace
+
+Value::Value(std::string s) : weight_(s.size()) {
+  data_ = std::make_shared<const std::string>(std::move(s));
+}
+
+Value::Value(List list) {
+  for (const Value& item : list) {
+    depth_ = std::max(depth_, item.depth_);
+    weight_ = saturating_add(weight_, saturating_add(kScalarWeight, item.weight_));
+    holds_namespace_ = holds_namespace_ || item.holds_namespace_;
+  }
+  depth_ = std::min(depth_, INT32_MAX - 1) + 1;
+  data_ = std::make_shared<const List>(std::move(list));
+}
+
+Value::Value(Dict dict) {
+  for (const auto& [key, item] : dict) {
+    depth_ = std::max(depth_, item.depth_);
+    weight_ = saturating_add(weight_, saturating_add(kScalarWeight + key.size(), item.weight_));
+    holds_namespace_ = holds_namespace_ || item.holds_namespace_;
+  }
+  depth_ = std::min(depth_, INT32_MAX - 1) + 1;
+  data_ = std::make_shared<const Dict>(std::move(dict));
+}
+
+Value::Value(std::shared_ptr<Namespace> ns)
+    : data_(std::move(ns)), holds_namespace_(true), depth_(kMaxNamespaceMemberDepth + 1) {}
 
 Value Value::from_json(const nlohmann::json& json) {
   switch (json.type()) {
@@ -202,7 +239,12 @@ void append_json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-Status append_json(std::string& out, const Value& v, int indent, bool sort_keys, int depth) {
+Status append_json(std::string& out, const Value& v, int indent, bool sort_keys, int depth,
+                   uint64_t max_bytes) {
+  if (out.size() > max_bytes) {
+    return invalid_argument("tojson: the text would be longer than " + std::to_string(max_bytes) +
+                            " bytes");
+  }
   const auto newline = [&](int level) {
     if (indent < 0) return;
     out += '\n';
@@ -232,7 +274,7 @@ Status append_json(std::string& out, const Value& v, int indent, bool sort_keys,
     for (size_t i = 0; i < list.size(); ++i) {
       if (i > 0) out += item_separator;
       newline(depth + 1);
-      PS_RETURN_IF_ERROR(append_json(out, list[i], indent, sort_keys, depth + 1));
+      PS_RETURN_IF_ERROR(append_json(out, list[i], indent, sort_keys, depth + 1, max_bytes));
     }
     newline(depth);
     out += ']';
@@ -253,7 +295,8 @@ Status append_json(std::string& out, const Value& v, int indent, bool sort_keys,
       newline(depth + 1);
       append_json_string(out, items[i]->first);
       out += ": ";
-      PS_RETURN_IF_ERROR(append_json(out, items[i]->second, indent, sort_keys, depth + 1));
+      PS_RETURN_IF_ERROR(
+          append_json(out, items[i]->second, indent, sort_keys, depth + 1, max_bytes));
     }
     newline(depth);
     out += '}';
@@ -311,9 +354,14 @@ std::string to_repr(const Value& v) {
   return to_str(v);
 }
 
-Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys) {
+Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys,
+                                 uint64_t max_bytes) {
   std::string out;
-  PS_RETURN_IF_ERROR(append_json(out, value, indent, sort_keys, 0));
+  PS_RETURN_IF_ERROR(append_json(out, value, indent, sort_keys, 0, max_bytes));
+  if (out.size() > max_bytes) {
+    return invalid_argument("tojson: the text would be longer than " + std::to_string(max_bytes) +
+                            " bytes");
+  }
   return out;
 }
 

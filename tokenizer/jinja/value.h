@@ -33,15 +33,18 @@ class Value {
   Value() : data_(Undefined{}) {}
   static Value undefined(std::string name = "") { return Value(Undefined{std::move(name)}); }
   static Value none() { return Value(None{}); }
-  Value(bool b) : data_(b) {}                                                 // NOLINT
-  Value(int64_t i) : data_(i) {}                                              // NOLINT
-  Value(int i) : data_(static_cast<int64_t>(i)) {}                            // NOLINT
-  Value(double d) : data_(d) {}                                               // NOLINT
-  Value(std::string s) : data_(std::move(s)) {}                               // NOLINT
-  Value(const char* s) : data_(std::string(s)) {}                             // NOLINT
-  Value(List list) : data_(std::make_shared<const List>(std::move(list))) {}  // NOLINT
-  Value(Dict dict) : data_(std::make_shared<const Dict>(std::move(dict))) {}  // NOLINT
-  Value(std::shared_ptr<Namespace> ns) : data_(std::move(ns)) {}              // NOLINT
+  Value(bool b) : data_(b) {}                       // NOLINT
+  Value(int64_t i) : data_(i) {}                    // NOLINT
+  Value(int i) : data_(static_cast<int64_t>(i)) {}  // NOLINT
+  Value(double d) : data_(d) {}                     // NOLINT
+  Value(std::string s);                             // NOLINT
+  Value(const char* s) : Value(std::string(s)) {}   // NOLINT
+  Value(List list);                                 // NOLINT
+  Value(Dict dict);                                 // NOLINT
+  // A namespace's members may change later, so its size is not known here: members are
+  // held to kMaxNamespaceMemberDepth levels and may not hold namespaces (no cycles), and
+  // the namespace counts as that deep plus one.
+  Value(std::shared_ptr<Namespace> ns);  // NOLINT
 
   static Value from_json(const nlohmann::json& json);
   // A list that prints as a Python tuple: "(1, 2)".
@@ -58,7 +61,9 @@ class Value {
   bool is_int() const { return std::holds_alternative<int64_t>(data_); }
   bool is_float() const { return std::holds_alternative<double>(data_); }
   bool is_number() const { return is_int() || is_float() || is_bool(); }
-  bool is_string() const { return std::holds_alternative<std::string>(data_); }
+  bool is_string() const {
+    return std::holds_alternative<std::shared_ptr<const std::string>>(data_);
+  }
   bool is_list() const { return std::holds_alternative<std::shared_ptr<const List>>(data_); }
   bool is_dict() const { return std::holds_alternative<std::shared_ptr<const Dict>>(data_); }
   bool is_namespace() const { return std::holds_alternative<std::shared_ptr<Namespace>>(data_); }
@@ -67,11 +72,21 @@ class Value {
   int64_t as_int() const { return std::get<int64_t>(data_); }
   // Numeric value of a bool/int/float.
   double as_double() const;
-  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const std::string& as_string() const {
+    return *std::get<std::shared_ptr<const std::string>>(data_);
+  }
   const List& as_list() const { return *std::get<std::shared_ptr<const List>>(data_); }
   const Dict& as_dict() const { return *std::get<std::shared_ptr<const Dict>>(data_); }
   Namespace& as_namespace() const { return *std::get<std::shared_ptr<Namespace>>(data_); }
   const std::string& undefined_name() const { return std::get<Undefined>(data_).name; }
+
+  // Levels of list/dict/namespace nesting (0 for scalars), saturating.
+  int depth() const { return depth_; }
+  // Approximate bytes held: string bytes, kScalarWeight per scalar and per element of a
+  // list or dict, saturating. Lists shared between values count once per reference.
+  uint64_t weight() const { return weight_; }
+  // Whether a namespace is reachable from this value.
+  bool holds_namespace() const { return holds_namespace_; }
 
   // Python's bool(x).
   bool truthy() const;
@@ -83,10 +98,18 @@ class Value {
  private:
   explicit Value(Undefined u) : data_(std::move(u)) {}
   explicit Value(None n) : data_(n) {}
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<const List>,
-               std::shared_ptr<const Dict>, std::shared_ptr<Namespace>>
+  // Strings, lists and dicts are immutable and shared, so copying a value is cheap.
+  std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<const List>, std::shared_ptr<const Dict>, std::shared_ptr<Namespace>>
       data_;
   bool tuple_ = false;
+  bool holds_namespace_ = false;
+  int depth_ = 0;
+  uint64_t weight_ = kScalarWeight;
+
+ public:
+  static constexpr uint64_t kScalarWeight = 16;
+  static constexpr int kMaxNamespaceMemberDepth = 64;
 };
 
 // Python str(x) (what {{ x }} and ~ print; Undefined prints as "").
@@ -96,8 +119,10 @@ std::string to_repr(const Value& value);
 // Python repr() of a float ("1.0", "0.1", "1e-05", "1e+16").
 std::string float_repr(double value);
 // json.dumps(x, ensure_ascii=False, indent=indent) (indent < 0: None), as transformers'
-// tojson filter. Fails for Undefined and namespaces.
-Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys);
+// tojson filter. Fails for Undefined and namespaces, and when the text
+// would pass `max_bytes`.
+Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys,
+                                 uint64_t max_bytes = UINT64_MAX);
 
 // Python ==.
 bool equals(const Value& a, const Value& b);
