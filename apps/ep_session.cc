@@ -7,7 +7,10 @@
 
 #include "dist/ep_expert_backend.h"
 #include "dist/expert_placement.h"
+#include "dist/expert_rebalance.h"
+#include "dist/expert_weights_store.h"
 #include "dist/mpi_communicator.h"
+#include "model/expert_load_recorder.h"
 #include "model/model_config.h"
 
 namespace peerserve {
@@ -33,11 +36,22 @@ std::vector<int> moe_layers_of(const ModelConfig& config, bool with_mtp) {
 }  // namespace
 
 struct EpSession::Impl {
+  // Builds the expert-parallel backend for `placement` (collective) and installs it.
+  Status install_placement(DeepseekModel& model, dist::ExpertPlacement new_placement);
+  // At an agreed step: rebalances when the interval says so (every rank at the same step).
+  Status maybe_rebalance(DeepseekModel& model, const dist::StepAgreement& agreement);
+
   EpCli cli;
+  std::string model_dir;
   std::unique_ptr<dist::MpiCommunicator> comm;  // null when inert
   std::unique_ptr<dist::StepCoordinator> coordinator;
   std::optional<dist::ExpertPlacement> placement;
+  std::unique_ptr<dist::ExpertWeightsStore> store;
+  std::shared_ptr<const dist::ExpertWeightsStore::Set> experts;  // this rank's, for placement
+  std::shared_ptr<ExpertLoadRecorder> recorder;                  // wraps the EP backend
   dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
+  int64_t max_rows = 0;
+  int64_t last_rebalance_step = 0;
   bool stopped = false;
 };
 
@@ -58,6 +72,18 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
       ->add_option("--ep-timeout-ms", cli->peer_timeout_ms,
                    "A peer rank silent for this long is reported lost and the job ends")
       ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
+  command
+      ->add_option("--eplb-interval", cli->eplb_interval,
+                   "Rebalance the experts over the ranks every N steps from the loads counted "
+                   "since the last rebalance (online EPLB; 0 = never)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  command
+      ->add_option("--eplb-redundant-experts", cli->eplb_redundant_experts,
+                   "Extra expert slots per MoE layer for copies of the hottest experts; experts "
+                   "+ redundant must be a multiple of --ep")
+      ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
 }
 
@@ -119,30 +145,34 @@ Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* optio
       dist::ExpertPlacement placement,
       dist::ExpertPlacement::contiguous(moe_layers_of(config, options->load_mtp),
                                         static_cast<int>(config.n_routed_experts), size()));
+  const int physical =
+      static_cast<int>(config.n_routed_experts) + impl_->cli.eplb_redundant_experts;
+  if (impl_->cli.eplb_interval > 0 && physical % size() != 0) {
+    return invalid_argument("--eplb-redundant-experts " +
+                            std::to_string(impl_->cli.eplb_redundant_experts) + ": " +
+                            std::to_string(config.n_routed_experts) +
+                            " experts + redundant must "
+                            "be a multiple of --ep " +
+                            std::to_string(size()));
+  }
   impl_->placement = std::move(placement);
-  const dist::ExpertPlacement* p = &*impl_->placement;
-  const int r = rank();
-  options->routed_experts = [p, r](int64_t layer) {
-    std::vector<int32_t> ids;
-    if (p->has_layer(layer)) {
-      for (int e : p->local_experts(layer, r)) ids.push_back(e);
-    }
-    return ids;
-  };
+  impl_->model_dir = model_dir;
+  // The session reads this rank's experts itself (ExpertWeightsStore), so that a rebalance
+  // can change them; the model loads everything else.
+  options->routed_experts = [](int64_t) { return std::vector<int32_t>{}; };
   return ok_status();
 }
 
-Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
-  if (!distributed()) return ok_status();
+Status EpSession::Impl::install_placement(DeepseekModel& model,
+                                          dist::ExpertPlacement new_placement) {
   const ModelConfig& config = model.config();
+  const int64_t layers = config.num_hidden_layers + 1;
+  PS_ASSIGN_OR_RETURN(auto new_experts, store->load(new_placement, comm->rank(), layers));
   dist::EpExpertBackendOptions o;
-  o.communicator = impl_->comm.get();
-  o.placement = *impl_->placement;
-  o.local_experts_by_layer.resize(config.num_hidden_layers + 1);
-  for (int64_t l = 0; l <= config.num_hidden_layers; ++l) {
-    o.local_experts_by_layer[l] = model.held_experts(l);
-  }
-  o.dispatch_dtype = impl_->dtype;
+  o.communicator = comm.get();
+  o.placement = new_placement;
+  o.local_experts_by_layer = new_experts->spans();
+  o.dispatch_dtype = dtype;
   o.max_tokens_per_rank = static_cast<int>(max_rows);
   o.hidden_size = config.hidden_size;
   o.top_k = static_cast<int>(config.num_experts_per_tok);
@@ -150,10 +180,46 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
                     ? kernels::ActivationPrecision::kFp32
                     : kernels::ActivationPrecision::kBf16;
   o.pool = nullptr;
-  o.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
+  o.peer_timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
   PS_ASSIGN_OR_RETURN(auto backend, dist::EpExpertBackend::create(std::move(o)));
-  model.set_expert_backend(std::move(backend));
+  recorder =
+      std::make_shared<ExpertLoadRecorder>(std::move(backend), layers, config.n_routed_experts);
+  model.set_expert_backend(recorder);
+  // The old backend is gone with the model's reference; its experts can go too.
+  experts = std::move(new_experts);
+  store->trim(*experts);
+  placement = std::move(new_placement);
   return ok_status();
+}
+
+Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
+                                        const dist::StepAgreement& agreement) {
+  if (cli.eplb_interval <= 0 || !agreement.step) return ok_status();
+  if (agreement.step_index - last_rebalance_step < cli.eplb_interval) return ok_status();
+  last_rebalance_step = agreement.step_index;
+  const auto timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
+  PS_ASSIGN_OR_RETURN(dist::Rebalance rebalance,
+                      dist::rebalance_experts(*comm, recorder->take(), *placement,
+                                              cli.eplb_redundant_experts, timeout));
+  const int64_t read_before = store->experts_read();
+  PS_RETURN_IF_ERROR(install_placement(model, std::move(rebalance.placement)));
+  if (comm->rank() == 0) {
+    std::fprintf(stderr,
+                 "eplb: step %lld: max/mean expert pairs per rank %.3f -> %.3f over %lld pairs "
+                 "(%d redundant experts; rank 0 read %lld experts)\n",
+                 static_cast<long long>(agreement.step_index), rebalance.before_max_over_mean,
+                 rebalance.after_max_over_mean, static_cast<long long>(rebalance.pairs),
+                 cli.eplb_redundant_experts,
+                 static_cast<long long>(store->experts_read() - read_before));
+  }
+  return ok_status();
+}
+
+Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
+  if (!distributed()) return ok_status();
+  PS_ASSIGN_OR_RETURN(impl_->store, dist::ExpertWeightsStore::open(impl_->model_dir));
+  impl_->max_rows = max_rows;
+  return impl_->install_placement(model, *impl_->placement);
 }
 
 Result<dist::StepAgreement> EpSession::agree(int64_t rows, bool stop) {
@@ -173,7 +239,8 @@ Status EpSession::forward(DeepseekModel& model, std::span<const SequenceChunk> c
   if (distributed()) {
     int64_t rows = 0;
     for (const SequenceChunk& c : chunks) rows += static_cast<int64_t>(c.tokens.size());
-    PS_RETURN_IF_ERROR(agree(rows).status());
+    PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows));
+    PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
   }
   return model.forward(chunks, cache, state, out);
 }
@@ -190,6 +257,7 @@ Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache) {
   ForwardOutput out;
   while (true) {
     PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(0));
+    PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
     if (a.step) PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
     if (a.stop) return ok_status();
   }

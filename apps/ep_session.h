@@ -13,6 +13,12 @@
 // every call a no-op. Started by mpirun with more than one process but --ep 1 is an error
 // (each process would otherwise run the whole job on its own).
 //
+// Online EPLB (--eplb-interval N): every rank counts the (token, expert) pairs its steps
+// route; every N agreed steps the ranks sum the counts, compute DeepSeek's EPLB placement
+// with --eplb-redundant-experts copies of the hottest experts, read the experts they newly
+// hold and swap in a new expert-parallel backend, between two steps (requests in flight
+// continue; outputs do not change, see tests/dist/expert_rebalance_test.cc).
+//
 // Errors after MPI started: an error every rank meets in the same way (a bad option) is
 // printed by rank 0 and every rank exits 1; an error of one rank (a lost peer, a load
 // failure) is printed by that rank, naming it, and ends the whole job (MPI_Abort).
@@ -36,9 +42,12 @@ struct EpCli {
   int ep = 1;
   std::string dispatch_dtype = "int8";
   int peer_timeout_ms = 60000;
+  int64_t eplb_interval = 0;  // steps between expert rebalances; 0 = never
+  int eplb_redundant_experts = 0;
 };
 
-// Adds --ep, --ep-dispatch-dtype and --ep-timeout-ms to a command.
+// Adds --ep, --ep-dispatch-dtype, --ep-timeout-ms, --eplb-interval and
+// --eplb-redundant-experts to a command.
 void add_ep_options(CLI::App* command, EpCli* cli);
 
 class EpSession {
@@ -56,8 +65,9 @@ class EpSession {
   // Rank 0 (or the single process): the one that prints and writes outputs.
   bool leader() const { return rank() == 0; }
 
-  // Sets options->routed_experts to this rank's share of the experts of the model in
-  // `model_dir`. InvalidArgument naming --ep when it does not divide the routed experts.
+  // Plans this rank's share of the experts of the model in `model_dir` and leaves the
+  // routed experts out of the model's own load (the session reads them). InvalidArgument
+  // naming --ep when it does not divide the routed experts.
   Status plan_experts(const std::string& model_dir, ModelOptions* options);
   // Replaces the loaded model's expert backend by the expert-parallel one; `max_rows` is
   // the most rows one forward of this rank can bring (sizes the exchange buffers).

@@ -116,6 +116,23 @@ case("shipped greedy EP=2 fp32 dispatch", greedy_equal(shipped, 2, "fp32"))
 case("shipped greedy EP=4 fp32 dispatch", greedy_equal(shipped, 4, "fp32"))
 
 
+def eplb_unchanged():
+    """Online EPLB swaps experts between steps; the tokens stay those of one process."""
+    single = generate(shipped, 1, ["--precision", "fp32"], max_tokens=30)
+    args = ["generate", "--model", shipped, "--prompt-ids", PROMPT, "--max-tokens", "30",
+            "--ignore-eos", "--threads", "1", "--precision", "fp32", "--ep", "2",
+            "--ep-dispatch-dtype", "fp32", "--eplb-interval", "8", "--eplb-redundant-experts", "2"]
+    rc, out, err, _ = mpirun(2, args)
+    assert rc == 0, err[-2000:]
+    assert out.strip() == single, f"single {single!r} != eplb {out.strip()!r}"
+    swaps = [line for line in err.splitlines() if line.startswith("eplb: step")]
+    assert len(swaps) == 3, f"expected 3 rebalances in 30 steps: {swaps}"
+    print("  " + "\n  ".join(swaps))
+
+
+case("shipped EP=2 with online EPLB every 8 steps: same tokens", eplb_unchanged)
+
+
 def score_exact(model, n):
     def check():
         single = score(model)

@@ -1,0 +1,54 @@
+#include "dist/expert_weights_store.h"
+
+#include <set>
+
+namespace peerserve::dist {
+
+std::vector<std::span<const MlpWeights>> ExpertWeightsStore::Set::spans() const {
+  std::vector<std::span<const MlpWeights>> out;
+  out.reserve(by_layer.size());
+  for (const auto& layer : by_layer) out.emplace_back(layer);
+  return out;
+}
+
+Result<std::unique_ptr<ExpertWeightsStore>> ExpertWeightsStore::open(const std::string& model_dir) {
+  PS_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::open(model_dir));
+  return std::unique_ptr<ExpertWeightsStore>(new ExpertWeightsStore(std::move(checkpoint)));
+}
+
+Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
+    const ExpertPlacement& placement, int rank, int64_t num_layers) {
+  auto set = std::make_shared<Set>();
+  set->by_layer.resize(num_layers);
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    if (!placement.has_layer(layer)) continue;
+    for (const int expert : placement.local_experts(layer, rank)) {
+      auto it = cache_.find({layer, expert});
+      if (it == cache_.end()) {
+        PS_ASSIGN_OR_RETURN(MlpWeights weights, load_routed_expert(checkpoint_, layer, expert));
+        it = cache_.emplace(std::make_pair(layer, expert), std::move(weights)).first;
+        ++experts_read_;
+      }
+      set->by_layer[layer].push_back(it->second);
+    }
+  }
+  return std::shared_ptr<const Set>(std::move(set));
+}
+
+void ExpertWeightsStore::trim(const ExpertWeightsStore::Set& keep) {
+  std::set<std::pair<int64_t, const void*>> held;
+  for (size_t layer = 0; layer < keep.by_layer.size(); ++layer) {
+    for (const MlpWeights& w : keep.by_layer[layer]) {
+      held.insert({static_cast<int64_t>(layer), w.gate.data});
+    }
+  }
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    if (held.count({it->first.first, it->second.gate.data}) == 0) {
+      it = cache_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace peerserve::dist

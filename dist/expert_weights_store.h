@@ -1,0 +1,53 @@
+// The routed-expert weights a rank needs for an expert placement, read from the checkpoint
+// on demand (zero-copy views of the mapping for BF16, dequantized once for FP8) and shared
+// between placements, so that a rebalance reads only the experts a rank newly holds.
+//
+// Thread-safety: one thread (the rank's engine thread) loads and trims; a returned Set is
+// immutable and may be read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "dist/expert_placement.h"
+#include "model/checkpoint/checkpoint.h"
+#include "model/deepseek_weights.h"
+
+namespace peerserve::dist {
+
+class ExpertWeightsStore {
+ public:
+  // The experts of one rank under one placement: by_layer[decoder layer] in the rank's slot
+  // order (empty for layers without routed experts).
+  struct Set {
+    std::vector<std::vector<MlpWeights>> by_layer;
+    std::vector<std::span<const MlpWeights>> spans() const;
+  };
+
+  static Result<std::unique_ptr<ExpertWeightsStore>> open(const std::string& model_dir);
+
+  // `rank`'s experts under `placement`, for decoder layers [0, num_layers) (include the MTP
+  // layer's index when it runs). Errors name the expert that could not be read.
+  Result<std::shared_ptr<const Set>> load(const ExpertPlacement& placement, int rank,
+                                          int64_t num_layers);
+  // Forgets cached experts that `keep` does not hold (their memory goes once no Set uses it).
+  void trim(const Set& keep);
+
+  // Experts read from the checkpoint so far (a cached expert is read once).
+  int64_t experts_read() const { return experts_read_; }
+
+ private:
+  explicit ExpertWeightsStore(Checkpoint checkpoint) : checkpoint_(std::move(checkpoint)) {}
+
+  Checkpoint checkpoint_;
+  std::map<std::pair<int64_t, int>, MlpWeights> cache_;  // (layer, logical expert)
+  int64_t experts_read_ = 0;
+};
+
+}  // namespace peerserve::dist
