@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/command_registry.h"
-#include "apps/ep_session.h"
+#include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"

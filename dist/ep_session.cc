@@ -1,4 +1,4 @@
-#include "apps/ep_session.h"
+#include "dist/ep_session.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -54,38 +54,6 @@ struct EpSession::Impl {
   int64_t last_rebalance_step = 0;
   bool stopped = false;
 };
-
-void add_ep_options(CLI::App* command, EpCli* cli) {
-  command
-      ->add_option("--ep", cli->ep,
-                   "Expert-parallel ranks: run as 'mpirun -np N peerserve <command> --ep N ...'; "
-                   "each rank loads 1/N of the routed experts (docs/expert_parallelism.md)")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  command
-      ->add_option("--ep-dispatch-dtype", cli->dispatch_dtype,
-                   "How tokens travel to their experts' ranks: int8 (per-token scale), bf16, or "
-                   "fp32 (bitwise equal to one process)")
-      ->check(CLI::IsMember({"int8", "bf16", "fp32"}))
-      ->capture_default_str();
-  command
-      ->add_option("--ep-timeout-ms", cli->peer_timeout_ms,
-                   "A peer rank silent for this long is reported lost and the job ends")
-      ->check(CLI::Range(100, 3600000))
-      ->capture_default_str();
-  command
-      ->add_option("--eplb-interval", cli->eplb_interval,
-                   "Rebalance the experts over the ranks every N steps from the loads counted "
-                   "since the last rebalance (online EPLB; 0 = never)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
-  command
-      ->add_option("--eplb-redundant-experts", cli->eplb_redundant_experts,
-                   "Extra expert slots per MoE layer for copies of the hottest experts; experts "
-                   "+ redundant must be a multiple of --ep")
-      ->check(CLI::Range(0, 1 << 16))
-      ->capture_default_str();
-}
 
 EpSession::EpSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EpSession::~EpSession() = default;

@@ -24,8 +24,6 @@
 // failure) is printed by that rank, naming it, and ends the whole job (MPI_Abort).
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,6 +36,7 @@
 
 namespace peerserve {
 
+// The expert-parallel options of a command (apps/ep_options.h adds them as flags).
 struct EpCli {
   int ep = 1;
   std::string dispatch_dtype = "int8";
@@ -45,10 +44,6 @@ struct EpCli {
   int64_t eplb_interval = 0;  // steps between expert rebalances; 0 = never
   int eplb_redundant_experts = 0;
 };
-
-// Adds --ep, --ep-dispatch-dtype, --ep-timeout-ms, --eplb-interval and
-// --eplb-redundant-experts to a command.
-void add_ep_options(CLI::App* command, EpCli* cli);
 
 class EpSession {
  public:

@@ -1,0 +1,178 @@
+// Decode throughput with and without expert parallelism and the two-microbatch pipeline
+// (the shape of paper 000 Figure 20, at this machine's scale). One process:
+//
+//   peerserve_bench_ep_decode --model DIR --threads 2 --batches 1,16,64 [--microbatches 2]
+//
+// or EP ranks, each owning batch/N of the sequences (data-parallel attention) and 1/N of
+// the routed experts:
+//
+//   mpirun -np 2 peerserve_bench_ep_decode --model DIR --threads 1 --ep 2 ...
+//
+// Each batch size: prefill `context` tokens per sequence (untimed), then `steps` decode
+// steps of one token per sequence, timed on rank 0 between two agreements (so every rank's
+// work is inside); repeated `runs` times. Prints one line per batch with the median
+// tokens/s over all ranks. bench/model/ep_decode_bench.sh runs the configurations side by
+// side and prints the ratios.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/ep_session.h"
+#include "kv/latent_kv_cache.h"
+#include "model/deepseek_model.h"
+#include "runtime/microbatch_pipeline.h"
+
+namespace peerserve {
+namespace {
+
+struct Args {
+  std::string model_dir;
+  int threads = 0;
+  std::vector<int64_t> batches = {1, 16, 64};
+  int64_t context = 64;
+  int64_t steps = 16;
+  int runs = 3;
+  int microbatches = 1;
+  EpCli ep;
+};
+
+bool parse(int argc, char** argv, Args* args) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (flag == "--model") {
+      args->model_dir = value();
+    } else if (flag == "--threads") {
+      args->threads = std::atoi(value().c_str());
+    } else if (flag == "--batches") {
+      args->batches.clear();
+      std::stringstream list(value());
+      for (std::string item; std::getline(list, item, ',');) {
+        args->batches.push_back(std::atoll(item.c_str()));
+      }
+    } else if (flag == "--context") {
+      args->context = std::atoll(value().c_str());
+    } else if (flag == "--steps") {
+      args->steps = std::atoll(value().c_str());
+    } else if (flag == "--runs") {
+      args->runs = std::atoi(value().c_str());
+    } else if (flag == "--microbatches") {
+      args->microbatches = std::atoi(value().c_str());
+    } else if (flag == "--ep") {
+      args->ep.ep = std::atoi(value().c_str());
+    } else if (flag == "--ep-dispatch-dtype") {
+      args->ep.dispatch_dtype = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: peerserve_bench_ep_decode --model DIR [--threads T] [--batches 1,16,64] "
+                   "[--context 64] [--steps 16] [--runs 3] [--microbatches 1|2] [--ep N "
+                   "[--ep-dispatch-dtype int8|bf16|fp32]]\n");
+      return false;
+    }
+  }
+  for (int64_t b : args->batches) {
+    if (b < 1) return false;
+  }
+  return !args->model_dir.empty() && (args->microbatches == 1 || args->microbatches == 2) &&
+         args->context >= 1 && args->steps >= 1 && args->runs >= 1;
+}
+
+int64_t my_share(int64_t batch, int rank, int ranks) {
+  return batch / ranks + (rank < batch % ranks ? 1 : 0);
+}
+
+Result<double> decode_tokens_per_second(const Args& args, EpSession& session, DeepseekModel& model,
+                                        MicrobatchPipeline* pipeline, int64_t batch) {
+  const int64_t mine = my_share(batch, session.rank(), session.size());
+  const KvLayout layout = model.kv_layout(16, DType::kBF16);
+  const int64_t per_seq = layout.blocks_for_tokens(args.context + args.steps);
+  PS_ASSIGN_OR_RETURN(LatentKvCache cache,
+                      LatentKvCache::create(layout, std::max<int64_t>(1, per_seq * mine)));
+  std::vector<std::vector<int32_t>> tokens(mine), blocks(mine);
+  for (int64_t s = 0; s < mine; ++s) {
+    for (int64_t i = 0; i < args.context + args.steps; ++i) {
+      tokens[s].push_back(static_cast<int32_t>(2 + (s * 131 + i * 17 + session.rank() * 7) %
+                                                       (model.config().vocab_size - 2)));
+    }
+    for (int64_t b = 0; b < per_seq; ++b)
+      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
+  }
+  auto state = model.new_forward_state();
+  ForwardOutput out;
+  auto step = [&](int64_t start, int64_t n) -> Status {
+    std::vector<SequenceChunk> chunks(mine);
+    for (int64_t s = 0; s < mine; ++s) {
+      chunks[s].tokens = std::span<const int32_t>(tokens[s]).subspan(start, n);
+      chunks[s].start_pos = start;
+      chunks[s].block_table = blocks[s];
+    }
+    PS_RETURN_IF_ERROR(session.agree(mine * n).status());
+    return pipeline ? pipeline->forward(chunks, cache, &out)
+                    : model.forward(chunks, cache, *state, &out);
+  };
+  PS_RETURN_IF_ERROR(step(0, args.context));  // prefill, untimed
+  PS_RETURN_IF_ERROR(session.agree(1).status());
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < args.steps; ++i) PS_RETURN_IF_ERROR(step(args.context + i, 1));
+  PS_RETURN_IF_ERROR(session.agree(1).status());  // every rank's last step is done
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(batch * args.steps) / seconds;
+}
+
+int run(int argc, char** argv) {
+  Args args;
+  if (!parse(argc, argv, &args)) return 2;
+  auto started = EpSession::start(args.ep);
+  if (!started.ok()) return EpSession::report_start_error(started.status());
+  EpSession& session = **started;
+  ModelOptions options;
+  options.num_threads = args.threads;
+  options.load_mtp = false;
+  if (Status s = session.plan_experts(args.model_dir, &options); !s.ok()) {
+    return session.fail(s, true);
+  }
+  auto loaded = DeepseekModel::load(args.model_dir, options);
+  if (!loaded.ok()) return session.fail(loaded.status());
+  DeepseekModel& model = **loaded;
+  int64_t max_rows = 0;
+  for (int64_t b : args.batches) {
+    max_rows = std::max(max_rows, my_share(b, 0, session.size()) * args.context);
+  }
+  if (Status s = session.install(model, max_rows); !s.ok()) return session.fail(s);
+  std::unique_ptr<MicrobatchPipeline> pipeline;
+  if (args.microbatches == 2) pipeline = std::make_unique<MicrobatchPipeline>(&model);
+
+  for (int64_t batch : args.batches) {
+    std::vector<double> rates;
+    for (int r = 0; r < args.runs; ++r) {
+      auto rate = decode_tokens_per_second(args, session, model, pipeline.get(), batch);
+      if (!rate.ok()) return session.fail(rate.status());
+      rates.push_back(*rate);
+    }
+    std::sort(rates.begin(), rates.end());
+    if (session.leader()) {
+      std::printf(
+          "decode batch %lld: %.1f tok/s (median of %d; ep %d, threads %d, microbatches "
+          "%d, dispatch %s)\n",
+          static_cast<long long>(batch), rates[rates.size() / 2], args.runs, session.size(),
+          args.threads, args.microbatches,
+          session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
+      std::fflush(stdout);
+    }
+  }
+  if (Status s = session.finish(); !s.ok()) return session.fail(s);
+  return 0;
+}
+
+}  // namespace
+}  // namespace peerserve
+
+int main(int argc, char** argv) {
+  return peerserve::run(argc, argv);
+}
