@@ -16,9 +16,11 @@
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
 #include "model/deepseek_model.h"
+#include "model/expert_load_recorder.h"
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
+#include "serve/prometheus_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -105,6 +107,10 @@ int run_serve(const ServeCli& cli) {
       load_model_showing_progress(cli.model_dir, model_options);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& config = (*model)->config();
+  // Per-expert token counts for /metrics (the load expert placement balances).
+  auto expert_load = std::make_shared<ExpertLoadRecorder>(
+      (*model)->expert_backend(), config.num_hidden_layers + 1, config.n_routed_experts);
+  (*model)->set_expert_backend(expert_load);
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (Result<Tokenizer> tok = Tokenizer::load_from_dir(cli.model_dir); tok.ok()) {
@@ -158,6 +164,9 @@ int run_serve(const ServeCli& cli) {
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
   server_options.limits.max_n = engine_options.max_n;
+  server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
+    return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
+  };
   auto server = OpenAiServer::create(server_options, engine->get(), tokenizer.get());
   if (!server.ok()) return fail(server.status());
 

@@ -508,8 +508,10 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
       {"/metrics", "GET",
        [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
          const HttpServerCounters http = c.http ? c.http->counters() : HttpServerCounters{};
-         ex->respond(200, "text/plain; version=0.0.4; charset=utf-8",
-                     render_server_metrics(c.engine->metrics(), http, c.options.served_model_name));
+         std::string body =
+             render_server_metrics(c.engine->metrics(), http, c.options.served_model_name);
+         if (c.options.extra_metrics) body += c.options.extra_metrics();
+         ex->respond(200, "text/plain; version=0.0.4; charset=utf-8", body);
        }},
   };
   const bool get_or_head = method == "GET" || method == "HEAD";  // HEAD: GET without body

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,8 @@ struct OpenAiServerOptions {
   std::string served_model_name = "peerserve";  // the "model" clients must name
   std::optional<std::string> api_key;           // required as "Authorization: Bearer KEY"
   ApiLimits limits;
+  // More /metrics text appended after the engine's (e.g. render_expert_load). Default: none.
+  std::function<std::string()> extra_metrics;
 };
 
 class OpenAiServer {

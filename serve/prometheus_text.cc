@@ -160,4 +160,29 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
   return out.text();
 }
 
+std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_experts,
+                               const std::string& model_name) {
+  PrometheusText text;
+  if (num_experts <= 0) return text.text();
+  text.family("peerserve:moe_expert_tokens_total",
+              "Tokens routed to each routed expert, per MoE layer (the load that expert "
+              "placement balances).",
+              "counter");
+  const int64_t layers = static_cast<int64_t>(counts.size()) / num_experts;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const int64_t* row = counts.data() + layer * num_experts;
+    bool any = false;
+    for (int64_t e = 0; e < num_experts; ++e) any = any || row[e] != 0;
+    if (!any) continue;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      text.sample("peerserve:moe_expert_tokens_total",
+                  {{"model_name", model_name},
+                   {"layer", std::to_string(layer)},
+                   {"expert", std::to_string(e)}},
+                  static_cast<double>(row[e]));
+    }
+  }
+  return text.text();
+}
+
 }  // namespace peerserve

@@ -39,6 +39,12 @@ std::string prometheus_number(double value);
 // Escapes a label value (backslash, double quote, newline).
 std::string prometheus_escape(std::string_view value);
 
+// Tokens routed to each expert of each MoE layer (counts [layer * num_experts + expert], as
+// ExpertLoadRecorder keeps them), as peerserve:moe_expert_tokens_total{layer, expert};
+// layers with no tokens at all are left out.
+std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_experts,
+                               const std::string& model_name);
+
 // Every metric the server exposes at /metrics, labelled with model_name.
 std::string render_server_metrics(const EngineMetricsSnapshot& engine,
                                   const HttpServerCounters& http, const std::string& model_name);
