@@ -39,9 +39,13 @@ struct MpiCommunicator::Impl {
     broken = true;
     return status;
   }
-  Status check(int code, const std::string& what) {
+  // `what` names the call; `peer` (if >= 0) its target. The message is built only on
+  // failure: the step path must not allocate.
+  Status check(int code, const char* what, int peer = -1) {
     if (code == MPI_SUCCESS) return ok_status();
-    return fail(unavailable(what + ": " + mpi_error_text(code)));
+    return fail(unavailable(std::string(what) +
+                            (peer >= 0 ? " (rank " + std::to_string(peer) + ")" : "") + ": " +
+                            mpi_error_text(code)));
   }
   // Polls a non-blocking collective until it completes or the timeout passes.
   Status wait_request(MPI_Request& request, const char* what, std::chrono::milliseconds timeout) {
@@ -85,7 +89,7 @@ class MpiWindow final : public Window {
       PS_RETURN_IF_ERROR(
           comm_->check(MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
                                static_cast<MPI_Aint>(offset + done), chunk, MPI_BYTE, win_),
-                       "MPI_Put to rank " + std::to_string(target)));
+                       "MPI_Put", target));
       done += chunk;
     }
     return ok_status();
@@ -93,8 +97,7 @@ class MpiWindow final : public Window {
 
   Status flush(int target) override {
     PS_RETURN_IF_ERROR(check_range(target, 0, 0, "flush"));
-    return comm_->check(MPI_Win_flush(target, win_),
-                        "MPI_Win_flush to rank " + std::to_string(target));
+    return comm_->check(MPI_Win_flush(target, win_), "MPI_Win_flush", target);
   }
 
   Status signal(int target, size_t offset, uint64_t value) override {
@@ -107,7 +110,7 @@ class MpiWindow final : public Window {
     PS_RETURN_IF_ERROR(
         comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset),
                                     1, MPI_UINT64_T, MPI_REPLACE, win_),
-                     "MPI_Accumulate (flag) to rank " + std::to_string(target)));
+                     "MPI_Accumulate (flag)", target));
     return flush(target);  // `value` is a local: complete before returning
   }
 
@@ -194,6 +197,9 @@ int MpiCommunicator::rank() const {
 int MpiCommunicator::size() const {
   return impl_->size;
 }
+bool MpiCommunicator::broken() const {
+  return impl_->broken;
+}
 std::string_view MpiCommunicator::name() const {
   return impl_->name;
 }
@@ -235,9 +241,10 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   PS_RETURN_IF_ERROR(barrier(timeout));
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
-  PS_RETURN_IF_ERROR(impl_->check(
+  Status allocated = impl_->check(
       MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, impl_->comm, &base, &win),
-      "MPI_Win_allocate of " + std::to_string(bytes) + " bytes"));
+      "MPI_Win_allocate");
+  if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
   std::memset(base, 0, bytes);
   PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));

@@ -47,6 +47,10 @@ class MpiCommunicator final : public Communicator {
   Result<std::unique_ptr<Window>> create_window(size_t bytes,
                                                 std::chrono::milliseconds timeout) override;
 
+  // True after an operation failed (a lost or stuck peer, an MPI error): teardown then
+  // skips the collective calls, so returning from main exits without waiting for peers.
+  bool broken() const;
+
   // Ends every process of the job with `exit_code` (MPI_Abort). Print the reason first.
   [[noreturn]] void abort(int exit_code);
 
