@@ -50,5 +50,18 @@ TEST(QuantizeRowsInt8, MatchesADoubleReferenceAndRoundTripsWithinHalfAStep) {
   EXPECT_EQ(q[6 * cols + 3], -127);
 }
 
+TEST(QuantizeRowsInt8, TinyRowsKeepTheirShape) {
+  // max |x| so small that 127 / max overflows: still quantized to the full int8 range.
+  const float x[4] = {1e-38f, -5e-39f, 0.0f, 2.5e-39f};
+  int8_t q[4];
+  float scale = 0.0f;
+  quantize_rows_int8(x, 1, 4, 4, q, &scale);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], -64);  // -63.5 rounds to even
+  EXPECT_EQ(q[2], 0);
+  EXPECT_EQ(q[3], 32);  // 31.75
+  EXPECT_GT(scale, 0.0f);
+}
+
 }  // namespace
 }  // namespace peerserve::kernels
