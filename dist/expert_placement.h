@@ -55,7 +55,7 @@ class ExpertPlacement {
   // Copies of logical `expert` at `layer` (>= 1), in slot order. REQUIRES: has_layer(layer).
   std::span<const PhysicalExpert> copies(int64_t layer, int expert) const;
 
- ExpertPlacement() = default;  // empty: no layers, no ranks (use the factories)
+  ExpertPlacement() = default;  // empty: no layers, no ranks (use the factories)
 
  private:
   int row(int64_t layer) const;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace peerserve::dist {
 namespace {
@@ -33,6 +34,7 @@ struct MpiCommunicator::Impl {
   int size = 1;
   std::string name;
   bool broken = false;
+  bool one_node = false;  // every rank shares memory: windows are MPI_Win_allocate_shared
 
   // Records the failure; every later teardown skips the collective MPI calls.
   Status fail(Status status) {
@@ -70,8 +72,10 @@ namespace {
 
 class MpiWindow final : public Window {
  public:
-  MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes)
-      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes) {}
+  // `direct` has a pointer per rank for a shared-memory window, or is empty.
+  MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes,
+            std::vector<std::byte*> direct)
+      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes), direct_(std::move(direct)) {}
 
   ~MpiWindow() override {
     if (comm_->broken) return;  // MPI_Win_free is collective: a lost peer would hang it
@@ -95,6 +99,10 @@ class MpiWindow final : public Window {
     return ok_status();
   }
 
+  std::byte* direct(int target) override {
+    return target >= 0 && target < static_cast<int>(direct_.size()) ? direct_[target] : nullptr;
+  }
+
   Status flush(int target) override {
     PS_RETURN_IF_ERROR(check_range(target, 0, 0, "flush"));
     return comm_->check(MPI_Win_flush(target, win_), "MPI_Win_flush", target);
@@ -107,6 +115,8 @@ class MpiWindow final : public Window {
                               " is not 8-byte aligned");
     }
     PS_RETURN_IF_ERROR(flush(target));  // the data before the flag
+    // Orders direct stores (shared memory) before the flag, like the flush orders puts.
+    PS_RETURN_IF_ERROR(comm_->check(MPI_Win_sync(win_), "MPI_Win_sync"));
     PS_RETURN_IF_ERROR(
         comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset),
                                     1, MPI_UINT64_T, MPI_REPLACE, win_),
@@ -154,6 +164,7 @@ class MpiWindow final : public Window {
   MPI_Win win_;
   std::byte* base_;
   size_t bytes_;
+  std::vector<std::byte*> direct_;
 };
 
 }  // namespace
@@ -175,6 +186,14 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char**
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(impl->comm, &impl->rank);
   MPI_Comm_size(impl->comm, &impl->size);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(impl->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    impl->one_node = node_size == impl->size;
+    MPI_Comm_free(&node);
+  }
   char host[MPI_MAX_PROCESSOR_NAME];
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
@@ -241,14 +260,30 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   PS_RETURN_IF_ERROR(barrier(timeout));
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
+  // On one node the window is shared memory that every rank can also store into directly.
   Status allocated = impl_->check(
-      MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, impl_->comm, &base, &win),
+      impl_->one_node ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                                impl_->comm, &base, &win)
+                      : MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                         impl_->comm, &base, &win),
       "MPI_Win_allocate");
   if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
   std::memset(base, 0, bytes);
+  std::vector<std::byte*> direct;
+  if (impl_->one_node) {
+    for (int r = 0; r < impl_->size; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* peer = nullptr;
+      PS_RETURN_IF_ERROR(
+          impl_->check(MPI_Win_shared_query(win, r, &size, &unit, &peer), "MPI_Win_shared_query"));
+      direct.push_back(static_cast<std::byte*>(peer));
+    }
+  }
   PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));
-  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes);
+  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes,
+                                            std::move(direct));
   // Nobody may put before every rank has zeroed its part.
   PS_RETURN_IF_ERROR(barrier(timeout));
   return std::unique_ptr<Window>(std::move(window));

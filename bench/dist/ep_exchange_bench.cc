@@ -142,7 +142,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
       received_bytes[s] = 64 + exchange.received_tokens(0, s) * layout.message_bytes;
       received_results[s] = exchange.received_pairs(0, s) * layout.result_bytes;
       for (int p = 0; p < exchange.received_pairs(0, s); ++p) {
-        exchange.stage_result(s, p, dummy_row.data());
+        exchange.stage_result(0, s, p, dummy_row.data());
       }
     }
     PS_RETURN_IF_ERROR(comm.barrier(kTimeout));

@@ -1,6 +1,6 @@
 // Expert-parallel check across real processes, run under mpirun by ctest:
 //
-//   mpirun -np N dist_ep_mpi_driver [--dtype int8|bf16|fp32] [--steps S]
+//   mpirun -np N dist_ep_mpi_driver [--dtype int8|bf16|fp32] [--steps S] [--direct 0|1]
 //                                   [--kill-rank R --kill-step K] [--timeout-ms T]
 //
 // Every rank builds the same random MoE, shards its experts over the N ranks, and runs S
@@ -35,6 +35,7 @@ struct Flags {
   int kill_rank = -1;
   int kill_step = 2;
   int timeout_ms = 5000;
+  bool direct_stores = true;
 };
 
 Result<Flags> parse_flags(int argc, char** argv) {
@@ -51,6 +52,8 @@ Result<Flags> parse_flags(int argc, char** argv) {
       flags.kill_rank = std::atoi(value.c_str());
     } else if (arg == "--kill-step") {
       flags.kill_step = std::atoi(value.c_str());
+    } else if (arg == "--direct") {
+      flags.direct_stores = value != "0";
     } else if (arg == "--timeout-ms") {
       flags.timeout_ms = std::atoi(value.c_str());
     } else {
@@ -100,6 +103,7 @@ Status run(Communicator& comm, const Flags& flags) {
   options.hidden_size = moe.hidden;
   options.top_k = moe.top_k;
   options.peer_timeout = std::chrono::milliseconds(flags.timeout_ms);
+  options.direct_stores = flags.direct_stores;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<EpExpertBackend> backend,
                       EpExpertBackend::create(std::move(options)));
   ExpertBackend& ep = *backend;
