@@ -113,7 +113,7 @@ std::vector<RankResult> run_scenario(const Scenario& s) {
       options.hidden_size = moe.hidden;
       options.top_k = moe.top_k;
       options.precision = s.precision;
-      options.peer_timeout = milliseconds(s.absent_rank >= 0 ? 400 : 20000);
+      options.peer_timeout = milliseconds(s.absent_rank >= 0 ? 2000 : 20000);
       options.direct_stores = s.direct_stores;
       auto backend = EpExpertBackend::create(std::move(options));
       if (!backend.ok()) {

@@ -34,7 +34,7 @@ struct Flags {
   int steps = 6;
   int kill_rank = -1;
   int kill_step = 2;
-  int timeout_ms = 5000;
+  int timeout_ms = 30000;
   bool direct_stores = true;
 };
 

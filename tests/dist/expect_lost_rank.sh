@@ -8,7 +8,7 @@ mpirun=$1 driver=$2
 start=$(date +%s)
 out=$(timeout 50 "$mpirun" --oversubscribe --bind-to none --enable-recovery -np 4 \
   bash -c '"$0" "$@"; echo "exit status $? of rank $OMPI_COMM_WORLD_RANK"' \
-  "$driver" --dtype fp32 --steps 6 --kill-rank 2 --kill-step 2 --timeout-ms 2000 2>&1)
+  "$driver" --dtype fp32 --steps 6 --kill-rank 2 --kill-step 2 --timeout-ms 5000 2>&1)
 rc=$?
 echo "$out"
 elapsed=$(( $(date +%s) - start ))
