@@ -219,8 +219,9 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations) {
         std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str(),
         layout.window_bytes / 1048576.0, layout.dispatch_buffer_bytes / 1048576.0,
         layout.combine_buffer_bytes / 1048576.0);
-    std::printf("%6s | %9s %9s %9s %6s | %9s %9s %9s %6s\n", "tokens", "disp us", "disp GB/s",
-                "xport GB/s", "ratio", "comb us", "comb GB/s", "xport GB/s", "ratio");
+    std::printf("%6s | %8s %9s %8s %9s %6s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
+                "disp GB/s", "xport us", "xport GB/s", "ratio", "comb us", "comb GB/s", "xport us",
+                "xport GB/s", "ratio");
   }
   for (int tokens = 1; tokens <= kMaxTokens; tokens *= 2) {
     PS_ASSIGN_OR_RETURN(Row r, measure(comm, *exchange, transport, placement, tokens, iterations));
@@ -229,9 +230,9 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations) {
       const double disp_xport = r.dispatch_bytes / r.transport_dispatch_us / 1e3;
       const double comb_bw = r.combine_bytes / r.combine_us / 1e3;
       const double comb_xport = r.combine_bytes / r.transport_combine_us / 1e3;
-      std::printf("%6d | %9.1f %9.3f %9.3f %6.2f | %9.1f %9.3f %9.3f %6.2f\n", r.tokens,
-                  r.dispatch_us, disp_bw, disp_xport, disp_bw / disp_xport, r.combine_us, comb_bw,
-                  comb_xport, comb_bw / comb_xport);
+      std::printf("%6d | %8.1f %9.3f %8.1f %9.3f %6.2f | %8.1f %9.3f %8.1f %9.3f %6.2f\n", r.tokens,
+                  r.dispatch_us, disp_bw, r.transport_dispatch_us, disp_xport, disp_bw / disp_xport,
+                  r.combine_us, comb_bw, r.transport_combine_us, comb_xport, comb_bw / comb_xport);
     }
   }
   if (comm.rank() == 0) {
