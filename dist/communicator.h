@@ -44,11 +44,15 @@ class Window {
   // Copies `bytes` to [offset, offset + bytes.size()) of `target`'s part (target may be
   // this rank). The source may be reused only after flush(target) or signal(target, ...).
   virtual Status put(int target, size_t offset, std::span<const std::byte> bytes) = 0;
+  // `target`'s part as memory this rank can store into directly (ranks that share memory:
+  // in-process ranks, MPI ranks on one node), or nullptr (then use put). Stores through it
+  // follow the same rules as puts: visible to the target after signal(target, ...).
+  virtual std::byte* direct(int target) = 0;
   // Returns when every put issued to `target` so far has landed there.
   virtual Status flush(int target) = 0;
-  // Completes every earlier put to `target`, then atomically stores `value` into the
-  // 8-byte-aligned uint64 at `offset` of target's part (so a peer that sees the flag sees
-  // the data before it).
+  // Completes every earlier put and direct store to `target`, then atomically stores
+  // `value` into the 8-byte-aligned uint64 at `offset` of target's part (so a peer that
+  // sees the flag sees the data before it).
   virtual Status signal(int target, size_t offset, uint64_t value) = 0;
   // Waits until the local uint64 at `offset` is >= `value`. `from_rank` is the peer expected
   // to write it and `what` names the wait in the error ("dispatch of step 12"): past the

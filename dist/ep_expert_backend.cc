@@ -68,6 +68,7 @@ Result<std::unique_ptr<EpExpertBackend>> EpExpertBackend::create(EpExpertBackend
   shape.top_k = options.top_k;
   shape.slots_per_rank = placement.slots_per_rank();
   shape.dtype = options.dispatch_dtype;
+  shape.direct_stores = options.direct_stores;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ExpertExchange> exchange,
                       ExpertExchange::create(comm, shape, options.peer_timeout));
   return std::make_unique<EpExpertBackend>(std::move(options), std::move(exchange),
@@ -196,7 +197,7 @@ Status EpExpertBackend::compute(Call& call) {
   kernels::grouped_matmul_bf16(problems_, options_.precision, options_.pool);
 
   for (int64_t row = 0; row < rows; ++row) {
-    exchange_->stage_result(row_source_[row], row_pair_[row], down_.data() + row * hidden);
+    exchange_->stage_result(slot, row_source_[row], row_pair_[row], down_.data() + row * hidden);
   }
   return exchange_->send_results(slot);
 }

@@ -50,6 +50,7 @@ struct EpExpertBackendOptions {
   kernels::ActivationPrecision precision = kernels::ActivationPrecision::kFp32;
   ThreadPool* pool = nullptr;  // GEMM threads; nullptr = the calling thread
   std::chrono::milliseconds peer_timeout{60000};
+  bool direct_stores = true;  // ExchangeShape::direct_stores (false: always put)
 };
 
 class EpExpertBackend final : public ExpertBackend {

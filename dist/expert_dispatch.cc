@@ -130,6 +130,9 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       staged_pairs_(shape.num_ranks),
       token_scratch_(round_up(shape.hidden_size * sizeof(float))),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
+  for (int r = 0; r < shape.num_ranks; ++r) {
+    direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
+  }
   for (int s = 0; s < ExchangeLayout::kSlots; ++s) {
     pair_owner_[s].resize(int64_t{shape.max_tokens_per_rank} * shape.top_k);
     pair_position_[s].resize(int64_t{shape.max_tokens_per_rank} * shape.top_k);
@@ -196,6 +199,12 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
   const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
+  // Where the messages for `owner` are built: its buffer, or staging.
+  auto region_of = [&](int owner) {
+    return direct_[owner] != nullptr
+               ? direct_[owner] + layout_.dispatch_region(slot, me)
+               : dispatch_staging_.data() + owner * layout_.dispatch_region_bytes;
+  };
 
   for (int64_t t = 0; t < tokens.num_tokens; ++t) {
     const float* x = tokens.activations.data() + t * hidden;
@@ -224,8 +233,8 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       bool first = true;
       for (int64_t i = 0; i < j && first; ++i) first = owner_of[t * k + i] != owner;
       if (!first) continue;
-      std::byte* message = dispatch_staging_.data() + owner * layout_.dispatch_region_bytes +
-                           kAlign + staged_tokens_[owner]++ * layout_.message_bytes;
+      std::byte* message =
+          region_of(owner) + kAlign + staged_tokens_[owner]++ * layout_.message_bytes;
       int32_t* local_slots = reinterpret_cast<int32_t*>(message + kFieldsBytes);
       int32_t* pair_slots = local_slots + k;
       fields.num_entries = 0;
@@ -243,13 +252,14 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
 
   for (int i = 0; i < ranks; ++i) {
     const int owner = (me + i) % ranks;  // start with self, then spread the load
-    std::byte* region = dispatch_staging_.data() + owner * layout_.dispatch_region_bytes;
+    std::byte* region = region_of(owner);
     RegionHeader header;
     header.tokens = static_cast<uint32_t>(staged_tokens_[owner]);
     header.pairs = static_cast<uint32_t>(staged_pairs_[owner]);
     header.sequence = sequence;
     header.layer = tokens.layer;
     std::memcpy(region, &header, sizeof header);
+    if (direct_[owner] != nullptr) continue;
     const size_t bytes = kAlign + staged_tokens_[owner] * layout_.message_bytes;
     PS_RETURN_IF_ERROR(window_->put(owner, layout_.dispatch_region(slot, me),
                                     std::span<const std::byte>(region, bytes)));
@@ -351,12 +361,14 @@ void ExpertExchange::load_activation(const ReceivedToken& token, float* row) con
   }
 }
 
-void ExpertExchange::stage_result(int source, int32_t pair_slot, const float* row) {
+void ExpertExchange::stage_result(int slot, int source, int32_t pair_slot, const float* row) {
   PS_CHECK(source >= 0 && source < shape_.num_ranks && pair_slot >= 0 &&
            pair_slot < layout_.max_pairs_per_peer)
       << "source " << source << " pair " << pair_slot;
-  std::byte* out = result_staging_.data() + source * layout_.combine_region_bytes +
-                   pair_slot * layout_.result_bytes;
+  std::byte* region = direct_[source] != nullptr
+                          ? direct_[source] + layout_.combine_region(slot, comm_.rank())
+                          : result_staging_.data() + source * layout_.combine_region_bytes;
+  std::byte* out = region + pair_slot * layout_.result_bytes;
   if (shape_.dtype == DispatchDtype::kFp32) {
     std::memcpy(out, row, shape_.hidden_size * sizeof(float));
   } else {
@@ -369,6 +381,7 @@ Status ExpertExchange::send_results(int slot) {
   const int ranks = shape_.num_ranks, me = comm_.rank();
   for (int i = 0; i < ranks; ++i) {
     const int source = (me + i) % ranks;
+    if (direct_[source] != nullptr) continue;  // stored in place by stage_result
     const size_t bytes = received_pairs(slot, source) * layout_.result_bytes;
     PS_RETURN_IF_ERROR(
         window_->put(source, layout_.combine_region(slot, me),

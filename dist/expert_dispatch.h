@@ -25,7 +25,9 @@
 // from that source arrived, i.e. after the source finished reading results n.
 //
 // Nothing on the step path allocates: staging, routing records and receive buffers are
-// allocated at creation.
+// allocated at creation. Where peers share memory (Window::direct) messages and results are
+// stored straight into the peer's buffer (one copy, as AIV-direct writes); elsewhere they
+// are built in staging laid out like the peer's buffer and sent with one put per peer.
 //
 // Protocol per slot and step, on every rank, in this order:
 //   dispatch() -> wait_dispatch() -> [received_* / load_activation / stage_result]
@@ -63,6 +65,9 @@ struct ExchangeShape {
   int top_k = 0;
   int slots_per_rank = 0;  // physical experts per rank (bounds pairs per peer)
   DispatchDtype dtype = DispatchDtype::kInt8;
+  // Write messages and results straight into peers' memory where the window allows it
+  // (Window::direct: in-process, or MPI ranks on one node) instead of staging + put.
+  bool direct_stores = true;
 };
 
 // The byte layout of the window, from the shape (eq. 1-2). All sizes are multiples of 64.
@@ -133,8 +138,9 @@ class ExpertExchange {
   ReceivedToken received(int slot, int source, int index) const;
   // Converts a received token's hidden state to fp32 (`row` has hidden_size entries).
   void load_activation(const ReceivedToken& token, float* row) const;
-  // Stores the expert output `row` (hidden_size fp32) for the source's pair `pair_slot`.
-  void stage_result(int source, int32_t pair_slot, const float* row);
+  // Stores the expert output `row` (hidden_size fp32) for the source's pair `pair_slot`
+  // (into the source's buffer directly, or into staging for send_results).
+  void stage_result(int slot, int source, int32_t pair_slot, const float* row);
   // Sends every staged result of this step back to its source and signals every rank.
   Status send_results(int slot);
 
@@ -159,6 +165,8 @@ class ExpertExchange {
   // Source side, per slot: owner rank and result position of each (token, j) pair.
   std::vector<int32_t> pair_owner_[ExchangeLayout::kSlots];
   std::vector<int32_t> pair_position_[ExchangeLayout::kSlots];
+  // Each rank's window memory when stores can go there directly, else nullptr.
+  std::vector<std::byte*> direct_;
   // Dispatch staging: one region per owner, laid out as in the owner's buffer.
   std::vector<std::byte> dispatch_staging_;
   std::vector<int32_t> staged_tokens_, staged_pairs_;  // per owner

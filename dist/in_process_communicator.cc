@@ -121,6 +121,11 @@ class InProcessWindow final : public Window {
     return ok_status();
   }
 
+  std::byte* direct(int target) override {
+    return target >= 0 && target < static_cast<int>(buffers_.size()) ? buffers_[target]->data()
+                                                                     : nullptr;
+  }
+
   Status flush(int target) override { return check_range(target, 0, 0, "flush"); }
 
   Status signal(int target, size_t offset, uint64_t value) override {

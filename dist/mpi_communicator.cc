@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace peerserve::dist {
 namespace {
@@ -33,15 +34,20 @@ struct MpiCommunicator::Impl {
   int size = 1;
   std::string name;
   bool broken = false;
+  bool one_node = false;  // every rank shares memory: windows are MPI_Win_allocate_shared
 
   // Records the failure; every later teardown skips the collective MPI calls.
   Status fail(Status status) {
     broken = true;
     return status;
   }
-  Status check(int code, const std::string& what) {
+  // `what` names the call; `peer` (if >= 0) its target. The message is built only on
+  // failure: the step path must not allocate.
+  Status check(int code, const char* what, int peer = -1) {
     if (code == MPI_SUCCESS) return ok_status();
-    return fail(unavailable(what + ": " + mpi_error_text(code)));
+    return fail(unavailable(std::string(what) +
+                            (peer >= 0 ? " (rank " + std::to_string(peer) + ")" : "") + ": " +
+                            mpi_error_text(code)));
   }
   // Polls a non-blocking collective until it completes or the timeout passes.
   Status wait_request(MPI_Request& request, const char* what, std::chrono::milliseconds timeout) {
@@ -66,8 +72,10 @@ namespace {
 
 class MpiWindow final : public Window {
  public:
-  MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes)
-      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes) {}
+  // `direct` has a pointer per rank for a shared-memory window, or is empty.
+  MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes,
+            std::vector<std::byte*> direct)
+      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes), direct_(std::move(direct)) {}
 
   ~MpiWindow() override {
     if (comm_->broken) return;  // MPI_Win_free is collective: a lost peer would hang it
@@ -85,16 +93,19 @@ class MpiWindow final : public Window {
       PS_RETURN_IF_ERROR(
           comm_->check(MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
                                static_cast<MPI_Aint>(offset + done), chunk, MPI_BYTE, win_),
-                       "MPI_Put to rank " + std::to_string(target)));
+                       "MPI_Put", target));
       done += chunk;
     }
     return ok_status();
   }
 
+  std::byte* direct(int target) override {
+    return target >= 0 && target < static_cast<int>(direct_.size()) ? direct_[target] : nullptr;
+  }
+
   Status flush(int target) override {
     PS_RETURN_IF_ERROR(check_range(target, 0, 0, "flush"));
-    return comm_->check(MPI_Win_flush(target, win_),
-                        "MPI_Win_flush to rank " + std::to_string(target));
+    return comm_->check(MPI_Win_flush(target, win_), "MPI_Win_flush", target);
   }
 
   Status signal(int target, size_t offset, uint64_t value) override {
@@ -104,10 +115,12 @@ class MpiWindow final : public Window {
                               " is not 8-byte aligned");
     }
     PS_RETURN_IF_ERROR(flush(target));  // the data before the flag
+    // Orders direct stores (shared memory) before the flag, like the flush orders puts.
+    PS_RETURN_IF_ERROR(comm_->check(MPI_Win_sync(win_), "MPI_Win_sync"));
     PS_RETURN_IF_ERROR(
         comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset),
                                     1, MPI_UINT64_T, MPI_REPLACE, win_),
-                     "MPI_Accumulate (flag) to rank " + std::to_string(target)));
+                     "MPI_Accumulate (flag)", target));
     return flush(target);  // `value` is a local: complete before returning
   }
 
@@ -151,6 +164,7 @@ class MpiWindow final : public Window {
   MPI_Win win_;
   std::byte* base_;
   size_t bytes_;
+  std::vector<std::byte*> direct_;
 };
 
 }  // namespace
@@ -172,6 +186,14 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char**
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(impl->comm, &impl->rank);
   MPI_Comm_size(impl->comm, &impl->size);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(impl->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    impl->one_node = node_size == impl->size;
+    MPI_Comm_free(&node);
+  }
   char host[MPI_MAX_PROCESSOR_NAME];
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
@@ -193,6 +215,9 @@ int MpiCommunicator::rank() const {
 }
 int MpiCommunicator::size() const {
   return impl_->size;
+}
+bool MpiCommunicator::broken() const {
+  return impl_->broken;
 }
 std::string_view MpiCommunicator::name() const {
   return impl_->name;
@@ -235,13 +260,30 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   PS_RETURN_IF_ERROR(barrier(timeout));
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
-  PS_RETURN_IF_ERROR(impl_->check(
-      MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, impl_->comm, &base, &win),
-      "MPI_Win_allocate of " + std::to_string(bytes) + " bytes"));
+  // On one node the window is shared memory that every rank can also store into directly.
+  Status allocated = impl_->check(
+      impl_->one_node ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                                impl_->comm, &base, &win)
+                      : MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                         impl_->comm, &base, &win),
+      "MPI_Win_allocate");
+  if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
   std::memset(base, 0, bytes);
+  std::vector<std::byte*> direct;
+  if (impl_->one_node) {
+    for (int r = 0; r < impl_->size; ++r) {
+      MPI_Aint size = 0;
+      int unit = 0;
+      void* peer = nullptr;
+      PS_RETURN_IF_ERROR(
+          impl_->check(MPI_Win_shared_query(win, r, &size, &unit, &peer), "MPI_Win_shared_query"));
+      direct.push_back(static_cast<std::byte*>(peer));
+    }
+  }
   PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));
-  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes);
+  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes,
+                                            std::move(direct));
   // Nobody may put before every rank has zeroed its part.
   PS_RETURN_IF_ERROR(barrier(timeout));
   return std::unique_ptr<Window>(std::move(window));

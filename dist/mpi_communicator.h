@@ -5,9 +5,10 @@
 // the MPI session. It works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so
 // MPI failures come back as Status.
 //
-// Windows are MPI-3 RMA windows (MPI_Win_allocate, shared memory between the ranks of one
-// node with OpenMPI's osc/sm, the network across nodes) opened once for passive target
-// access (MPI_Win_lock_all); put is MPI_Put, flush MPI_Win_flush, signal an MPI_Accumulate
+// Windows are MPI-3 RMA windows opened once for passive target access (MPI_Win_lock_all):
+// when every rank is on one node, MPI_Win_allocate_shared, so Window::direct() gives each
+// peer's memory for plain stores; otherwise MPI_Win_allocate (osc/ucx or osc/rdma across
+// nodes) and direct() is nullptr; put is MPI_Put, flush MPI_Win_flush, signal an MPI_Accumulate
 // (MPI_REPLACE) of one uint64 after a flush, and wait_at_least polls the local word with
 // MPI_Win_sync, yielding the core between polls (ranks may outnumber cores). Collectives
 // are the non-blocking MPI ones polled against the timeout.
@@ -46,6 +47,10 @@ class MpiCommunicator final : public Communicator {
                    std::chrono::milliseconds timeout) override;
   Result<std::unique_ptr<Window>> create_window(size_t bytes,
                                                 std::chrono::milliseconds timeout) override;
+
+  // True after an operation failed (a lost or stuck peer, an MPI error): teardown then
+  // skips the collective calls, so returning from main exits without waiting for peers.
+  bool broken() const;
 
   // Ends every process of the job with `exit_code` (MPI_Abort). Print the reason first.
   [[noreturn]] void abort(int exit_code);

@@ -1,8 +1,12 @@
 #include "kernels/quantize_rows.h"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "base/check.h"
+#include "kernels/cpu_features.h"
+#include "kernels/internal/quantize_rows_avx512.h"
 
 namespace peerserve::kernels {
 
@@ -10,23 +14,48 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t x_st
                         float* scales) {
   PS_CHECK(rows >= 0 && cols >= 0 && x_stride >= cols)
       << rows << "x" << cols << " stride " << x_stride;
+  // AVX-512 loops where active (bitwise the same results); otherwise branch-free element
+  // loops that the compiler vectorizes (this file is built with -O3).
+  // Adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to the nearest integer, ties to
+  // even, in the default rounding mode (what nearbyint does, without a library call).
+  constexpr float kRound = 12582912.0f;
+  const bool avx512 = active_isa_level() >= IsaLevel::kAvx512;
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = x + i * x_stride;
-    float amax = 0.0f;
-    for (int64_t k = 0; k < cols; ++k) amax = std::fmax(amax, std::fabs(row[k]));
-    PS_CHECK(std::isfinite(amax)) << "quantize_rows_int8: row " << i << " is not finite";
+    // max |x| as the max of the sign-cleared bit patterns: for non-negative floats the
+    // integer order is the float order, and inf/NaN patterns are the largest.
+    uint32_t max_bits = 0;
+    if (avx512) max_bits = internal::max_abs_bits_avx512(row, cols);
+    for (int64_t k = 0; k < cols && !avx512; ++k) {
+      const uint32_t bits = std::bit_cast<uint32_t>(row[k]) & 0x7fffffffu;
+      max_bits = max_bits < bits ? bits : max_bits;
+    }
+    PS_CHECK(max_bits < 0x7f800000u) << "quantize_rows_int8: row " << i << " is not finite";
+    const float amax = std::bit_cast<float>(max_bits);
     int8_t* out = q + i * cols;
     if (amax == 0.0f) {
       scales[i] = 0.0f;
-      for (int64_t k = 0; k < cols; ++k) out[k] = 0;
+      for (int64_t c = 0; c < cols; ++c) out[c] = 0;
       continue;
     }
     scales[i] = amax / 127.0f;
+    // Finite unless amax is below 127 / FLT_MAX (~4e-37): then divide element by element.
     const float inverse = 127.0f / amax;
-    for (int64_t k = 0; k < cols; ++k) {
-      // |row[k] * inverse| <= 127 up to one rounding; the clamp keeps it in range.
-      const float v = std::nearbyint(row[k] * inverse);
-      out[k] = static_cast<int8_t>(std::fmin(127.0f, std::fmax(-127.0f, v)));
+    if (!std::isfinite(inverse)) {
+      for (int64_t c = 0; c < cols; ++c) {
+        out[c] = static_cast<int8_t>(std::nearbyint(row[c] / amax * 127.0f));
+      }
+      continue;
+    }
+    if (avx512) {
+      internal::scale_round_int8_avx512(row, cols, inverse, out);
+      continue;
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      // |row[c] * inverse| <= amax * fl(127 / amax) <= 127 (1 + 2^-22), which rounds to at
+      // most 127: no clamp needed (and none in the loop keeps it vectorizable).
+      const float v = (row[c] * inverse + kRound) - kRound;
+      out[c] = static_cast<int8_t>(static_cast<int32_t>(v));
     }
   }
 }

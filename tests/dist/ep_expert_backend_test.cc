@@ -54,6 +54,7 @@ struct Scenario {
   int absent_rank = -1;
   bool interleave_microbatches = false;
   bool count_allocations = false;
+  bool direct_stores = true;  // false: staging + put, the path across nodes
 };
 
 struct RankResult {
@@ -112,7 +113,8 @@ std::vector<RankResult> run_scenario(const Scenario& s) {
       options.hidden_size = moe.hidden;
       options.top_k = moe.top_k;
       options.precision = s.precision;
-      options.peer_timeout = milliseconds(s.absent_rank >= 0 ? 400 : 20000);
+      options.peer_timeout = milliseconds(s.absent_rank >= 0 ? 2000 : 20000);
+      options.direct_stores = s.direct_stores;
       auto backend = EpExpertBackend::create(std::move(options));
       if (!backend.ok()) {
         result.status = backend.status();
@@ -193,6 +195,15 @@ TEST(EpExpertBackend, Fp32DispatchIsBitwiseTheSingleProcessResultOnFourRanks) {
   Scenario s;
   s.ranks = 4;
   s.steps = 8;
+  expect_bitwise(run_scenario(s));
+}
+
+TEST(EpExpertBackend, PutPathIsBitwiseToo) {
+  // Staging + one put per peer (what ranks on different nodes do), with two microbatches.
+  Scenario s;
+  s.ranks = 4;
+  s.direct_stores = false;
+  s.interleave_microbatches = true;
   expect_bitwise(run_scenario(s));
 }
 
@@ -289,17 +300,20 @@ TEST(EpExpertBackend, Int8DispatchIsWithinItsTolerance) {
 
 TEST(EpExpertBackend, SteadyStateStepsAllocateNothing) {
   for (DispatchDtype dtype : {DispatchDtype::kFp32, DispatchDtype::kInt8}) {
-    Scenario s;
-    s.ranks = 2;
-    s.dtype = dtype;
-    s.steps = 8;
-    s.interleave_microbatches = true;
-    s.count_allocations = true;
-    auto results = run_scenario(s);
-    for (size_t r = 0; r < results.size(); ++r) {
-      ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
-      EXPECT_EQ(results[r].steady_state_allocations, 0)
-          << "rank " << r << ", " << dispatch_dtype_name(dtype);
+    for (bool direct : {true, false}) {
+      Scenario s;
+      s.ranks = 2;
+      s.dtype = dtype;
+      s.direct_stores = direct;
+      s.steps = 8;
+      s.interleave_microbatches = true;
+      s.count_allocations = true;
+      auto results = run_scenario(s);
+      for (size_t r = 0; r < results.size(); ++r) {
+        ASSERT_TRUE(results[r].status.ok()) << results[r].status.to_string();
+        EXPECT_EQ(results[r].steady_state_allocations, 0)
+            << "rank " << r << ", " << dispatch_dtype_name(dtype) << ", direct " << direct;
+      }
     }
   }
 }

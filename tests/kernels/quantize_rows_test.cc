@@ -1,5 +1,7 @@
 #include "kernels/quantize_rows.h"
 
+#include "kernels/cpu_features.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,6 +50,43 @@ TEST(QuantizeRowsInt8, MatchesADoubleReferenceAndRoundTripsWithinHalfAStep) {
   EXPECT_GE(exact, rows * cols * 99 / 100);  // the +-1 cases are rare
   EXPECT_EQ(scales[5], 0.0f);
   EXPECT_EQ(q[6 * cols + 3], -127);
+}
+
+TEST(QuantizeRowsInt8, EveryIsaLevelGivesTheSameBits) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int64_t cols : {1, 15, 16, 17, 100, 1024, 1030}) {
+    std::vector<float> x(3 * cols);
+    for (float& v : x) v = normal(rng);
+    x[cols / 2] = 0.5f * 127.0f / 64.0f;  // lands on a tie after scaling in some rows
+    std::vector<int8_t> reference(x.size());
+    std::vector<float> reference_scales(3);
+    {
+      ScopedIsaLevel scalar(IsaLevel::kScalar);
+      quantize_rows_int8(x.data(), 3, cols, cols, reference.data(), reference_scales.data());
+    }
+    for (IsaLevel level : supported_isa_levels()) {
+      ScopedIsaLevel scoped(level);
+      std::vector<int8_t> q(x.size());
+      std::vector<float> scales(3);
+      quantize_rows_int8(x.data(), 3, cols, cols, q.data(), scales.data());
+      EXPECT_EQ(q, reference) << isa_level_name(level) << ", cols " << cols;
+      EXPECT_EQ(scales, reference_scales) << isa_level_name(level);
+    }
+  }
+}
+
+TEST(QuantizeRowsInt8, TinyRowsKeepTheirShape) {
+  // max |x| so small that 127 / max overflows: still quantized to the full int8 range.
+  const float x[4] = {1e-38f, -5e-39f, 0.0f, 2.5e-39f};
+  int8_t q[4];
+  float scale = 0.0f;
+  quantize_rows_int8(x, 1, 4, 4, q, &scale);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], -64);  // -63.5 rounds to even
+  EXPECT_EQ(q[2], 0);
+  EXPECT_EQ(q[3], 32);  // 31.75
+  EXPECT_GT(scale, 0.0f);
 }
 
 }  // namespace

@@ -1,0 +1,282 @@
+// Dispatch and combine latency and bandwidth per rank (the shape of CloudMatrix-Infer's
+// Table 7), beside the MPI transport's own put latency and bandwidth for the same bytes,
+// measured in the same run. Run under mpirun:
+//
+//   mpirun --oversubscribe --bind-to none -np 2 build/bench/dist/peerserve_bench_ep_exchange
+//       [--dtype int8|bf16|fp32] [--iterations N]
+//
+// Shapes are the mini preset's MoE (hidden 1024, 64 routed experts, top 6); tokens per
+// rank 1 .. 256, experts drawn uniformly. Per iteration every rank's time is taken and the
+// slowest rank's counts (MoE layers wait for the slowest); each figure is the median over
+// iterations.
+//   dispatch: dispatch() + wait_dispatch() (convert, write into the owners, all arrived);
+//   combine:  send_results() + combine() (results back, summed in top-k order);
+//   transport: the same per-peer byte counts moved with raw window puts + a flag per peer
+//              (MPI_Put, MPI_Win_flush, MPI_Accumulate), all arrived: the ceiling.
+// Bandwidth per rank = bytes this rank writes (all peers, itself included) / latency.
+// Expert compute is left out (results are staged from a dummy row).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dist/expert_dispatch.h"
+#include "dist/mpi_communicator.h"
+#include "kernels/cpu_features.h"
+
+namespace peerserve::dist {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr int64_t kHidden = 1024;
+constexpr int kExperts = 64;
+constexpr int kTopK = 6;
+constexpr int kMaxTokens = 256;
+constexpr milliseconds kTimeout(30000);
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The slowest rank's value (the MoE layer waits for it).
+Result<double> max_over_ranks(Communicator& comm, double us) {
+  std::vector<int64_t> v = {static_cast<int64_t>(us * 1000.0)};
+  PS_RETURN_IF_ERROR(comm.allreduce(v, ReduceOp::kMax, kTimeout));
+  return static_cast<double>(v[0]) / 1000.0;
+}
+
+Result<double> mean_over_ranks(Communicator& comm, double value) {
+  std::vector<int64_t> v = {static_cast<int64_t>(value)};
+  PS_RETURN_IF_ERROR(comm.allreduce(v, ReduceOp::kSum, kTimeout));
+  return static_cast<double>(v[0]) / comm.size();
+}
+
+struct Row {
+  int tokens = 0;
+  double dispatch_us = 0, combine_us = 0, transport_dispatch_us = 0, transport_combine_us = 0;
+  double dispatch_bytes = 0, combine_bytes = 0;
+};
+
+// Moves bytes_to[p] bytes to every peer p and a flag, waits for every peer's flag.
+class RawTransport {
+ public:
+  static Result<RawTransport> create(Communicator& comm, size_t max_bytes_per_peer) {
+    RawTransport t;
+    t.comm_ = &comm;
+    t.region_ = (max_bytes_per_peer + 63) / 64 * 64;
+    PS_ASSIGN_OR_RETURN(t.window_,
+                        comm.create_window(64 * comm.size() + t.region_ * comm.size(), kTimeout));
+    t.source_.assign(t.region_, std::byte{1});
+    return t;
+  }
+  Status exchange(const std::vector<int64_t>& bytes_to) {
+    const int n = comm_->size(), me = comm_->rank();
+    ++sequence_;
+    for (int i = 0; i < n; ++i) {
+      const int p = (me + i) % n;
+      PS_RETURN_IF_ERROR(window_->put(p, 64 * n + region_ * me,
+                                      std::span(source_.data(), static_cast<size_t>(bytes_to[p]))));
+    }
+    for (int i = 0; i < n; ++i) {
+      const int p = (me + i) % n;
+      PS_RETURN_IF_ERROR(window_->signal(p, 64 * me, sequence_));
+    }
+    const auto deadline = Clock::now() + kTimeout;
+    for (int p = 0; p < n; ++p) {
+      PS_RETURN_IF_ERROR(window_->wait_at_least(64 * p, sequence_, p, "transport", deadline));
+    }
+    return ok_status();
+  }
+
+ private:
+  Communicator* comm_ = nullptr;
+  size_t region_ = 0;
+  std::unique_ptr<Window> window_;
+  std::vector<std::byte> source_;
+  uint64_t sequence_ = 0;
+};
+
+Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& transport,
+                    const ExpertPlacement& placement, int tokens, int iterations) {
+  const int n = comm.size(), me = comm.rank();
+  std::mt19937_64 rng(1234 + me * 7 + tokens);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(tokens * kHidden), w(tokens * kTopK, 0.1f), out(tokens * kHidden);
+  for (float& v : x) v = normal(rng);
+  std::vector<int32_t> ids;
+  std::vector<int32_t> all(kExperts);
+  for (int e = 0; e < kExperts; ++e) all[e] = e;
+  for (int t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + kTopK);
+  }
+  RoutedTokens routed;
+  routed.layer = 1;
+  routed.num_tokens = tokens;
+  routed.hidden_size = kHidden;
+  routed.top_k = kTopK;
+  routed.activations = x;
+  routed.expert_ids = ids;
+  routed.weights = w;
+  std::vector<float> dummy_row(kHidden, 0.5f);
+  const ExchangeLayout& layout = exchange.layout();
+
+  std::vector<double> dispatch_us, combine_us;
+  std::vector<int64_t> received_bytes(n), received_results(n);
+  for (int it = 0; it < iterations + 3; ++it) {
+    PS_RETURN_IF_ERROR(comm.barrier(kTimeout));
+    const double t0 = now_us();
+    PS_RETURN_IF_ERROR(exchange.dispatch(0, routed, placement));
+    PS_RETURN_IF_ERROR(exchange.wait_dispatch(0));
+    const double t1 = now_us();
+    for (int s = 0; s < n; ++s) {
+      received_bytes[s] = 64 + exchange.received_tokens(0, s) * layout.message_bytes;
+      received_results[s] = exchange.received_pairs(0, s) * layout.result_bytes;
+      for (int p = 0; p < exchange.received_pairs(0, s); ++p) {
+        exchange.stage_result(0, s, p, dummy_row.data());
+      }
+    }
+    PS_RETURN_IF_ERROR(comm.barrier(kTimeout));
+    const double t2 = now_us();
+    PS_RETURN_IF_ERROR(exchange.send_results(0));
+    PS_RETURN_IF_ERROR(exchange.combine(0, routed, out));
+    const double t3 = now_us();
+    if (it < 3) continue;  // warm-up
+    PS_ASSIGN_OR_RETURN(double d, max_over_ranks(comm, t1 - t0));
+    PS_ASSIGN_OR_RETURN(double c, max_over_ranks(comm, t3 - t2));
+    dispatch_us.push_back(d);
+    combine_us.push_back(c);
+  }
+  // What each rank sent to each peer: the transpose of what each received.
+  std::vector<int64_t> matrix(n * n), results_matrix(n * n);
+  PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_bytes)),
+                                    std::as_writable_bytes(std::span(matrix)), kTimeout));
+  PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_results)),
+                                    std::as_writable_bytes(std::span(results_matrix)), kTimeout));
+  std::vector<int64_t> dispatch_to(n), results_to(n);
+  int64_t dispatch_sent = 0, results_sent = 0;
+  for (int p = 0; p < n; ++p) {
+    dispatch_to[p] = matrix[p * n + me];
+    results_to[p] = results_matrix[p * n + me];
+    dispatch_sent += dispatch_to[p];
+    results_sent += results_to[p];
+  }
+  std::vector<double> raw_dispatch_us, raw_combine_us;
+  for (int it = 0; it < iterations + 3; ++it) {
+    for (int phase = 0; phase < 2; ++phase) {
+      PS_RETURN_IF_ERROR(comm.barrier(kTimeout));
+      const double t0 = now_us();
+      PS_RETURN_IF_ERROR(transport.exchange(phase == 0 ? dispatch_to : results_to));
+      const double t1 = now_us();
+      if (it < 3) continue;
+      PS_ASSIGN_OR_RETURN(double us, max_over_ranks(comm, t1 - t0));
+      (phase == 0 ? raw_dispatch_us : raw_combine_us).push_back(us);
+    }
+  }
+  Row row;
+  row.tokens = tokens;
+  row.dispatch_us = median(dispatch_us);
+  row.combine_us = median(combine_us);
+  row.transport_dispatch_us = median(raw_dispatch_us);
+  row.transport_combine_us = median(raw_combine_us);
+  PS_ASSIGN_OR_RETURN(row.dispatch_bytes,
+                      mean_over_ranks(comm, static_cast<double>(dispatch_sent)));
+  PS_ASSIGN_OR_RETURN(row.combine_bytes, mean_over_ranks(comm, static_cast<double>(results_sent)));
+  return row;
+}
+
+Status run(Communicator& comm, DispatchDtype dtype, int iterations) {
+  PS_ASSIGN_OR_RETURN(ExpertPlacement placement,
+                      ExpertPlacement::contiguous({1}, kExperts, comm.size()));
+  ExchangeShape shape;
+  shape.num_ranks = comm.size();
+  shape.max_tokens_per_rank = kMaxTokens;
+  shape.hidden_size = kHidden;
+  shape.top_k = kTopK;
+  shape.slots_per_rank = placement.slots_per_rank();
+  shape.dtype = dtype;
+  PS_ASSIGN_OR_RETURN(auto exchange, ExpertExchange::create(comm, shape, kTimeout));
+  const ExchangeLayout& layout = exchange->layout();
+  PS_ASSIGN_OR_RETURN(RawTransport transport,
+                      RawTransport::create(comm, std::max(layout.dispatch_region_bytes,
+                                                          layout.combine_region_bytes)));
+  if (comm.rank() == 0) {
+    std::printf(
+        "EP=%d, %s dispatch (message %zu B/token, result %zu B/pair), hidden %lld, "
+        "%d experts, top %d; kernels %s; window %.1f MiB per rank "
+        "(dispatch %.2f + combine %.2f MiB per microbatch)\n",
+        comm.size(), std::string(dispatch_dtype_name(dtype)).c_str(), layout.message_bytes,
+        layout.result_bytes, static_cast<long long>(kHidden), kExperts, kTopK,
+        std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str(),
+        layout.window_bytes / 1048576.0, layout.dispatch_buffer_bytes / 1048576.0,
+        layout.combine_buffer_bytes / 1048576.0);
+    std::printf("%6s | %8s %9s %8s %9s %6s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
+                "disp GB/s", "xport us", "xport GB/s", "ratio", "comb us", "comb GB/s", "xport us",
+                "xport GB/s", "ratio");
+  }
+  for (int tokens = 1; tokens <= kMaxTokens; tokens *= 2) {
+    PS_ASSIGN_OR_RETURN(Row r, measure(comm, *exchange, transport, placement, tokens, iterations));
+    if (comm.rank() == 0) {
+      const double disp_bw = r.dispatch_bytes / r.dispatch_us / 1e3;
+      const double disp_xport = r.dispatch_bytes / r.transport_dispatch_us / 1e3;
+      const double comb_bw = r.combine_bytes / r.combine_us / 1e3;
+      const double comb_xport = r.combine_bytes / r.transport_combine_us / 1e3;
+      std::printf("%6d | %8.1f %9.3f %8.1f %9.3f %6.2f | %8.1f %9.3f %8.1f %9.3f %6.2f\n", r.tokens,
+                  r.dispatch_us, disp_bw, r.transport_dispatch_us, disp_xport, disp_bw / disp_xport,
+                  r.combine_us, comb_bw, r.transport_combine_us, comb_xport, comb_bw / comb_xport);
+    }
+  }
+  if (comm.rank() == 0) {
+    std::printf(
+        "(medians of %d iterations, slowest rank; ratio = bandwidth / transport "
+        "bandwidth for the same bytes; transport = raw window put + flag)\n",
+        iterations);
+  }
+  return comm.barrier(kTimeout);
+}
+
+}  // namespace
+}  // namespace peerserve::dist
+
+int main(int argc, char** argv) {
+  using namespace peerserve;
+  auto comm = dist::MpiCommunicator::init(&argc, &argv);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
+    return 1;
+  }
+  dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
+  int iterations = 31;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--dtype") {
+      auto parsed = dist::parse_dispatch_dtype(value);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "error: %s\n", parsed.status().to_string().c_str());
+        (*comm)->abort(2);
+      }
+      dtype = *parsed;
+    } else if (flag == "--iterations") {
+      iterations = std::max(1, std::atoi(value.c_str()));
+    } else {
+      std::fprintf(stderr, "error: unknown flag %s\n", flag.c_str());
+      (*comm)->abort(2);
+    }
+  }
+  Status status = dist::run(**comm, dtype, iterations);
+  if (!status.ok()) {
+    std::fprintf(stderr, "rank %d: error: %s\n", (*comm)->rank(), status.to_string().c_str());
+    if ((*comm)->broken()) return 1;
+    (*comm)->abort(1);
+  }
+  return 0;
+}
