@@ -28,6 +28,7 @@ constexpr int64_t kWeightByteCost = 8;
 // (a panel, or a gate/up pair of panels).
 struct Task {
   Int8Tile tile;
+  internal::Int8TileFn fn = nullptr;  // the table whose quantization prepared tile.x
   int64_t units = 0;
   int64_t panels_per_unit = 1;
   int64_t cost_per_unit = 0;
@@ -86,11 +87,6 @@ Problem checked(const GateUpInt8Args& a, const char* what) {
   return {a.x, xs, a.gate_up, a.out, ys, a.m, false, Int8Epilogue::kGateUpSilu};
 }
 
-// The table's int8 tile function for one task's tile.
-void run_tile(const Int8Tile& tile) {
-  internal::active_kernel_table().matmul_int8(tile);
-}
-
 // The unit of task `task` at cost offset `offset`, rounded to the nearest unit. Adjacent
 // threads evaluate it at the same offsets, so their ranges tile the task exactly.
 int64_t unit_at(const Task& task, int64_t offset) {
@@ -102,7 +98,7 @@ void run_tasks(std::span<const Task> tasks, ThreadPool* pool) {
   for (const Task& t : tasks) total += t.units * t.cost_per_unit;
   const int threads = pool == nullptr ? 1 : pool->num_threads();
   if (threads == 1 || total < kSerialWork) {
-    for (const Task& t : tasks) run_tile(t.tile);
+    for (const Task& t : tasks) t.fn(t.tile);
     return;
   }
   // Thread t takes the cost range [total * t / threads, total * (t + 1) / threads) of the
@@ -120,7 +116,7 @@ void run_tasks(std::span<const Task> tasks, ThreadPool* pool) {
       Int8Tile tile = task.tile;
       tile.panel_begin = u0 * task.panels_per_unit;
       tile.panel_end = u1 * task.panels_per_unit;
-      run_tile(tile);
+      task.fn(tile);
     }
   });
 }
@@ -173,6 +169,7 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
     t.accumulate = p.accumulate;
     t.epilogue = p.epilogue;
     t.silu_mul = table.silu_mul;
+    task.fn = table.matmul_int8;
     task.panels_per_unit = p.epilogue == Int8Epilogue::kGateUpSilu ? 2 : 1;
     task.units = w.panels() / task.panels_per_unit;
     task.cost_per_unit = task.panels_per_unit * kPanel * 4 * w.k_groups() * (p.m + kWeightByteCost);
