@@ -42,12 +42,20 @@ mkdir -p objects
 text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
               "$src/serve/openai_protocol.cc" "$src/base/status.cc" "$src/base/check.cc")
 objects=()
+pids=()
+max_jobs=$(nproc)
 for source in "${text_sources[@]}"; do
   object="objects/$(echo "${source#"$src"/}" | tr / _).o"
   "$clangxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" \
-    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object"
+    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object" &
+  pids+=($!)
   objects+=("$object")
+  if (( ${#pids[@]} >= max_jobs )); then
+    wait "${pids[0]}"  # set -e: a failed compile stops the script
+    pids=("${pids[@]:1}")
+  fi
 done
+for pid in "${pids[@]}"; do wait "$pid"; done
 for target in chat_template tokenizer_json openai_request encode_decode; do
   "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
     "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
