@@ -141,7 +141,25 @@ int run_serve(const ServeCli& cli) {
   SchedulerOptions& sched = engine_options.scheduler;
   sched.max_num_seqs = cli.max_num_seqs;
   sched.max_num_batched_tokens = cli.max_num_batched_tokens;
+  // One request of max_model_len tokens must fit the KV cache (else it could never be
+  // admitted). An explicit --max-model-len that does not fit is refused, as vLLM does; the
+  // default (the model's max_position_embeddings) is lowered to what fits, and said so.
+  const int64_t kv_tokens = num_blocks * cli.block_size;
   sched.max_model_len = cli.max_model_len > 0 ? cli.max_model_len : config.max_position_embeddings;
+  if (sched.max_model_len > kv_tokens) {
+    if (cli.max_model_len > 0) {
+      return fail(invalid_argument(
+          "--max-model-len " + std::to_string(cli.max_model_len) + " is larger than the " +
+          std::to_string(kv_tokens) + " tokens the KV cache holds (--kv-cache-memory " +
+          cli.kv_cache_memory + "); raise --kv-cache-memory or lower --max-model-len"));
+    }
+    std::fprintf(stderr,
+                 "note: max_model_len lowered from %lld (the model's max_position_embeddings) "
+                 "to %lld, the tokens the KV cache holds (--kv-cache-memory %s)\n",
+                 static_cast<long long>(sched.max_model_len), static_cast<long long>(kv_tokens),
+                 cli.kv_cache_memory.c_str());
+    sched.max_model_len = kv_tokens;
+  }
   sched.max_waiting_seqs = cli.max_waiting_requests;
   sched.block_pool.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
   sched.block_pool.block_size = cli.block_size;
@@ -229,7 +247,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/ routes");
   sub->add_option("--max-model-len", cli->max_model_len,
-                  "Context length (prompt + output) limit (default: the model's)");
+                  "Context length (prompt + output) limit (default: the model's, lowered to what "
+                  "the KV cache holds; a larger explicit value is refused)");
   sub->add_option("--block-size", cli->block_size, "Tokens per KV block")->capture_default_str();
   sub->add_option("--max-waiting-requests", cli->max_waiting_requests,
                   "Waiting sequences at most; beyond it requests get 429")

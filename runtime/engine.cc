@@ -105,6 +105,10 @@ Status Engine::validate(EngineRequest& request) const {
     params.max_tokens =
         static_cast<int32_t>(std::clamp<int64_t>(default_max_tokens(num_prompt), 1, INT32_MAX));
   }
+  if (params.sampling.min_tokens > *params.max_tokens) {
+    return invalid_argument("min_tokens = " + std::to_string(params.sampling.min_tokens) +
+                            " is larger than max_tokens = " + std::to_string(*params.max_tokens));
+  }
   return check_sequence_fits(options_.scheduler, num_prompt, *params.max_tokens);
 }
 
@@ -186,6 +190,12 @@ void Engine::admit(Pending pending) {
     spec.seed = base_seed + static_cast<uint64_t>(i);
     spec.stop_token_ids = params.stop_token_ids;
     if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
+    if (spec.sampling.min_tokens > 0) {
+      // Until min_tokens are out, the tokens that would end the choice cannot be drawn.
+      spec.sampling.suppressed_until_min_tokens = spec.stop_token_ids;
+      if (spec.eos_token_id)
+        spec.sampling.suppressed_until_min_tokens.push_back(*spec.eos_token_id);
+    }
     status = scheduler_->add(spec);
     if (!status.ok()) break;
     Choice choice;
@@ -290,7 +300,9 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
       // Ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
       // contribute no text.
       Result<std::string> piece = choice.detokenizer->push(token);
-      if (piece.ok()) {
+      if (piece.ok() && choice.num_generated < request.request.params.sampling.min_tokens) {
+        delta.text += *piece;  // stop strings count from min_tokens on, as in vLLM
+      } else if (piece.ok()) {
         StopStringMatcher::Step s = choice.stop_matcher.push(*piece);
         delta.text += s.text;
         if (s.matched) {

@@ -26,7 +26,8 @@ bool is_greedy(const SamplingParams& params) {
 }
 bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
-         params.frequency_penalty != 0.0f;
+         params.frequency_penalty != 0.0f ||
+         (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty());
 }
 
 // Lowest id among the largest values (NaN never wins; all NaN gives 0).
@@ -206,6 +207,7 @@ Status SamplingParams::validate() const {
     return invalid_argument(std::string("sampling: ") + field + " = " + std::to_string(value) +
                             ", expected " + range);
   };
+  if (min_tokens < 0) return out_of("min_tokens", min_tokens, ">= 0");
   if (!std::isfinite(temperature) || temperature < 0.0f) {
     return out_of("temperature", temperature, "a finite value >= 0 (0 = greedy)");
   }
@@ -238,7 +240,15 @@ double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
 
 void apply_penalties(std::span<float> logits, const SamplingParams& params,
                      std::span<const TokenId> generated) {
-  if (!has_penalties(params) || generated.empty()) return;
+  if (!has_penalties(params)) return;
+  if (static_cast<int64_t>(generated.size()) < params.min_tokens) {
+    for (const TokenId id : params.suppressed_until_min_tokens) {
+      if (id >= 0 && static_cast<size_t>(id) < logits.size()) {
+        logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  if (generated.empty()) return;
   std::unordered_map<TokenId, int32_t> counts;
   counts.reserve(generated.size());
   for (TokenId id : generated) {

@@ -54,6 +54,11 @@ struct SamplingParams {
   // the chosen token's logprob is reported whenever want_logprobs is true.
   bool want_logprobs = false;
   int32_t top_logprobs = 0;
+  // vLLM's min_tokens: while fewer than min_tokens tokens have been generated, the tokens
+  // in suppressed_until_min_tokens (the engine puts EOS and the stop token ids there) get
+  // probability 0 (logit -inf, applied with the penalties in step 1).
+  int32_t min_tokens = 0;
+  std::vector<TokenId> suppressed_until_min_tokens;
 
   // Checks ranges; the message names the field and the accepted range.
   Status validate() const;
@@ -100,7 +105,8 @@ TokenDistribution final_distribution(std::span<const float> logits, const Sampli
 // other purposes, e.g. acceptance tests).
 double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream = 0);
 
-// Applies step 1 (penalties) in place; exposed for tests and for MTP verification.
+// Applies step 1 (penalties, min_tokens suppression) in place; exposed for tests and for
+// MTP verification.
 void apply_penalties(std::span<float> logits, const SamplingParams& params,
                      std::span<const TokenId> generated);
 

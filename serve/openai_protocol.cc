@@ -167,6 +167,22 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   if (chat) max_tokens = f.integer("max_completion_tokens", 1, kMaxTokens);
   if (!max_tokens) max_tokens = f.integer("max_tokens", 1, kMaxTokens);
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (auto v = f.integer("min_tokens", 0, kMaxTokens)) {
+    if (max_tokens && *v > *max_tokens) {
+      f.fail("min_tokens", "'min_tokens' (" + std::to_string(*v) +
+                               ") must not be larger than the maximum number of tokens (" +
+                               std::to_string(*max_tokens) + ")");
+    }
+    s.min_tokens = static_cast<int32_t>(*v);
+  }
+  // Accepted and not used for anything (OpenAI: an end-user id for abuse monitoring). It is
+  // never a metrics label: that would let clients create unbounded series.
+  (void)f.string("user");
+  if (const json* bad_words = f.get("bad_words"); bad_words && !f.error) {
+    if (!bad_words->is_array() || !bad_words->empty()) {
+      f.fail_unsupported("bad_words", "'bad_words' is not supported");
+    }
+  }
   if (auto v = f.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*v);
   if (auto v = f.integer("best_of", 1, limits.max_n); v && *v != p.n) {
     f.fail_unsupported("best_of", "'best_of' different from 'n' is not supported");
@@ -458,12 +474,29 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
       f.fail_unsupported("response_format",
                          "only response_format {\"type\": \"text\"} is supported");
   }
+  // Tool calling is not implemented: refused by name rather than silently ignored. An empty
+  // tool list and tool_choice "none" ask for nothing, so they are accepted.
   if (const json* tools = f.get("tools"); tools && !f.error) {
     if (!tools->is_array()) {
       f.fail("tools", "'tools' must be an array, got " + type_name(*tools));
-    } else {
-      out->template_variables["tools"] = *tools;
+    } else if (!tools->empty()) {
+      f.fail_unsupported("tools", "'tools' is not supported: this server has no tool calling");
     }
+  }
+  if (const json* choice = f.get("tool_choice"); choice && !f.error) {
+    if (!(choice->is_string() && choice->get<std::string>() == "none")) {
+      f.fail_unsupported("tool_choice",
+                         "'tool_choice' is not supported: this server has no tool calling");
+    }
+  }
+  for (const char* name : {"parallel_tool_calls", "functions", "function_call"}) {
+    if (f.get(name) != nullptr) {
+      f.fail_unsupported(
+          name, "'" + std::string(name) + "' is not supported: this server has no tool calling");
+    }
+  }
+  if (auto v = f.boolean("echo"); v && *v) {
+    f.fail_unsupported("echo", "'echo' is not supported for chat completions");
   }
   if (const json* kwargs = f.get("chat_template_kwargs"); kwargs && !f.error) {
     if (!kwargs->is_object()) {

@@ -18,7 +18,11 @@
 // called) with an error that names the construct and its line:column.
 //
 // Values are JSON (nlohmann::json): messages, tools and other variables come straight
-// from the request. Thread-safety: render() is const and may run concurrently.
+// from the request. Template and variables are untrusted: the engine is a sandbox (checked
+// int64 arithmetic, one nesting limit for every recursive construct, caps on value and
+// output size and on the work of one render; tokenizer/jinja/limits.h), and breaking a
+// limit is an error, never a crash. Thread-safety: render() is const and may run
+// concurrently.
 #pragma once
 
 #include <memory>

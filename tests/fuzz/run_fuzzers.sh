@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (a separate small build: the main build uses g++)
-# and runs each for a bounded time. Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
+# and runs each for a bounded time: the checkpoint header and config parsers, and the
+# parsers of untrusted text (chat template, tokenizer.json, OpenAI request bodies,
+# encode/decode). Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
+# large inputs generated below. Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
 mkdir -p "$work"
@@ -33,6 +36,59 @@ cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
        "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]}}
 open("corpus_config/valid", "w").write(json.dumps(cfg))
 PY
+# The tokenizer layer (and the request parser above it) once, as objects shared by the four
+# text fuzzers.
+mkdir -p objects
+text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
+              "$src/serve/openai_protocol.cc" "$src/base/status.cc" "$src/base/check.cc")
+objects=()
+pids=()
+max_jobs=$(nproc)
+for source in "${text_sources[@]}"; do
+  object="objects/$(echo "${source#"$src"/}" | tr / _).o"
+  "$clangxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" \
+    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object" &
+  pids+=($!)
+  objects+=("$object")
+  if (( ${#pids[@]} >= max_jobs )); then
+    wait "${pids[0]}"  # set -e: a failed compile stops the script
+    pids=("${pids[@]:1}")
+  fi
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+for target in chat_template tokenizer_json openai_request encode_decode; do
+  "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
+    "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
+    "${objects[@]}" -lpcre2-8
+done
+
+# Committed seeds, plus the large regression inputs (generated, not committed).
+for target in chat_template tokenizer_json openai_request encode_decode; do
+  rm -rf "corpus_$target"
+  mkdir -p "corpus_$target"
+  cp "$src/tests/fuzz/corpus/$target/"* "corpus_$target/"
+done
+cp "$src/models/peerserve-dsv3-tiny/tokenizer.json" corpus_tokenizer_json/shipped
+/usr/bin/python3 - <<'PY'
+deep = 300000
+open("corpus_openai_request/deep_tools", "w").write(
+    '{"messages": [{"role": "user", "content": "x"}], "tools": ' + "[" * deep + "]" * deep + "}")
+open("corpus_chat_template/deep_plus", "w").write("{{ 1" + " + 1" * 2500 + " }}")
+open("corpus_chat_template/deep_if", "w").write("{% if x %}" * 2000 + "{% endif %}" * 2000)
+open("corpus_chat_template/deep_attributes", "w").write("{{ x" + ".a" * 5000 + " }}")
+open("corpus_tokenizer_json/deep_decoder", "w").write(
+    '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "decoder": ' +
+    '{"type": "Sequence", "decoders": [' * 20000 + "{}" + "]}" * 20000 + "}")
+PY
+text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1)
+./chat_template_fuzzer "${text_run[@]}" -max_len=1048576 -dict="$src/tests/fuzz/jinja.dict" \
+  corpus_chat_template
+./tokenizer_json_fuzzer "${text_run[@]}" -max_len=262144 \
+  -dict="$src/tests/fuzz/tokenizer_json.dict" corpus_tokenizer_json
+./openai_request_fuzzer "${text_run[@]}" -max_len=1048576 \
+  -dict="$src/tests/fuzz/openai_request.dict" corpus_openai_request
+./encode_decode_fuzzer "${text_run[@]}" -max_len=4096 corpus_encode_decode
+
 ./safetensors_header_fuzzer -max_total_time="$seconds" -max_len=2048 -timeout=10 \
   -dict="$src/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus_safetensors
 ./model_config_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=2048 -timeout=10 \

@@ -391,3 +391,44 @@ TEST(SamplerTest, UniformDrawsAreUniformAndStreamsDiffer) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// vLLM's min_tokens: the suppressed tokens (EOS, stop ids) cannot be drawn before
+// min_tokens tokens exist, greedy or sampled, and the distribution is renormalised
+// without them; from then on they are ordinary tokens again.
+TEST(SamplerTest, MinTokensSuppressesEndingTokens) {
+  std::vector<float> logits = {0.0f, 9.0f, 1.0f, 8.5f, 2.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.min_tokens = 3;
+  params.suppressed_until_min_tokens = {1, 3, 99};  // 99: outside the vocabulary, ignored
+  const std::vector<TokenId> two = {4, 4};
+  const std::vector<TokenId> three = {4, 4, 4};
+  EXPECT_EQ(sample_token(logits, params, {.generated = two}).token, 4);
+  EXPECT_EQ(sample_token(logits, params, {.generated = three}).token, 1);
+  EXPECT_EQ(sample_token(logits, params, {}).token, 4);
+
+  params.temperature = 1.0f;
+  params.want_logprobs = true;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const SampledToken t = sample_token(logits, params, {.generated = two, .seed = seed});
+    EXPECT_NE(t.token, 1);
+    EXPECT_NE(t.token, 3);
+    for (const TokenLogprob& alt : t.top_logprobs) EXPECT_TRUE(alt.token != 1 && alt.token != 3);
+  }
+  // The remaining three tokens renormalised: p(4) = e^2 / (1 + e + e^2).
+  const TokenDistribution d = final_distribution(logits, params, two);
+  ASSERT_EQ(d.tokens, (std::vector<TokenId>{0, 2, 4}));
+  const double total = 1.0 + std::exp(1.0) + std::exp(2.0);
+  EXPECT_NEAR(d.probs[2], std::exp(2.0) / total, 1e-6);
+  const TokenDistribution after = final_distribution(logits, params, three);
+  EXPECT_EQ(after.tokens.size(), 5u);
+
+  params.min_tokens = -1;
+  EXPECT_NE(params.validate().message().find("min_tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace peerserve

@@ -311,3 +311,62 @@ TEST(JsonBodyTest, HugeIntegersArePrintedAsSent) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// Every field is implemented or refused by name; none is silently ignored.
+TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  const auto chat = [&](const std::string& fields, ChatRequest* out) {
+    return parse_chat_request(nlohmann::json::parse("{" + messages + ", " + fields + "}"),
+                              ApiLimits{}, out);
+  };
+  struct Refused {
+    const char* fields;
+    const char* param;
+  };
+  for (const Refused& c : {
+           Refused{R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools"},
+           Refused{R"("tools": {})", "tools"},
+           Refused{R"("tool_choice": "auto")", "tool_choice"},
+           Refused{R"("tool_choice": {"type": "function", "function": {"name": "f"}})",
+                   "tool_choice"},
+           Refused{R"("parallel_tool_calls": false)", "parallel_tool_calls"},
+           Refused{R"("functions": [])", "functions"},
+           Refused{R"("function_call": "auto")", "function_call"},
+           Refused{R"("echo": true)", "echo"},
+           Refused{R"("bad_words": ["x"])", "bad_words"},
+           Refused{R"("user": 5)", "user"},
+           Refused{R"("min_tokens": -1)", "min_tokens"},
+           Refused{R"("min_tokens": 5, "max_tokens": 4)", "min_tokens"},
+           Refused{R"("min_tokens": 5, "max_completion_tokens": 4)", "min_tokens"},
+       }) {
+    ChatRequest r;
+    auto e = chat(c.fields, &r);
+    ASSERT_TRUE(e.has_value()) << c.fields;
+    EXPECT_EQ(e->param, c.param) << c.fields << " -> " << e->message;
+    EXPECT_NE(e->message.find(c.param), std::string::npos) << e->message;
+  }
+  ChatRequest r;
+  ASSERT_FALSE(chat(R"("user": "alice", "tools": [], "tool_choice": "none", "echo": false,
+                       "bad_words": [], "min_tokens": 4, "max_tokens": 4)",
+                    &r)
+                   .has_value());
+  EXPECT_EQ(r.params.sampling.min_tokens, 4);
+  EXPECT_FALSE(r.template_variables.contains("tools"));
+
+  CompletionRequest c;
+  ASSERT_FALSE(parse_completion_request(
+                   nlohmann::json::parse(R"({"prompt": "x", "min_tokens": 3, "user": "u"})"),
+                   ApiLimits{}, &c)
+                   .has_value());
+  EXPECT_EQ(c.params.sampling.min_tokens, 3);
+  auto e = parse_completion_request(nlohmann::json::parse(R"({"prompt": "x", "bad_words": ["a"]})"),
+                                    ApiLimits{}, &c);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "bad_words");
+}
+
+}  // namespace
+}  // namespace peerserve

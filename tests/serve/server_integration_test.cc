@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "model/checkpoint/test_model.h"
+#include "model/checkpoint/test_tokenizer.h"
 #include "tests/serve/server_process.h"
 
 namespace peerserve {
@@ -281,6 +282,168 @@ TEST_F(ServerIntegrationTest, MoreConcurrentRequestsThanMaxNumSeqs) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), kRequests);
   EXPECT_TRUE(wait_idle());
+}
+
+// Hostile and careless input on the real server: each gets a clear 4xx and the server
+// keeps serving.
+TEST_F(ServerIntegrationTest, HostileInputsGetClearErrors) {
+  // Nested 30,000 deep (60 KB, under this server's body limit; the unit test checks 300,000).
+  const std::string deep = R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                               "tools": )" +
+                           std::string(30000, '[') + std::string(30000, ']') + "}";
+  HttpResponse r = http_request(port(), "POST", "/v1/chat/completions", deep, {auth()});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("nested deeper than 64"), std::string::npos) << r.body;
+  // A lone surrogate is valid JSON: accepted.
+  r = http_request(port(), "POST", "/v1/chat/completions",
+                   R"({"model": "tiny", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "a\ud800b"}]})",
+                   {auth()});
+  EXPECT_EQ(r.status, 200) << r.body;
+  // 2^63 is printed as sent.
+  r = http_request(port(), "POST", "/v1/completions",
+                   R"({"model": "tiny", "prompt": "x", "max_tokens": 9223372036854775808})",
+                   {auth()});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("got 9223372036854775808"), std::string::npos) << r.body;
+  // 401 says how to authenticate.
+  r = http_request(port(), "GET", "/v1/models");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.headers.find("WWW-Authenticate: Bearer"), std::string::npos) << r.headers;
+  // Compressed bodies are refused by name.
+  r = http_request(port(), "POST", "/v1/completions", R"({"prompt": "x"})",
+                   {auth(), "Content-Encoding: gzip"});
+  EXPECT_EQ(r.status, 415) << r.body;
+  EXPECT_NE(r.body.find("Content-Encoding 'gzip'"), std::string::npos) << r.body;
+  // HEAD on GET routes: the headers, no body.
+  for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+    r = http_request(port(), "HEAD", path, "", {auth()});
+    EXPECT_EQ(r.status, 200) << path << " " << r.headers;
+    EXPECT_TRUE(r.body.empty()) << path << " " << r.body.substr(0, 100);
+  }
+  r = http_request(port(), "HEAD", "/v1/completions", "", {auth()});
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(http_request(port(), "GET", "/health").status, 200);
+}
+
+// Every field either works or is refused with a 400 naming it.
+TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
+  const std::string chat = R"("model": "tiny", "messages": [{"role": "user", "content": "x"}])";
+  struct Refused {
+    std::string fields;
+    std::string param;
+  };
+  for (const Refused& c : std::vector<Refused>{
+           {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])",
+            "tools"},
+           {R"("tool_choice": "auto")", "tool_choice"},
+           {R"("parallel_tool_calls": true)", "parallel_tool_calls"},
+           {R"("bad_words": ["the"])", "bad_words"},
+           {R"("echo": true)", "echo"},
+           {R"("min_tokens": 9, "max_tokens": 3)", "min_tokens"},
+       }) {
+    HttpResponse r = http_request(port(), "POST", "/v1/chat/completions",
+                                  "{" + chat + ", " + c.fields + "}", {auth()});
+    EXPECT_EQ(r.status, 400) << c.fields << " -> " << r.body;
+    const json body = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(body.is_discarded()) << r.body;
+    EXPECT_EQ(body["error"]["param"], c.param) << r.body;
+  }
+  // `user` is accepted and never becomes a metrics label.
+  HttpResponse r =
+      http_request(port(), "POST", "/v1/chat/completions",
+                   "{" + chat + R"(, "max_tokens": 2, "user": "user-7f3a"})", {auth()});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(metrics().find("user-7f3a"), std::string::npos);
+
+  // min_tokens suppresses the stop token ids: with every token but one a stop token, the
+  // first token ends the choice; with min_tokens = 4, four tokens come out (the one token
+  // left, drawn four times) and the choice ends by length.
+  const int64_t vocab = test_tokenizer_vocab_size();
+  const auto run = [&](int64_t allowed, std::optional<int> min_tokens) {
+    json ids = json::array();
+    for (int64_t id = 0; id < vocab; ++id) {
+      if (id != allowed) ids.push_back(id);
+    }
+    json body = {{"model", "tiny"},  {"prompt", "hello"},     {"max_tokens", 4},
+                 {"temperature", 0}, {"stop_token_ids", ids}, {"ignore_eos", false}};
+    if (min_tokens) body["min_tokens"] = *min_tokens;
+    HttpResponse response = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
+    EXPECT_EQ(response.status, 200) << response.body;
+    return json::parse(response.body, nullptr, false);
+  };
+  int64_t allowed = vocab - 1;
+  json plain = run(allowed, std::nullopt);
+  if (plain["choices"][0]["finish_reason"] != "stop") plain = run(--allowed, std::nullopt);
+  ASSERT_EQ(plain["choices"][0]["finish_reason"], "stop") << plain.dump();
+  EXPECT_EQ(plain["usage"]["completion_tokens"], 1) << plain.dump();
+  const json held = run(allowed, 4);
+  EXPECT_EQ(held["choices"][0]["finish_reason"], "length") << held.dump();
+  EXPECT_EQ(held["usage"]["completion_tokens"], 4) << held.dump();
+
+  // And stop strings: a greedy completion stopped by its own first character runs to
+  // min_tokens (its first five tokens' text comes out whole; the sixth is checked, as in
+  // vLLM, where the stop check starts with the token that reaches min_tokens).
+  json body = {{"model", "tiny"},
+               {"prompt", "hello"},
+               {"max_tokens", 5},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  r = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string five = json::parse(r.body)["choices"][0]["text"];
+  if (!five.empty()) {
+    body["stop"] = five.substr(0, 1);
+    body["max_tokens"] = 6;
+    const json stopped =
+        json::parse(http_request(port(), "POST", "/v1/completions", body.dump(), {auth()}).body);
+    EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop") << stopped.dump();
+    EXPECT_EQ(stopped["usage"]["completion_tokens"], 1) << stopped.dump();
+    body["min_tokens"] = 6;
+    const json held =
+        json::parse(http_request(port(), "POST", "/v1/completions", body.dump(), {auth()}).body);
+    EXPECT_EQ(held["usage"]["completion_tokens"], 6) << held.dump();
+    EXPECT_EQ(held["choices"][0]["text"].get<std::string>().rfind(five, 0), 0u) << held.dump();
+  }
+  EXPECT_TRUE(wait_idle());
+}
+
+// The KV cache must hold one request of max_model_len tokens: an explicit --max-model-len
+// it cannot hold is refused at start, the default one is lowered (and said so).
+TEST(ServerKvSizingTest, MaxModelLenMustFitTheKvCache) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("peerserve_tiny_kv_" + std::to_string(::getpid()));
+  TestModelOptions options;
+  options.preset = TestModelPreset::kTiny;
+  ASSERT_TRUE(write_test_model(dir.string(), options).ok());
+  {
+    ServerProcess refused;
+    EXPECT_FALSE(
+        refused.start(dir.string(), {"--kv-cache-memory", "64KiB", "--max-model-len", "100000"}));
+    EXPECT_NE(refused.read_log().find("--max-model-len 100000 is larger than the"),
+              std::string::npos)
+        << refused.read_log();
+  }
+  {
+    ServerProcess lowered;
+    ASSERT_TRUE(lowered.start(dir.string(), {"--kv-cache-memory", "64KiB"})) << lowered.read_log();
+    const std::string log = lowered.read_log();
+    EXPECT_NE(log.find("note: max_model_len lowered from"), std::string::npos) << log;
+    const HttpResponse models = http_request(lowered.port(), "GET", "/v1/models");
+    ASSERT_EQ(models.status, 200) << models.body;
+    const int64_t max_model_len = json::parse(models.body)["data"][0]["max_model_len"];
+    EXPECT_GT(max_model_len, 0);
+    EXPECT_LT(max_model_len, 4096);
+    // A request of exactly that length is admitted rather than stuck.
+    json prompt = json::array();
+    for (int64_t i = 0; i + 1 < max_model_len; ++i) prompt.push_back(5);
+    const HttpResponse full = http_request(lowered.port(), "POST", "/v1/completions",
+                                           json{{"prompt", prompt}, {"max_tokens", 1}}.dump());
+    EXPECT_EQ(full.status, 200) << full.body;
+    EXPECT_EQ(lowered.stop(), 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 // A server with one slot and a one-sequence queue answers 429 to the overflow, never 5xx,
