@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "apps/command_registry.h"
+#include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
@@ -44,6 +45,7 @@ struct ServeCli {
   bool fp32 = false;
   uint64_t seed = 0;
   int microbatches = 1;
+  EpCli ep;
 };
 
 // "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples).
@@ -90,27 +92,43 @@ int run_serve(const ServeCli& cli) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto started = EpSession::start(cli.ep);
+  if (!started.ok()) return EpSession::report_start_error(started.status());
+  EpSession& session = **started;  // outlives the engine, whose lock-step calls it
+
   const std::optional<uint64_t> kv_bytes = parse_bytes(cli.kv_cache_memory);
   if (!kv_bytes) {
     return fail(invalid_argument("--kv-cache-memory '" + cli.kv_cache_memory +
                                  "': expected bytes, optionally with K/M/G (e.g. 512MiB)"));
   }
-  if (cli.port < 0 || cli.port > 65535) {
-    return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
+  if (cli.port < 0 || cli.port + session.size() - 1 > 65535) {
+    return session.fail(invalid_argument("--port " + std::to_string(cli.port) +
+                                         ": expected 0..65535 (with --ep N, port + N - 1)"),
+                        true);
   }
 
   std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
   model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
+  if (Status s = session.plan_experts(cli.model_dir, &model_options); !s.ok()) {
+    return session.fail(s, true);
+  }
   Result<std::unique_ptr<DeepseekModel>> model =
       load_model_showing_progress(cli.model_dir, model_options);
-  if (!model.ok()) return fail(model.status());
+  if (!model.ok()) return session.fail(model.status());
   const ModelConfig& config = (*model)->config();
-  // Per-expert token counts for /metrics (the load expert placement balances).
-  auto expert_load = std::make_shared<ExpertLoadRecorder>(
-      (*model)->expert_backend(), config.num_hidden_layers + 1, config.n_routed_experts);
-  (*model)->set_expert_backend(expert_load);
+  if (Status s = session.install(**model, cli.max_num_batched_tokens); !s.ok()) {
+    return session.fail(s);
+  }
+  // Per-expert token counts for /metrics (the load expert placement balances). Under
+  // expert parallelism the session counts them for its rebalance instead.
+  std::shared_ptr<ExpertLoadRecorder> expert_load;
+  if (!session.distributed()) {
+    expert_load = std::make_shared<ExpertLoadRecorder>(
+        (*model)->expert_backend(), config.num_hidden_layers + 1, config.n_routed_experts);
+    (*model)->set_expert_backend(expert_load);
+  }
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (Result<Tokenizer> tok = Tokenizer::load_from_dir(cli.model_dir); tok.ok()) {
@@ -171,20 +189,31 @@ int run_serve(const ServeCli& cli) {
   }
   engine_options.vocab_size = config.vocab_size;
   engine_options.seed = cli.seed;
+  if (session.distributed()) {
+    // Every rank's engine steps whenever any rank has work (data-parallel attention,
+    // experts shared by all).
+    engine_options.lockstep = [&session, m = model->get()](int64_t rows) -> Result<bool> {
+      PS_ASSIGN_OR_RETURN(auto agreement, session.agree_and_rebalance(*m, rows));
+      return agreement.step;
+    };
+  }
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
   if (!engine.ok()) return fail(engine.status());
 
   OpenAiServerOptions server_options;
   server_options.http.host = cli.host;
-  server_options.http.port = static_cast<uint16_t>(cli.port);
+  // Under --ep every rank answers the API for the requests it owns: rank r on port + r.
+  server_options.http.port = static_cast<uint16_t>(cli.port == 0 ? 0 : cli.port + session.rank());
   server_options.http.max_body_bytes = cli.max_body_bytes;
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
   server_options.limits.max_n = engine_options.max_n;
-  server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
-    return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
-  };
+  if (expert_load) {
+    server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
+      return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
+    };
+  }
   auto server = OpenAiServer::create(server_options, engine->get(), tokenizer.get());
   if (!server.ok()) return fail(server.status());
 
@@ -196,6 +225,10 @@ int run_serve(const ServeCli& cli) {
                static_cast<double>(num_blocks * layout.block_bytes()) / (1 << 20),
                static_cast<long long>(sched.max_model_len), cli.max_num_seqs,
                cli.max_num_batched_tokens, cli.no_prefix_caching ? "off" : "on");
+  if (session.distributed()) {
+    std::fprintf(stderr, "expert parallelism: rank %d of %d (%s dispatch)\n", session.rank(),
+                 session.size(), cli.ep.dispatch_dtype.c_str());
+  }
   std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
                server_options.served_model_name.c_str(), cli.host.c_str(),
                static_cast<unsigned>((*server)->port()));
@@ -264,6 +297,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "other's expert exchange is in flight; docs/forward_stages.md)")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
+  add_ep_options(sub, &cli->ep);
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });

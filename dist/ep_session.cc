@@ -202,13 +202,18 @@ Result<dist::StepAgreement> EpSession::agree(int64_t rows, bool stop) {
   return impl_->coordinator->agree(rows, stop);
 }
 
+Result<dist::StepAgreement> EpSession::agree_and_rebalance(DeepseekModel& model, int64_t rows) {
+  PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows));
+  if (distributed()) PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
+  return a;
+}
+
 Status EpSession::forward(DeepseekModel& model, std::span<const SequenceChunk> chunks,
                           LatentKvCache& cache, ForwardState& state, ForwardOutput* out) {
   if (distributed()) {
     int64_t rows = 0;
     for (const SequenceChunk& c : chunks) rows += static_cast<int64_t>(c.tokens.size());
-    PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows));
-    PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
+    PS_RETURN_IF_ERROR(agree_and_rebalance(model, rows).status());
   }
   return model.forward(chunks, cache, state, out);
 }
@@ -224,8 +229,7 @@ Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache) {
   auto state = model.new_forward_state();
   ForwardOutput out;
   while (true) {
-    PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(0));
-    PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
+    PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree_and_rebalance(model, 0));
     if (a.step) PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
     if (a.stop) return ok_status();
   }

@@ -174,13 +174,13 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char**
   MPI_Initialized(&initialized);
   if (initialized) return internal_error("MPI is already initialised in this process");
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
     return unavailable("MPI_Init_thread failed (is this process started by mpirun?)");
   }
   auto impl = std::make_shared<Impl>();
-  if (provided < MPI_THREAD_FUNNELED) {
+  if (provided < MPI_THREAD_SERIALIZED) {
     MPI_Finalize();
-    return unimplemented("this MPI library does not provide MPI_THREAD_FUNNELED");
+    return unimplemented("this MPI library does not provide MPI_THREAD_SERIALIZED");
   }
   MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
   MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);

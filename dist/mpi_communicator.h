@@ -1,7 +1,9 @@
 // Communicator over MPI (Debian's OpenMPI): one rank per process, started by mpirun.
 //
-// MpiCommunicator::init() calls MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread
-// that owns the communicator calls MPI) and the destructor MPI_Finalize, so the object is
+// MpiCommunicator::init() calls MPI_Init_thread (MPI_THREAD_SERIALIZED: one thread at a
+// time calls MPI, not necessarily the one that initialised it: a server's engine thread
+// drives the exchanges after the main thread set them up) and the destructor MPI_Finalize,
+// so the object is
 // the MPI session. It works on a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN, so
 // MPI failures come back as Status.
 //

@@ -116,6 +116,7 @@ Result<RequestId> Engine::submit(EngineRequest request, OutputSink sink) {
   PS_RETURN_IF_ERROR(validate(request));
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_.load() || stopping_) return unavailable("the engine is not running");
+  if (lockstep_lost_.load()) return unavailable(lockstep_error_.message());
   const int64_t queued = inbox_sequences_ + waiting_sequences_.load();
   if (queued + request.params.n > options_.scheduler.max_waiting_seqs) {
     return resource_exhausted(
@@ -143,9 +144,14 @@ void Engine::run_loop() {
     std::vector<RequestId> aborts;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] {
+      auto ready = [&] {
         return stopping_ || !inbox_.empty() || !abort_inbox_.empty() || scheduler_->has_work();
-      });
+      };
+      if (options_.lockstep && !lockstep_lost_) {
+        wake_.wait_for(lock, options_.lockstep_idle_poll, ready);  // idle ranks still agree
+      } else {
+        wake_.wait(lock, ready);
+      }
       if (stopping_) break;
       arrivals.swap(inbox_);
       aborts.swap(abort_inbox_);
@@ -153,7 +159,11 @@ void Engine::run_loop() {
     }
     for (Pending& p : arrivals) admit(std::move(p));
     for (RequestId id : aborts) abort_now(id, FinishReason::kAbort, ok_status());
-    if (scheduler_->has_work()) step();
+    if (options_.lockstep && !lockstep_lost_) {
+      lockstep_step();
+    } else if (scheduler_->has_work()) {
+      step(scheduler_->schedule());
+    }
     publish_scheduler_stats();
   }
   // Shutdown: everything still queued or running ends with kAbort.
@@ -214,11 +224,30 @@ void Engine::admit(Pending pending) {
   if (!status.ok()) abort_now(id, FinishReason::kError, status);
 }
 
-void Engine::step() {
-  StepPlan plan = scheduler_->schedule();
-  // The scheduler always plans something when it has work (every queued sequence fits an
-  // empty pool), so an empty plan is a bug, not a state to wait in.
-  PS_CHECK(!plan.empty()) << "scheduler has work but planned an empty step";
+void Engine::lockstep_step() {
+  StepPlan plan;
+  if (scheduler_->has_work()) plan = scheduler_->schedule();
+  Result<bool> go = options_.lockstep(plan.num_batched_tokens);
+  if (!go.ok()) {
+    // The group is broken: nothing can run any more. Every live request ends with the error.
+    if (!plan.empty()) scheduler_->abandon(plan);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lockstep_error_ = unavailable("expert-parallel group lost: " + go.status().message());
+    }
+    lockstep_lost_ = true;
+    std::vector<RequestId> ids;
+    for (const auto& [id, request] : live_) ids.push_back(id);
+    for (RequestId id : ids) abort_now(id, FinishReason::kError, go.status());
+    return;
+  }
+  if (*go) step(std::move(plan));  // possibly empty: this rank lends its experts
+}
+
+void Engine::step(StepPlan plan) {
+  // Without lock-step the scheduler always plans something when it has work (every queued
+  // sequence fits an empty pool), so an empty plan is a bug, not a state to wait in.
+  PS_CHECK(!plan.empty() || options_.lockstep) << "scheduler has work but planned an empty step";
   const double start = now();
   for (const ScheduledChunk& chunk : plan.chunks) {
     auto owner = owner_of_seq_.find(chunk.seq_id);
@@ -232,6 +261,7 @@ void Engine::step() {
     fail_plan(plan, result.status());
     return;
   }
+  if (plan.empty()) return;  // a lock-step dummy step
   std::vector<SequenceUpdate> updates = scheduler_->update(plan, *result);
   const double end = now();
   metrics_.update([&](EngineMetricsSnapshot& m) {

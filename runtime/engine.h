@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -43,6 +44,14 @@ struct EngineOptions {
   int32_t max_n = 16;
   // Base of the seeds given to requests that bring none; 0 = from std::random_device.
   uint64_t seed = 0;
+  // Lock-step with other engines (expert parallelism: every rank steps whenever any rank
+  // has work, so that every MoE exchange is joined by all). Called on the engine thread
+  // before each step with the rows this engine plans (0 when idle; then at least every
+  // lockstep_idle_poll); true means step now, with an empty plan if this engine has none.
+  // An error (a lost peer) fails every live request; the engine then refuses new ones.
+  // Default: none (step only when there is work).
+  std::function<Result<bool>(int64_t rows)> lockstep;
+  std::chrono::milliseconds lockstep_idle_poll{2};
 };
 
 class Engine {
@@ -111,7 +120,9 @@ class Engine {
   Status validate(EngineRequest& request) const;
   void run_loop();
   void admit(Pending pending);
-  void step();
+  void step(StepPlan plan);
+  // One iteration under EngineOptions::lockstep.
+  void lockstep_step();
   void fail_plan(const StepPlan& plan, const Status& error);
   void abort_now(RequestId id, FinishReason reason, const Status& error);
   // Applies one sequence update to its request's choice and delta.
@@ -134,6 +145,10 @@ class Engine {
   std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
   SequenceId next_seq_id_ = 1;
   uint64_t seed_state_ = 0;
+
+  // Set by the engine thread when the lock-step group broke; read by submit().
+  std::atomic<bool> lockstep_lost_{false};
+  Status lockstep_error_;  // guarded by mutex_
 
   // Shared with submitting threads.
   mutable std::mutex mutex_;

@@ -232,6 +232,67 @@ case("rank hung mid-run: rank 0 times out naming it",
      lost_rank(signal.SIGSTOP, "rank 1 did not deliver"))
 
 
+def serve_ep2():
+    """serve --ep 2: each rank answers on port + rank; requests on both ranks at once (one
+    prefilling a long prompt while the other decodes) give the single process's tokens; an
+    idle pause longer than the peer timeout does not break the lock-step."""
+    import socket
+    import threading
+    import urllib.request
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
+            str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
+            "--kv-cache-memory", "64MiB", "--microbatches", "2", "--ep-timeout-ms", "2000"]
+    p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        def complete(rank, prompt, max_tokens):
+            body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": prompt,
+                               "max_tokens": max_tokens, "temperature": 0}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port + rank}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return json.load(r)["choices"][0]["text"]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                complete(0, "a", 1)
+                complete(1, "a", 1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the ranks never answered"
+                time.sleep(0.5)
+        long_prompt = "The kernel documentation describes " * 30
+        jobs = {(0, "The kernel", 24): None, (1, long_prompt, 8): None,
+                (1, "Debian is", 16): None, (0, "To configure the network interface,", 16): None}
+        def run_job(key):
+            jobs[key] = complete(*key)
+        threads = [threading.Thread(target=run_job, args=(k,)) for k in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for (rank, prompt, n), text in jobs.items():
+            rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
+                                      "--max-tokens", str(n), "--precision", "fp32",
+                                      "--threads", "1"])
+            assert rc == 0, err
+            assert text == single.rstrip("\n"), f"rank {rank}: {text!r} != single {single!r}"
+        time.sleep(3)  # idle longer than --ep-timeout-ms: the ranks keep agreeing meanwhile
+        assert complete(1, "The kernel", 4), "no answer after an idle pause"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+
+
+case("serve --ep 2: both ranks serve, mixed prefill/decode, same tokens", serve_ep2)
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))
 sys.exit(1 if failures else 0)
