@@ -21,18 +21,7 @@ namespace peerserve {
 namespace {
 
 ModelConfig v2_config() {
-  ModelConfig c = test_model_config(TestModelPreset::kTiny, false);
-  c.arch = ModelArch::kDeepseekV2;
-  c.q_lora_rank.reset();
-  c.scoring_func = ScoringFunc::kSoftmax;
-  c.topk_method = TopkMethod::kGroupLimitedGreedy;
-  c.norm_topk_prob = false;
-  c.routed_scaling_factor = 16.0;
-  c.num_nextn_predict_layers = 0;
-  c.n_shared_experts = 2;
-  c.rope_scaling->mscale = 0.707;
-  c.rope_scaling->mscale_all_dim = 0.707;
-  return c;
+  return test_model_config(TestModelPreset::kTinyV2, false);
 }
 
 std::string write_v2_checkpoint() {
