@@ -11,6 +11,8 @@ packages=(
   libboost-dev                        # Asio + Beast (header-only) for the HTTP front end
   python3 python3-jinja2 python3-numpy  # independent references used by tests
   libdnnl-dev                         # optional: oneDNN comparison bench (docs/kernels.md)
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # cache server RPC
+  libxxhash-dev                       # block checksums and the hash ring of the caching pool
   curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
