@@ -25,6 +25,8 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // A fresh channel per transport: members never share one TCP connection's head-of-line.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (const auto& [name, value] : cache_wire::bulk_transfer_channel_args())
+    args.SetInt(name, value);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
@@ -222,28 +224,39 @@ std::unique_ptr<PoolTransport> make_grpc_pool_transport(const std::string& addre
   return std::make_unique<GrpcPoolTransport>(address, options);
 }
 
-Result<uint64_t> probe_grpc_transport(const std::string& address, uint64_t total_bytes,
-                                      uint32_t block_bytes, std::chrono::milliseconds timeout) {
-  auto stub = wire::CachePool::NewStub(make_channel(address));
+struct GrpcTransportProbe::Channel {
+  std::unique_ptr<wire::CachePool::Stub> stub;
+};
+
+GrpcTransportProbe::GrpcTransportProbe(const std::string& address)
+    : address_(address),
+      channel_(
+          std::make_unique<Channel>(Channel{wire::CachePool::NewStub(make_channel(address))})) {}
+
+GrpcTransportProbe::~GrpcTransportProbe() = default;
+
+Result<uint64_t> GrpcTransportProbe::run(uint64_t total_bytes, uint32_t block_bytes,
+                                         std::chrono::milliseconds timeout) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   wire::ProbeRequest request;
   request.set_total_bytes(total_bytes);
   request.set_block_bytes(block_bytes);
-  std::unique_ptr<grpc::ClientReader<wire::GetChunk>> reader = stub->Probe(&context, request);
+  std::unique_ptr<grpc::ClientReader<wire::GetChunk>> reader =
+      channel_->stub->Probe(&context, request);
   wire::GetChunk chunk;
   uint64_t received = 0;
-  // Copy each block out once, as Get does into its sinks, so both pay the same copies.
   std::vector<char> sink(block_bytes);
   volatile char observed = 0;  // keeps the copies from being optimised away
   while (reader->Read(&chunk)) {
     for (const std::string& data : chunk.found_data()) {
       std::memcpy(sink.data(), data.data(), std::min<size_t>(data.size(), sink.size()));
-      observed = observed + sink[0];
+      observed = sink[0];
       received += data.size();
     }
   }
-  PS_RETURN_IF_ERROR(from_grpc(reader->Finish(), address));
+  (void)observed;
+  PS_RETURN_IF_ERROR(from_grpc(reader->Finish(), address_));
   return received;
 }
 

@@ -25,10 +25,22 @@ struct GrpcPoolTransportOptions {
 std::unique_ptr<PoolTransport> make_grpc_pool_transport(const std::string& address,
                                                         const GrpcPoolTransportOptions& options);
 
-// The transport's own streaming bandwidth: asks the member for `total_bytes` in blocks of
-// `block_bytes` shaped like a Get reply but produced without the store, and discards them.
-// Returns the bytes received. For benchmarks (the ceiling of Get over this transport).
-Result<uint64_t> probe_grpc_transport(const std::string& address, uint64_t total_bytes,
-                                      uint32_t block_bytes, std::chrono::milliseconds timeout);
+// The transport's own streaming bandwidth, for benchmarks (the ceiling of Get over this
+// transport): asks the member for `total_bytes` in blocks of `block_bytes`, shaped like a
+// Get reply but produced without the store, and copies each block out once as Get does.
+// One channel per probe object, as a transport has.
+class GrpcTransportProbe {
+ public:
+  explicit GrpcTransportProbe(const std::string& address);
+  ~GrpcTransportProbe();
+  // Returns the bytes received.
+  Result<uint64_t> run(uint64_t total_bytes, uint32_t block_bytes,
+                       std::chrono::milliseconds timeout);
+
+ private:
+  struct Channel;
+  std::string address_;
+  std::unique_ptr<Channel> channel_;
+};
 
 }  // namespace peerserve

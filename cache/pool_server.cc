@@ -196,6 +196,9 @@ Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBloc
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.SetMaxReceiveMessageSize(cache_wire::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(cache_wire::kMaxMessageBytes);
+  for (const auto& [name, value] : cache_wire::bulk_transfer_channel_args()) {
+    builder.AddChannelArgument(name, value);
+  }
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -25,17 +25,27 @@ TieredBlockStore::TieredBlockStore(ConstructionKey, std::unique_ptr<DramTier> dr
 
 Status TieredBlockStore::put(const PoolKey& key, std::span<const std::byte> bytes) {
   ++puts_;
-  Status status = ok_status();
-  if (ssd_ != nullptr) status = ssd_->put(key, bytes);
-  if (status.ok()) status = dram_->put(key, bytes);
+  if (ssd_ == nullptr) {
+    Status status = dram_->put(key, bytes);
+    if (!status.ok()) {
+      ++put_errors_;
+      dram_->remove(key);  // no older version may outlive a refused write
+    }
+    return status;
+  }
+  Status status = ssd_->put(key, bytes);
   if (!status.ok()) {
     ++put_errors_;
-    // Neither tier keeps a block that one of them refused, so a later get cannot return a
-    // stale older version from the other.
+    // Neither tier keeps a block that the SSD tier refused, so a later get cannot return a
+    // stale older version.
     dram_->remove(key);
-    if (ssd_ != nullptr) ssd_->remove(key);
+    ssd_->remove(key);
+    return status;
   }
-  return status;
+  // Persisted: DRAM is only a faster copy. A block DRAM cannot take (larger than the tier,
+  // or the tier full of blocks being read) is served from SSD.
+  if (!dram_->put(key, bytes).ok()) dram_->remove(key);
+  return ok_status();
 }
 
 Result<bool> TieredBlockStore::get(const PoolKey& key, const BlockSink& sink) {

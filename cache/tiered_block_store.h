@@ -50,8 +50,9 @@ class TieredBlockStore {
   static Result<std::unique_ptr<TieredBlockStore>> open(const TieredBlockStoreOptions& options);
   TieredBlockStore(ConstructionKey, std::unique_ptr<DramTier> dram, std::unique_ptr<SsdTier> ssd);
 
-  // Errors as DramTier::put / SsdTier::put. A block rejected by the SSD tier is not kept in
-  // DRAM either (an acknowledged block is a persisted block).
+  // Errors as SsdTier::put when there is an SSD tier (a block it rejects is dropped from
+  // DRAM too: an acknowledged block is a persisted block; a block DRAM cannot take is served
+  // from SSD), else as DramTier::put.
   Status put(const PoolKey& key, std::span<const std::byte> bytes);
   // True on a hit (the block was copied into sink(size)).
   Result<bool> get(const PoolKey& key, const BlockSink& sink);

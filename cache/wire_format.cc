@@ -1,7 +1,19 @@
 #include "cache/wire_format.h"
 
+#include <grpc/impl/codegen/grpc_types.h>
+
 namespace peerserve::cache_wire {
 namespace wire = peerserve::cache::wire;
+
+std::vector<std::pair<const char*, int>> bulk_transfer_channel_args() {
+  return {
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20},
+      {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1},
+      {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},
+      {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},
+      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20},
+  };
+}
 
 PoolKey from_wire(const wire::BlockKey& key) {
   return PoolKey{key.tenant(), key.hash()};

@@ -5,6 +5,8 @@
 #include <grpcpp/support/status.h>
 
 #include <cstddef>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "cache/pool.pb.h"
@@ -18,6 +20,11 @@ namespace peerserve::cache_wire {
 inline constexpr size_t kChunkBytes = 1 << 20;
 // Largest message either side accepts.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+
+// HTTP/2 and TCP settings both sides use for bulk blocks: (name, value) pairs for
+// grpc::ChannelArguments / ServerBuilder::AddChannelArgument. The defaults (64 KiB stream
+// window, 16 KiB frames, 8 KiB reads) cost a window update round trip every 64 KiB.
+std::vector<std::pair<const char*, int>> bulk_transfer_channel_args();
 
 PoolKey from_wire(const peerserve::cache::wire::BlockKey& key);
 void to_wire(const PoolKey& key, peerserve::cache::wire::BlockKey* out);

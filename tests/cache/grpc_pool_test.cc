@@ -181,10 +181,11 @@ TEST_F(GrpcPoolTest, PutChunkWithUnpairedKeysIsRejected) {
 }
 
 TEST_F(GrpcPoolTest, ProbeStreamsTheRequestedBytes) {
-  Result<uint64_t> got = probe_grpc_transport(address_, 3 << 20, 46080, kTimeout);
+  GrpcTransportProbe probe(address_);
+  Result<uint64_t> got = probe.run(3 << 20, 46080, kTimeout);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_GE(*got, 3u << 20);
-  EXPECT_FALSE(probe_grpc_transport(address_, 1 << 20, 0, kTimeout).ok());
+  EXPECT_FALSE(probe.run(1 << 20, 0, kTimeout).ok());
 }
 
 TEST(GrpcPoolMemberDownTest, NothingListeningIsAMissWithinTheConnectTimeout) {

@@ -88,6 +88,15 @@ TEST(TieredBlockStoreTest, DramOnlyStoreForgetsEvictedBlocks) {
   EXPECT_FALSE(store->stats().ssd.has_value());
 }
 
+TEST(TieredBlockStoreTest, BlockLargerThanDramIsServedFromSsd) {
+  ScratchDir dir("tiered");
+  auto store = open_store(store_options(4096, dir.path(), 1 << 20));
+  ASSERT_TRUE(store->put({"t", 1}, make_block(1, 10000)).ok());
+  EXPECT_TRUE(block_matches(*read(*store, {"t", 1}), 1));
+  EXPECT_EQ(store->stats().ssd->hits, 1u);
+  EXPECT_EQ(store->stats().dram.blocks, 0u);
+}
+
 TEST(TieredBlockStoreTest, RefusedPutLeavesNoOlderVersion) {
   ScratchDir dir("tiered");
   auto store = open_store(store_options(1 << 20, dir.path(), 4096));
