@@ -1,6 +1,9 @@
 // Prefix hashing for KV block reuse: a full block of tokens is identified by a hash chain,
 // hash(parent block's hash, this block's tokens), so that equal hashes mean equal whole
-// prefixes, not just equal blocks.
+// prefixes, not just equal blocks. The first block's parent is a *root* hash; a root derived
+// from a KvNamespace (kv/kv_namespace.h) makes chains of different tenants, models, KV
+// dtypes, block sizes or layouts disjoint from the first block on, so a cache shared by many
+// engines cannot hand one of them a block computed under another configuration.
 //
 // The hash is 64-bit (a splitmix64-style mixer over the parent hash and every token id).
 // With N cached blocks the chance of any collision is about N^2 / 2^65: ~3e-10 for 10^5
@@ -9,21 +12,33 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace peerserve {
 
 using BlockHash = uint64_t;
 
-// The parent hash of a sequence's first block.
+// The root of chains that never leave one engine (its local prefix cache). Chains stored in
+// a shared pool use KvNamespace::root_hash() instead.
 inline constexpr BlockHash kRootBlockHash = 0x5045455253455256ULL;  // "PEERSERV"
+
+// A root hash derived from `identity` (a canonical description of what makes KV reusable,
+// see KvNamespace::canonical_identity). Different identities give different roots; none of
+// them equals kRootBlockHash unless by a 2^-64 accident.
+BlockHash root_block_hash(std::string_view identity);
 
 // Hash of one full block given its parent's hash.
 BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens);
 
 // Extends `chain` (hashes of the first chain->size() full blocks of `tokens`) with the hashes
-// of every further full block of `tokens`. A trailing partial block is not hashed.
-// REQUIRES: block_size > 0 and `chain` was built from the same tokens and block size.
+// of every further full block of `tokens`, the first block hashed under `root`. A trailing
+// partial block is not hashed.
+// REQUIRES: block_size > 0 and `chain` was built from the same tokens, block size and root.
+void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size, BlockHash root,
+                             std::vector<BlockHash>* chain);
+
+// The same under kRootBlockHash (a chain private to one engine).
 void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size,
                              std::vector<BlockHash>* chain);
 

@@ -12,6 +12,8 @@ packages=(
   python3 python3-jinja2 python3-numpy  # independent references used by tests
   libdnnl-dev                         # optional: oneDNN comparison bench (docs/kernels.md)
   libopenmpi-dev openmpi-bin          # expert parallelism across processes (dist/)
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # cache server RPC
+  libxxhash-dev                       # block checksums and the hash ring of the caching pool
   curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

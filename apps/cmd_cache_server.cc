@@ -1,0 +1,180 @@
+// peerserve cache-server: one member of the caching pool (a DRAM tier over an optional SSD
+// tier, served over gRPC). Several servers form one pool: clients place keys on them by
+// consistent hashing over the member list (--kv-pool HOST:PORT,HOST:PORT,...).
+//
+//   peerserve cache-server --listen 127.0.0.1:7400 --dram 4G --ssd-dir /var/cache/ps --ssd 100G
+//
+// Prints "cache-server listening on HOST:PORT" once it accepts calls (the port it chose when
+// asked for port 0). SIGINT/SIGTERM stop it after running calls finish (1 s grace). Blocks
+// on SSD survive a restart on the same --ssd-dir.
+#include <signal.h>
+
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/command_registry.h"
+#include "cache/pool_server.h"
+#include "cache/tiered_block_store.h"
+#include "kv/kv_namespace.h"
+
+namespace peerserve {
+namespace {
+
+struct CacheServerCli {
+  std::string listen;
+  std::string dram;
+  std::string ssd_dir;
+  std::string ssd;
+  bool ssd_sync = false;
+  std::vector<std::string> namespace_capacity;
+  std::string max_block = "32M";
+};
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  return 2;
+}
+
+// "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples), checked for overflow.
+Result<uint64_t> parse_byte_size(const std::string& flag, const std::string& text) {
+  auto bad = [&] {
+    return invalid_argument(flag + " '" + text +
+                            "': expected a byte count such as 1073741824, 512M or 4G");
+  };
+  size_t pos = 0;
+  uint64_t number = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    const uint64_t digit = static_cast<uint64_t>(text[pos] - '0');
+    if (number > (std::numeric_limits<uint64_t>::max() - digit) / 10) return bad();
+    number = number * 10 + digit;
+    ++pos;
+  }
+  if (pos == 0) return bad();
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, int> kShift = {
+      {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+      {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
+  auto shift = kShift.find(unit);
+  if (shift == kShift.end()) return bad();
+  if (number > (std::numeric_limits<uint64_t>::max() >> shift->second)) return bad();
+  return number << shift->second;
+}
+
+int run_cache_server(const CacheServerCli& cli) {
+  TieredBlockStoreOptions store_options;
+  Result<uint64_t> dram = parse_byte_size("--dram", cli.dram);
+  if (!dram.ok()) return fail(dram.status());
+  if (*dram == 0) return fail(invalid_argument("--dram 0: the DRAM tier needs some capacity"));
+  store_options.dram_bytes = *dram;
+  if (cli.ssd_dir.empty() != cli.ssd.empty()) {
+    return fail(
+        invalid_argument("--ssd-dir and --ssd go together (the SSD tier's folder and size)"));
+  }
+  if (!cli.ssd_dir.empty()) {
+    Result<uint64_t> ssd = parse_byte_size("--ssd", cli.ssd);
+    if (!ssd.ok()) return fail(ssd.status());
+    if (*ssd == 0) return fail(invalid_argument("--ssd 0: the SSD tier needs some capacity"));
+    store_options.ssd_dir = cli.ssd_dir;
+    store_options.ssd_bytes = *ssd;
+    store_options.ssd_sync_writes = cli.ssd_sync;
+  }
+  for (const std::string& entry : cli.namespace_capacity) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) {
+      return fail(invalid_argument("--namespace-capacity '" + entry + "': expected NAME=BYTES"));
+    }
+    const std::string name = entry.substr(0, eq);
+    if (Status s = validate_tenant_name(name); !s.ok()) return fail(s);
+    Result<uint64_t> bytes = parse_byte_size("--namespace-capacity " + name, entry.substr(eq + 1));
+    if (!bytes.ok()) return fail(bytes.status());
+    store_options.tenant_capacity[name] = *bytes;
+  }
+  PoolServerOptions server_options;
+  server_options.listen = cli.listen;
+  Result<uint64_t> max_block = parse_byte_size("--max-block-bytes", cli.max_block);
+  if (!max_block.ok()) return fail(max_block.status());
+  server_options.max_block_bytes = *max_block;
+
+  // Signals are taken by a dedicated thread with sigwait(); block them in every thread that
+  // gRPC starts from here on.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Result<std::unique_ptr<TieredBlockStore>> store = TieredBlockStore::open(store_options);
+  if (!store.ok()) return fail(store.status());
+  std::shared_ptr<TieredBlockStore> shared_store(std::move(store).value());
+  if (const SsdTier* ssd = shared_store->ssd(); ssd != nullptr) {
+    const SsdRecovery& r = ssd->recovery();
+    std::printf(
+        "cache-server: SSD tier %s: recovered %llu blocks (%llu bytes); removed %llu "
+        "interrupted writes, %llu bad files; evicted %llu over capacity\n",
+        cli.ssd_dir.c_str(), static_cast<unsigned long long>(r.blocks),
+        static_cast<unsigned long long>(r.bytes),
+        static_cast<unsigned long long>(r.temp_files_removed),
+        static_cast<unsigned long long>(r.bad_files_removed),
+        static_cast<unsigned long long>(r.evicted_over_capacity));
+  }
+  Result<std::unique_ptr<PoolServer>> server = PoolServer::start(shared_store, server_options);
+  if (!server.ok()) return fail(server.status());
+  const std::string host = cli.listen.substr(0, cli.listen.rfind(':'));
+  std::printf("cache-server listening on %s:%d (DRAM %llu bytes%s)\n", host.c_str(),
+              (*server)->port(), static_cast<unsigned long long>(store_options.dram_bytes),
+              store_options.ssd_dir.empty() ? ", no SSD tier" : ", SSD tier");
+  std::fflush(stdout);
+
+  PoolServer* server_ptr = server->get();
+  std::thread signal_waiter([signals, server_ptr] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "cache-server: shutting down (signal %d)\n", sig);
+    server_ptr->shutdown(std::chrono::milliseconds(1000));
+  });
+  (*server)->wait();
+  signal_waiter.join();
+  const PoolStats s = shared_store->stats();
+  std::printf("cache-server: %llu gets (%llu hits), %llu puts, %llu DRAM evictions\n",
+              static_cast<unsigned long long>(s.gets), static_cast<unsigned long long>(s.hits),
+              static_cast<unsigned long long>(s.puts),
+              static_cast<unsigned long long>(s.dram.evictions));
+  return 0;
+}
+
+const bool kRegistered = register_command([](CLI::App& root) {
+  auto* sub = root.add_subcommand(
+      "cache-server",
+      "Run one member of the caching pool: a DRAM tier (LRU) over an optional SSD tier "
+      "(checksummed block files, recovered after a restart), served over gRPC. Clients list "
+      "the members (--kv-pool HOST:PORT,...) and place blocks by consistent hashing.");
+  auto cli = std::make_shared<CacheServerCli>();
+  sub->add_option("--listen", cli->listen,
+                  "HOST:PORT to serve on; port 0 picks a free port (printed at start)")
+      ->required();
+  sub->add_option("--dram", cli->dram,
+                  "capacity of the DRAM tier in bytes (suffixes k, M, G, T: binary multiples)")
+      ->required();
+  sub->add_option("--ssd-dir", cli->ssd_dir,
+                  "folder of the SSD tier (created if missing; blocks in it are recovered and "
+                  "served again); every write is persisted there before it is acknowledged");
+  sub->add_option("--ssd", cli->ssd, "capacity of the SSD tier in bytes (with --ssd-dir)");
+  sub->add_flag("--ssd-sync", cli->ssd_sync,
+                "fdatasync every block file before it is acknowledged (survives power loss, "
+                "not only a crash of the server; slower)");
+  sub->add_option("--namespace-capacity", cli->namespace_capacity,
+                  "NAME=BYTES: cap what namespace NAME may hold in each tier (repeatable); a "
+                  "namespace over its cap evicts its own least recently used blocks");
+  sub->add_option("--max-block-bytes", cli->max_block,
+                  "largest block a client may store (default 32M)");
+  sub->callback([cli] { set_command_exit_code(run_cache_server(*cli)); });
+});
+
+}  // namespace
+}  // namespace peerserve

@@ -1,0 +1,63 @@
+// PoolServer: one member of the caching pool (the paper's MP server) serving a
+// TieredBlockStore over gRPC (cache/pool.proto).
+//
+// Every request is checked before it touches the store: a bad tenant, a block larger than
+// max_block_bytes, more keys than max_keys_per_request, or a Put chunk whose keys and
+// blocks do not pair up is an error reply (INVALID_ARGUMENT, per block where it can be),
+// never a crash; bytes that are not a valid message are rejected by gRPC before any
+// handler runs. Handlers stop early when their client cancels or its deadline passes.
+//
+// Thread-safety: start() and shutdown() from one thread; requests are served on gRPC's
+// threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "cache/tiered_block_store.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace peerserve {
+
+struct PoolServerOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  uint32_t max_keys_per_request = 1 << 16;
+  uint64_t max_block_bytes = 32ull << 20;
+};
+
+class PoolServer {
+  struct ConstructionKey {};
+
+ public:
+  // Errors: a listen address that cannot be bound (names it).
+  static Result<std::unique_ptr<PoolServer>> start(std::shared_ptr<TieredBlockStore> store,
+                                                   const PoolServerOptions& options);
+  PoolServer(ConstructionKey, std::shared_ptr<TieredBlockStore> store);
+  ~PoolServer();
+
+  // The port actually bound (the chosen one when options.listen asked for port 0).
+  int port() const { return port_; }
+  // Stops accepting calls and waits up to `grace` for running ones, then cancels them.
+  void shutdown(std::chrono::milliseconds grace);
+  // Blocks until shutdown() (from another thread or a signal handler thread).
+  void wait();
+  // Requests rejected by validation so far.
+  uint64_t malformed_requests() const;
+
+ private:
+  class Service;
+
+  std::shared_ptr<TieredBlockStore> store_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace peerserve
