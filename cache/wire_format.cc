@@ -8,6 +8,7 @@ namespace wire = peerserve::cache::wire;
 std::vector<std::pair<const char*, int>> bulk_transfer_channel_args() {
   return {
       {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20},
+      {GRPC_ARG_HTTP2_BDP_PROBE, 0},
       {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (16 << 20) - 1},
       {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},
       {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},

@@ -4,7 +4,8 @@
 //               read ends in such a copy)
 //   tcp         raw TCP over 127.0.0.1, 1 MiB writes (what any socket transport can reach)
 //   grpc probe  the cache server's Probe RPC: Get-shaped replies of the same blocks, built
-//               without the store (the ceiling of Get over this transport)
+//               without the store (the ceiling of Get over this transport), measured in
+//               rounds alternating with the gets it bounds
 // Pools measured: the in-process pool (`--kv-pool local`), the pool over gRPC on loopback
 // (an in-process PoolServer on 127.0.0.1:0, or --server HOST:PORT), and the SSD tier
 // (DRAM too small to hold the batch, so every get reads a checksummed file).
@@ -27,6 +28,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cache/grpc_pool_transport.h"
@@ -122,12 +125,38 @@ double measure_tcp_loopback_gbs(const BenchOptions& o) {
   return gbs;
 }
 
+// Medians of rounds of `a` and of `b` taken alternately, so that both see the same drift in
+// the machine's load.
+std::pair<double, double> measure_alternating_gbs(const BenchOptions& o, uint64_t bytes_per_call,
+                                                  const std::function<void()>& a,
+                                                  const std::function<void()>& b) {
+  a();
+  b();
+  std::vector<double> rounds_a, rounds_b;
+  auto round = [&](const std::function<void()>& call, std::vector<double>& out) {
+    const auto start = Clock::now();
+    for (int i = 0; i < o.iterations; ++i) call();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    out.push_back(static_cast<double>(bytes_per_call) * o.iterations / seconds / 1e9);
+  };
+  for (int r = 0; r < o.repeats; ++r) {
+    round(a, rounds_a);
+    round(b, rounds_b);
+  }
+  return {median(rounds_a), median(rounds_b)};
+}
+
 struct PoolFigures {
   double put_one = 0, get_one = 0, put_batch = 0, get_batch = 0;
+  // The transport's ceiling for the same shapes, measured alternately with the gets.
+  double ceiling_one = 0, ceiling_batch = 0;
 };
 
+// Streams `total_bytes` through the transport without the store (empty: no ceiling).
+using CeilingCall = std::function<void(uint64_t total_bytes)>;
+
 PoolFigures measure_pool(const BenchOptions& o, PoolClient& client, size_t block_bytes,
-                         const std::string& tenant) {
+                         const std::string& tenant, const CeilingCall& ceiling = {}) {
   const milliseconds timeout(30000);
   std::vector<std::vector<std::byte>> blocks(o.batch, std::vector<std::byte>(block_bytes));
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -158,15 +187,26 @@ PoolFigures measure_pool(const BenchOptions& o, PoolClient& client, size_t block
   PoolFigures f;
   f.put_one =
       measure_gbs(o, block_bytes, [&] { check_put({client.put_one(keys[0], views[0], timeout)}); });
-  f.get_one = measure_gbs(o, block_bytes, [&] {
+  auto get_one = [&] {
     std::vector<BlockLookup> r;
     r.push_back(client.get_one(keys[0], out[0], timeout));
     check_get(r);
-  });
+  };
+  auto get_batch = [&] { check_get(client.get(keys, sinks, timeout)); };
+  if (ceiling) {
+    std::tie(f.get_one, f.ceiling_one) =
+        measure_alternating_gbs(o, block_bytes, get_one, [&] { ceiling(block_bytes); });
+  } else {
+    f.get_one = measure_gbs(o, block_bytes, get_one);
+  }
   f.put_batch =
       measure_gbs(o, block_bytes * o.batch, [&] { check_put(client.put(keys, views, timeout)); });
-  f.get_batch =
-      measure_gbs(o, block_bytes * o.batch, [&] { check_get(client.get(keys, sinks, timeout)); });
+  if (ceiling) {
+    std::tie(f.get_batch, f.ceiling_batch) = measure_alternating_gbs(
+        o, block_bytes * o.batch, get_batch, [&] { ceiling(block_bytes * o.batch); });
+  } else {
+    f.get_batch = measure_gbs(o, block_bytes * o.batch, get_batch);
+  }
   if (out[o.batch - 1] != blocks[o.batch - 1]) {
     std::fprintf(stderr, "pool returned wrong bytes\n");
     std::exit(1);
@@ -208,19 +248,16 @@ int run(const BenchOptions& o) {
   const milliseconds timeout(30000);
   GrpcTransportProbe prober(address);
   auto probe = [&](uint64_t total) {
-    return [&, total] {
-      if (!prober.run(total, static_cast<uint32_t>(block_bytes), timeout).ok()) {
-        std::fprintf(stderr, "probe failed\n");
-        std::exit(1);
-      }
-    };
+    if (!prober.run(total, static_cast<uint32_t>(block_bytes), timeout).ok()) {
+      std::fprintf(stderr, "probe failed\n");
+      std::exit(1);
+    }
   };
-  const double probe_one = measure_gbs(o, block_bytes, probe(block_bytes));
-  const double probe_batch = measure_gbs(o, block_bytes * o.batch, probe(block_bytes * o.batch));
-
   auto remote = PoolClient::connect(address, {});
   if (!remote.ok()) return 1;
-  const PoolFigures grpc = measure_pool(o, **remote, block_bytes, "bench");
+  const PoolFigures grpc = measure_pool(o, **remote, block_bytes, "bench", probe);
+  const double probe_one = grpc.ceiling_one;
+  const double probe_batch = grpc.ceiling_batch;
 
   TieredBlockStoreOptions local_store;
   local_store.dram_bytes = 512 << 20;
