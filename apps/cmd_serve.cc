@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/byte_size.h"
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
@@ -48,29 +49,6 @@ struct ServeCli {
   EpCli ep;
 };
 
-// "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples).
-std::optional<uint64_t> parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
-  if (pos == 0) return std::nullopt;
-  const uint64_t number = std::stoull(text.substr(0, pos));
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  uint64_t scale = 1;
-  if (unit.empty() || unit == "b") {
-    scale = 1;
-  } else if (unit == "k" || unit == "kb" || unit == "kib") {
-    scale = 1ULL << 10;
-  } else if (unit == "m" || unit == "mb" || unit == "mib") {
-    scale = 1ULL << 20;
-  } else if (unit == "g" || unit == "gb" || unit == "gib") {
-    scale = 1ULL << 30;
-  } else {
-    return std::nullopt;
-  }
-  return number * scale;
-}
-
 // The checkpoint folder's name ("models/peerserve-dsv3-smoke/" -> "peerserve-dsv3-smoke").
 std::string default_model_name(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -96,11 +74,8 @@ int run_serve(const ServeCli& cli) {
   if (!started.ok()) return EpSession::report_start_error(started.status());
   EpSession& session = **started;  // outlives the engine, whose lock-step calls it
 
-  const std::optional<uint64_t> kv_bytes = parse_bytes(cli.kv_cache_memory);
-  if (!kv_bytes) {
-    return fail(invalid_argument("--kv-cache-memory '" + cli.kv_cache_memory +
-                                 "': expected bytes, optionally with K/M/G (e.g. 512MiB)"));
-  }
+  const Result<uint64_t> kv_bytes = parse_byte_size("--kv-cache-memory", cli.kv_cache_memory);
+  if (!kv_bytes.ok()) return fail(kv_bytes.status());
   if (cli.port < 0 || cli.port + session.size() - 1 > 65535) {
     return session.fail(invalid_argument("--port " + std::to_string(cli.port) +
                                          ": expected 0..65535 (with --ep N, port + N - 1)"),
