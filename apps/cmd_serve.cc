@@ -19,6 +19,7 @@
 #include "apps/load_progress_bar.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
+#include "runtime/data_parallel_router.h"
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
@@ -61,6 +62,20 @@ int fail(const Status& status) {
   return 1;
 }
 
+// Ranks other than 0 of `serve --ep N`: no HTTP; the engine runs the requests rank 0 hands
+// it until rank 0 stops the group (exit 0) or the group breaks (the error ends the job).
+// Signals stay blocked here: mpirun forwards them to rank 0 too, which stops the group.
+int follow_leader(EpSession& session, Engine& engine, DataParallelRouter& router) {
+  engine.start();
+  std::fprintf(stderr, "expert parallelism: rank %d of %d runs the requests rank 0 hands it\n",
+               session.rank(), session.size());
+  std::fflush(stderr);
+  const Status status = router.wait_until_done();
+  engine.stop();
+  if (!status.ok()) return session.fail(status);
+  return 0;
+}
+
 int run_serve(const ServeCli& cli) {
   // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
   // (threads created from here on inherit the mask).
@@ -76,10 +91,9 @@ int run_serve(const ServeCli& cli) {
 
   const Result<uint64_t> kv_bytes = parse_byte_size("--kv-cache-memory", cli.kv_cache_memory);
   if (!kv_bytes.ok()) return fail(kv_bytes.status());
-  if (cli.port < 0 || cli.port + session.size() - 1 > 65535) {
-    return session.fail(invalid_argument("--port " + std::to_string(cli.port) +
-                                         ": expected 0..65535 (with --ep N, port + N - 1)"),
-                        true);
+  if (cli.port < 0 || cli.port > 65535) {
+    return session.fail(
+        invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"), true);
   }
 
   std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
@@ -164,21 +178,26 @@ int run_serve(const ServeCli& cli) {
   }
   engine_options.vocab_size = config.vocab_size;
   engine_options.seed = cli.seed;
+  // Under expert parallelism every rank's engine steps whenever any rank has work
+  // (data-parallel attention, experts shared by all), and rank 0 answers the API for all of
+  // them: the router hands each request to the least loaded rank over the same agreement.
+  std::unique_ptr<DataParallelRouter> router;
   if (session.distributed()) {
-    // Every rank's engine steps whenever any rank has work (data-parallel attention,
-    // experts shared by all).
-    engine_options.lockstep = [&session, m = model->get()](int64_t rows) -> Result<bool> {
-      PS_ASSIGN_OR_RETURN(auto agreement, session.agree_and_rebalance(*m, rows));
-      return agreement.step;
-    };
+    router = std::make_unique<DataParallelRouter>(
+        session.rank(), session.size(),
+        [&session, m = model->get()](int64_t rows, bool stop, std::span<const std::byte> mail) {
+          return session.agree_and_rebalance(*m, rows, stop, mail);
+        });
+    engine_options.lockstep = [r = router.get()](int64_t rows) { return r->lockstep(rows); };
   }
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
-  if (!engine.ok()) return fail(engine.status());
+  if (!engine.ok()) return session.fail(engine.status());
+  if (router) router->attach(engine->get());
+  if (router && !session.leader()) return follow_leader(session, **engine, *router);
 
   OpenAiServerOptions server_options;
   server_options.http.host = cli.host;
-  // Under --ep every rank answers the API for the requests it owns: rank r on port + r.
-  server_options.http.port = static_cast<uint16_t>(cli.port == 0 ? 0 : cli.port + session.rank());
+  server_options.http.port = static_cast<uint16_t>(cli.port);
   server_options.http.max_body_bytes = cli.max_body_bytes;
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
@@ -189,8 +208,14 @@ int run_serve(const ServeCli& cli) {
       return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
     };
   }
-  auto server = OpenAiServer::create(server_options, engine->get(), tokenizer.get());
-  if (!server.ok()) return fail(server.status());
+  if (router) {
+    server_options.extra_metrics = [r = router.get(), name = server_options.served_model_name] {
+      return render_data_parallel_load(r->outstanding(), r->routed_total(), name);
+    };
+  }
+  EngineClient* client = router ? static_cast<EngineClient*>(router.get()) : engine->get();
+  auto server = OpenAiServer::create(server_options, client, tokenizer.get());
+  if (!server.ok()) return session.fail(server.status());
 
   (*engine)->start();
   std::fprintf(stderr,
@@ -201,8 +226,10 @@ int run_serve(const ServeCli& cli) {
                static_cast<long long>(sched.max_model_len), cli.max_num_seqs,
                cli.max_num_batched_tokens, cli.no_prefix_caching ? "off" : "on");
   if (session.distributed()) {
-    std::fprintf(stderr, "expert parallelism: rank %d of %d (%s dispatch)\n", session.rank(),
-                 session.size(), cli.ep.dispatch_dtype.c_str());
+    std::fprintf(stderr,
+                 "expert parallelism: rank 0 of %d (%s dispatch) answers the API and spreads "
+                 "requests over the %d ranks\n",
+                 session.size(), cli.ep.dispatch_dtype.c_str(), session.size());
   }
   std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
                server_options.served_model_name.c_str(), cli.host.c_str(),
@@ -211,16 +238,33 @@ int run_serve(const ServeCli& cli) {
 
   Engine* engine_ptr = engine->get();
   OpenAiServer* server_ptr = server->get();
+  DataParallelRouter* router_ptr = router.get();
   auto run_finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread signal_waiter([signals, engine_ptr, server_ptr, run_finished] {
+  std::thread signal_waiter([signals, engine_ptr, server_ptr, router_ptr, run_finished] {
     int sig = 0;
     sigwait(&signals, &sig);
     if (run_finished->load()) return;  // woken by the main thread below
-    std::fprintf(stderr, "\nshutting down (signal %d)\n", sig);
+    if (router_ptr == nullptr || !router_ptr->done()) {
+      std::fprintf(stderr, "\nshutting down (signal %d)\n", sig);
+    }
     // Engine first: unfinished requests end with "abort" while connections still exist.
     engine_ptr->stop();
+    if (router_ptr != nullptr) {
+      // The other ranks' requests end with "abort" too, then the ranks stop.
+      if (Status s = router_ptr->finish(); !s.ok()) {
+        std::fprintf(stderr, "warning: stopping the other ranks: %s\n", s.message().c_str());
+      }
+    }
     server_ptr->stop();
   });
+  // A lost rank breaks the group: nothing can run any more, so the server ends (with the
+  // error) instead of answering 503 forever.
+  std::thread group_watcher;
+  if (router_ptr != nullptr) {
+    group_watcher = std::thread([router_ptr] {
+      if (!router_ptr->wait_until_done().ok()) kill(getpid(), SIGTERM);
+    });
+  }
   (*server)->run();
   run_finished->store(true);
   // If run() returned for another reason, wake the waiter (harmless if it already ended:
@@ -228,8 +272,15 @@ int run_serve(const ServeCli& cli) {
   kill(getpid(), SIGTERM);
   signal_waiter.join();
   (*engine)->stop();
+  Status group = ok_status();
+  if (router_ptr != nullptr) {
+    (void)router_ptr->finish();  // no-op when the signal path already stopped the group
+    group = router_ptr->wait_until_done();
+    group_watcher.join();
+  }
   server->reset();
   engine->reset();
+  if (!group.ok()) return session.fail(group);
   return 0;
 }
 

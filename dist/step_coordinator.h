@@ -7,11 +7,19 @@
 // periodic decisions (an expert rebalance every N steps) happen on every rank at the same
 // step, and a stop request (the leader is done) ends every rank's loop together.
 //
+// An agreement can carry mail: each rank may post bytes, and every rank receives every
+// rank's bytes of that agreement (the data-parallel front end sends requests to the ranks
+// and gets their outputs back this way). Without mail an agreement is one allgather of four
+// numbers per rank; with mail, one more allgather of the longest letter, padded.
+//
 // Thread-safety: the thread that owns the Communicator.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "base/status.h"
 #include "dist/communicator.h"
@@ -24,6 +32,9 @@ struct StepAgreement {
   int64_t ranks_with_work = 0;
   int64_t tokens = 0;      // rows all ranks bring to this step, summed
   int64_t step_index = 0;  // steps agreed so far (the same on every rank)
+  // mail[r]: the bytes rank r posted to this agreement (empty when it posted none, or when
+  // no rank posted any: then mail is empty altogether).
+  std::vector<std::vector<std::byte>> mail;
 };
 
 class StepCoordinator {
@@ -34,8 +45,12 @@ class StepCoordinator {
       : comm_(comm), timeout_(timeout) {}
 
   // Called by every rank once per loop iteration: `tokens` is the rows this rank would run
-  // (0 when idle), `stop` asks the whole group to end.
-  Result<StepAgreement> agree(int64_t tokens, bool stop = false);
+  // (0 when idle), `stop` asks the whole group to end, `mail` goes to every rank (at most
+  // kMaxMailBytes; more is InvalidArgument on this rank, before any communication).
+  Result<StepAgreement> agree(int64_t tokens, bool stop = false,
+                              std::span<const std::byte> mail = {});
+
+  static constexpr size_t kMaxMailBytes = size_t{256} << 20;
 
   int64_t steps() const { return steps_; }
 
@@ -43,6 +58,7 @@ class StepCoordinator {
   Communicator* comm_;
   std::chrono::milliseconds timeout_;
   int64_t steps_ = 0;
+  std::vector<int64_t> numbers_;
 };
 
 }  // namespace peerserve::dist

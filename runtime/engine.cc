@@ -241,7 +241,11 @@ void Engine::lockstep_step() {
     for (RequestId id : ids) abort_now(id, FinishReason::kError, go.status());
     return;
   }
-  if (*go) step(std::move(plan));  // possibly empty: this rank lends its experts
+  if (*go) {
+    step(std::move(plan));  // possibly empty: this rank lends its experts
+  } else if (!plan.empty()) {
+    scheduler_->abandon(plan);  // not stepping now: the plan is made again next time
+  }
 }
 
 void Engine::step(StepPlan plan) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "runtime/engine_client.h"
 #include "runtime/engine_metrics.h"
 #include "runtime/executor.h"
 #include "runtime/request.h"
@@ -47,25 +48,26 @@ struct EngineOptions {
   // Lock-step with other engines (expert parallelism: every rank steps whenever any rank
   // has work, so that every MoE exchange is joined by all). Called on the engine thread
   // before each step with the rows this engine plans (0 when idle; then at least every
-  // lockstep_idle_poll); true means step now, with an empty plan if this engine has none.
+  // lockstep_idle_poll); true means step now, with an empty plan if this engine has none;
+  // false means not now (a planned step is given back to the scheduler).
   // An error (a lost peer) fails every live request; the engine then refuses new ones.
   // Default: none (step only when there is work).
   std::function<Result<bool>(int64_t rows)> lockstep;
   std::chrono::milliseconds lockstep_idle_poll{2};
 };
 
-class Engine {
+class Engine final : public EngineClient {
  public:
   // Called on the engine thread with each output of a request, the last one with
   // finished = true. Must not block and must not call back into the engine's submit().
-  using OutputSink = std::function<void(RequestOutput)>;
+  using OutputSink = EngineClient::OutputSink;
 
   // `tokenizer` may be null: outputs then carry token ids only and stop strings are
   // rejected. It must outlive the engine.
   static Result<std::unique_ptr<Engine>> create(const EngineOptions& options,
                                                 std::unique_ptr<Executor> executor,
                                                 const Tokenizer* tokenizer);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -76,16 +78,20 @@ class Engine {
   // Queues a request. Errors (nothing is queued): InvalidArgument (bad parameters, empty
   // prompt, token id outside the vocabulary), OutOfRange (longer than the context or the
   // KV cache), ResourceExhausted (waiting queue full), Unavailable (engine not running).
-  Result<RequestId> submit(EngineRequest request, OutputSink sink);
+  Result<RequestId> submit(EngineRequest request, OutputSink sink) override;
   // Ends a request early (its sink gets a last kAbort output unless it already finished).
   // Unknown or finished ids are ignored.
-  void abort(RequestId id);
+  void abort(RequestId id) override;
 
   // max_tokens used when a request does not set one.
   int64_t default_max_tokens(int64_t num_prompt_tokens) const;
-  const EngineOptions& options() const { return options_; }
-  EngineMetricsSnapshot metrics() const { return metrics_.snapshot(); }
-  bool running() const { return running_.load(); }
+  // The checks submit() makes on a request (and the defaults it fills in: max_tokens),
+  // without queueing it: a front end that hands requests to other ranks' engines (which run
+  // with the same options) checks them here first, so errors are answered at once.
+  Status validate(EngineRequest& request) const;
+  const EngineOptions& options() const override { return options_; }
+  EngineMetricsSnapshot metrics() const override { return metrics_.snapshot(); }
+  bool running() const override { return running_.load(); }
 
  private:
   struct Choice {
@@ -117,7 +123,6 @@ class Engine {
   Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
          std::unique_ptr<Executor> executor, const Tokenizer* tokenizer);
 
-  Status validate(EngineRequest& request) const;
   void run_loop();
   void admit(Pending pending);
   void step(StepPlan plan);

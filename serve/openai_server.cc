@@ -13,7 +13,7 @@ using json = nlohmann::json;
 
 struct OpenAiServer::Context {
   OpenAiServerOptions options;
-  Engine* engine = nullptr;
+  EngineClient* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
   HttpServer* http = nullptr;
   std::mutex id_mutex;
@@ -106,7 +106,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     for (int32_t p = 0; p < num_prompts; ++p) {
       auto self = shared_from_this();
       auto exchange = exchange_;
-      Engine::OutputSink sink = [self, exchange, p](RequestOutput out) {
+      EngineClient::OutputSink sink = [self, exchange, p](RequestOutput out) {
         exchange->post([self, p, out = std::move(out)]() mutable { self->on_output(p, out); });
       };
       Result<RequestId> id = ctx_->engine->submit(std::move(requests[p]), std::move(sink));
@@ -119,7 +119,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       request_ids_.push_back(*id);
     }
     num_unfinished_prompts_ = num_prompts;
-    Engine* engine = ctx_->engine;
+    EngineClient* engine = ctx_->engine;
     std::vector<RequestId> ids = request_ids_;
     exchange_->on_disconnect([engine, ids] {
       for (RequestId id : ids) engine->abort(id);
@@ -541,7 +541,7 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
 }  // namespace
 
 Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOptions& options,
-                                                           Engine* engine,
+                                                           EngineClient* engine,
                                                            const Tokenizer* tokenizer) {
   if (engine == nullptr) return invalid_argument("OpenAI server: no engine");
   if (options.served_model_name.empty()) {

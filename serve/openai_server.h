@@ -1,4 +1,5 @@
-// OpenAiServer: the OpenAI-compatible HTTP API in front of an Engine.
+// OpenAiServer: the OpenAI-compatible HTTP API in front of an engine (an EngineClient: this
+// process's Engine, or the data-parallel router of an expert-parallel job).
 //
 //   POST /v1/chat/completions   chat template -> tokens -> engine; JSON or SSE stream
 //   POST /v1/completions        text / token-id prompts (batches too); JSON or SSE stream
@@ -44,7 +45,8 @@ class OpenAiServer {
  public:
   // `engine` and `tokenizer` (may be null: token-id prompts only) must outlive the server.
   static Result<std::unique_ptr<OpenAiServer>> create(const OpenAiServerOptions& options,
-                                                      Engine* engine, const Tokenizer* tokenizer);
+                                                      EngineClient* engine,
+                                                      const Tokenizer* tokenizer);
   ~OpenAiServer();
 
   uint16_t port() const { return http_->port(); }

@@ -185,4 +185,26 @@ std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_e
   return text.text();
 }
 
+std::string render_data_parallel_load(const std::vector<int64_t>& running,
+                                      const std::vector<int64_t>& routed_total,
+                                      const std::string& model_name) {
+  PrometheusText text;
+  text.family("peerserve:dp_rank_running_sequences",
+              "Unfinished sequences of each data-parallel rank (what the front end balances).",
+              "gauge");
+  for (size_t r = 0; r < running.size(); ++r) {
+    text.sample("peerserve:dp_rank_running_sequences",
+                {{"model_name", model_name}, {"rank", std::to_string(r)}},
+                static_cast<double>(running[r]));
+  }
+  text.family("peerserve:dp_rank_requests_total",
+              "Requests the front end handed to each data-parallel rank.", "counter");
+  for (size_t r = 0; r < routed_total.size(); ++r) {
+    text.sample("peerserve:dp_rank_requests_total",
+                {{"model_name", model_name}, {"rank", std::to_string(r)}},
+                static_cast<double>(routed_total[r]));
+  }
+  return text.text();
+}
+
 }  // namespace peerserve

@@ -45,6 +45,12 @@ std::string prometheus_escape(std::string_view value);
 std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_experts,
                                const std::string& model_name);
 
+// The data-parallel front end of an expert-parallel job: unfinished sequences on each rank
+// (gauge) and requests handed to each rank (counter), as DataParallelRouter counts them.
+std::string render_data_parallel_load(const std::vector<int64_t>& running,
+                                      const std::vector<int64_t>& routed_total,
+                                      const std::string& model_name);
+
 // Every metric the server exposes at /metrics, labelled with model_name.
 std::string render_server_metrics(const EngineMetricsSnapshot& engine,
                                   const HttpServerCounters& http, const std::string& model_name);

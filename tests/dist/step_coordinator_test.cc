@@ -75,5 +75,61 @@ TEST(StepCoordinatorTest, ARankThatNeverArrivesIsAnErrorNamingIt) {
       << agreement.status().to_string();
 }
 
+TEST(StepCoordinatorTest, MailReachesEveryRank) {
+  constexpr int kRanks = 3;
+  InProcessGroup group(kRanks);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < kRanks; ++r) comms.push_back(group.communicator(r));
+  // Iteration 0: ranks 0 and 2 post letters of different lengths, rank 1 none.
+  // Iteration 1: nobody posts.
+  auto letter_of = [](int rank, int iteration) {
+    std::vector<std::byte> bytes;
+    if (iteration == 0 && rank != 1) {
+      for (int i = 0; i < 3 + 5 * rank; ++i) bytes.push_back(std::byte(rank * 16 + i));
+    }
+    return bytes;
+  };
+  std::vector<std::vector<StepAgreement>> seen(kRanks);
+  std::vector<Status> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      StepCoordinator coordinator(comms[r].get(), milliseconds(5000));
+      for (int iteration = 0; iteration < 2; ++iteration) {
+        auto agreement = coordinator.agree(r == 1 ? 2 : 0, false, letter_of(r, iteration));
+        if (!agreement.ok()) {
+          results[r] = agreement.status();
+          return;
+        }
+        seen[r].push_back(*agreement);
+      }
+      results[r] = ok_status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(results[r].ok()) << results[r].to_string();
+    ASSERT_EQ(seen[r].size(), 2u);
+    ASSERT_EQ(seen[r][0].mail.size(), static_cast<size_t>(kRanks));
+    for (int from = 0; from < kRanks; ++from) {
+      EXPECT_EQ(seen[r][0].mail[from], letter_of(from, 0)) << "rank " << r << " from " << from;
+    }
+    EXPECT_TRUE(seen[r][0].step);
+    EXPECT_EQ(seen[r][0].tokens, 2);
+    EXPECT_TRUE(seen[r][1].mail.empty());
+  }
+}
+
+TEST(StepCoordinatorTest, OversizedMailIsRefusedBeforeCommunicating) {
+  InProcessGroup group(1);
+  auto comm = group.communicator(0);
+  StepCoordinator coordinator(comm.get(), milliseconds(1000));
+  // A span that claims more than the limit (never read: the size check comes first).
+  std::byte one{};
+  std::span<const std::byte> huge(&one, StepCoordinator::kMaxMailBytes + 1);
+  EXPECT_EQ(coordinator.agree(0, false, huge).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator.steps(), 0);
+}
+
 }  // namespace
 }  // namespace peerserve::dist

@@ -39,6 +39,9 @@ def mpirun(n, args, timeout=120):
 
 
 def case(name, fn):
+    only = os.environ.get("EP_CASE")  # run only the cases whose name contains this
+    if only and only not in name:
+        return
     try:
         fn()
         print(f"PASS {name}")
@@ -232,66 +235,150 @@ case("rank hung mid-run: rank 0 times out naming it",
      lost_rank(signal.SIGSTOP, "rank 1 did not deliver"))
 
 
-def serve_ep2():
-    """serve --ep 2: each rank answers on port + rank; requests on both ranks at once (one
-    prefilling a long prompt while the other decodes) give the single process's tokens; an
-    idle pause longer than the peer timeout does not break the lock-step."""
+def free_port():
     import socket
-    import threading
-    import urllib.request
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def complete(port, prompt, max_tokens, timeout=60, **extra):
+    import urllib.request
+    body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": prompt,
+                       "max_tokens": max_tokens, "temperature": 0, **extra}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)["choices"][0]["text"]
+
+
+def wait_ready(port, p, seconds=60):
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            complete(port, "a", 1)
+            return
+        except OSError:
+            assert p.poll() is None, f"serve exited early: {p.stderr.read()[-1500:]}"
+            assert time.monotonic() < deadline, "rank 0 never answered"
+            time.sleep(0.5)
+
+
+def metric(port, name):
+    """{labels: value} of one metric family at rank 0's /metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name):].rsplit(" ", 1)
+            values[labels] = float(value)
+    return values
+
+
+def serve_ep2():
+    """serve --ep 2: rank 0 answers the API and hands requests to both ranks (least loaded);
+    concurrent requests (one prefilling a long prompt while others decode) give the single
+    process's tokens; only rank 0 listens; an idle pause longer than the peer timeout does
+    not break the lock-step; SIGTERM ends every rank with exit 0."""
+    import threading
+    port = free_port()
     args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
             str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
             "--kv-cache-memory", "64MiB", "--microbatches", "2", "--ep-timeout-ms", "2000"]
     p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     try:
-        def complete(rank, prompt, max_tokens):
-            body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": prompt,
-                               "max_tokens": max_tokens, "temperature": 0}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port + rank}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return json.load(r)["choices"][0]["text"]
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                complete(0, "a", 1)
-                complete(1, "a", 1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the ranks never answered"
-                time.sleep(0.5)
+        wait_ready(port, p)
         long_prompt = "The kernel documentation describes " * 30
-        jobs = {(0, "The kernel", 24): None, (1, long_prompt, 8): None,
-                (1, "Debian is", 16): None, (0, "To configure the network interface,", 16): None}
+        jobs = {("The kernel", 24): None, (long_prompt, 8): None, ("Debian is", 16): None,
+                ("To configure the network interface,", 16): None}
+
         def run_job(key):
-            jobs[key] = complete(*key)
+            jobs[key] = complete(port, *key)
         threads = [threading.Thread(target=run_job, args=(k,)) for k in jobs]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for (rank, prompt, n), text in jobs.items():
+        routed = metric(port, "peerserve:dp_rank_requests_total")
+        per_rank = {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
+        assert per_rank[0] >= 2 and per_rank[1] >= 2, f"requests per rank: {per_rank}"
+        running = metric(port, "peerserve:dp_rank_running_sequences")
+        assert all(v == 0 for v in running.values()), f"still running: {running}"
+        with __import__("socket").socket() as s:  # rank 1 has no HTTP server
+            assert s.connect_ex(("127.0.0.1", port + 1)) != 0, "something listens on port + 1"
+        for (prompt, n), text in jobs.items():
             rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
                                       "--max-tokens", str(n), "--precision", "fp32",
                                       "--threads", "1"])
             assert rc == 0, err
-            assert text == single.rstrip("\n"), f"rank {rank}: {text!r} != single {single!r}"
+            assert text == single.rstrip("\n"), f"{text!r} != single {single!r}"
         time.sleep(3)  # idle longer than --ep-timeout-ms: the ranks keep agreeing meanwhile
-        assert complete(1, "The kernel", 4), "no answer after an idle pause"
+        assert complete(port, "The kernel", 4), "no answer after an idle pause"
+        assert complete(port, "The kernel", 4), "no answer after an idle pause"
+        # SIGTERM to rank 0 (what a supervisor of the front end sends; mpirun itself turns
+        # a signal into a non-zero exit): rank 0 stops the group, every rank exits 0.
+        ranks = rank_pids(p)
+        os.kill(ranks[0], signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, f"exit {p.returncode}: {err[-1500:]}"
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.kill()
-            raise
+            p.wait()
 
 
-case("serve --ep 2: both ranks serve, mixed prefill/decode, same tokens", serve_ep2)
+case("serve --ep 2: rank 0 spreads requests over both ranks, same tokens", serve_ep2)
+
+
+def serve_lost_rank():
+    """serve --ep 2 with rank 1 killed mid-generation: the streaming client gets an end (not
+    a hang) and the job exits non-zero naming the lost rank, within the peer timeout."""
+    import threading
+    port = free_port()
+    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
+            str(port), "--ep", "2", "--threads", "1", "--kv-cache-memory", "64MiB",
+            "--ep-timeout-ms", "3000"]
+    p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    ranks = {}
+    try:
+        wait_ready(port, p)
+        ranks = rank_pids(p)
+        assert len(ranks) == 2, f"expected 2 ranks, found {ranks}"
+        results = []
+
+        def long_job():
+            try:
+                results.append(complete(port, "The kernel", 1000, timeout=60, ignore_eos=True))
+            except Exception as e:  # noqa: BLE001 - any end is fine, a hang is not
+                results.append(e)
+        threads = [threading.Thread(target=long_job) for _ in range(2)]  # one per rank
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        os.kill(ranks[1], signal.SIGKILL)
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive(), "a client hung after the rank was lost"
+        _, err = p.communicate(timeout=60)
+        assert p.returncode != 0, "exit 0 after losing a rank"
+        assert "rank 1" in err, f"'rank 1' not in: {err[-1500:]}"
+    finally:
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+case("serve --ep 2: a rank killed mid-run ends the job naming it, clients not hung",
+     serve_lost_rank)
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))

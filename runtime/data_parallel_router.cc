@@ -1,0 +1,351 @@
+#include "runtime/data_parallel_router.h"
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "base/byte_io.h"
+#include "base/check.h"
+#include "runtime/request_codec.h"
+
+namespace peerserve {
+namespace {
+
+enum class Command : uint8_t { kSubmit = 1, kAbort = 2 };
+
+// The letter of one agreement: a count, then `body`.
+std::vector<std::byte> letter(uint64_t count, std::vector<std::byte>* body) {
+  std::vector<std::byte> out;
+  if (count == 0) return out;
+  out.reserve(sizeof(uint64_t) + body->size());
+  ByteWriter(&out).put<uint64_t>(count);
+  out.insert(out.end(), body->begin(), body->end());
+  body->clear();
+  return out;
+}
+
+}  // namespace
+
+DataParallelRouter::DataParallelRouter(int rank, int size, Agree agree)
+    : rank_(rank),
+      size_(size),
+      agree_(std::move(agree)),
+      outstanding_seqs_(static_cast<size_t>(size), 0),
+      outstanding_tokens_(static_cast<size_t>(size), 0),
+      routed_total_(static_cast<size_t>(size), 0) {
+  PS_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " of " << size;
+}
+
+void DataParallelRouter::attach(Engine* engine) {
+  engine_ = engine;
+}
+
+bool DataParallelRouter::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !done_ && engine_ != nullptr && engine_->running();
+}
+
+bool DataParallelRouter::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+Status DataParallelRouter::wait_until_done() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return done_; });
+  return done_status_;
+}
+
+void DataParallelRouter::mark_done(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    done_status_ = std::move(status);
+  }
+  done_cv_.notify_all();
+}
+
+std::vector<int64_t> DataParallelRouter::outstanding() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return outstanding_seqs_;
+}
+
+std::vector<int64_t> DataParallelRouter::routed_total() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return routed_total_;
+}
+
+Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink sink) {
+  PS_CHECK(engine_ != nullptr) << "DataParallelRouter::submit before attach";
+  if (rank_ != 0) return unavailable("requests are answered by rank 0 only");
+  PS_RETURN_IF_ERROR(engine_->validate(request));
+  RequestId id = 0;
+  int target = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) {
+      return unavailable(done_status_.ok() ? std::string("the server is stopping")
+                                           : done_status_.message());
+    }
+    for (int r = 1; r < size_; ++r) {
+      const auto key = [&](int k) {
+        return std::tuple(outstanding_seqs_[k], outstanding_tokens_[k], k);
+      };
+      if (key(r) < key(target)) target = r;
+    }
+    id = next_id_++;
+    Routed routed;
+    routed.rank = target;
+    routed.n = request.params.n;
+    routed.prompt_tokens = static_cast<int64_t>(request.prompt_tokens.size());
+    routed.sink = std::move(sink);
+    routed.choice_finished.assign(static_cast<size_t>(routed.n), false);
+    outstanding_seqs_[target] += routed.n;
+    outstanding_tokens_[target] += routed.prompt_tokens;
+    ++routed_total_[target];
+    routed_.emplace(id, std::move(routed));
+    if (target != 0) {
+      ByteWriter out(&commands_);
+      out.put<uint8_t>(static_cast<uint8_t>(Command::kSubmit));
+      out.put<int32_t>(target);
+      out.put<uint64_t>(id);
+      encode_request(request, out);
+      ++num_commands_;
+      return id;
+    }
+  }
+  // Rank 0's own engine. Its sink may run before submit() returns, so the entry exists first.
+  Result<RequestId> engine_id = engine_->submit(
+      std::move(request), [this, id](RequestOutput out) { deliver(id, std::move(out)); });
+  bool abort_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = routed_.find(id);
+    if (!engine_id.ok()) {
+      if (it != routed_.end()) release(id);
+      return engine_id.status();
+    }
+    if (it != routed_.end()) {
+      it->second.engine_id = *engine_id;
+      abort_now = it->second.abort_requested;
+    }
+  }
+  if (abort_now) engine_->abort(*engine_id);
+  return id;
+}
+
+void DataParallelRouter::abort(RequestId id) {
+  RequestId engine_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = routed_.find(id);
+    if (it == routed_.end()) return;
+    Routed& routed = it->second;
+    if (routed.rank != 0) {
+      ByteWriter out(&commands_);
+      out.put<uint8_t>(static_cast<uint8_t>(Command::kAbort));
+      out.put<int32_t>(routed.rank);
+      out.put<uint64_t>(id);
+      ++num_commands_;
+      return;
+    }
+    routed.abort_requested = true;  // if submit() has not learnt the engine's id yet
+    engine_id = routed.engine_id;
+  }
+  if (engine_id != 0) engine_->abort(engine_id);
+}
+
+void DataParallelRouter::release(RequestId id) {
+  auto it = routed_.find(id);
+  if (it == routed_.end()) return;
+  const Routed& routed = it->second;
+  outstanding_seqs_[routed.rank] -= routed.n;
+  outstanding_tokens_[routed.rank] -= routed.prompt_tokens;
+  routed_.erase(it);
+}
+
+void DataParallelRouter::deliver(RequestId id, RequestOutput output) {
+  OutputSink sink;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = routed_.find(id);
+    if (it == routed_.end()) return;  // already ended here (group stopped or broke)
+    Routed& routed = it->second;
+    for (const ChoiceDelta& choice : output.choices) {
+      if (choice.finish_reason && choice.index >= 0 && choice.index < routed.n) {
+        routed.choice_finished[static_cast<size_t>(choice.index)] = true;
+      }
+    }
+    if (output.finished) {
+      sink = std::move(routed.sink);
+      release(id);
+    } else {
+      sink = routed.sink;
+    }
+  }
+  output.request_id = id;
+  if (sink) sink(std::move(output));
+}
+
+void DataParallelRouter::end_remote(FinishReason reason, const Status& error) {
+  std::vector<std::pair<OutputSink, RequestOutput>> ended;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<RequestId> ids;
+    for (const auto& [id, routed] : routed_) {
+      if (routed.rank != 0) ids.push_back(id);
+    }
+    for (RequestId id : ids) {
+      Routed& routed = routed_.at(id);
+      RequestOutput out;
+      out.request_id = id;
+      for (int32_t i = 0; i < routed.n; ++i) {
+        if (routed.choice_finished[static_cast<size_t>(i)]) continue;
+        ChoiceDelta delta;
+        delta.index = i;
+        delta.finish_reason = reason;
+        out.choices.push_back(std::move(delta));
+      }
+      out.finished = true;
+      out.error = error;
+      ended.emplace_back(std::move(routed.sink), std::move(out));
+      release(id);
+    }
+    commands_.clear();
+    num_commands_ = 0;
+  }
+  for (auto& [sink, out] : ended) {
+    if (sink) sink(std::move(out));
+  }
+}
+
+Status DataParallelRouter::finish() {
+  if (rank_ != 0 || done()) return ok_status();
+  end_remote(FinishReason::kAbort, ok_status());
+  Result<dist::StepAgreement> last = agree_(0, /*stop=*/true, {});
+  mark_done(last.status());
+  return last.status();
+}
+
+Result<bool> DataParallelRouter::lockstep(int64_t rows) {
+  {
+    // The group stopped or broke: nothing to agree with any more, and nothing can step.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_)
+      return done_status_.ok() ? unavailable("the expert-parallel group has stopped")
+                               : done_status_;
+  }
+  return rank_ == 0 ? lead(rows) : follow(rows);
+}
+
+Result<bool> DataParallelRouter::lead(int64_t rows) {
+  std::vector<std::byte> mail;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mail = letter(num_commands_, &commands_);
+    num_commands_ = 0;
+  }
+  Result<dist::StepAgreement> agreement = agree_(rows, false, mail);
+  Status broken;
+  if (agreement.ok()) {
+    // Outputs of the other ranks' engines.
+    for (size_t r = 1; r < agreement->mail.size() && broken.ok(); ++r) {
+      if (agreement->mail[r].empty()) continue;
+      ByteReader in(agreement->mail[r]);
+      const uint64_t count = in.get_count(sizeof(uint64_t));
+      for (uint64_t i = 0; i < count && broken.ok(); ++i) {
+        const auto id = in.get<uint64_t>();
+        Result<RequestOutput> output = decode_output(in);
+        if (!output.ok()) {
+          broken = data_loss("rank " + std::to_string(r) + ": " + output.status().message());
+        } else {
+          deliver(id, std::move(output).value());
+        }
+      }
+      if (broken.ok() && (!in.ok() || !in.at_end())) {
+        broken = data_loss("rank " + std::to_string(r) + " sent corrupt step mail");
+      }
+    }
+  } else {
+    broken = agreement.status();
+  }
+  if (!broken.ok()) {
+    end_remote(FinishReason::kError,
+               unavailable("expert-parallel group lost: " + broken.message()));
+    mark_done(broken);
+    return broken;
+  }
+  return agreement->step;
+}
+
+Result<bool> DataParallelRouter::follow(int64_t rows) {
+  std::vector<std::byte> mail;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    mail = letter(num_outputs_, &outputs_);
+    num_outputs_ = 0;
+  }
+  Result<dist::StepAgreement> agreement = agree_(rows, false, mail);
+  if (!agreement.ok()) {
+    mark_done(agreement.status());
+    return agreement.status();
+  }
+  if (!agreement->mail.empty() && !agreement->mail[0].empty()) {
+    ByteReader in(agreement->mail[0]);
+    bool corrupt = false;
+    const uint64_t count = in.get_count(1 + sizeof(int32_t) + sizeof(uint64_t));
+    for (uint64_t i = 0; i < count && in.ok(); ++i) {
+      const auto kind = in.get<uint8_t>();
+      const auto target = in.get<int32_t>();
+      const auto id = in.get<uint64_t>();
+      if (kind == static_cast<uint8_t>(Command::kSubmit)) {
+        Result<EngineRequest> request = decode_request(in);
+        if (!request.ok()) break;
+        if (target != rank_) continue;
+        // Outputs are mailed back at the next agreement. The sink runs on this engine
+        // thread, as lockstep() does, so hosted_ needs no lock.
+        Result<RequestId> engine_id =
+            engine_->submit(std::move(request).value(), [this, id](RequestOutput out) {
+              if (out.finished) hosted_.erase(id);
+              std::lock_guard<std::mutex> lock(mutex_);
+              ByteWriter writer(&outputs_);
+              writer.put<uint64_t>(id);
+              encode_output(out, writer);
+              ++num_outputs_;
+            });
+        if (engine_id.ok()) {
+          hosted_[id].engine_id = *engine_id;
+        } else {
+          RequestOutput refused;
+          refused.finished = true;
+          refused.error = engine_id.status();
+          std::lock_guard<std::mutex> lock(mutex_);
+          ByteWriter writer(&outputs_);
+          writer.put<uint64_t>(id);
+          encode_output(refused, writer);
+          ++num_outputs_;
+        }
+      } else if (kind == static_cast<uint8_t>(Command::kAbort)) {
+        if (target != rank_) continue;
+        auto it = hosted_.find(id);
+        if (it != hosted_.end()) engine_->abort(it->second.engine_id);
+      } else {
+        corrupt = true;
+        break;
+      }
+    }
+    if (corrupt || !in.ok() || !in.at_end()) {
+      Status corrupt = data_loss("rank 0 sent corrupt step mail");
+      mark_done(corrupt);
+      return corrupt;
+    }
+  }
+  if (agreement->stop) {
+    mark_done(ok_status());
+    return unavailable("rank 0 stopped the expert-parallel group");
+  }
+  return agreement->step;
+}
+
+}  // namespace peerserve

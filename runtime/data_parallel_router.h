@@ -1,0 +1,130 @@
+// DataParallelRouter: one OpenAI endpoint for an expert-parallel job.
+//
+//   mpirun -np N peerserve serve --ep N ...
+//
+// Attention is data-parallel: every rank runs its own engine with its own requests and KV
+// cache, in lock-step with the others (dist/step_coordinator.h). Rank 0 answers the API and
+// hands each request to the least loaded rank (fewest unfinished sequences, then fewest
+// unfinished prompt tokens, then the lowest rank); its own engine is one of them. Requests
+// and aborts travel to the ranks, and outputs back to rank 0, as mail on the lock-step
+// agreement every rank makes before each step anyway, so no other channel is needed and a
+// lost rank is the same error everywhere. A remote request's outputs reach rank 0 one
+// agreement after its engine produced them.
+//
+// Each rank's engine calls lockstep() (EngineOptions::lockstep) on its engine thread.
+// Rank 0 serves as the EngineClient of the OpenAI server: submit() checks the request with
+// the engine's own validation (every rank runs the same options), so bad requests are
+// answered at once; a remote engine that still refuses one (its queue is full) ends it with
+// that error. When rank 0 is done it calls finish(): remote requests end with kAbort and the
+// group stops; the other ranks learn it in lockstep() and wait_until_done() returns.
+// When the group breaks (a rank lost), every remote request ends with the error, submit()
+// refuses new ones, and wait_until_done() returns the error on every rank.
+//
+// Thread-safety: submit(), abort(), metrics(), running(), outstanding(), wait_until_done()
+// from any thread; lockstep() on the engine thread; finish() once, after this rank's
+// engine stopped (it uses the communicator the engine thread used).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "dist/step_coordinator.h"
+#include "runtime/engine.h"
+#include "runtime/engine_client.h"
+
+namespace peerserve {
+
+class DataParallelRouter final : public EngineClient {
+ public:
+  // The group's agreement (EpSession::agree_and_rebalance, or a StepCoordinator in tests).
+  using Agree = std::function<Result<dist::StepAgreement>(int64_t rows, bool stop,
+                                                          std::span<const std::byte> mail)>;
+
+  DataParallelRouter(int rank, int size, Agree agree);
+  ~DataParallelRouter() override = default;
+  DataParallelRouter(const DataParallelRouter&) = delete;
+  DataParallelRouter& operator=(const DataParallelRouter&) = delete;
+
+  // This rank's engine (created with lockstep bound to this router's lockstep()). Before
+  // the engine starts; it must outlive every call into the router.
+  void attach(Engine* engine);
+
+  // EngineOptions::lockstep: posts this rank's mail, agrees, delivers what arrived.
+  Result<bool> lockstep(int64_t rows);
+
+  // Rank 0, after its engine stopped: ends the remote requests with kAbort and stops the
+  // group. A no-op when the group already broke or stopped.
+  Status finish();
+
+  // Every rank: blocks until the group stopped (ok) or broke (the error).
+  Status wait_until_done();
+  // Non-blocking: true once the group stopped or broke.
+  bool done() const;
+
+  // Rank 0: unfinished sequences on each rank, and requests handed to each rank so far.
+  std::vector<int64_t> outstanding() const;
+  std::vector<int64_t> routed_total() const;
+
+  // EngineClient (rank 0 only).
+  Result<RequestId> submit(EngineRequest request, OutputSink sink) override;
+  void abort(RequestId id) override;
+  const EngineOptions& options() const override { return engine_->options(); }
+  EngineMetricsSnapshot metrics() const override { return engine_->metrics(); }
+  bool running() const override;
+
+ private:
+  // A request of rank 0's client, wherever it runs.
+  struct Routed {
+    int rank = 0;
+    int32_t n = 1;
+    int64_t prompt_tokens = 0;
+    RequestId engine_id = 0;  // the id in its rank's engine (rank 0's own engine only)
+    OutputSink sink;
+    std::vector<bool> choice_finished;
+    bool abort_requested = false;
+  };
+  // A request another rank's front end handed to this rank's engine.
+  struct Hosted {
+    RequestId engine_id = 0;
+  };
+
+  Result<bool> lead(int64_t rows);
+  Result<bool> follow(int64_t rows);
+  // Hands one output of request `id` to its sink (any rank's engine; called on rank 0's
+  // engine thread).
+  void deliver(RequestId id, RequestOutput output);
+  void release(RequestId id);  // under mutex_
+  void end_remote(FinishReason reason, const Status& error);
+  void mark_done(Status status);
+
+  const int rank_;
+  const int size_;
+  Agree agree_;
+  Engine* engine_ = nullptr;
+
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  Status done_status_;
+  // Rank 0.
+  RequestId next_id_ = 1;
+  std::unordered_map<RequestId, Routed> routed_;
+  std::vector<int64_t> outstanding_seqs_;
+  std::vector<int64_t> outstanding_tokens_;
+  std::vector<int64_t> routed_total_;
+  std::vector<std::byte> commands_;  // encoded submits and aborts for the next agreement
+  uint64_t num_commands_ = 0;
+  // Other ranks.
+  std::unordered_map<RequestId, Hosted> hosted_;  // by rank 0's id; engine thread only
+  std::vector<std::byte> outputs_;                // encoded outputs for the next agreement
+  uint64_t num_outputs_ = 0;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,182 @@
+#include "runtime/request_codec.h"
+
+#include <span>
+#include <string>
+
+namespace peerserve {
+namespace {
+
+// Sanity bounds for counts inside one message (the front end never sends more).
+constexpr uint64_t kMaxChoices = 1 << 16;
+
+template <typename T>
+void put_optional(ByteWriter& out, const std::optional<T>& value) {
+  out.put_bool(value.has_value());
+  if (value) out.put<T>(*value);
+}
+
+template <typename T>
+std::optional<T> get_optional(ByteReader& in) {
+  if (!in.get_bool()) return std::nullopt;
+  return in.get<T>();
+}
+
+void encode_sampling(const SamplingParams& s, ByteWriter& out) {
+  out.put<float>(s.temperature);
+  out.put<int32_t>(s.top_k);
+  out.put<float>(s.top_p);
+  out.put<float>(s.min_p);
+  out.put<float>(s.presence_penalty);
+  out.put<float>(s.frequency_penalty);
+  out.put<float>(s.repetition_penalty);
+  put_optional<uint64_t>(out, s.seed);
+  out.put_bool(s.want_logprobs);
+  out.put<int32_t>(s.top_logprobs);
+  out.put<int32_t>(s.min_tokens);
+  out.put_array<TokenId>(s.suppressed_until_min_tokens);
+}
+
+SamplingParams decode_sampling(ByteReader& in) {
+  SamplingParams s;
+  s.temperature = in.get<float>();
+  s.top_k = in.get<int32_t>();
+  s.top_p = in.get<float>();
+  s.min_p = in.get<float>();
+  s.presence_penalty = in.get<float>();
+  s.frequency_penalty = in.get<float>();
+  s.repetition_penalty = in.get<float>();
+  s.seed = get_optional<uint64_t>(in);
+  s.want_logprobs = in.get_bool();
+  s.top_logprobs = in.get<int32_t>();
+  s.min_tokens = in.get<int32_t>();
+  s.suppressed_until_min_tokens = in.get_array<TokenId>();
+  return s;
+}
+
+void encode_status(const Status& status, ByteWriter& out) {
+  out.put<int32_t>(static_cast<int32_t>(status.code()));
+  out.put_string(status.message());
+}
+
+Status decode_status(ByteReader& in, bool* valid) {
+  const auto code = in.get<int32_t>();
+  std::string message = in.get_string();
+  if (code < static_cast<int32_t>(StatusCode::kOk) ||
+      code > static_cast<int32_t>(StatusCode::kInternal)) {
+    *valid = false;
+    return ok_status();
+  }
+  if (code == 0) return ok_status();
+  return Status(static_cast<StatusCode>(code), std::move(message));
+}
+
+}  // namespace
+
+void encode_request(const EngineRequest& request, ByteWriter& out) {
+  out.put_array<TokenId>(request.prompt_tokens);
+  const GenerationParams& p = request.params;
+  encode_sampling(p.sampling, out);
+  put_optional<int32_t>(out, p.max_tokens);
+  out.put<uint64_t>(p.stop_strings.size());
+  for (const std::string& s : p.stop_strings) out.put_string(s);
+  out.put_bool(p.include_stop_str_in_output);
+  out.put_array<TokenId>(p.stop_token_ids);
+  out.put_bool(p.ignore_eos);
+  out.put<int32_t>(p.n);
+  out.put_bool(p.skip_special_tokens);
+}
+
+Result<EngineRequest> decode_request(ByteReader& in) {
+  EngineRequest request;
+  request.prompt_tokens = in.get_array<TokenId>();
+  GenerationParams& p = request.params;
+  p.sampling = decode_sampling(in);
+  p.max_tokens = get_optional<int32_t>(in);
+  const uint64_t num_stop = in.get_count(sizeof(uint64_t));
+  for (uint64_t i = 0; i < num_stop && in.ok(); ++i) p.stop_strings.push_back(in.get_string());
+  p.include_stop_str_in_output = in.get_bool();
+  p.stop_token_ids = in.get_array<TokenId>();
+  p.ignore_eos = in.get_bool();
+  p.n = in.get<int32_t>();
+  p.skip_special_tokens = in.get_bool();
+  if (!in.ok()) return data_loss("engine request message is truncated or corrupt");
+  return request;
+}
+
+void encode_output(const RequestOutput& output, ByteWriter& out) {
+  out.put<uint64_t>(output.request_id);
+  out.put<uint64_t>(output.choices.size());
+  for (const ChoiceDelta& c : output.choices) {
+    out.put<int32_t>(c.index);
+    out.put_array<TokenId>(c.token_ids);
+    out.put_string(c.text);
+    out.put<uint64_t>(c.logprobs.size());
+    for (const SampledToken& t : c.logprobs) {
+      out.put<TokenId>(t.token);
+      out.put<float>(t.logprob);
+      out.put<uint64_t>(t.top_logprobs.size());
+      for (const TokenLogprob& top : t.top_logprobs) {
+        out.put<TokenId>(top.token);
+        out.put<float>(top.logprob);
+      }
+    }
+    out.put_bool(c.finish_reason.has_value());
+    if (c.finish_reason) out.put<int32_t>(static_cast<int32_t>(*c.finish_reason));
+    out.put_bool(c.stop_string.has_value());
+    if (c.stop_string) out.put_string(*c.stop_string);
+    put_optional<TokenId>(out, c.stop_token);
+  }
+  out.put_bool(output.finished);
+  out.put<int64_t>(output.usage.prompt_tokens);
+  out.put<int64_t>(output.usage.completion_tokens);
+  out.put<int64_t>(output.usage.cached_prompt_tokens);
+  encode_status(output.error, out);
+}
+
+Result<RequestOutput> decode_output(ByteReader& in) {
+  RequestOutput output;
+  bool valid = true;
+  output.request_id = in.get<uint64_t>();
+  const uint64_t num_choices = in.get_count(sizeof(int32_t));
+  if (num_choices > kMaxChoices) valid = false;
+  for (uint64_t i = 0; i < num_choices && in.ok() && valid; ++i) {
+    ChoiceDelta c;
+    c.index = in.get<int32_t>();
+    c.token_ids = in.get_array<TokenId>();
+    c.text = in.get_string();
+    const uint64_t num_logprobs = in.get_count(sizeof(TokenId) + sizeof(float));
+    for (uint64_t t = 0; t < num_logprobs && in.ok(); ++t) {
+      SampledToken token;
+      token.token = in.get<TokenId>();
+      token.logprob = in.get<float>();
+      const uint64_t num_top = in.get_count(sizeof(TokenId) + sizeof(float));
+      for (uint64_t k = 0; k < num_top && in.ok(); ++k) {
+        TokenLogprob top;
+        top.token = in.get<TokenId>();
+        top.logprob = in.get<float>();
+        token.top_logprobs.push_back(top);
+      }
+      c.logprobs.push_back(std::move(token));
+    }
+    if (in.get_bool()) {
+      const auto reason = in.get<int32_t>();
+      if (reason < static_cast<int32_t>(FinishReason::kStop) ||
+          reason > static_cast<int32_t>(FinishReason::kError)) {
+        valid = false;
+      }
+      c.finish_reason = static_cast<FinishReason>(reason);
+    }
+    if (in.get_bool()) c.stop_string = in.get_string();
+    c.stop_token = get_optional<TokenId>(in);
+    output.choices.push_back(std::move(c));
+  }
+  output.finished = in.get_bool();
+  output.usage.prompt_tokens = in.get<int64_t>();
+  output.usage.completion_tokens = in.get<int64_t>();
+  output.usage.cached_prompt_tokens = in.get<int64_t>();
+  output.error = decode_status(in, &valid);
+  if (!in.ok() || !valid) return data_loss("engine output message is truncated or corrupt");
+  return output;
+}
+
+}  // namespace peerserve

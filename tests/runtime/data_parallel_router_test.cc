@@ -1,0 +1,284 @@
+// The data-parallel front end: rank 0 spreads requests over the engines of every rank
+// (in-process ranks here, each with its own engine thread and the paged fake model), the
+// outputs come back as if one engine had run them, aborts reach the owning rank, stopping
+// ends the other ranks' requests and the group, and a lost rank is an error everywhere.
+#include "runtime/data_parallel_router.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dist/in_process_communicator.h"
+#include "dist/step_coordinator.h"
+#include "tests/runtime/fake_executor.h"
+
+namespace peerserve {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::reference_generate;
+
+constexpr int32_t kVocab = 64;
+
+class Collector {
+ public:
+  EngineClient::OutputSink sink() {
+    return [this](RequestOutput out) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      outputs_[out.request_id].push_back(std::move(out));
+      cv_.notify_all();
+    };
+  }
+  // Every output of `id` once the last arrived (empty on a 20 s timeout).
+  std::vector<RequestOutput> wait(RequestId id) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool done = cv_.wait_for(lock, std::chrono::seconds(20), [&] {
+      auto it = outputs_.find(id);
+      return it != outputs_.end() && it->second.back().finished;
+    });
+    return done ? outputs_[id] : std::vector<RequestOutput>{};
+  }
+  bool wait_first(RequestId id) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return outputs_.count(id) > 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<RequestId, std::vector<RequestOutput>> outputs_;
+};
+
+std::vector<TokenId> tokens_of(const std::vector<RequestOutput>& outputs, int32_t choice = 0) {
+  std::vector<TokenId> tokens;
+  for (const RequestOutput& out : outputs) {
+    for (const ChoiceDelta& d : out.choices) {
+      if (d.index == choice) tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
+    }
+  }
+  return tokens;
+}
+
+std::optional<FinishReason> finish_of(const std::vector<RequestOutput>& outputs,
+                                      int32_t choice = 0) {
+  std::optional<FinishReason> reason;
+  for (const RequestOutput& out : outputs) {
+    for (const ChoiceDelta& d : out.choices) {
+      if (d.index == choice && d.finish_reason) reason = d.finish_reason;
+    }
+  }
+  return reason;
+}
+
+GenerationParams greedy(int32_t max_tokens) {
+  GenerationParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// N ranks, each with a communicator, a step coordinator, a router and an engine.
+class Group {
+ public:
+  explicit Group(int size, milliseconds timeout = milliseconds(5000)) : group_(size) {
+    for (int r = 0; r < size; ++r) {
+      Rank rank;
+      rank.comm = group_.communicator(r);
+      rank.coordinator = std::make_unique<dist::StepCoordinator>(rank.comm.get(), timeout);
+      rank.router = std::make_unique<DataParallelRouter>(
+          r, size,
+          [c = rank.coordinator.get()](int64_t rows, bool stop, std::span<const std::byte> mail) {
+            return c->agree(rows, stop, mail);
+          });
+      EngineOptions options;
+      options.scheduler.max_num_seqs = 8;
+      options.scheduler.max_num_batched_tokens = 64;
+      options.scheduler.max_model_len = 256;
+      options.scheduler.max_waiting_seqs = 100;
+      options.scheduler.block_pool = {
+          .num_blocks = 128, .block_size = 4, .enable_prefix_caching = true};
+      options.vocab_size = kVocab;
+      options.lockstep = [router = rank.router.get()](int64_t rows) {
+        return router->lockstep(rows);
+      };
+      auto engine =
+          Engine::create(options, std::make_unique<testing::FakeExecutor>(128, 4, kVocab), nullptr);
+      PS_CHECK(engine.ok()) << engine.status().to_string();
+      rank.engine = std::move(engine).value();
+      rank.router->attach(rank.engine.get());
+      ranks_.push_back(std::move(rank));
+    }
+    for (Rank& rank : ranks_) rank.engine->start();
+  }
+  ~Group() {
+    for (Rank& rank : ranks_) rank.engine->stop();
+  }
+
+  DataParallelRouter& front() { return *ranks_[0].router; }
+  DataParallelRouter& router(int r) { return *ranks_[r].router; }
+  Engine& engine(int r) { return *ranks_[r].engine; }
+
+ private:
+  struct Rank {
+    std::unique_ptr<dist::Communicator> comm;
+    std::unique_ptr<dist::StepCoordinator> coordinator;
+    std::unique_ptr<DataParallelRouter> router;
+    std::unique_ptr<Engine> engine;
+  };
+  dist::InProcessGroup group_;
+  std::vector<Rank> ranks_;
+};
+
+std::vector<TokenId> prompt(int i) {
+  std::vector<TokenId> p;
+  for (int k = 0; k < 5 + i; ++k) p.push_back(static_cast<TokenId>((i * 7 + k * 3) % kVocab));
+  return p;
+}
+
+TEST(DataParallelRouterTest, SpreadsRequestsOverTheRanksWithTheSameTokens) {
+  Group group(3);
+  Collector collector;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) {
+    auto id = group.front().submit({prompt(i), greedy(12)}, collector.sink());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  // Least loaded: two requests each, whatever order they finish in.
+  EXPECT_EQ(group.front().routed_total(), (std::vector<int64_t>{2, 2, 2}));
+  for (int i = 0; i < 6; ++i) {
+    auto outputs = collector.wait(ids[i]);
+    ASSERT_FALSE(outputs.empty()) << "request " << i << " never finished";
+    EXPECT_EQ(tokens_of(outputs), reference_generate(prompt(i), 12, kVocab, std::nullopt))
+        << "request " << i;
+    EXPECT_EQ(finish_of(outputs), FinishReason::kLength);
+    EXPECT_TRUE(outputs.back().error.ok());
+    EXPECT_EQ(outputs.back().usage.prompt_tokens, static_cast<int64_t>(prompt(i).size()));
+    EXPECT_EQ(outputs.back().usage.completion_tokens, 12);
+  }
+  EXPECT_EQ(group.front().outstanding(), (std::vector<int64_t>{0, 0, 0}));
+  // Every rank's engine ran its share.
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(group.engine(r).metrics().requests_finished_total[0] +
+                  group.engine(r).metrics().requests_finished_total[1],
+              2)
+        << "rank " << r;
+}
+
+TEST(DataParallelRouterTest, LeastLoadedCountsChoicesAndFinishedRequests) {
+  Group group(2);
+  Collector collector;
+  GenerationParams four = greedy(4);
+  four.n = 4;
+  auto a = group.front().submit({prompt(1), four}, collector.sink());       // rank 0: 4 sequences
+  auto b = group.front().submit({prompt(2), greedy(4)}, collector.sink());  // rank 1
+  auto c = group.front().submit({prompt(3), greedy(4)}, collector.sink());  // rank 1 (1 < 4)
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(group.front().routed_total(), (std::vector<int64_t>{1, 2}));
+  for (RequestId id : {*a, *b, *c}) ASSERT_FALSE(collector.wait(id).empty());
+  auto outputs = collector.wait(*a);
+  for (int32_t choice = 0; choice < 4; ++choice) {
+    EXPECT_EQ(tokens_of(outputs, choice), reference_generate(prompt(1), 4, kVocab, std::nullopt));
+  }
+  // All finished: the next goes to rank 0 again (ties: lowest rank).
+  auto d = group.front().submit({prompt(4), greedy(2)}, collector.sink());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(group.front().routed_total(), (std::vector<int64_t>{2, 2}));
+  ASSERT_FALSE(collector.wait(*d).empty());
+}
+
+TEST(DataParallelRouterTest, BadRequestsAreRefusedAtOnce) {
+  Group group(2);
+  Collector collector;
+  auto empty = group.front().submit({{}, greedy(3)}, collector.sink());
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  auto outside = group.front().submit({{1, kVocab + 5}, greedy(3)}, collector.sink());
+  EXPECT_EQ(outside.status().code(), StatusCode::kInvalidArgument);
+  auto too_long = group.front().submit({prompt(1), greedy(1000)}, collector.sink());
+  EXPECT_EQ(too_long.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(group.front().routed_total(), (std::vector<int64_t>{0, 0}));
+  // Followers do not take requests of their own.
+  EXPECT_EQ(group.router(1).submit({prompt(1), greedy(3)}, collector.sink()).status().code(),
+            StatusCode::kUnavailable);
+}
+
+TEST(DataParallelRouterTest, AbortReachesTheOwningRank) {
+  Group group(2);
+  Collector collector;
+  GenerationParams endless = greedy(200);
+  endless.ignore_eos = true;
+  auto local = group.front().submit({prompt(1), endless}, collector.sink());   // rank 0
+  auto remote = group.front().submit({prompt(2), endless}, collector.sink());  // rank 1
+  ASSERT_TRUE(local.ok() && remote.ok());
+  ASSERT_TRUE(collector.wait_first(*local));
+  ASSERT_TRUE(collector.wait_first(*remote));
+  group.front().abort(*remote);
+  group.front().abort(*local);
+  for (RequestId id : {*local, *remote}) {
+    auto outputs = collector.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_EQ(finish_of(outputs), FinishReason::kAbort);
+    EXPECT_LT(tokens_of(outputs).size(), 200u);
+  }
+  EXPECT_EQ(group.front().outstanding(), (std::vector<int64_t>{0, 0}));
+  // The follower's engine freed the request (its KV blocks with it).
+  for (int i = 0; i < 400 && group.engine(1).metrics().scheduler.num_running > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(group.engine(1).metrics().scheduler.num_running, 0);
+}
+
+TEST(DataParallelRouterTest, FinishEndsRemoteRequestsAndStopsTheGroup) {
+  Group group(3);
+  Collector collector;
+  GenerationParams endless = greedy(200);
+  endless.ignore_eos = true;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(group.front().submit({prompt(i), endless}, collector.sink()).value());
+  for (RequestId id : ids) ASSERT_TRUE(collector.wait_first(id));
+  group.engine(0).stop();
+  ASSERT_TRUE(group.front().finish().ok());
+  for (RequestId id : ids) {
+    auto outputs = collector.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_EQ(finish_of(outputs), FinishReason::kAbort);
+  }
+  for (int r = 1; r < 3; ++r) EXPECT_TRUE(group.router(r).wait_until_done().ok()) << "rank " << r;
+  EXPECT_EQ(group.front().submit({prompt(1), greedy(2)}, collector.sink()).status().code(),
+            StatusCode::kUnavailable);
+}
+
+TEST(DataParallelRouterTest, LostRankIsAnErrorEverywhereNeverAHang) {
+  Group group(3, milliseconds(300));
+  Collector collector;
+  GenerationParams endless = greedy(200);
+  endless.ignore_eos = true;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(group.front().submit({prompt(i), endless}, collector.sink()).value());
+  for (RequestId id : ids) ASSERT_TRUE(collector.wait_first(id));
+  group.engine(2).stop();  // rank 2 is gone: it never agrees again
+  Status front = group.front().wait_until_done();
+  EXPECT_EQ(front.code(), StatusCode::kUnavailable) << front.to_string();
+  EXPECT_NE(front.message().find("rank 2"), std::string::npos) << front.message();
+  EXPECT_FALSE(group.router(1).wait_until_done().ok());
+  for (RequestId id : ids) {
+    auto outputs = collector.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_EQ(finish_of(outputs), FinishReason::kError);
+    EXPECT_FALSE(outputs.back().error.ok());
+  }
+  EXPECT_FALSE(group.front().running());
+  EXPECT_EQ(group.front().submit({prompt(1), greedy(2)}, collector.sink()).status().code(),
+            StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace peerserve
