@@ -128,7 +128,6 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       dispatch_staging_(shape.num_ranks * layout_.dispatch_region_bytes),
       staged_tokens_(shape.num_ranks),
       staged_pairs_(shape.num_ranks),
-      token_scratch_(round_up(shape.hidden_size * sizeof(float))),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
@@ -216,18 +215,12 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       owner_of[t * k + j] = copy.rank;
       position[t * k + j] = copy.local_slot;  // replaced by the result position below
     }
-    // The token converted once, then copied into each owner's message.
+    // The token is converted once, straight into its first owner's message, and copied
+    // from there into the others' (no staging copy).
     MessageFields fields;
     fields.token = static_cast<int32_t>(t);
-    const std::byte* payload = reinterpret_cast<const std::byte*>(x);
-    if (shape_.dtype == DispatchDtype::kInt8) {
-      kernels::quantize_rows_int8(x, 1, hidden, hidden,
-                                  reinterpret_cast<int8_t*>(token_scratch_.data()), &fields.scale);
-      payload = token_scratch_.data();
-    } else if (shape_.dtype == DispatchDtype::kBf16) {
-      kernels::fp32_to_bf16(x, reinterpret_cast<bf16*>(token_scratch_.data()), hidden);
-      payload = token_scratch_.data();
-    }
+    const std::byte* payload =
+        shape_.dtype == DispatchDtype::kFp32 ? reinterpret_cast<const std::byte*>(x) : nullptr;
     for (int64_t j = 0; j < k; ++j) {
       const int owner = owner_of[t * k + j];
       bool first = true;
@@ -245,8 +238,18 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
         position[t * k + i] = staged_pairs_[owner]++;
         ++fields.num_entries;
       }
+      std::byte* message_payload = message + layout_.message_header_bytes;
+      if (payload != nullptr) {
+        std::memcpy(message_payload, payload, payload_bytes);
+      } else if (shape_.dtype == DispatchDtype::kInt8) {
+        kernels::quantize_rows_int8(x, 1, hidden, hidden,
+                                    reinterpret_cast<int8_t*>(message_payload), &fields.scale);
+        payload = message_payload;
+      } else {
+        kernels::fp32_to_bf16(x, reinterpret_cast<bf16*>(message_payload), hidden);
+        payload = message_payload;
+      }
       std::memcpy(message, &fields, kFieldsBytes);
-      std::memcpy(message + layout_.message_header_bytes, payload, payload_bytes);
     }
   }
 

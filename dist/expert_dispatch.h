@@ -170,7 +170,6 @@ class ExpertExchange {
   // Dispatch staging: one region per owner, laid out as in the owner's buffer.
   std::vector<std::byte> dispatch_staging_;
   std::vector<int32_t> staged_tokens_, staged_pairs_;  // per owner
-  std::vector<std::byte> token_scratch_;               // one converted token
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;
 };
