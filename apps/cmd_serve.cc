@@ -16,6 +16,7 @@
 #include "apps/byte_size.h"
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
+#include "apps/kv_pool_options.h"
 #include "apps/load_progress_bar.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
@@ -48,6 +49,7 @@ struct ServeCli {
   uint64_t seed = 0;
   int microbatches = 1;
   EpCli ep;
+  KvPoolCli kv_pool;
 };
 
 // The checkpoint folder's name ("models/peerserve-dsv3-smoke/" -> "peerserve-dsv3-smoke").
@@ -143,6 +145,9 @@ int run_serve(const ServeCli& cli) {
   executor_options.microbatches = cli.microbatches;
   auto executor = ModelExecutor::create(model->get(), executor_options);
   if (!executor.ok()) return fail(executor.status());
+  // The executor's cache is the one source of the KV geometry: the scheduler's blocks and
+  // the pool's namespace are derived from it (Engine::create checks the block size).
+  const KvLayout& kv_geometry = (*executor)->kv_cache().layout();
 
   EngineOptions engine_options;
   SchedulerOptions& sched = engine_options.scheduler;
@@ -168,8 +173,9 @@ int run_serve(const ServeCli& cli) {
     sched.max_model_len = kv_tokens;
   }
   sched.max_waiting_seqs = cli.max_waiting_requests;
-  sched.block_pool.num_blocks = static_cast<int32_t>(std::min<int64_t>(num_blocks, INT32_MAX));
-  sched.block_pool.block_size = cli.block_size;
+  sched.block_pool.num_blocks =
+      static_cast<int32_t>(std::min<int64_t>((*executor)->kv_cache().num_blocks(), INT32_MAX));
+  sched.block_pool.block_size = static_cast<int32_t>(kv_geometry.block_size);
   sched.block_pool.enable_prefix_caching = !cli.no_prefix_caching;
   if (config.eos_token_id) {
     engine_options.eos_token_id = static_cast<TokenId>(*config.eos_token_id);
@@ -178,6 +184,20 @@ int run_serve(const ServeCli& cli) {
   }
   engine_options.vocab_size = config.vocab_size;
   engine_options.seed = cli.seed;
+  std::string kv_pool_description;
+  if (!cli.kv_pool.members.empty()) {
+    if (cli.no_prefix_caching) {
+      return session.fail(
+          invalid_argument("--kv-pool needs prefix caching (drop --no-prefix-caching)"), true);
+    }
+    auto pool = open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry);
+    if (!pool.ok()) return session.fail(pool.status(), true);
+    engine_options.kv_pool = pool->store;
+    engine_options.kv_pool_options = pool->connector;
+    engine_options.kv_pool_store_decode_blocks = cli.kv_pool.store_decode_blocks;
+    sched.prefix_root = pool->name_space.root_hash();
+    kv_pool_description = pool->description;
+  }
   // Under expert parallelism every rank's engine steps whenever any rank has work
   // (data-parallel attention, experts shared by all), and rank 0 answers the API for all of
   // them: the router hands each request to the least loaded rank over the same agreement.
@@ -225,6 +245,9 @@ int run_serve(const ServeCli& cli) {
                static_cast<double>(num_blocks * layout.block_bytes()) / (1 << 20),
                static_cast<long long>(sched.max_model_len), cli.max_num_seqs,
                cli.max_num_batched_tokens, cli.no_prefix_caching ? "off" : "on");
+  if (!kv_pool_description.empty()) {
+    std::fprintf(stderr, "context caching through the %s\n", kv_pool_description.c_str());
+  }
   if (session.distributed()) {
     std::fprintf(stderr,
                  "expert parallelism: rank 0 of %d (%s dispatch) answers the API and spreads "
@@ -324,6 +347,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
+  add_kv_pool_options(sub, &cli->kv_pool);
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <span>
 #include <string>
 
 namespace peerserve {
@@ -24,7 +25,29 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
   if (options.max_n < 1) {
     return invalid_argument("engine: max_n = " + std::to_string(options.max_n) + ", expected >= 1");
   }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(options.scheduler));
+  if (executor->kv_block_tokens() != 0 &&
+      executor->kv_block_tokens() != options.scheduler.block_pool.block_size) {
+    return invalid_argument("engine: the scheduler's block size (" +
+                            std::to_string(options.scheduler.block_pool.block_size) +
+                            " tokens) differs from the executor's KV cache (" +
+                            std::to_string(executor->kv_block_tokens()) + " tokens per block)");
+  }
+  SchedulerOptions scheduler_options = options.scheduler;
+  if (options.kv_pool) {
+    if (!scheduler_options.block_pool.enable_prefix_caching) {
+      return invalid_argument("a KV caching pool needs prefix caching (it is off)");
+    }
+    if (scheduler_options.prefix_root == kRootBlockHash) {
+      return invalid_argument(
+          "a KV caching pool needs hash chains rooted in the KV namespace "
+          "(scheduler.prefix_root), not the engine-private root");
+    }
+    if (executor->kv_block_bytes() == 0) {
+      return invalid_argument("a KV caching pool needs an executor that exports KV blocks");
+    }
+    scheduler_options.record_published_blocks = true;
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(scheduler_options));
   return std::unique_ptr<Engine>(
       new Engine(options, std::move(scheduler), std::move(executor), tokenizer));
 }
@@ -38,11 +61,23 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Scheduler> schedule
   seed_state_ = options.seed != 0 ? options.seed
                                   : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                                         std::random_device{}();
+  if (options.kv_pool) {
+    connector_ = std::make_unique<KvPoolConnector>(options.kv_pool, executor_->kv_block_bytes(),
+                                                   options.kv_pool_options, [this] {
+                                                     {
+                                                       std::lock_guard<std::mutex> lock(mutex_);
+                                                       loads_ready_ = true;
+                                                     }
+                                                     wake_.notify_one();
+                                                   });
+    metrics_.update([](EngineMetricsSnapshot& m) { m.kv_pool_enabled = true; });
+  }
   publish_scheduler_stats();
 }
 
 Engine::~Engine() {
   stop();
+  connector_.reset();  // its worker calls back into this engine: gone before the rest
 }
 
 void Engine::start() {
@@ -145,7 +180,8 @@ void Engine::run_loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto ready = [&] {
-        return stopping_ || !inbox_.empty() || !abort_inbox_.empty() || scheduler_->has_work();
+        return stopping_ || !inbox_.empty() || !abort_inbox_.empty() || loads_ready_ ||
+               scheduler_->has_work();
       };
       if (options_.lockstep && !lockstep_lost_) {
         wake_.wait_for(lock, options_.lockstep_idle_poll, ready);  // idle ranks still agree
@@ -156,9 +192,11 @@ void Engine::run_loop() {
       arrivals.swap(inbox_);
       aborts.swap(abort_inbox_);
       inbox_sequences_ = 0;
+      loads_ready_ = false;
     }
     for (Pending& p : arrivals) admit(std::move(p));
     for (RequestId id : aborts) abort_now(id, FinishReason::kAbort, ok_status());
+    if (connector_) finish_loads();
     if (options_.lockstep && !lockstep_lost_) {
       lockstep_step();
     } else if (scheduler_->has_work()) {
@@ -176,11 +214,71 @@ void Engine::run_loop() {
   for (Pending& p : leftovers) admit(std::move(p));
   std::vector<RequestId> ids;
   for (const auto& [id, request] : live_) ids.push_back(id);
+  for (const auto& [id, request] : loading_) ids.push_back(id);
   for (RequestId id : ids) abort_now(id, FinishReason::kAbort, ok_status());
   publish_scheduler_stats();
 }
 
 void Engine::admit(Pending pending) {
+  if (connector_) {
+    // Full prompt blocks past the local prefix cache may be in the pool: look them up first
+    // (the last prompt token is always computed, as in the scheduler's own lookup).
+    const std::vector<TokenId>& prompt = pending.request.prompt_tokens;
+    const int32_t bs = options_.scheduler.block_pool.block_size;
+    std::vector<BlockHash> chain;
+    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain);
+    chain.resize(std::min(chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs)));
+    const int64_t local = scheduler_->cached_prefix_blocks(chain);
+    if (local < static_cast<int64_t>(chain.size())) {
+      const RequestId id = pending.id;
+      connector_->start_load(id, std::vector<BlockHash>(chain.begin() + local, chain.end()));
+      loading_.emplace(id, Loading{std::move(pending), std::move(chain), local});
+      return;
+    }
+  }
+  admit_now(std::move(pending));
+}
+
+void Engine::finish_loads() {
+  for (KvPoolConnector::Loaded& loaded : connector_->take_loaded()) {
+    auto it = loading_.find(loaded.request);
+    if (it == loading_.end()) continue;  // aborted while loading
+    Loading loading = std::move(it->second);
+    loading_.erase(it);
+    int64_t adopted = 0;
+    if (!loaded.blocks.empty()) {
+      std::span<const BlockHash> chain(loading.chain);
+      adopted = scheduler_->adopt_blocks(
+          chain.first(static_cast<size_t>(loading.local_blocks)),
+          chain.subspan(static_cast<size_t>(loading.local_blocks), loaded.blocks.size()),
+          [&](size_t i, BlockId block) {
+            return executor_->write_kv_block(block, loaded.blocks[i]).ok();
+          });
+    }
+    const int64_t hit_tokens = adopted * options_.scheduler.block_pool.block_size;
+    metrics_.update([&](EngineMetricsSnapshot& m) {
+      m.kv_pool_hit_tokens += hit_tokens;
+      m.kv_pool_load_latency.observe(loaded.seconds);
+    });
+    admit_now(std::move(loading.pending));
+  }
+}
+
+void Engine::store_published_blocks() {
+  std::vector<Scheduler::PublishedBlock> published = scheduler_->take_published_blocks();
+  std::vector<BlockHash> hashes;
+  std::vector<std::vector<std::byte>> blocks;
+  for (const Scheduler::PublishedBlock& p : published) {
+    if (!p.prompt && !options_.kv_pool_store_decode_blocks) continue;
+    std::vector<std::byte> bytes(connector_->block_bytes());
+    if (!executor_->read_kv_block(p.block, bytes).ok()) continue;
+    hashes.push_back(p.hash);
+    blocks.push_back(std::move(bytes));
+  }
+  connector_->store(std::move(hashes), std::move(blocks));
+}
+
+void Engine::admit_now(Pending pending) {
   LiveRequest live;
   live.id = pending.id;
   live.request = std::move(pending.request);
@@ -267,6 +365,7 @@ void Engine::step(StepPlan plan) {
   }
   if (plan.empty()) return;  // a lock-step dummy step
   std::vector<SequenceUpdate> updates = scheduler_->update(plan, *result);
+  if (connector_) store_published_blocks();  // before the next step can reuse the blocks
   const double end = now();
   metrics_.update([&](EngineMetricsSnapshot& m) {
     ++m.steps_total;
@@ -406,6 +505,27 @@ void Engine::deliver(std::unordered_map<RequestId, RequestOutput>* outputs, doub
 }
 
 void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
+  if (auto loading = loading_.find(id); loading != loading_.end()) {
+    // Still waiting for its pool lookup: nothing is in the scheduler yet.
+    Pending pending = std::move(loading->second.pending);
+    loading_.erase(loading);
+    RequestOutput out;
+    out.request_id = id;
+    for (int32_t i = 0; i < pending.request.params.n; ++i) {
+      ChoiceDelta delta;
+      delta.index = i;
+      delta.finish_reason = reason;
+      out.choices.push_back(std::move(delta));
+    }
+    out.error = error;
+    out.usage.prompt_tokens = static_cast<int64_t>(pending.request.prompt_tokens.size());
+    out.finished = true;
+    metrics_.update([&](EngineMetricsSnapshot& m) {
+      ++m.requests_finished_total[static_cast<size_t>(reason)];
+    });
+    if (pending.sink) pending.sink(std::move(out));
+    return;
+  }
   auto it = live_.find(id);
   if (it == live_.end()) return;
   LiveRequest& request = it->second;
@@ -438,8 +558,15 @@ void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
 
 void Engine::publish_scheduler_stats() {
   SchedulerStats stats = scheduler_->stats();
-  waiting_sequences_.store(stats.num_waiting);
-  metrics_.update([&](EngineMetricsSnapshot& m) { m.scheduler = stats; });
+  int64_t loading_sequences = 0;  // waiting for their pool lookups: queued all the same
+  for (const auto& [id, loading] : loading_) loading_sequences += loading.pending.request.params.n;
+  waiting_sequences_.store(stats.num_waiting + loading_sequences);
+  KvPoolCounters pool;
+  if (connector_) pool = connector_->counters();
+  metrics_.update([&](EngineMetricsSnapshot& m) {
+    m.scheduler = stats;
+    m.kv_pool = pool;
+  });
 }
 
 }  // namespace peerserve

@@ -27,6 +27,7 @@
 #include "runtime/engine_client.h"
 #include "runtime/engine_metrics.h"
 #include "runtime/executor.h"
+#include "runtime/kv_pool_connector.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 #include "runtime/stop_string_matcher.h"
@@ -54,6 +55,14 @@ struct EngineOptions {
   // Default: none (step only when there is work).
   std::function<Result<bool>(int64_t rows)> lockstep;
   std::chrono::milliseconds lockstep_idle_poll{2};
+  // A shared caching pool for context caching (runtime/kv_pool_connector.h): prompts look
+  // up their full blocks there after the local prefix cache, and new full prompt blocks are
+  // stored there. Needs prefix caching, scheduler.prefix_root set to the KvNamespace's root
+  // and an executor that exports KV blocks. Default: none.
+  std::shared_ptr<KvBlockStore> kv_pool;
+  KvPoolConnectorOptions kv_pool_options;
+  // Also store blocks that hold generated tokens (paper 000 §4.4.2: off by default).
+  bool kv_pool_store_decode_blocks = false;
 };
 
 class Engine final : public EngineClient {
@@ -119,12 +128,24 @@ class Engine final : public EngineClient {
     OutputSink sink;
     double arrival_time;
   };
+  // A request waiting for its pool lookup before it is admitted.
+  struct Loading {
+    Pending pending;
+    std::vector<BlockHash> chain;  // the prompt's full blocks that may be shared
+    int64_t local_blocks = 0;      // of which cached locally when the lookup started
+  };
 
   Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
          std::unique_ptr<Executor> executor, const Tokenizer* tokenizer);
 
   void run_loop();
   void admit(Pending pending);
+  // Adds a request to the scheduler (after its pool lookup, if any).
+  void admit_now(Pending pending);
+  // Admits the requests whose pool lookups finished, with the blocks that were found.
+  void finish_loads();
+  // Hands the blocks published by the last step to the pool.
+  void store_published_blocks();
   void step(StepPlan plan);
   // One iteration under EngineOptions::lockstep.
   void lockstep_step();
@@ -147,6 +168,8 @@ class Engine final : public EngineClient {
 
   // Owned by the engine thread.
   std::unordered_map<RequestId, LiveRequest> live_;
+  std::unique_ptr<KvPoolConnector> connector_;
+  std::unordered_map<RequestId, Loading> loading_;
   std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
   SequenceId next_seq_id_ = 1;
   uint64_t seed_state_ = 0;
@@ -160,6 +183,7 @@ class Engine final : public EngineClient {
   std::condition_variable wake_;
   std::vector<Pending> inbox_;
   std::vector<RequestId> abort_inbox_;
+  bool loads_ready_ = false;  // the connector finished a lookup
   int64_t inbox_sequences_ = 0;
   bool stopping_ = false;
   RequestId next_request_id_ = 1;

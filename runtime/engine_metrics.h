@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "runtime/histogram.h"
+#include "runtime/kv_pool_connector.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 
@@ -28,6 +29,12 @@ struct EngineMetricsSnapshot {
   std::array<int64_t, 4> requests_finished_total{};
   int64_t steps_total = 0;
   int64_t batched_tokens_total = 0;
+  // The caching pool (when the engine uses one): the connector's counters, prompt tokens
+  // whose KV came from the pool, and the time requests waited for their pool lookups.
+  bool kv_pool_enabled = false;
+  KvPoolCounters kv_pool;
+  int64_t kv_pool_hit_tokens = 0;
+  Histogram kv_pool_load_latency{latency_buckets_seconds()};
 };
 
 class EngineMetrics {

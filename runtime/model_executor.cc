@@ -1,5 +1,6 @@
 #include "runtime/model_executor.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,30 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
         sample_token(output_.last_logits(static_cast<int64_t>(i)), *c.sampling, context);
   }
   return result;
+}
+
+Status ModelExecutor::read_kv_block(int32_t block, std::span<std::byte> out) const {
+  if (block < 0 || block >= cache_.num_blocks() || out.size() != kv_block_bytes()) {
+    return invalid_argument("read_kv_block: block " + std::to_string(block) + " of " +
+                            std::to_string(cache_.num_blocks()) + ", " +
+                            std::to_string(out.size()) + " bytes for a block of " +
+                            std::to_string(kv_block_bytes()));
+  }
+  std::span<const std::byte> src = cache_.block_bytes(block);
+  std::copy(src.begin(), src.end(), out.begin());
+  return ok_status();
+}
+
+Status ModelExecutor::write_kv_block(int32_t block, std::span<const std::byte> bytes) {
+  if (block < 0 || block >= cache_.num_blocks() || bytes.size() != kv_block_bytes()) {
+    return invalid_argument("write_kv_block: block " + std::to_string(block) + " of " +
+                            std::to_string(cache_.num_blocks()) + ", " +
+                            std::to_string(bytes.size()) + " bytes for a block of " +
+                            std::to_string(kv_block_bytes()));
+  }
+  std::span<std::byte> dst = cache_.mutable_block_bytes(block);
+  std::copy(bytes.begin(), bytes.end(), dst.begin());
+  return ok_status();
 }
 
 }  // namespace peerserve

@@ -34,6 +34,10 @@ class ModelExecutor final : public Executor {
                                                        const ModelExecutorOptions& options);
 
   Result<StepResult> execute(const StepPlan& plan) override;
+  size_t kv_block_bytes() const override { return cache_.layout().block_bytes(); }
+  int64_t kv_block_tokens() const override { return cache_.layout().block_size; }
+  Status read_kv_block(int32_t block, std::span<std::byte> out) const override;
+  Status write_kv_block(int32_t block, std::span<const std::byte> bytes) override;
 
   const LatentKvCache& kv_cache() const { return cache_; }
   // Null with one microbatch.

@@ -198,7 +198,8 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   // logits are needed), so at most (num_tokens - 1) / bs whole blocks can be shared.
   std::vector<BlockId> shared;
   if (pool_.prefix_caching_enabled()) {
-    extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), &seq.block_hashes);
+    extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
+                            &seq.block_hashes);
     const size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
     std::span<const BlockHash> lookup(seq.block_hashes.data(),
                                       std::min(max_hit_blocks, seq.block_hashes.size()));
@@ -292,12 +293,17 @@ void Scheduler::abandon(const StepPlan& plan) {
 void Scheduler::publish_computed_blocks(Sequence& seq) {
   if (!pool_.prefix_caching_enabled()) return;
   const int64_t bs = pool_.block_size();
-  extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), &seq.block_hashes);
+  extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
+                          &seq.block_hashes);
   const int64_t num_full = std::min<int64_t>(seq.num_computed_tokens / bs,
                                              static_cast<int64_t>(seq.block_hashes.size()));
   for (int64_t b = seq.num_published_blocks; b < num_full; ++b) {
     // A false return means an identical block is already cached: ours stays private.
-    (void)pool_.publish(seq.block_table[b], seq.block_hashes[b]);
+    if (pool_.publish(seq.block_table[b], seq.block_hashes[b]) &&
+        options_.record_published_blocks) {
+      published_.push_back(
+          {seq.block_table[b], seq.block_hashes[b], (b + 1) * bs <= seq.num_prompt_tokens()});
+    }
   }
   seq.num_published_blocks = std::max(seq.num_published_blocks, num_full);
 }
@@ -347,6 +353,46 @@ void Scheduler::insert_running(Sequence* seq) {
       running_.begin(), running_.end(), seq,
       [](const Sequence* a, const Sequence* b) { return a->arrival_order < b->arrival_order; });
   running_.insert(pos, seq);
+}
+
+int64_t Scheduler::cached_prefix_blocks(std::span<const BlockHash> chain) const {
+  return static_cast<int64_t>(pool_.match_prefix(chain).size());
+}
+
+int64_t Scheduler::adopt_blocks(std::span<const BlockHash> cached,
+                                std::span<const BlockHash> loaded,
+                                const std::function<bool(size_t, BlockId)>& fill) {
+  PS_CHECK(!in_step_) << "adopt_blocks() between schedule() and update()";
+  if (!pool_.prefix_caching_enabled() || loaded.empty()) return 0;
+  std::vector<BlockId> shared = pool_.match_prefix(cached);
+  if (shared.size() != cached.size()) return 0;  // the chain broke meanwhile
+  // Referencing the cached part keeps it from being evicted for the loaded blocks.
+  int64_t count = static_cast<int64_t>(loaded.size());
+  auto plan = pool_.plan_allocation(shared, static_cast<int32_t>(count));
+  if (!plan) {
+    int64_t free_others = pool_.num_free_blocks();
+    for (BlockId b : shared) free_others -= pool_.ref_count(b) == 0 ? 1 : 0;
+    count = std::min<int64_t>(count, std::max<int64_t>(free_others, 0));
+    plan = pool_.plan_allocation(shared, static_cast<int32_t>(count));
+    if (!plan || count == 0) return 0;
+  }
+  std::vector<BlockId> fresh = pool_.commit(*plan);
+  int64_t filled = 0;
+  while (filled < count && fill(static_cast<size_t>(filled), fresh[filled])) {
+    (void)pool_.publish(fresh[filled], loaded[filled]);
+    ++filled;
+  }
+  // Release last-first (the prefix stays cached longest); unfilled blocks go first.
+  std::vector<BlockId> order(fresh.rbegin(), fresh.rend());
+  order.insert(order.end(), shared.rbegin(), shared.rend());
+  pool_.release(order);
+  return filled;
+}
+
+std::vector<Scheduler::PublishedBlock> Scheduler::take_published_blocks() {
+  std::vector<PublishedBlock> out;
+  out.swap(published_);
+  return out;
 }
 
 }  // namespace peerserve

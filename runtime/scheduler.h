@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -48,6 +49,12 @@ struct SchedulerOptions {
   int64_t max_model_len = 4096;           // prompt + generated tokens at most. Default 4096.
   int32_t max_waiting_seqs = 4096;        // add() fails beyond this many waiting. Default 4096.
   BlockPoolOptions block_pool;
+  // Root of the prefix-cache hash chains. Default kRootBlockHash (private to this engine);
+  // an engine that shares blocks through a caching pool uses its KvNamespace::root_hash().
+  BlockHash prefix_root = kRootBlockHash;
+  // Keep a list of the blocks published to the prefix cache (take_published_blocks()), for
+  // storing them in a caching pool. Default off.
+  bool record_published_blocks = false;
 
   // Checks every field; the message names the field.
   Status validate() const;
@@ -97,6 +104,29 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
   const BlockPool& block_pool() const { return pool_; }
 
+  // Leading blocks of `chain` (hashes under options().prefix_root) cached locally. Pure.
+  int64_t cached_prefix_blocks(std::span<const BlockHash> chain) const;
+  // Adds blocks loaded from elsewhere (a caching pool) to the prefix cache: `cached` is a
+  // chain's leading part that is cached here now, `loaded` the hashes of the blocks that
+  // follow it. Takes free blocks for them (as many as the free list allows, in order), calls
+  // fill(i, block) to write loaded block i's KV into `block` (false stops there), publishes
+  // the filled ones and releases everything again, so they are cached, evictable blocks that
+  // the next admission of that prefix shares. Returns the number added: 0 when `cached` is no
+  // longer cached as a whole (then the loaded blocks could not be reached). Not between
+  // schedule() and update().
+  int64_t adopt_blocks(std::span<const BlockHash> cached, std::span<const BlockHash> loaded,
+                       const std::function<bool(size_t, BlockId)>& fill);
+
+  // A block newly published to the prefix cache, with whether it holds prompt tokens only.
+  struct PublishedBlock {
+    BlockId block = 0;
+    BlockHash hash = 0;
+    bool prompt = true;
+  };
+  // The blocks published since the last call (when options().record_published_blocks).
+  // Their KV stays valid until the next schedule(). The caller copies what it keeps.
+  std::vector<PublishedBlock> take_published_blocks();
+
  private:
   Scheduler(const SchedulerOptions& options, BlockPool pool);
 
@@ -121,6 +151,7 @@ class Scheduler {
   uint64_t next_step_ = 0;
   int64_t num_preemptions_ = 0;
   bool in_step_ = false;
+  std::vector<PublishedBlock> published_;
 };
 
 }  // namespace peerserve

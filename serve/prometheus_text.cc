@@ -148,6 +148,32 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
                 "Time from request arrival to its last output.", labels, m.e2e_request_latency);
   out.histogram("peerserve:request_queue_time_seconds",
                 "Time from request arrival to its first scheduled step.", labels, m.queue_time);
+  if (m.kv_pool_enabled) {
+    const KvPoolCounters& p = m.kv_pool;
+    out.counter("peerserve:kv_pool_lookups_total",
+                "Requests whose prompt was looked up in the pool.", labels,
+                static_cast<double>(p.loads));
+    out.counter("peerserve:kv_pool_blocks_queried_total", "KV blocks asked of the caching pool.",
+                labels, static_cast<double>(p.blocks_looked_up));
+    out.counter("peerserve:kv_pool_blocks_hit_total",
+                "KV blocks loaded from the caching pool (leading runs of hits).", labels,
+                static_cast<double>(p.blocks_hit));
+    out.counter("peerserve:kv_pool_hit_tokens_total",
+                "Prompt tokens whose KV came from the caching pool.", labels,
+                static_cast<double>(m.kv_pool_hit_tokens));
+    out.counter("peerserve:kv_pool_bytes_loaded_total", "Bytes of KV loaded from the caching pool.",
+                labels, static_cast<double>(p.bytes_loaded));
+    out.counter("peerserve:kv_pool_blocks_stored_total", "KV blocks written to the caching pool.",
+                labels, static_cast<double>(p.blocks_stored));
+    out.counter("peerserve:kv_pool_bytes_stored_total", "Bytes of KV written to the caching pool.",
+                labels, static_cast<double>(p.bytes_stored));
+    out.counter("peerserve:kv_pool_store_failures_total",
+                "KV block writes the caching pool refused or failed.", labels,
+                static_cast<double>(p.store_failures));
+    out.histogram("peerserve:kv_pool_load_seconds",
+                  "Time a request waited for its caching-pool lookup.", labels,
+                  m.kv_pool_load_latency);
+  }
   out.gauge("peerserve:http_connections_open", "Open HTTP connections.", {},
             static_cast<double>(http.connections_open));
   out.counter("peerserve:http_requests_total", "HTTP requests received.", {},

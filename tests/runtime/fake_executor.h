@@ -10,8 +10,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "runtime/executor.h"
@@ -140,6 +142,29 @@ class FakeExecutor final : public Executor {
       result.sampled.push_back(sampled);
     }
     return result;
+  }
+
+  // KV export/import (a caching pool): a block is its slots' token ids. A block imported
+  // with wrong contents changes every later token, as wrong KV would.
+  size_t kv_block_bytes() const override { return static_cast<size_t>(block_size_) * 4; }
+  int64_t kv_block_tokens() const override { return block_size_; }
+  Status read_kv_block(int32_t block, std::span<std::byte> out) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (out.size() != kv_block_bytes() || block < 0 ||
+        slot(block, 0) + block_size_ > slots_.size()) {
+      return invalid_argument("fake read_kv_block: bad block or size");
+    }
+    std::memcpy(out.data(), &slots_[slot(block, 0)], out.size());
+    return ok_status();
+  }
+  Status write_kv_block(int32_t block, std::span<const std::byte> bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes.size() != kv_block_bytes() || block < 0 ||
+        slot(block, 0) + block_size_ > slots_.size()) {
+      return invalid_argument("fake write_kv_block: bad block or size");
+    }
+    std::memcpy(&slots_[slot(block, 0)], bytes.data(), bytes.size());
+    return ok_status();
   }
 
   int64_t num_steps() const {

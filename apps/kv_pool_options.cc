@@ -1,0 +1,90 @@
+#include "apps/kv_pool_options.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "apps/byte_size.h"
+#include "cache/pool_client.h"
+#include "model/checkpoint_fingerprint.h"
+
+namespace peerserve {
+
+void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
+  command->add_option("--kv-pool", cli->members,
+                      "Caching pool for context caching: HOST:PORT,... of 'peerserve "
+                      "cache-server' members (consistent hashing), or 'local' for an "
+                      "in-process pool. Prompts look up their KV blocks there after the local "
+                      "prefix cache; new full prompt blocks are stored there. Default: none");
+  command->add_option("--kv-pool-dram", cli->dram, "With --kv-pool local: its DRAM tier (bytes)")
+      ->capture_default_str();
+  command->add_option("--kv-pool-ssd-dir", cli->ssd_dir,
+                      "With --kv-pool local: directory of its SSD tier (persisted blocks)");
+  command->add_option("--kv-pool-ssd", cli->ssd, "With --kv-pool-ssd-dir: its capacity (bytes)")
+      ->capture_default_str();
+  command
+      ->add_option("--kv-namespace", cli->name_space,
+                   "Pool namespace (tenant): blocks are shared only between engines of the "
+                   "same namespace; 1-64 of [A-Za-z0-9._-]")
+      ->capture_default_str();
+  command->add_option("--kv-model-id", cli->model_id,
+                      "Identity of the weights in pool keys (default: a fingerprint of the "
+                      "checkpoint files); engines with the same id must have the same weights");
+  command
+      ->add_option("--kv-pool-timeout-ms", cli->timeout_ms,
+                   "Each pool call gives up after this long (then: a miss, recomputed)")
+      ->capture_default_str();
+  command->add_flag("--kv-pool-store-decode", cli->store_decode_blocks,
+                    "Also store blocks holding generated tokens (default: prompt blocks only)");
+}
+
+Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
+                                 const KvLayout& layout) {
+  KvPoolSetup setup;
+  if (cli.timeout_ms < 1 || cli.timeout_ms > 600000) {
+    return invalid_argument("--kv-pool-timeout-ms " + std::to_string(cli.timeout_ms) +
+                            ": expected 1..600000");
+  }
+  if (Status s = validate_tenant_name(cli.name_space); !s.ok()) {
+    return invalid_argument("--kv-namespace: " + s.message());
+  }
+  std::string model_id = cli.model_id;
+  if (model_id.empty()) {
+    std::ifstream config(model_dir + "/config.json");
+    std::stringstream text;
+    text << config.rdbuf();
+    if (!config) return io_error("cannot read " + model_dir + "/config.json");
+    PS_ASSIGN_OR_RETURN(std::string weights, checkpoint_fingerprint(model_dir));
+    model_id = model_identity(text.str(), weights);
+  }
+  setup.name_space.tenant = cli.name_space;
+  setup.name_space.model_id = model_id;
+  setup.name_space.layout = layout;
+  PS_RETURN_IF_ERROR(setup.name_space.validate());
+  setup.connector.tenant = cli.name_space;
+  setup.connector.timeout = std::chrono::milliseconds(cli.timeout_ms);
+
+  PoolClientOptions client_options;
+  if (cli.members == "local") {
+    TieredBlockStoreOptions store;
+    PS_ASSIGN_OR_RETURN(store.dram_bytes, parse_byte_size("--kv-pool-dram", cli.dram));
+    if (!cli.ssd_dir.empty()) {
+      store.ssd_dir = cli.ssd_dir;
+      PS_ASSIGN_OR_RETURN(store.ssd_bytes, parse_byte_size("--kv-pool-ssd", cli.ssd));
+    }
+    auto client = PoolClient::open_local(store, client_options);
+    if (!client.ok()) return invalid_argument("--kv-pool local: " + client.status().message());
+    setup.store = std::shared_ptr<KvBlockStore>(std::move(client).value());
+    setup.description = "in-process pool (" + cli.dram + " DRAM" +
+                        (cli.ssd_dir.empty() ? "" : ", SSD tier in " + cli.ssd_dir) + ")";
+  } else {
+    auto client = PoolClient::connect(cli.members, client_options);
+    if (!client.ok())
+      return invalid_argument("--kv-pool " + cli.members + ": " + client.status().message());
+    setup.store = std::shared_ptr<KvBlockStore>(std::move(client).value());
+    setup.description = "pool " + cli.members;
+  }
+  setup.description += ", namespace '" + cli.name_space + "', model id " + model_id;
+  return setup;
+}
+
+}  // namespace peerserve

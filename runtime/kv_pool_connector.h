@@ -1,0 +1,105 @@
+// KvPoolConnector: the engine's side of the caching pool (paper 000 §4.4.1, context caching).
+//
+// At admission the engine asks the pool for the full prompt blocks that follow the ones
+// cached locally (start_load). A worker thread reads them, in chain order, into staging
+// buffers, keeps the leading run of hits (a prefix is only usable up to its first gap) and
+// hands them back (take_loaded) — the request waits in a "loading" state meanwhile and the
+// step loop never waits on the network. The engine then writes them into free KV blocks and
+// publishes them in its prefix cache, so that admission shares them like local hits.
+// Newly computed full prompt blocks go the other way (store): copied on the engine thread,
+// written by the store's own background threads, best effort (a full write queue drops
+// them; a block that is not in the pool is recomputed by whoever needs it).
+//
+// Keys are (tenant, hash) with the hash chain rooted in the engine's KvNamespace, so a block
+// of another model, layout or tenant can never be returned.
+//
+// Thread-safety: start_load, take_loaded, store and counters from any thread (the engine
+// thread in practice); `on_loaded` is called on the worker thread and must not block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/kv_block_store.h"
+#include "kv/prefix_hash.h"
+#include "runtime/request.h"
+
+namespace peerserve {
+
+struct KvPoolConnectorOptions {
+  std::string tenant = "default";           // the pool namespace (--kv-namespace)
+  std::chrono::milliseconds timeout{2000};  // per pool call; past it, misses
+  int64_t max_blocks_per_load = 8192;       // blocks asked for per request at most
+};
+
+struct KvPoolCounters {
+  int64_t loads = 0;             // requests looked up in the pool
+  int64_t blocks_looked_up = 0;  // blocks asked for
+  int64_t blocks_hit = 0;        // blocks loaded (the leading run of hits)
+  int64_t bytes_loaded = 0;
+  int64_t blocks_stored = 0;  // blocks handed to the pool for writing
+  int64_t bytes_stored = 0;
+  int64_t store_failures = 0;     // writes the pool refused or failed (known so far)
+  double load_seconds_total = 0;  // time from start_load to loaded, summed
+};
+
+class KvPoolConnector {
+ public:
+  struct Loaded {
+    RequestId request = 0;
+    std::vector<std::vector<std::byte>> blocks;  // the leading hits, in chain order
+    double seconds = 0;                          // how long the lookup took
+  };
+
+  // `store` must outlive the connector. `on_loaded` wakes the engine (a load finished).
+  KvPoolConnector(std::shared_ptr<KvBlockStore> store, size_t block_bytes,
+                  KvPoolConnectorOptions options, std::function<void()> on_loaded);
+  ~KvPoolConnector();
+  KvPoolConnector(const KvPoolConnector&) = delete;
+  KvPoolConnector& operator=(const KvPoolConnector&) = delete;
+
+  // Queues a lookup of `hashes` (consecutive chain blocks) for `request`.
+  void start_load(RequestId request, std::vector<BlockHash> hashes);
+  // Finished lookups (possibly with no blocks), in completion order.
+  std::vector<Loaded> take_loaded();
+  // Writes blocks[i] under hashes[i] in the background (best effort).
+  void store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
+
+  size_t block_bytes() const { return block_bytes_; }
+  // Also collects the outcome of finished background writes.
+  KvPoolCounters counters();
+
+ private:
+  struct Job {
+    RequestId request = 0;
+    std::vector<BlockHash> hashes;
+    std::chrono::steady_clock::time_point queued;
+  };
+  void run();
+  void reap_stores(bool wait);
+
+  std::shared_ptr<KvBlockStore> store_;
+  const size_t block_bytes_;
+  const KvPoolConnectorOptions options_;
+  std::function<void()> on_loaded_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> jobs_;
+  std::vector<Loaded> loaded_;
+  std::vector<std::future<std::vector<Status>>> pending_stores_;
+  KvPoolCounters counters_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,284 @@
+// Context caching through a shared caching pool (runtime/kv_pool_connector.h): two engines
+// over one in-process pool, each with the paged fake model (whose KV blocks hold the token
+// ids, so wrong or misplaced KV changes every later token). A prompt computed by engine A
+// is a pool hit on engine B, with the same tokens; another namespace root never matches;
+// aborting a loading request and a dead pool are handled.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "cache/pool_client.h"
+#include "runtime/engine.h"
+#include "tests/runtime/fake_executor.h"
+
+namespace peerserve {
+namespace {
+
+using testing::reference_generate;
+
+constexpr int32_t kVocab = 50;
+constexpr int32_t kBlock = 4;
+
+class Collector {
+ public:
+  EngineClient::OutputSink sink() {
+    return [this](RequestOutput out) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      outputs_[out.request_id].push_back(std::move(out));
+      cv_.notify_all();
+    };
+  }
+  std::vector<RequestOutput> wait(RequestId id) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const bool done = cv_.wait_for(lock, std::chrono::seconds(20), [&] {
+      auto it = outputs_.find(id);
+      return it != outputs_.end() && it->second.back().finished;
+    });
+    return done ? outputs_[id] : std::vector<RequestOutput>{};
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<RequestId, std::vector<RequestOutput>> outputs_;
+};
+
+std::vector<TokenId> tokens_of(const std::vector<RequestOutput>& outputs) {
+  std::vector<TokenId> tokens;
+  for (const RequestOutput& out : outputs) {
+    for (const ChoiceDelta& d : out.choices) {
+      tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
+    }
+  }
+  return tokens;
+}
+
+std::shared_ptr<KvBlockStore> local_pool() {
+  TieredBlockStoreOptions store;
+  store.dram_bytes = 1 << 20;
+  auto client = PoolClient::open_local(store, PoolClientOptions{});
+  PS_CHECK(client.ok()) << client.status().to_string();
+  return std::shared_ptr<KvBlockStore>(std::move(client).value());
+}
+
+std::unique_ptr<Engine> make_engine(std::shared_ptr<KvBlockStore> pool, BlockHash root,
+                                    testing::FakeExecutor** executor_out = nullptr) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 8;
+  options.scheduler.max_num_batched_tokens = 64;
+  options.scheduler.max_model_len = 256;
+  options.scheduler.block_pool = {
+      .num_blocks = 96, .block_size = kBlock, .enable_prefix_caching = true};
+  options.scheduler.prefix_root = root;
+  options.vocab_size = kVocab;
+  options.kv_pool = std::move(pool);
+  options.kv_pool_options.tenant = "test";
+  auto executor = std::make_unique<testing::FakeExecutor>(96, kBlock, kVocab);
+  if (executor_out) *executor_out = executor.get();
+  auto engine = Engine::create(options, std::move(executor), nullptr);
+  PS_CHECK(engine.ok()) << engine.status().to_string();
+  (*engine)->start();
+  return std::move(engine).value();
+}
+
+GenerationParams greedy(int32_t max_tokens) {
+  GenerationParams p;
+  p.sampling.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+std::vector<TokenId> long_prompt(int salt) {
+  std::vector<TokenId> p;
+  for (int i = 0; i < 41; ++i) p.push_back(static_cast<TokenId>((i * 13 + salt) % kVocab));
+  return p;
+}
+
+// Metrics settle after the step that produced the last output: poll briefly.
+EngineMetricsSnapshot metrics_when(Engine& engine,
+                                   const std::function<bool(const EngineMetricsSnapshot&)>& ok) {
+  EngineMetricsSnapshot m = engine.metrics();
+  for (int i = 0; i < 400 && !ok(m); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = engine.metrics();
+  }
+  return m;
+}
+
+TEST(EngineKvPoolTest, APromptComputedByOneEngineIsAPoolHitOnAnother) {
+  auto pool = local_pool();
+  const BlockHash root = root_block_hash("test-namespace");
+  auto a = make_engine(pool, root);
+  auto b = make_engine(pool, root);
+  Collector collector;
+  const auto prompt = long_prompt(1);
+  const auto want = reference_generate(prompt, 6, kVocab, std::nullopt);
+
+  auto first = a->submit({prompt, greedy(6)}, collector.sink());
+  ASSERT_TRUE(first.ok());
+  auto out_a = collector.wait(*first);
+  ASSERT_FALSE(out_a.empty());
+  EXPECT_EQ(tokens_of(out_a), want);
+  // A stored the prompt's 10 full blocks (the 11th block is partial).
+  auto ma = metrics_when(*a, [](const auto& m) { return m.kv_pool.blocks_stored >= 10; });
+  EXPECT_EQ(ma.kv_pool.blocks_stored, 10);
+  EXPECT_EQ(ma.kv_pool_hit_tokens, 0);
+
+  // Give the background writes a moment to land (they are asynchronous).
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Collector collector_b;  // request ids are per engine
+  auto second = b->submit({prompt, greedy(6)}, collector_b.sink());
+  ASSERT_TRUE(second.ok());
+  auto out_b = collector_b.wait(*second);
+  ASSERT_FALSE(out_b.empty());
+  EXPECT_EQ(tokens_of(out_b), want);  // the loaded KV is the right KV
+  // (41 - 1) / 4 = 10 blocks may be shared: all came from the pool.
+  EXPECT_EQ(out_b.back().usage.cached_prompt_tokens, 40);
+  auto mb = b->metrics();
+  EXPECT_EQ(mb.kv_pool_hit_tokens, 40);
+  EXPECT_EQ(mb.kv_pool.blocks_hit, 10);
+  EXPECT_EQ(mb.kv_pool_load_latency.count(), 1u);
+  // B found everything in the pool, so it computed only the last token of the prompt.
+  EXPECT_EQ(mb.scheduler.pool.prefix_hit_tokens, 40);
+}
+
+TEST(EngineKvPoolTest, AnotherNamespaceNeverMatches) {
+  auto pool = local_pool();
+  auto a = make_engine(pool, root_block_hash("model-one"));
+  auto b = make_engine(pool, root_block_hash("model-two"));
+  Collector collector;
+  const auto prompt = long_prompt(2);
+  auto first = a->submit({prompt, greedy(3)}, collector.sink());
+  ASSERT_FALSE(collector.wait(*first).empty());
+  metrics_when(*a, [](const auto& m) { return m.kv_pool.blocks_stored >= 10; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Collector collector_b;  // request ids are per engine
+  auto second = b->submit({prompt, greedy(3)}, collector_b.sink());
+  auto out_b = collector_b.wait(*second);
+  ASSERT_FALSE(out_b.empty());
+  EXPECT_EQ(tokens_of(out_b), reference_generate(prompt, 3, kVocab, std::nullopt));
+  EXPECT_EQ(out_b.back().usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(b->metrics().kv_pool.blocks_hit, 0);
+}
+
+TEST(EngineKvPoolTest, PartialHitsLoadTheLeadingRunAndComputeTheRest) {
+  auto pool = local_pool();
+  const BlockHash root = root_block_hash("partial");
+  auto a = make_engine(pool, root);
+  auto b = make_engine(pool, root);
+  Collector collector;
+  // A computes a 21-token prompt (5 full blocks); B asks for a 41-token prompt that starts
+  // with it: 5 blocks from the pool, the rest computed.
+  auto prompt = long_prompt(3);
+  std::vector<TokenId> head(prompt.begin(), prompt.begin() + 21);
+  auto first = a->submit({head, greedy(2)}, collector.sink());
+  ASSERT_FALSE(collector.wait(*first).empty());
+  metrics_when(*a, [](const auto& m) { return m.kv_pool.blocks_stored >= 5; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Collector collector_b;  // request ids are per engine
+  auto second = b->submit({prompt, greedy(5)}, collector_b.sink());
+  auto out_b = collector_b.wait(*second);
+  ASSERT_FALSE(out_b.empty());
+  EXPECT_EQ(tokens_of(out_b), reference_generate(prompt, 5, kVocab, std::nullopt));
+  EXPECT_EQ(out_b.back().usage.cached_prompt_tokens, 20);
+  EXPECT_EQ(b->metrics().kv_pool.blocks_hit, 5);
+}
+
+// A store whose every call fails as if its member were down.
+class DeadPool final : public KvBlockStore {
+ public:
+  std::vector<BlockLookup> get(std::span<const PoolKey> keys, std::span<const BlockSink>,
+                               std::chrono::milliseconds) override {
+    ++gets;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a slow timeout
+    return std::vector<BlockLookup>(keys.size(), BlockLookup::miss());
+  }
+  std::vector<Status> put(std::span<const PoolKey> keys,
+                          std::span<const std::span<const std::byte>>,
+                          std::chrono::milliseconds) override {
+    return std::vector<Status>(keys.size(), unavailable("down"));
+  }
+  std::vector<std::optional<uint64_t>> exists(std::span<const PoolKey> keys,
+                                              std::chrono::milliseconds) override {
+    return std::vector<std::optional<uint64_t>>(keys.size());
+  }
+  std::vector<bool> remove(std::span<const PoolKey> keys, std::chrono::milliseconds) override {
+    return std::vector<bool>(keys.size(), false);
+  }
+  std::future<std::vector<BlockLookup>> get_async(std::vector<PoolKey> keys,
+                                                  std::vector<BlockSink> sinks,
+                                                  std::chrono::milliseconds t) override {
+    std::promise<std::vector<BlockLookup>> p;
+    p.set_value(get(keys, sinks, t));
+    return p.get_future();
+  }
+  std::future<std::vector<Status>> put_async(std::vector<PoolKey> keys,
+                                             std::vector<std::vector<std::byte>>,
+                                             std::chrono::milliseconds) override {
+    std::promise<std::vector<Status>> p;
+    p.set_value(std::vector<Status>(keys.size(), unavailable("down")));
+    return p.get_future();
+  }
+  std::atomic<int> gets{0};
+};
+
+TEST(EngineKvPoolTest, ADeadPoolIsAMissAndStoreFailuresAreCounted) {
+  auto dead = std::make_shared<DeadPool>();
+  auto engine = make_engine(dead, root_block_hash("dead"));
+  Collector collector;
+  const auto prompt = long_prompt(4);
+  auto id = engine->submit({prompt, greedy(4)}, collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 4, kVocab, std::nullopt));
+  EXPECT_EQ(dead->gets.load(), 1);
+  auto m = metrics_when(*engine, [](const auto& s) { return s.kv_pool.store_failures >= 10; });
+  EXPECT_EQ(m.kv_pool.blocks_stored, 10);
+  EXPECT_EQ(m.kv_pool.store_failures, 10);
+}
+
+TEST(EngineKvPoolTest, AbortWhileLoadingEndsTheRequest) {
+  auto dead = std::make_shared<DeadPool>();
+  auto engine = make_engine(dead, root_block_hash("abort"));
+  Collector collector;
+  auto id = engine->submit({long_prompt(5), greedy(4)}, collector.sink());
+  ASSERT_TRUE(id.ok());
+  engine->abort(*id);  // most likely still loading (the lookup takes 20 ms)
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  ASSERT_FALSE(out.back().choices.empty());
+  EXPECT_EQ(out.back().choices.back().finish_reason, FinishReason::kAbort);
+  // The engine still works.
+  auto next = engine->submit({long_prompt(6), greedy(2)}, collector.sink());
+  EXPECT_FALSE(collector.wait(*next).empty());
+}
+
+TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
+  auto pool = local_pool();
+  EngineOptions options;
+  options.scheduler.block_pool = {.num_blocks = 8, .block_size = 4, .enable_prefix_caching = true};
+  options.kv_pool = pool;
+  // The engine-private root would mix engines' chains with unrelated ones.
+  auto engine =
+      Engine::create(options, std::make_unique<testing::FakeExecutor>(8, 4, kVocab), nullptr);
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  options.scheduler.prefix_root = root_block_hash("x");
+  options.scheduler.block_pool.enable_prefix_caching = false;
+  engine = Engine::create(options, std::make_unique<testing::FakeExecutor>(8, 4, kVocab), nullptr);
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  // One source of truth for the KV geometry: a scheduler block size that differs from the
+  // executor's cache is refused, pool or not.
+  EngineOptions plain;
+  plain.scheduler.block_pool = {.num_blocks = 8, .block_size = 8, .enable_prefix_caching = true};
+  engine = Engine::create(plain, std::make_unique<testing::FakeExecutor>(8, 4, kVocab), nullptr);
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("block size"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace peerserve
