@@ -24,6 +24,7 @@
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
+#include "serve/prefill_dispatcher.h"
 #include "serve/prometheus_text.h"
 #include "tokenizer/tokenizer.h"
 
@@ -50,6 +51,9 @@ struct ServeCli {
   int microbatches = 1;
   EpCli ep;
   KvPoolCli kv_pool;
+  std::string role = "all";
+  std::string prefill_instances;
+  int prefill_timeout_ms = 120000;
 };
 
 // The checkpoint folder's name ("models/peerserve-dsv3-smoke/" -> "peerserve-dsv3-smoke").
@@ -184,7 +188,7 @@ int run_serve(const ServeCli& cli) {
   }
   engine_options.vocab_size = config.vocab_size;
   engine_options.seed = cli.seed;
-  std::string kv_pool_description;
+  std::string kv_pool_description, kv_identity;
   if (!cli.kv_pool.members.empty()) {
     if (cli.no_prefix_caching) {
       return session.fail(
@@ -197,6 +201,41 @@ int run_serve(const ServeCli& cli) {
     engine_options.kv_pool_store_decode_blocks = cli.kv_pool.store_decode_blocks;
     sched.prefix_root = pool->name_space.root_hash();
     kv_pool_description = pool->description;
+    kv_identity = pool->name_space.canonical_identity();
+  }
+  if (cli.role != "all" && cli.kv_pool.members.empty()) {
+    return session.fail(invalid_argument("--role " + cli.role +
+                                         " needs --kv-pool (the KV hand-off goes through it)"),
+                        true);
+  }
+  if (!cli.prefill_instances.empty() && cli.role != "decode") {
+    return session.fail(invalid_argument("--prefill is for --role decode"), true);
+  }
+  std::shared_ptr<PrefillDispatcher> prefill;
+  if (cli.role == "decode") {
+    if (cli.prefill_instances.empty()) {
+      return session.fail(invalid_argument("--role decode needs --prefill HOST:PORT,..."), true);
+    }
+    if (cli.prefill_timeout_ms < 1) {
+      return session.fail(
+          invalid_argument("--prefill-timeout-ms " + std::to_string(cli.prefill_timeout_ms) +
+                           ": expected >= 1"),
+          true);
+    }
+    auto dispatcher = PrefillDispatcher::create(cli.prefill_instances, kv_identity,
+                                                std::chrono::milliseconds(cli.prefill_timeout_ms));
+    if (!dispatcher.ok()) return session.fail(dispatcher.status(), true);
+    std::vector<std::string> unreachable;
+    if (Status s = (*dispatcher)->check(&unreachable); !s.ok()) return session.fail(s, true);
+    for (const std::string& u : unreachable) {
+      std::fprintf(stderr, "warning: prefill instance %s not reachable yet; will retry\n",
+                   u.c_str());
+    }
+    prefill = std::move(dispatcher).value();
+    engine_options.kv_pool_options.remote_prefill = [prefill](std::span<const TokenId> prompt) {
+      return prefill->prefill(prompt);
+    };
+    engine_options.kv_pool_options.workers = 8;  // prefills in flight at once
   }
   // Under expert parallelism every rank's engine steps whenever any rank has work
   // (data-parallel attention, experts shared by all), and rank 0 answers the API for all of
@@ -222,6 +261,7 @@ int run_serve(const ServeCli& cli) {
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
+  server_options.kv_namespace_identity = kv_identity;
   server_options.limits.max_n = engine_options.max_n;
   if (expert_load) {
     server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
@@ -247,6 +287,14 @@ int run_serve(const ServeCli& cli) {
                cli.max_num_batched_tokens, cli.no_prefix_caching ? "off" : "on");
   if (!kv_pool_description.empty()) {
     std::fprintf(stderr, "context caching through the %s\n", kv_pool_description.c_str());
+  }
+  if (cli.role == "prefill") {
+    std::fprintf(stderr, "role prefill: computes prompts for decode instances, KV to the pool\n");
+  } else if (cli.role == "decode") {
+    std::fprintf(stderr,
+                 "role decode: prompts missing from the pool are prefilled by %s, then read "
+                 "from the pool\n",
+                 cli.prefill_instances.c_str());
   }
   if (session.distributed()) {
     std::fprintf(stderr,
@@ -348,6 +396,18 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
   add_kv_pool_options(sub, &cli->kv_pool);
+  sub->add_option("--role", cli->role,
+                  "all: everything in this process; prefill: compute prompts for decode "
+                  "instances (their KV goes to the pool); decode: have --prefill instances "
+                  "compute prompts missing from the pool, then generate (both need --kv-pool)")
+      ->check(CLI::IsMember({"all", "prefill", "decode"}))
+      ->capture_default_str();
+  sub->add_option("--prefill", cli->prefill_instances,
+                  "With --role decode: HOST:PORT,... of 'serve --role prefill' instances");
+  sub->add_option("--prefill-timeout-ms", cli->prefill_timeout_ms,
+                  "With --role decode: a prefill call gives up after this long (then the next "
+                  "instance, then a local prefill)")
+      ->capture_default_str();
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });

@@ -231,7 +231,8 @@ void Engine::admit(Pending pending) {
     const int64_t local = scheduler_->cached_prefix_blocks(chain);
     if (local < static_cast<int64_t>(chain.size())) {
       const RequestId id = pending.id;
-      connector_->start_load(id, std::vector<BlockHash>(chain.begin() + local, chain.end()));
+      connector_->start_load(id, std::vector<BlockHash>(chain.begin() + local, chain.end()),
+                             prompt);
       loading_.emplace(id, Loading{std::move(pending), std::move(chain), local});
       return;
     }

@@ -11,7 +11,9 @@ KvPoolConnector::KvPoolConnector(std::shared_ptr<KvBlockStore> store, size_t blo
       block_bytes_(block_bytes),
       options_(std::move(options)),
       on_loaded_(std::move(on_loaded)) {
-  worker_ = std::thread([this] { run(); });
+  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+    workers_.emplace_back([this] { run(); });
+  }
 }
 
 KvPoolConnector::~KvPoolConnector() {
@@ -20,17 +22,19 @@ KvPoolConnector::~KvPoolConnector() {
     stopping_ = true;
   }
   wake_.notify_all();
-  worker_.join();
+  for (std::thread& worker : workers_) worker.join();
   reap_stores(/*wait=*/true);  // each is bounded by the pool call's timeout
 }
 
-void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashes) {
+void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashes,
+                                 std::vector<TokenId> prompt) {
   if (static_cast<int64_t>(hashes.size()) > options_.max_blocks_per_load) {
     hashes.resize(static_cast<size_t>(options_.max_blocks_per_load));
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    jobs_.push_back(Job{request, std::move(hashes), std::chrono::steady_clock::now()});
+    jobs_.push_back(
+        Job{request, std::move(hashes), std::move(prompt), std::chrono::steady_clock::now()});
   }
   wake_.notify_one();
 }
@@ -54,18 +58,31 @@ void KvPoolConnector::run() {
     }
     Loaded loaded;
     loaded.request = job.request;
+    int64_t remote = 0, remote_failed = 0;
+    double remote_seconds = 0;
     if (!job.hashes.empty()) {
-      std::vector<PoolKey> keys;
-      std::vector<BlockSink> sinks;
-      std::vector<std::vector<std::byte>> buffers(job.hashes.size(),
-                                                  std::vector<std::byte>(block_bytes_));
-      for (size_t i = 0; i < job.hashes.size(); ++i) {
-        keys.push_back(PoolKey{options_.tenant, job.hashes[i]});
-        sinks.push_back(sink_into(buffers[i]));
+      std::vector<std::vector<std::byte>> buffers(job.hashes.size());
+      size_t hits = lookup(job.hashes, 0, &buffers);
+      if (hits < job.hashes.size() && options_.remote_prefill) {
+        // Disaggregated: another instance computes the prompt and stores its blocks in the
+        // pool; read the missing ones once they have landed (writes are asynchronous there).
+        const auto started = std::chrono::steady_clock::now();
+        remote = 1;
+        if (options_.remote_prefill(job.prompt).ok()) {
+          const auto deadline = std::chrono::steady_clock::now() + options_.handoff_wait;
+          auto pause = std::chrono::milliseconds(2);
+          while (true) {
+            hits = lookup(job.hashes, hits, &buffers);
+            if (hits == job.hashes.size() || std::chrono::steady_clock::now() >= deadline) break;
+            std::this_thread::sleep_for(pause);
+            pause = std::min(pause * 2, std::chrono::milliseconds(50));
+          }
+        } else {
+          remote_failed = 1;
+        }
+        remote_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       }
-      std::vector<BlockLookup> results = store_->get(keys, sinks, options_.timeout);
-      size_t hits = 0;
-      while (hits < results.size() && hits < buffers.size() && results[hits].hit()) ++hits;
       buffers.resize(hits);
       loaded.blocks = std::move(buffers);
     }
@@ -78,10 +95,29 @@ void KvPoolConnector::run() {
       counters_.blocks_hit += static_cast<int64_t>(loaded.blocks.size());
       counters_.bytes_loaded += static_cast<int64_t>(loaded.blocks.size() * block_bytes_);
       counters_.load_seconds_total += loaded.seconds;
+      counters_.remote_prefills += remote;
+      counters_.remote_prefill_failures += remote_failed;
+      counters_.remote_prefill_seconds_total += remote_seconds;
       loaded_.push_back(std::move(loaded));
     }
     if (on_loaded_) on_loaded_();
   }
+}
+
+size_t KvPoolConnector::lookup(const std::vector<BlockHash>& hashes, size_t from,
+                               std::vector<std::vector<std::byte>>* buffers) {
+  std::vector<PoolKey> keys;
+  std::vector<BlockSink> sinks;
+  for (size_t i = from; i < hashes.size(); ++i) {
+    (*buffers)[i].resize(block_bytes_);
+    keys.push_back(PoolKey{options_.tenant, hashes[i]});
+    sinks.push_back(sink_into((*buffers)[i]));
+  }
+  if (keys.empty()) return from;
+  std::vector<BlockLookup> results = store_->get(keys, sinks, options_.timeout);
+  size_t hits = from;
+  while (hits - from < results.size() && results[hits - from].hit()) ++hits;
+  return hits;
 }
 
 void KvPoolConnector::store(std::vector<BlockHash> hashes,

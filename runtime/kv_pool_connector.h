@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,16 @@ struct KvPoolConnectorOptions {
   std::string tenant = "default";           // the pool namespace (--kv-namespace)
   std::chrono::milliseconds timeout{2000};  // per pool call; past it, misses
   int64_t max_blocks_per_load = 8192;       // blocks asked for per request at most
+  // Lookups (and remote prefills) in flight at once. Default 1.
+  int workers = 1;
+  // Prefill/decode disaggregation (the decode role): when blocks are missing from the pool,
+  // have another instance compute the prompt (it stores the blocks in the pool), then read
+  // them. Called on a worker thread; an error means "compute it here" (the request then
+  // prefills locally). Default: none.
+  std::function<Status(std::span<const TokenId> prompt)> remote_prefill;
+  // After a remote prefill, how long to keep asking for blocks it has not stored yet (its
+  // pool writes are asynchronous). Default 1 s.
+  std::chrono::milliseconds handoff_wait{1000};
 };
 
 struct KvPoolCounters {
@@ -48,8 +59,11 @@ struct KvPoolCounters {
   int64_t bytes_loaded = 0;
   int64_t blocks_stored = 0;  // blocks handed to the pool for writing
   int64_t bytes_stored = 0;
-  int64_t store_failures = 0;     // writes the pool refused or failed (known so far)
-  double load_seconds_total = 0;  // time from start_load to loaded, summed
+  int64_t store_failures = 0;           // writes the pool refused or failed (known so far)
+  double load_seconds_total = 0;        // time from start_load to loaded, summed
+  int64_t remote_prefills = 0;          // prompts handed to a prefill instance
+  int64_t remote_prefill_failures = 0;  // of which failed (then prefilled here)
+  double remote_prefill_seconds_total = 0;
 };
 
 class KvPoolConnector {
@@ -67,8 +81,9 @@ class KvPoolConnector {
   KvPoolConnector(const KvPoolConnector&) = delete;
   KvPoolConnector& operator=(const KvPoolConnector&) = delete;
 
-  // Queues a lookup of `hashes` (consecutive chain blocks) for `request`.
-  void start_load(RequestId request, std::vector<BlockHash> hashes);
+  // Queues a lookup of `hashes` (consecutive chain blocks) for `request`, whose prompt is
+  // `prompt` (used only for a remote prefill).
+  void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt);
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
   // Writes blocks[i] under hashes[i] in the background (best effort).
@@ -82,9 +97,14 @@ class KvPoolConnector {
   struct Job {
     RequestId request = 0;
     std::vector<BlockHash> hashes;
+    std::vector<TokenId> prompt;
     std::chrono::steady_clock::time_point queued;
   };
   void run();
+  // Reads hashes[from, end) into buffers[from, end); returns where the leading run of hits
+  // (counted from 0) ends.
+  size_t lookup(const std::vector<BlockHash>& hashes, size_t from,
+                std::vector<std::vector<std::byte>>* buffers);
   void reap_stores(bool wait);
 
   std::shared_ptr<KvBlockStore> store_;
@@ -99,7 +119,7 @@ class KvPoolConnector {
   std::vector<std::future<std::vector<Status>>> pending_stores_;
   KvPoolCounters counters_;
   bool stopping_ = false;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace peerserve

@@ -355,12 +355,17 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
 }
 
 json model_card(const OpenAiServer::Context& ctx) {
-  return {{"id", ctx.options.served_model_name},
-          {"object", "model"},
-          {"created", unix_seconds()},
-          {"owned_by", "peerserve"},
-          {"root", ctx.options.served_model_name},
-          {"max_model_len", ctx.engine->options().scheduler.max_model_len}};
+  json card = {{"id", ctx.options.served_model_name},
+               {"object", "model"},
+               {"created", unix_seconds()},
+               {"owned_by", "peerserve"},
+               {"root", ctx.options.served_model_name},
+               {"max_model_len", ctx.engine->options().scheduler.max_model_len}};
+  if (!ctx.options.kv_namespace_identity.empty()) {
+    // What a peer must agree with to use this instance's KV (the disaggregation handshake).
+    card["peerserve"] = {{"kv_namespace", ctx.options.kv_namespace_identity}};
+  }
+  return card;
 }
 
 void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,

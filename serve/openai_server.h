@@ -39,6 +39,9 @@ struct OpenAiServerOptions {
   ApiLimits limits;
   // More /metrics text appended after the engine's (e.g. render_expert_load). Default: none.
   std::function<std::string()> extra_metrics;
+  // KvNamespace::canonical_identity() of the engine's pool blocks, shown in the model card
+  // (GET /v1/models) for the prefill/decode handshake. Default: none (not shown).
+  std::string kv_namespace_identity;
 };
 
 class OpenAiServer {

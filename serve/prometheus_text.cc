@@ -170,6 +170,14 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
     out.counter("peerserve:kv_pool_store_failures_total",
                 "KV block writes the caching pool refused or failed.", labels,
                 static_cast<double>(p.store_failures));
+    out.counter("peerserve:kv_pool_remote_prefills_total",
+                "Prompts handed to a prefill instance (--role decode).", labels,
+                static_cast<double>(p.remote_prefills));
+    out.counter("peerserve:kv_pool_remote_prefill_failures_total",
+                "Remote prefills that failed (the prompt was then computed here).", labels,
+                static_cast<double>(p.remote_prefill_failures));
+    out.counter("peerserve:kv_pool_remote_prefill_seconds_total",
+                "Time spent waiting for remote prefills.", labels, p.remote_prefill_seconds_total);
     out.histogram("peerserve:kv_pool_load_seconds",
                   "Time a request waited for its caching-pool lookup.", labels,
                   m.kv_pool_load_latency);

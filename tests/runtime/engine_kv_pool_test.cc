@@ -5,8 +5,10 @@
 // aborting a loading request and a dead pool are handled.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,8 +68,10 @@ std::shared_ptr<KvBlockStore> local_pool() {
   return std::shared_ptr<KvBlockStore>(std::move(client).value());
 }
 
-std::unique_ptr<Engine> make_engine(std::shared_ptr<KvBlockStore> pool, BlockHash root,
-                                    testing::FakeExecutor** executor_out = nullptr) {
+std::unique_ptr<Engine> make_engine(
+    std::shared_ptr<KvBlockStore> pool, BlockHash root,
+    testing::FakeExecutor** executor_out = nullptr,
+    std::function<Status(std::span<const TokenId>)> remote_prefill = {}) {
   EngineOptions options;
   options.scheduler.max_num_seqs = 8;
   options.scheduler.max_num_batched_tokens = 64;
@@ -78,6 +82,8 @@ std::unique_ptr<Engine> make_engine(std::shared_ptr<KvBlockStore> pool, BlockHas
   options.vocab_size = kVocab;
   options.kv_pool = std::move(pool);
   options.kv_pool_options.tenant = "test";
+  options.kv_pool_options.remote_prefill = std::move(remote_prefill);
+  options.kv_pool_options.workers = 2;
   auto executor = std::make_unique<testing::FakeExecutor>(96, kBlock, kVocab);
   if (executor_out) *executor_out = executor.get();
   auto engine = Engine::create(options, std::move(executor), nullptr);
@@ -256,6 +262,48 @@ TEST(EngineKvPoolTest, AbortWhileLoadingEndsTheRequest) {
   // The engine still works.
   auto next = engine->submit({long_prompt(6), greedy(2)}, collector.sink());
   EXPECT_FALSE(collector.wait(*next).empty());
+}
+
+TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
+  // Disaggregated: engine P (prefill role) computes prompts on request; engine D (decode
+  // role) asks P for the prompts it misses and reads their blocks from the pool.
+  auto pool = local_pool();
+  const BlockHash root = root_block_hash("disaggregated");
+  auto prefill = make_engine(pool, root);
+  std::atomic<int> remote_calls{0};
+  std::atomic<bool> fail_remote{false};
+  auto remote = [&](std::span<const TokenId> prompt) -> Status {
+    ++remote_calls;
+    if (fail_remote) return unavailable("prefill instance down");
+    Collector c;
+    auto id =
+        prefill->submit({std::vector<TokenId>(prompt.begin(), prompt.end()), greedy(1)}, c.sink());
+    if (!id.ok()) return id.status();
+    return c.wait(*id).empty() ? unavailable("prefill timed out") : ok_status();
+  };
+  auto decode = make_engine(pool, root, nullptr, remote);
+  Collector collector;
+  const auto prompt = long_prompt(7);
+  auto id = decode->submit({prompt, greedy(6)}, collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
+  EXPECT_EQ(remote_calls.load(), 1);
+  EXPECT_EQ(out.back().usage.cached_prompt_tokens, 40);  // every shareable block handed over
+  auto m = decode->metrics();
+  EXPECT_EQ(m.kv_pool.remote_prefills, 1);
+  EXPECT_EQ(m.kv_pool.remote_prefill_failures, 0);
+  EXPECT_EQ(m.kv_pool_hit_tokens, 40);
+
+  // A failing prefill instance: the decode instance computes the prompt itself.
+  fail_remote = true;
+  const auto other = long_prompt(8);
+  auto id2 = decode->submit({other, greedy(4)}, collector.sink());
+  auto out2 = collector.wait(*id2);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(tokens_of(out2), reference_generate(other, 4, kVocab, std::nullopt));
+  EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(decode->metrics().kv_pool.remote_prefill_failures, 1);
 }
 
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {

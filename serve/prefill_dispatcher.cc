@@ -1,0 +1,194 @@
+#include "serve/prefill_dispatcher.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "serve/http_client.h"
+
+namespace peerserve {
+
+using json = nlohmann::json;
+
+Result<std::unique_ptr<PrefillDispatcher>> PrefillDispatcher::create(
+    const std::string& members, std::string kv_identity, std::chrono::milliseconds timeout) {
+  std::vector<Instance> instances;
+  size_t start = 0;
+  while (start <= members.size()) {
+    const size_t comma = std::min(members.find(',', start), members.size());
+    std::string endpoint = members.substr(start, comma - start);
+    const size_t colon = endpoint.rfind(':');
+    if (endpoint.empty() || colon == std::string::npos || colon == 0 ||
+        colon + 1 == endpoint.size()) {
+      return invalid_argument("--prefill '" + members + "': expected HOST:PORT[,HOST:PORT...]");
+    }
+    for (const Instance& i : instances) {
+      if (i.endpoint == endpoint) return invalid_argument("--prefill lists " + endpoint + " twice");
+    }
+    Instance instance;
+    instance.endpoint = std::move(endpoint);
+    instances.push_back(std::move(instance));
+    start = comma + 1;
+  }
+  return std::unique_ptr<PrefillDispatcher>(
+      new PrefillDispatcher(std::move(instances), std::move(kv_identity), timeout));
+}
+
+Status PrefillDispatcher::handshake(const std::string& endpoint, std::string* model_name) const {
+  PS_ASSIGN_OR_RETURN(HttpCallResult reply,
+                      http_call(endpoint, "GET", "/v1/models", "",
+                                std::min(timeout_, std::chrono::milliseconds(5000))));
+  if (reply.status != 200) {
+    return unavailable("prefill instance " + endpoint + ": /v1/models answered " +
+                       std::to_string(reply.status));
+  }
+  const json card = json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
+  if (!card.is_object() || !card.contains("data") || !card["data"].is_array() ||
+      card["data"].empty() || !card["data"][0].is_object() || !card["data"][0].contains("id") ||
+      !card["data"][0]["id"].is_string()) {
+    return unavailable("prefill instance " + endpoint + ": malformed /v1/models answer");
+  }
+  const json& model = card["data"][0];
+  std::string identity;
+  if (model.contains("peerserve") && model["peerserve"].is_object() &&
+      model["peerserve"].contains("kv_namespace") &&
+      model["peerserve"]["kv_namespace"].is_string()) {
+    identity = model["peerserve"]["kv_namespace"].get<std::string>();
+  }
+  if (identity != kv_identity_) {
+    return invalid_argument(
+        "prefill instance " + endpoint +
+        " computes KV this instance cannot use: its KV namespace is '" +
+        (identity.empty() ? std::string("(none: is it serving with --kv-pool?)") : identity) +
+        "', this instance's is '" + kv_identity_ +
+        "' (model, --kv-namespace, --block-size and KV dtype must all agree)");
+  }
+  *model_name = model["id"].get<std::string>();
+  return ok_status();
+}
+
+Status PrefillDispatcher::check(std::vector<std::string>* unreachable) {
+  std::vector<std::string> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Instance& i : instances_) endpoints.push_back(i.endpoint);
+  }
+  for (size_t k = 0; k < endpoints.size(); ++k) {
+    std::string name;
+    Status s = handshake(endpoints[k], &name);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (s.ok()) {
+      instances_[k].verified = true;
+      instances_[k].model_name = name;
+    } else if (s.code() == StatusCode::kInvalidArgument) {
+      instances_[k].excluded = true;
+      return s;
+    } else if (unreachable != nullptr) {
+      unreachable->push_back(endpoints[k] + " (" + s.message() + ")");
+    }
+  }
+  return ok_status();
+}
+
+void PrefillDispatcher::mark_down(size_t index) {
+  Instance& i = instances_[index];
+  i.backoff = i.backoff.count() == 0 ? std::chrono::milliseconds(1000)
+                                     : std::min(i.backoff * 2, std::chrono::milliseconds(16000));
+  i.down_until = std::chrono::steady_clock::now() + i.backoff;
+  ++counters_.retries;
+}
+
+Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
+  json ids = json::array();
+  for (TokenId t : prompt) ids.push_back(t);
+  std::vector<size_t> tried;
+  Status last = unavailable("no prefill instance is up");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.calls;
+  }
+  while (true) {
+    size_t pick = instances_.size();
+    std::string endpoint, model_name;
+    bool verified = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto now = std::chrono::steady_clock::now();
+      for (size_t k = 0; k < instances_.size(); ++k) {
+        const Instance& i = instances_[k];
+        if (i.excluded || i.down_until > now ||
+            std::find(tried.begin(), tried.end(), k) != tried.end()) {
+          continue;
+        }
+        if (pick == instances_.size() || i.in_flight < instances_[pick].in_flight) pick = k;
+      }
+      if (pick == instances_.size()) {
+        ++counters_.failures;
+        return last;
+      }
+      tried.push_back(pick);
+      ++instances_[pick].in_flight;
+      endpoint = instances_[pick].endpoint;
+      model_name = instances_[pick].model_name;
+      verified = instances_[pick].verified;
+    }
+    Status status = ok_status();
+    if (!verified) {
+      status = handshake(endpoint, &model_name);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (status.ok()) {
+        instances_[pick].verified = true;
+        instances_[pick].model_name = model_name;
+      } else if (status.code() == StatusCode::kInvalidArgument) {
+        instances_[pick].excluded = true;
+        std::fprintf(stderr, "error: %s; leaving it out\n", status.message().c_str());
+      }
+    }
+    if (status.ok()) {
+      const json body = {
+          {"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
+      Result<HttpCallResult> reply =
+          http_call(endpoint, "POST", "/v1/completions", body.dump(), timeout_);
+      if (!reply.ok()) {
+        status = reply.status();
+      } else if (reply->status >= 400 && reply->status < 500) {
+        // The request, not the instance: the others would refuse it too.
+        std::lock_guard<std::mutex> lock(mutex_);
+        --instances_[pick].in_flight;
+        ++counters_.failures;
+        return invalid_argument("prefill instance " + endpoint + " refused the prompt (" +
+                                std::to_string(reply->status) + "): " + reply->body.substr(0, 300));
+      } else if (reply->status != 200) {
+        status = unavailable("prefill instance " + endpoint + " answered " +
+                             std::to_string(reply->status) + ": " + reply->body.substr(0, 300));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    --instances_[pick].in_flight;
+    if (status.ok()) {
+      instances_[pick].backoff = std::chrono::milliseconds(0);
+      return ok_status();
+    }
+    if (!instances_[pick].excluded) mark_down(pick);
+    last = status;
+  }
+}
+
+PrefillDispatcherCounters PrefillDispatcher::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return counters_;
+}
+
+std::vector<std::pair<std::string, bool>> PrefillDispatcher::instances() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<std::string, bool>> out;
+  const auto now = std::chrono::steady_clock::now();
+  for (const Instance& i : instances_) {
+    out.emplace_back(i.endpoint, !i.excluded && i.down_until <= now);
+  }
+  return out;
+}
+
+}  // namespace peerserve

@@ -1,0 +1,86 @@
+// PrefillDispatcher: the decode role's side of prefill/decode disaggregation (paper 000
+// §4.3.3). A decode instance that misses a prompt's KV in the caching pool hands the prompt
+// to a prefill instance (`serve --role prefill`, an OpenAI server over the same pool): one
+// `POST /v1/completions` with the prompt's token ids and max_tokens 1. The prefill instance
+// computes the prompt and stores its full blocks in the pool, where the decode instance reads
+// them (runtime/kv_pool_connector.h); the decode instance computes the last prompt token
+// itself, so its first token is exactly what a single server would produce.
+//
+// Choice: the healthy instance with the fewest prefills in flight (ties: list order). A
+// failed call (refused, timed out, an error answer) marks the instance down for a back-off
+// (1 s doubling to 16 s) and the next instance is tried; when none is left the call fails
+// and the decode instance prefills locally.
+//
+// Handshake: before its first use, each instance's /v1/models card must report the same KV
+// namespace identity (tenant, model id, KV layout: layers, widths, block size, dtype, layout
+// version) as this instance. A mismatch excludes the instance for good and is logged; at
+// start-up, check() reports it as an error so a mismatched pair refuses to start.
+//
+// Thread-safety: every method from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "runtime/sampler.h"
+
+namespace peerserve {
+
+struct PrefillDispatcherCounters {
+  int64_t calls = 0;
+  int64_t failures = 0;  // calls that found no working instance
+  int64_t retries = 0;   // instances that failed a call (then the next was tried)
+};
+
+class PrefillDispatcher {
+ public:
+  // `members`: "host:port,host:port,..."; `kv_identity`: this instance's
+  // KvNamespace::canonical_identity(). InvalidArgument on a malformed list.
+  static Result<std::unique_ptr<PrefillDispatcher>> create(const std::string& members,
+                                                           std::string kv_identity,
+                                                           std::chrono::milliseconds timeout);
+
+  // Handshakes with every instance now. InvalidArgument naming an instance whose KV namespace
+  // differs; instances that do not answer are only reported in `unreachable` (they are tried
+  // again when needed).
+  Status check(std::vector<std::string>* unreachable);
+
+  // Has a prefill instance compute `prompt`; see the class comment.
+  Status prefill(std::span<const TokenId> prompt);
+
+  PrefillDispatcherCounters counters() const;
+  // Per instance: "host:port" and whether it is usable now.
+  std::vector<std::pair<std::string, bool>> instances() const;
+
+ private:
+  struct Instance {
+    std::string endpoint;
+    std::string model_name;  // from its /v1/models card
+    bool verified = false;
+    bool excluded = false;  // KV namespace mismatch
+    int in_flight = 0;
+    std::chrono::steady_clock::time_point down_until{};
+    std::chrono::milliseconds backoff{0};
+  };
+  PrefillDispatcher(std::vector<Instance> instances, std::string kv_identity,
+                    std::chrono::milliseconds timeout)
+      : instances_(std::move(instances)), kv_identity_(std::move(kv_identity)), timeout_(timeout) {}
+
+  // Fetches and compares the instance's card; fills model_name. Not under mutex_.
+  Status handshake(const std::string& endpoint, std::string* model_name) const;
+  void mark_down(size_t index);
+
+  mutable std::mutex mutex_;
+  std::vector<Instance> instances_;
+  const std::string kv_identity_;
+  const std::chrono::milliseconds timeout_;
+  PrefillDispatcherCounters counters_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,197 @@
+"""Prefill/decode disaggregation as real processes on loopback: a `peerserve cache-server`,
+`serve --role prefill` and `serve --role decode --prefill ...` over the same pool, against
+the all-in-one `serve` as the reference.
+
+Cases (all run; exit 1 if any failed):
+- greedy output through prefill + decode equals the all-in-one server, completions and chat,
+  streaming and not; the decode instance had the prompt prefilled remotely (metrics, cached
+  tokens);
+- a prefill instance whose KV namespace differs (another block size) is refused at start
+  with a clear error, never a hang;
+- the prefill instance killed: the decode instance still answers (it prefills locally).
+Usage: disaggregation_test.py PEERSERVE_BINARY SOURCE_DIR SCRATCH_DIR
+"""
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+os.makedirs(SCRATCH, exist_ok=True)
+failures = []
+children = []
+
+
+def case(name, fn):
+    try:
+        fn()
+        print(f"PASS {name}", flush=True)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}", flush=True)
+        failures.append(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, ready_marker, seconds=60):
+    """Starts a child; returns (process, output lines so far) once `ready_marker` shows, or
+    (process, lines) after it exited."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children.append(p)
+    lines = queue.Queue()
+
+    def pump(stream):
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+    for stream in (p.stdout, p.stderr):
+        threading.Thread(target=pump, args=(stream,), daemon=True).start()
+    deadline = time.monotonic() + seconds
+    seen, ended = [], 0
+    while time.monotonic() < deadline and ended < 2:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            ended += 1
+            continue
+        seen.append(line)
+        if ready_marker in line:
+            return p, seen
+    return p, seen
+
+
+def serve(port, *extra):
+    p, seen = start([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                     "--kv-cache-memory", "64MiB", *extra], "serving model")
+    assert p.poll() is None, f"serve {extra} exited: {''.join(seen)[-1500:]}"
+    return p
+
+
+def post(port, route, body, timeout=120):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if body.get("stream"):
+            text = ""
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for c in chunk.get("choices", []):
+                    text += c.get("text") or (c.get("delta") or {}).get("content") or ""
+            return text, None
+        out = json.load(r)
+        c = out["choices"][0]
+        cached = (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        return c.get("text") if "text" in c else c["message"]["content"], cached
+
+
+def metric(port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+pool_port = free_port()
+pool, seen = start([BIN, "cache-server", "--listen", f"127.0.0.1:{pool_port}", "--dram",
+                    "256MiB"], "listening on")
+assert pool.poll() is None, "".join(seen)
+pool_flags = ["--kv-pool", f"127.0.0.1:{pool_port}"]
+ref_port, prefill_port, decode_port = free_port(), free_port(), free_port()
+reference = serve(ref_port)
+prefill = serve(prefill_port, "--role", "prefill", *pool_flags)
+decode = serve(decode_port, "--role", "decode", "--prefill", f"127.0.0.1:{prefill_port}",
+               *pool_flags)
+
+LONG = "The kernel documentation describes how the scheduler balances load across CPUs. " * 6
+REQUESTS = [  # distinct from their first block on, so each needs its own prefill
+    ("/v1/completions", {"prompt": "One. " + LONG, "max_tokens": 16}),
+    ("/v1/completions", {"prompt": "Two. " + LONG, "max_tokens": 12, "stream": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Three. " + LONG}],
+                              "max_tokens": 12}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Four. " + LONG}],
+                              "max_tokens": 12, "stream": True}),
+]
+
+
+def same_as_all_in_one():
+    for route, body in REQUESTS:
+        body = dict(body, model="peerserve-dsv3-tiny", temperature=0)
+        want, _ = post(ref_port, route, body)
+        got, cached = post(decode_port, route, body)
+        assert got == want, f"{route} stream={body.get('stream')}: {got!r} != {want!r}"
+        if cached is not None:
+            assert cached > 0, f"{route}: no cached tokens on the decode instance"
+    remote = metric(decode_port, "peerserve:kv_pool_remote_prefills_total")
+    failed = metric(decode_port, "peerserve:kv_pool_remote_prefill_failures_total")
+    assert remote == len(REQUESTS), f"{remote} remote prefills for {len(REQUESTS)} prompts"
+    assert failed == 0, f"{failed} remote prefills failed"
+    hits = metric(decode_port, "peerserve:kv_pool_hit_tokens_total")
+    assert hits and hits > 0, f"decode loaded {hits} tokens from the pool"
+
+
+def mismatched_pair_refused():
+    other = free_port()
+    odd = serve(other, "--role", "prefill", "--block-size", "32", *pool_flags)
+    p, seen = start([BIN, "serve", "--model", MODEL, "--port", str(free_port()), "--threads",
+                     "1", "--kv-cache-memory", "64MiB", "--role", "decode", "--prefill",
+                     f"127.0.0.1:{other}", *pool_flags], "serving model", seconds=60)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a decode instance with a mismatched prefill instance started")
+    text = "".join(seen)
+    assert p.returncode != 0, "exit 0 with a mismatched prefill instance"
+    assert "KV namespace" in text and "block" in text, f"unclear error: {text[-1000:]}"
+    odd.send_signal(signal.SIGTERM)
+
+
+def prefill_killed():
+    prefill.send_signal(signal.SIGKILL)
+    prefill.wait()
+    body = {"model": "peerserve-dsv3-tiny", "temperature": 0, "max_tokens": 8,
+            "prompt": "A different prompt about network interfaces and routes. " * 6}
+    started = time.monotonic()
+    want, _ = post(ref_port, "/v1/completions", body)
+    got, cached = post(decode_port, "/v1/completions", body, timeout=60)
+    assert got == want, f"{got!r} != {want!r}"
+    assert cached == 0, f"{cached} cached tokens with the prefill instance dead"
+    assert time.monotonic() - started < 30, "a dead prefill instance stalled the request"
+    failed = metric(decode_port, "peerserve:kv_pool_remote_prefill_failures_total")
+    assert failed and failed >= 1, f"remote prefill failures: {failed}"
+
+
+try:
+    case("prefill + decode give the all-in-one server's tokens (completions, chat, streams)",
+         same_as_all_in_one)
+    case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
+    case("prefill instance killed: the decode instance prefills locally", prefill_killed)
+finally:
+    for p in children:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in children:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+print(f"{'all' if not failures else len(failures)} " +
+      ("cases passed" if not failures else f"failed: {failures}"))
+sys.exit(1 if failures else 0)
