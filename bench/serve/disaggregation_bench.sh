@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation on the `mini` test model (docs/disaggregation.md): 1P1D (a
+# cache-server, `serve --role prefill` pinned to core 0 and `serve --role decode` pinned to
+# core 1, one kernel thread each) against the all-in-one server on both cores, with
+# `peerserve bench` at concurrency 8 and 32, 1,024-token prompts, 128 output tokens.
+# Prints throughput, TTFT, TPOT and ITL p50/p99 (and ITL p99/p50) per setup.
+# Usage: bench/serve/disaggregation_bench.sh [BUILD_DIR] [OUT_DIR]   (NUM_PROMPTS, default 32)
+set -euo pipefail
+build=${1:-build}
+out=${2:-/tmp/peerserve_disaggregation_bench}
+bin="$build/apps/peerserve"
+model="$out/mini"
+prompts=${NUM_PROMPTS:-32}
+mkdir -p "$out"
+[[ -f "$model/config.json" ]] || "$bin" make-test-model --preset mini --out "$model" --seed 1 2>/dev/null
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_for() {  # log, marker
+  for _ in $(seq 1 120); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.5; done
+  echo "not ready: $1" >&2; cat "$1" >&2; exit 1
+}
+common=(--model "$model" --served-model-name mini --max-num-seqs 64 --max-num-batched-tokens 2048
+        --kv-cache-memory 1GiB --max-model-len 2048)
+
+bench() {  # name, port, concurrency
+  "$bin" bench --url "http://127.0.0.1:$2" --num-prompts "$prompts" --max-concurrency "$3" \
+    --input-len 1024 --output-len 128 --seed "$3" --no-progress --json "$out/$1-c$3.json" >/dev/null
+  python3 - "$out/$1-c$3.json" "$1" "$3" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+itl50, itl99 = r["itl"]["p50_ms"], r["itl"]["p99_ms"]
+print(f"{sys.argv[2]:<11} c={sys.argv[3]:<3} done {r['completed']}/{r['completed'] + r['failed']}  "
+      f"out tok/s {r['output_throughput']:7.1f}  TTFT p50 {r['ttft']['p50_ms']:8.1f} ms  "
+      f"TPOT p50 {r['tpot']['p50_ms']:6.1f} ms  ITL p50 {itl50:6.1f} p99 {itl99:7.1f} ms  "
+      f"(p99/p50 {itl99 / itl50:5.2f})")
+PY
+}
+
+# 1P1D.
+pool_port=$(free_port); prefill_port=$(free_port); decode_port=$(free_port)
+"$bin" cache-server --listen "127.0.0.1:$pool_port" --dram 4GiB >"$out/pool.log" 2>&1 &
+pids+=($!); wait_for "$out/pool.log" "listening on"
+taskset -c 0 "$bin" serve "${common[@]}" --port "$prefill_port" --threads 1 --role prefill \
+  --kv-pool "127.0.0.1:$pool_port" >"$out/prefill.log" 2>&1 &
+pids+=($!)
+taskset -c 1 "$bin" serve "${common[@]}" --port "$decode_port" --threads 1 --role decode \
+  --kv-pool "127.0.0.1:$pool_port" --prefill "127.0.0.1:$prefill_port" >"$out/decode.log" 2>&1 &
+pids+=($!)
+wait_for "$out/prefill.log" "serving model"; wait_for "$out/decode.log" "serving model"
+for c in 8 32; do bench 1P1D "$decode_port" "$c"; done
+cleanup; pids=()
+
+# All-in-one on both cores.
+port=$(free_port)
+"$bin" serve "${common[@]}" --port "$port" --threads 2 >"$out/all.log" 2>&1 &
+pids+=($!); wait_for "$out/all.log" "serving model"
+for c in 8 32; do bench all-in-one "$port" "$c"; done
