@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +54,7 @@ struct ServeCli {
   EpCli ep;
   KvPoolCli kv_pool;
   std::string role = "all";
+  int shutdown_timeout = 30;
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
 };
@@ -311,23 +314,52 @@ int run_serve(const ServeCli& cli) {
   OpenAiServer* server_ptr = server->get();
   DataParallelRouter* router_ptr = router.get();
   auto run_finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread signal_waiter([signals, engine_ptr, server_ptr, router_ptr, run_finished] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (run_finished->load()) return;  // woken by the main thread below
-    if (router_ptr == nullptr || !router_ptr->done()) {
-      std::fprintf(stderr, "\nshutting down (signal %d)\n", sig);
-    }
-    // Engine first: unfinished requests end with "abort" while connections still exist.
-    engine_ptr->stop();
-    if (router_ptr != nullptr) {
-      // The other ranks' requests end with "abort" too, then the ranks stop.
-      if (Status s = router_ptr->finish(); !s.ok()) {
-        std::fprintf(stderr, "warning: stopping the other ranks: %s\n", s.message().c_str());
-      }
-    }
-    server_ptr->stop();
-  });
+  const auto shutdown_timeout = std::chrono::seconds(cli.shutdown_timeout);
+  std::thread signal_waiter(
+      [signals, engine_ptr, server_ptr, router_ptr, run_finished, shutdown_timeout] {
+        int sig = 0;
+        sigwait(&signals, &sig);
+        if (run_finished->load()) return;  // woken by the main thread below
+        // Waits until done() or `limit`, polling; a second signal exits at once.
+        auto wait_until = [&](const std::function<bool()>& done, std::chrono::milliseconds limit) {
+          const auto deadline = std::chrono::steady_clock::now() + limit;
+          while (!done() && std::chrono::steady_clock::now() < deadline) {
+            timespec poll{0, 50'000'000};
+            if (sigtimedwait(&signals, nullptr, &poll) > 0) {
+              std::fprintf(stderr, "second signal: exiting now\n");
+              std::fflush(stderr);
+              std::_Exit(1);
+            }
+          }
+        };
+        if (router_ptr == nullptr || !router_ptr->done()) {
+          std::fprintf(stderr,
+                       "\nsignal %d: draining — no new requests, /health 503, running requests "
+                       "have %lld s to finish (signal again to exit at once)\n",
+                       sig, static_cast<long long>(shutdown_timeout.count()));
+          std::fflush(stderr);
+        }
+        server_ptr->begin_drain();
+        wait_until([&] { return server_ptr->active_generations() == 0; }, shutdown_timeout);
+        if (server_ptr->active_generations() > 0) {
+          std::fprintf(stderr, "shutdown timeout: %lld requests end with finish_reason \"abort\"\n",
+                       static_cast<long long>(server_ptr->active_generations()));
+        }
+        // What is left ends with "abort" (final chunk and [DONE]) while connections still exist.
+        engine_ptr->stop();
+        if (router_ptr != nullptr) {
+          // The other ranks' requests end with "abort" too, then the ranks stop.
+          if (Status s = router_ptr->finish(); !s.ok()) {
+            std::fprintf(stderr, "warning: stopping the other ranks: %s\n", s.message().c_str());
+          }
+        }
+        wait_until([&] { return server_ptr->active_generations() == 0; },
+                   std::chrono::milliseconds(5000));
+        // The last chunks were handed to their connections; give the event loop a moment to
+        // write them out before it stops.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        server_ptr->stop();
+      });
   // A lost rank breaks the group: nothing can run any more, so the server ends (with the
   // error) instead of answering 503 forever.
   std::thread group_watcher;
@@ -396,6 +428,12 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
   add_kv_pool_options(sub, &cli->kv_pool);
+  sub->add_option("--shutdown-timeout", cli->shutdown_timeout,
+                  "On SIGTERM/SIGINT: seconds running requests get to finish (new ones get "
+                  "503, /health 503) before the rest end with finish_reason \"abort\"; a "
+                  "second signal exits at once")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
   sub->add_option("--role", cli->role,
                   "all: everything in this process; prefill: compute prompts for decode "
                   "instances (their KV goes to the pool); decode: have --prefill instances "

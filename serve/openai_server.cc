@@ -1,6 +1,7 @@
 #include "serve/openai_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <vector>
@@ -16,6 +17,10 @@ struct OpenAiServer::Context {
   EngineClient* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
   HttpServer* http = nullptr;
+  // Graceful shutdown: new generations are refused and /health fails while draining;
+  // active_calls counts generation calls not yet finished.
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> active_calls{0};
   std::mutex id_mutex;
   std::mt19937_64 id_rng{std::random_device{}()};
 
@@ -95,7 +100,12 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         want_logprobs_(fields.params.sampling.want_logprobs),
         top_logprobs_(top_logprobs),
         id_(ctx->new_id(chat ? "chatcmpl-" : "cmpl-")),
-        created_(unix_seconds()) {}
+        created_(unix_seconds()) {
+    ++ctx_->active_calls;
+  }
+  ~GenerationCall() { --ctx_->active_calls; }
+  GenerationCall(const GenerationCall&) = delete;
+  GenerationCall& operator=(const GenerationCall&) = delete;
 
   // Submits every prompt; on the first failure aborts what was submitted and answers with
   // the error.
@@ -289,6 +299,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
 
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
+  if (ctx.draining.load()) {
+    return send_error(*exchange, api_error_from_status(unavailable(
+                                     "the server is shutting down; retry on another instance")));
+  }
   auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   ChatRequest chat;
@@ -321,6 +335,10 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
 
 void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
                        std::shared_ptr<HttpExchange> exchange) {
+  if (ctx.draining.load()) {
+    return send_error(*exchange, api_error_from_status(unavailable(
+                                     "the server is shutting down; retry on another instance")));
+  }
   auto body = parse_body(ctx, request, *exchange);
   if (!body) return;
   CompletionRequest completion;
@@ -504,7 +522,9 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
        }},
       {"/health", "GET",
        [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
-         if (c.engine->running()) {
+         if (c.draining.load()) {
+           send_error(*ex, api_error_from_status(unavailable("the server is draining")));
+         } else if (c.engine->running()) {
            ex->respond(200, kJson, "{\"status\":\"ok\"}");
          } else {
            send_error(*ex, api_error_from_status(unavailable("the engine is not running")));
@@ -569,6 +589,14 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOpt
 
 OpenAiServer::OpenAiServer(std::shared_ptr<Context> context, std::unique_ptr<HttpServer> http)
     : context_(std::move(context)), http_(std::move(http)) {}
+
+void OpenAiServer::begin_drain() {
+  context_->draining.store(true);
+}
+
+int64_t OpenAiServer::active_generations() const {
+  return context_->active_calls.load();
+}
 
 OpenAiServer::~OpenAiServer() {
   // The HTTP server (and its connections) go first; they point into the context.

@@ -56,6 +56,11 @@ class OpenAiServer {
   // Serves until stop(); blocks the calling thread.
   void run() { http_->run(); }
   void stop() { http_->stop(); }
+  // Graceful shutdown, first step: from now on new generations get 503 and /health 503
+  // (a load balancer drains this instance); running ones continue.
+  void begin_drain();
+  // Generation calls (completions, chat) not finished yet.
+  int64_t active_generations() const;
 
   struct Context;
 

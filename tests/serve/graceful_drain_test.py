@@ -1,0 +1,178 @@
+"""Graceful shutdown of `peerserve serve` as a real process on loopback.
+
+Cases (all run; exit 1 if any failed):
+- SIGTERM with running streams: /health turns 503, a new request gets 503, the running
+  requests finish normally (final chunk, finish_reason, [DONE]; the non-streaming one a
+  whole JSON body), the process exits 0;
+- past --shutdown-timeout the rest end with finish_reason "abort" and a proper end;
+- a second signal exits at once.
+Usage: graceful_drain_test.py PEERSERVE_BINARY SOURCE_DIR
+"""
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+BIN, SRC = sys.argv[1], sys.argv[2]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+failures = []
+
+
+def case(name, fn):
+    try:
+        fn()
+        print(f"PASS {name}", flush=True)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}", flush=True)
+        failures.append(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(timeout_s):
+    port = free_port()
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                          "--kv-cache-memory", "64MiB", "--shutdown-timeout", str(timeout_s)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if "serving model" in lines.get(timeout=1):
+                return p, port
+        except queue.Empty:
+            assert p.poll() is None, "serve exited"
+    p.kill()
+    raise AssertionError("serve never became ready")
+
+
+def generate(port, max_tokens, stream, results, key):
+    body = {"model": "peerserve-dsv3-tiny", "prompt": "The kernel", "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": stream}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            if not stream:
+                out = json.load(r)
+                results[key] = ("json", out["choices"][0]["finish_reason"],
+                                out["usage"]["completion_tokens"])
+                return
+            finish, done, tokens = None, False, 0
+            for raw in r:
+                line = raw.decode().strip()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    for c in chunk.get("choices", []):
+                        tokens += 1 if c.get("text") else 0
+                        finish = c.get("finish_reason") or finish
+            results[key] = ("stream", finish, done)
+    except Exception as e:  # noqa: BLE001
+        results[key] = ("error", repr(e), None)
+
+
+def status_of(port, method, route, body=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}",
+                                 json.dumps(body).encode() if body else None,
+                                 {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def start_jobs(port, max_tokens):
+    results = {}
+    threads = [threading.Thread(target=generate, args=(port, max_tokens, s, results, k))
+               for k, s in enumerate([True, True, False])]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # running
+    return results, threads
+
+
+def drain_finishes_running_requests():
+    p, port = start(60)
+    try:
+        results, threads = start_jobs(port, 6000)
+        assert not results, f"finished before the signal: {results}"  # still running
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert status_of(port, "GET", "/health") == 503, "health not 503 while draining"
+        code = status_of(port, "POST", "/v1/completions",
+                         {"model": "peerserve-dsv3-tiny", "prompt": "x", "max_tokens": 1})
+        assert code == 503, f"a new request got {code} while draining"
+        for t in threads:
+            t.join(timeout=90)
+        assert p.wait(timeout=60) == 0, f"exit {p.returncode}"
+        for k, r in results.items():
+            if r[0] == "stream":
+                assert r[1] == "length" and r[2], f"stream {k} ended {r}"
+            else:
+                assert r == ("json", "length", 6000), f"request {k}: {r}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def timeout_aborts_the_rest_cleanly():
+    p, port = start(1)
+    try:
+        results, threads = start_jobs(port, 30000)
+        started = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=60)
+        assert p.wait(timeout=30) == 0, f"exit {p.returncode}"
+        assert time.monotonic() - started < 15, "drain took far past --shutdown-timeout"
+        for k, r in results.items():
+            if r[0] == "stream":
+                assert r[1] == "abort" and r[2], f"stream {k} ended {r} (want abort + [DONE])"
+            else:
+                assert r[0] == "json" and r[1] == "abort", f"request {k}: {r}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def second_signal_exits_at_once():
+    p, port = start(60)
+    try:
+        results, threads = start_jobs(port, 30000)
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        started = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=10)
+        assert time.monotonic() - started < 5, "the second signal did not exit at once"
+        for t in threads:
+            t.join(timeout=30)
+            assert not t.is_alive(), "a client hung after the exit"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+case("SIGTERM drains: running requests finish, new ones 503, exit 0",
+     drain_finishes_running_requests)
+case("past --shutdown-timeout the rest end with abort and a proper end",
+     timeout_aborts_the_rest_cleanly)
+case("a second signal exits at once", second_signal_exits_at_once)
+print(f"{'all' if not failures else len(failures)} " +
+      ("cases passed" if not failures else f"failed: {failures}"))
+sys.exit(1 if failures else 0)
