@@ -18,6 +18,7 @@
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
+#include "apps/quantize_options.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -42,6 +43,7 @@ struct GenerateCli {
   std::string precision = "bf16";
   bool ignore_eos = false;
   EpCli ep;
+  QuantizeCli quantize;
 };
 
 // Prompts longer than this are prefilled in several chunks (bounds activation memory).
@@ -104,6 +106,7 @@ int run_generate(const GenerateCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
+  apply_quantize_options(cli.quantize, &options);
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
                                  : DeepseekModel::load(cli.model_dir, options);
@@ -198,6 +201,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "GEMM activation precision: bf16 (default) or fp32");
   sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");
   add_ep_options(sub, &cli->ep);
+  add_quantize_options(sub, &cli->quantize);
   sub->callback([cli] { set_command_exit_code(run_generate(*cli)); });
 });
 

@@ -17,6 +17,7 @@
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
+#include "apps/quantize_options.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -31,6 +32,7 @@ struct ScoreCli {
   std::string precision = "fp32";
   int threads = 0;
   EpCli ep;
+  QuantizeCli quantize;
 };
 
 int run_score(const ScoreCli& cli) {
@@ -50,6 +52,7 @@ int run_score(const ScoreCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
+  apply_quantize_options(cli.quantize, &options);
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
                                  : DeepseekModel::load(cli.model_dir, options);
@@ -108,6 +111,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--precision", cli->precision, "fp32 (default: exact path) or bf16");
   sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
   add_ep_options(sub, &cli->ep);
+  add_quantize_options(sub, &cli->quantize);
   sub->callback([cli] { set_command_exit_code(run_score(*cli)); });
 });
 

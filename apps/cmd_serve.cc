@@ -20,6 +20,7 @@
 #include "apps/ep_options.h"
 #include "apps/kv_pool_options.h"
 #include "apps/load_progress_bar.h"
+#include "apps/quantize_options.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
 #include "runtime/data_parallel_router.h"
@@ -52,6 +53,7 @@ struct ServeCli {
   uint64_t seed = 0;
   int microbatches = 1;
   EpCli ep;
+  QuantizeCli quantize;
   KvPoolCli kv_pool;
   std::string role = "all";
   int shutdown_timeout = 30;
@@ -109,6 +111,7 @@ int run_serve(const ServeCli& cli) {
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
   model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
+  apply_quantize_options(cli.quantize, &model_options);
   if (Status s = session.plan_experts(cli.model_dir, &model_options); !s.ok()) {
     return session.fail(s, true);
   }
@@ -427,6 +430,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
+  add_quantize_options(sub, &cli->quantize);
   add_kv_pool_options(sub, &cli->kv_pool);
   sub->add_option("--shutdown-timeout", cli->shutdown_timeout,
                   "On SIGTERM/SIGINT: seconds running requests get to finish (new ones get "

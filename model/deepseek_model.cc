@@ -14,6 +14,7 @@
 #include "kernels/activation.h"
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
@@ -23,6 +24,7 @@
 #include "model/mla_attention.h"
 #include "model/moe_router.h"
 #include "model/rotary_embedding.h"
+#include "model/weight_quantization.h"
 
 namespace peerserve {
 namespace {
@@ -59,7 +61,7 @@ struct DeepseekModel::Impl {
   Status validate(const char* what, std::span<const ChunkView> chunks, const LatentKvCache& cache,
                   int64_t kv_layers_needed) const;
   void plan(std::span<const ChunkView> chunks, StepRows* rows) const;
-  void embed(const Bf16Matrix& table, const ForwardState& state, float* x) const;
+  void embed(const LinearWeight& table, const ForwardState& state, float* x) const;
   // Shared by begin_forward and begin_forward_mtp: the state takes the step.
   void begin(ForwardState& state, LatentKvCache& cache);
   ExpertBackend::Call& expert_call(ForwardState& state);
@@ -179,7 +181,7 @@ void DeepseekModel::Impl::plan(std::span<const ChunkView> chunks, StepRows* rows
   }
 }
 
-void DeepseekModel::Impl::embed(const Bf16Matrix& table, const ForwardState& state,
+void DeepseekModel::Impl::embed(const LinearWeight& table, const ForwardState& state,
                                 float* x) const {
   const int64_t hidden = config.hidden_size;
   for (size_t c = 0; c < state.views.size(); ++c) {
@@ -214,6 +216,17 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
                                   int64_t rows, float* out) {
   const int64_t inter = w.gate.rows;
   state.gate.resize(rows * inter);
+  if (w.gate_up_int8) {
+    // W8A8: gate, up and SiLU in one pass over x, then the INT8 down projection.
+    kernels::GateUpInt8Args args;
+    args.x = x;
+    args.gate_up = w.gate_up_int8.get();
+    args.out = state.gate.data();
+    args.m = rows;
+    kernels::gate_up_silu_int8(args, ctx.pool);
+    linear(ctx, state.gate.data(), rows, w.down, out);
+    return;
+  }
   state.up.resize(rows * inter);
   kernels::MatmulBf16Args problems[2];
   for (int which = 0; which < 2; ++which) {
@@ -371,6 +384,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
                                                                       const ModelOptions& options) {
   PS_ASSIGN_OR_RETURN(DeepseekWeights weights,
                       load_deepseek_weights(checkpoint, options.load_mtp, options.routed_experts));
+  if (options.quantize == WeightQuantization::kInt8) {
+    PS_RETURN_IF_ERROR(quantize_weights_int8(weights, options.quantize_lm_head));
+  }
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }

@@ -12,9 +12,9 @@ class WeightReader {
  public:
   explicit WeightReader(Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
 
-  Result<Bf16Matrix> matrix(const std::string& name, int64_t rows, int64_t cols) {
+  Result<LinearWeight> matrix(const std::string& name, int64_t rows, int64_t cols) {
     PS_ASSIGN_OR_RETURN(WeightTensor t, checkpoint_.get_bf16(name, {rows, cols}));
-    return Bf16Matrix{t.bf16_data(), rows, cols, std::move(t.storage)};
+    return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr};
   }
   Result<std::vector<float>> vector(const std::string& name, int64_t size) {
     return checkpoint_.get_f32(name, {size});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/int8_matrix.h"
 #include "model/model_config.h"
 #include "tensor/float_convert.h"
 
@@ -20,30 +21,35 @@ namespace peerserve {
 
 class Checkpoint;
 
-// A bf16 matrix [rows, cols], row-major.
-struct Bf16Matrix {
+// The weight of a linear layer [rows, cols] = [out, in]: bf16 row-major, and, when the model
+// is quantized (ModelOptions::quantize), also packed INT8 with per-row scales, which linear()
+// then uses instead (W8A8, kernels/matmul_int8.h).
+struct LinearWeight {
   const bf16* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   std::shared_ptr<const void> storage;
+  std::shared_ptr<const kernels::PackedInt8Matrix> int8;
 };
 
-struct MlpWeights {  // down(silu(gate(x)) * up(x))
-  Bf16Matrix gate;   // [inter, hidden]
-  Bf16Matrix up;     // [inter, hidden]
-  Bf16Matrix down;   // [hidden, inter]
+struct MlpWeights {   // down(silu(gate(x)) * up(x))
+  LinearWeight gate;  // [inter, hidden]
+  LinearWeight up;    // [inter, hidden]
+  LinearWeight down;  // [hidden, inter]
+  // Quantized: gate and up packed together for the fused gate/up/SiLU kernel.
+  std::shared_ptr<const kernels::PackedInt8Matrix> gate_up_int8;
 };
 
 struct AttentionWeights {
   // q_lora_rank set: q = q_b(q_a_norm(q_a(x))); else q = q_proj(x).
-  std::optional<Bf16Matrix> q_a;     // [q_lora_rank, hidden]
-  std::vector<float> q_a_norm;       // [q_lora_rank]
-  std::optional<Bf16Matrix> q_b;     // [heads * qk_head_dim, q_lora_rank]
-  std::optional<Bf16Matrix> q_proj;  // [heads * qk_head_dim, hidden]
-  Bf16Matrix kv_a;                   // [kv_lora_rank + qk_rope_head_dim, hidden]
-  std::vector<float> kv_a_norm;      // [kv_lora_rank]
-  Bf16Matrix kv_b;                   // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
-  Bf16Matrix o_proj;                 // [hidden, heads * v_head_dim]
+  std::optional<LinearWeight> q_a;     // [q_lora_rank, hidden]
+  std::vector<float> q_a_norm;         // [q_lora_rank]
+  std::optional<LinearWeight> q_b;     // [heads * qk_head_dim, q_lora_rank]
+  std::optional<LinearWeight> q_proj;  // [heads * qk_head_dim, hidden]
+  LinearWeight kv_a;                   // [kv_lora_rank + qk_rope_head_dim, hidden]
+  std::vector<float> kv_a_norm;        // [kv_lora_rank]
+  LinearWeight kv_b;                   // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  LinearWeight o_proj;                 // [hidden, heads * v_head_dim]
   // W_UK of head h transposed, for the absorbed form: [heads, kv_lora_rank, qk_nope_head_dim],
   // w_uk_t[h][c][d] = kv_b[h * (nope + v) + d][c]. Owned.
   std::vector<bf16> w_uk_t;
@@ -67,20 +73,20 @@ struct DecoderLayerWeights {
 };
 
 struct MtpWeights {
-  Bf16Matrix embed;          // [vocab, hidden]
+  LinearWeight embed;        // [vocab, hidden]
   std::vector<float> enorm;  // [hidden]
   std::vector<float> hnorm;  // [hidden]
-  Bf16Matrix eh_proj;        // [hidden, 2 * hidden]
+  LinearWeight eh_proj;      // [hidden, 2 * hidden]
   DecoderLayerWeights layer;
   std::vector<float> head_norm;  // shared_head.norm
-  Bf16Matrix head;               // shared_head.head [vocab, hidden]
+  LinearWeight head;             // shared_head.head [vocab, hidden]
 };
 
 struct DeepseekWeights {
-  Bf16Matrix embed;  // [vocab, hidden]
+  LinearWeight embed;  // [vocab, hidden]
   std::vector<DecoderLayerWeights> layers;
   std::vector<float> final_norm;
-  Bf16Matrix lm_head;  // [vocab, hidden] (embed_tokens when tie_word_embeddings)
+  LinearWeight lm_head;  // [vocab, hidden] (embed_tokens when tie_word_embeddings)
   std::optional<MtpWeights> mtp;
 };
 

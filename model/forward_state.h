@@ -82,7 +82,7 @@ struct ForwardState {
   std::vector<ChunkView> views;
   std::vector<StepLayer> layers;
   const std::vector<float>* head_norm = nullptr;
-  const Bf16Matrix* head = nullptr;
+  const LinearWeight* head = nullptr;
   LatentKvCache* cache = nullptr;
   StepRows rows;
 

@@ -1,9 +1,25 @@
 #include "model/forward_step.h"
 
+#include <vector>
+
+#include "kernels/matmul_int8.h"
+
 namespace peerserve {
 
-void linear(const ComputeContext& ctx, const float* x, int64_t m, const Bf16Matrix& w, float* y,
+void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride, int64_t y_stride, bool accumulate) {
+  if (w.int8) {
+    kernels::MatmulInt8Args args;
+    args.x = x;
+    args.x_stride = x_stride;
+    args.w = w.int8.get();
+    args.y = y;
+    args.y_stride = y_stride;
+    args.m = m;
+    args.accumulate = accumulate;
+    kernels::matmul_int8(args, ctx.pool);
+    return;
+  }
   kernels::MatmulBf16Args args;
   args.x = x;
   args.x_stride = x_stride;
@@ -15,6 +31,36 @@ void linear(const ComputeContext& ctx, const float* x, int64_t m, const Bf16Matr
   args.k = w.cols;
   args.accumulate = accumulate;
   kernels::matmul_bf16(args, ctx.precision, ctx.pool);
+}
+
+void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {
+  std::vector<kernels::MatmulBf16Args> bf16;
+  std::vector<kernels::MatmulInt8Args> int8;
+  for (const LinearProblem& p : problems) {
+    if (p.w->int8) {
+      kernels::MatmulInt8Args a;
+      a.x = p.x;
+      a.x_stride = p.x_stride;
+      a.w = p.w->int8.get();
+      a.y = p.y;
+      a.y_stride = p.y_stride;
+      a.m = p.m;
+      int8.push_back(a);
+    } else {
+      kernels::MatmulBf16Args a;
+      a.x = p.x;
+      a.x_stride = p.x_stride;
+      a.w = p.w->data;
+      a.y = p.y;
+      a.y_stride = p.y_stride;
+      a.m = p.m;
+      a.n = p.w->rows;
+      a.k = p.w->cols;
+      bf16.push_back(a);
+    }
+  }
+  if (!bf16.empty()) kernels::grouped_matmul_bf16(bf16, ctx.precision, ctx.pool);
+  if (!int8.empty()) kernels::grouped_matmul_int8(int8, ctx.pool);
 }
 
 }  // namespace peerserve

@@ -37,8 +37,20 @@ struct ComputeContext {
   kernels::ActivationPrecision precision = kernels::ActivationPrecision::kBf16;
 };
 
-// y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense).
-void linear(const ComputeContext& ctx, const float* x, int64_t m, const Bf16Matrix& w, float* y,
+// y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense). W8A8 when w has an
+// INT8 form (kernels/matmul_int8.h), else the BF16 product at ctx.precision.
+void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride = 0, int64_t y_stride = 0, bool accumulate = false);
+
+// Several independent products in one call (one pass of the thread pool per weight kind).
+struct LinearProblem {
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  const LinearWeight* w = nullptr;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t m = 0;
+};
+void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems);
 
 }  // namespace peerserve

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "kernels/activation.h"
+#include "kernels/matmul_int8.h"
 #include "kernels/vector_ops.h"
 
 namespace peerserve {
@@ -121,8 +122,39 @@ Status LocalExpertBackend::compute(Call& call_base) {
   const int64_t num_experts = static_cast<int64_t>(call.experts.size());
   const int64_t inter = call.experts[0].gate.rows;
   call.gate.resize(pairs * inter);
-  call.up.resize(pairs * inter);
   call.down.resize(pairs * hidden);
+  bool int8 = true;  // W8A8 when every expert this call uses has its INT8 forms
+  for (int64_t e = 0; e < num_experts && int8; ++e) {
+    if (call.first_slot[e + 1] == call.first_slot[e]) continue;
+    int8 = call.experts[e].gate_up_int8 && call.experts[e].down.int8;
+  }
+  if (int8) {
+    // Fused gate/up/SiLU per expert, then down: grouped INT8 kernels (GEMV or GEMM inside
+    // the kernel by the expert's row count).
+    std::vector<kernels::GateUpInt8Args> gate_up;
+    std::vector<kernels::MatmulInt8Args> down;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
+      if (m == 0) continue;
+      kernels::GateUpInt8Args g;
+      g.x = call.x.data() + call.first_slot[e] * hidden;
+      g.gate_up = call.experts[e].gate_up_int8.get();
+      g.out = call.gate.data() + call.first_slot[e] * inter;
+      g.m = m;
+      gate_up.push_back(g);
+      kernels::MatmulInt8Args d;
+      d.x = g.out;
+      d.w = call.experts[e].down.int8.get();
+      d.y = call.down.data() + call.first_slot[e] * hidden;
+      d.m = m;
+      down.push_back(d);
+    }
+    kernels::grouped_gate_up_silu_int8(gate_up, pool_);
+    kernels::grouped_matmul_int8(down, pool_);
+    call.computed = true;
+    return ok_status();
+  }
+  call.up.resize(pairs * inter);
   std::vector<kernels::MatmulBf16Args>& problems = call.problems;
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {

@@ -49,22 +49,18 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   // {t_rows, q_lora} or {t_rows, heads * qk}, and {t_rows, lora + rope} (c_kv then k_pe)
   s.q.resize(t_rows * heads * qk);
   s.kv_a.resize(t_rows * width);
-  const Bf16Matrix& first = w.q_a ? *w.q_a : *w.q_proj;
+  const LinearWeight& first = w.q_a ? *w.q_a : *w.q_proj;
   if (w.q_a) s.q_a.resize(t_rows * w.q_a->rows);
-  kernels::MatmulBf16Args projections[2];
+  LinearProblem projections[2];
   projections[0].x = x_norm;
-  projections[0].w = first.data;
+  projections[0].w = &first;
   projections[0].y = w.q_a ? s.q_a.data() : s.q.data();
   projections[0].m = t_rows;
-  projections[0].n = first.rows;
-  projections[0].k = first.cols;
   projections[1].x = x_norm;
-  projections[1].w = w.kv_a.data;
+  projections[1].w = &w.kv_a;
   projections[1].y = s.kv_a.data();
   projections[1].m = t_rows;
-  projections[1].n = w.kv_a.rows;
-  projections[1].k = w.kv_a.cols;
-  kernels::grouped_matmul_bf16(projections, ctx.precision, ctx.pool);
+  grouped_linear(ctx, projections);
   if (w.q_a) {
     const int64_t q_lora = w.q_a->rows;
     kernels::rmsnorm(

@@ -15,6 +15,8 @@ enum class GemmPrecision {
 
 enum class AttentionForm { kAuto, kPlain, kAbsorbed };
 
+enum class WeightQuantization { kNone, kInt8 };
+
 struct ModelOptions {
   // Worker threads for kernels; <= 0 means all hardware threads. Default: 0.
   int num_threads = 0;
@@ -31,6 +33,14 @@ struct ModelOptions {
   std::function<std::vector<int32_t>(int64_t layer)> routed_experts;
   // Called while weights load: bytes done, bytes total. Default: none.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // W8A8 at load time (docs/quantization.md): the linear layers the paper quantizes
+  // (attention projections except the absorbed kv_b, dense and expert MLPs) get INT8
+  // weights with per-output-channel scales, round to nearest; activations are quantized per
+  // token inside the kernels. Norms, the router, embeddings and kv_b stay as loaded.
+  // Default: kNone.
+  WeightQuantization quantize = WeightQuantization::kNone;
+  // With kInt8: the LM head (and the MTP head) too. Default: false.
+  bool quantize_lm_head = false;
 };
 
 }  // namespace peerserve

@@ -104,6 +104,7 @@ struct Args {
   // Single thread, timed by the thread's CPU clock (ceilings and model alike): on a shared,
   // oversubscribed machine this leaves out the time the process was not running.
   bool cpu_time = false;
+  bool int8 = false;  // --quantize int8: W8A8 weights (docs/quantization.md)
 };
 
 Args parse_args(int argc, char** argv) {
@@ -137,6 +138,8 @@ Args parse_args(int argc, char** argv) {
       a.profile_decode = std::stoll(value);
     else if (key == "--profile-batch")
       a.profile_batch = std::stoll(value);
+    else if (key == "--quantize" && (value == "int8" || value == "none"))
+      a.int8 = value == "int8";
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       std::exit(2);
@@ -173,6 +176,7 @@ int run(const Args& args) {
   ModelOptions options;
   options.num_threads = args.threads;
   options.load_mtp = false;
+  if (args.int8) options.quantize = WeightQuantization::kInt8;
   auto loaded = DeepseekModel::load(dir, options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());

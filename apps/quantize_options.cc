@@ -1,0 +1,22 @@
+#include "apps/quantize_options.h"
+
+namespace peerserve {
+
+void add_quantize_options(CLI::App* command, QuantizeCli* cli) {
+  command
+      ->add_option("--quantize", cli->scheme,
+                   "Weight quantization at load: none, or int8 (W8A8: INT8 attention "
+                   "projections and MLP/expert weights with per-channel scales, activations "
+                   "quantized per token; docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int8"}))
+      ->capture_default_str();
+  command->add_flag("--quantize-lm-head", cli->lm_head,
+                    "With --quantize int8: the LM head too (halves its read; costs accuracy)");
+}
+
+void apply_quantize_options(const QuantizeCli& cli, ModelOptions* options) {
+  options->quantize = cli.scheme == "int8" ? WeightQuantization::kInt8 : WeightQuantization::kNone;
+  options->quantize_lm_head = cli.lm_head;
+}
+
+}  // namespace peerserve

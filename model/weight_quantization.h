@@ -1,0 +1,22 @@
+// Load-time W8A8 quantization of a loaded model (ModelOptions::quantize, docs/quantization.md).
+//
+// Which weights: the linear layers paper 000 §4.5 runs in INT8 — attention q_a / q_b /
+// q_proj, kv_a, o_proj; dense MLP and shared/routed expert gate, up, down (gate and up also
+// packed together for the fused kernel) — get an INT8 form next to the BF16 one (per output
+// channel, round to nearest). kv_b stays BF16 (the absorbed attention uses its per-head
+// slices), and so do norms, the router and the embeddings; the LM head (and the MTP head)
+// only with `lm_head`. The BF16 views stay (zero-copy views of the checkpoint mapping: pages
+// the forward no longer touches are not resident).
+#pragma once
+
+#include "base/status.h"
+#include "model/deepseek_weights.h"
+
+namespace peerserve {
+
+// Adds the INT8 forms; InvalidArgument for a weight the kernels cannot take (k too large).
+Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head);
+// One MLP (a routed expert loaded later, e.g. by an expert rebalance).
+Status quantize_mlp_int8(MlpWeights& mlp);
+
+}  // namespace peerserve
