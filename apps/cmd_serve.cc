@@ -57,6 +57,10 @@ struct ServeCli {
   KvPoolCli kv_pool;
   std::string role = "all";
   int shutdown_timeout = 30;
+  int max_connections = 4096;
+  int max_connections_per_client = 1024;
+  int header_timeout = 10;
+  int idle_timeout = 30;
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
 };
@@ -264,6 +268,10 @@ int run_serve(const ServeCli& cli) {
   server_options.http.host = cli.host;
   server_options.http.port = static_cast<uint16_t>(cli.port);
   server_options.http.max_body_bytes = cli.max_body_bytes;
+  server_options.http.max_connections = cli.max_connections;
+  server_options.http.max_connections_per_client = cli.max_connections_per_client;
+  server_options.http.header_timeout_seconds = cli.header_timeout;
+  server_options.http.idle_timeout_seconds = cli.idle_timeout;
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
@@ -432,6 +440,24 @@ const bool kRegistered = register_command([](CLI::App& root) {
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
   add_kv_pool_options(sub, &cli->kv_pool);
+  sub->add_option("--max-connections", cli->max_connections,
+                  "Open HTTP connections at most; beyond it only GET /health and /metrics are "
+                  "answered, the rest get 503 (lowered at start if the open-files limit cannot "
+                  "hold it)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("--max-connections-per-client", cli->max_connections_per_client,
+                  "Open HTTP connections from one client address at most (same treatment)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("--http-header-timeout", cli->header_timeout,
+                  "Seconds a new connection has to send its first request header")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  sub->add_option("--http-idle-timeout", cli->idle_timeout,
+                  "Seconds a keep-alive connection may stay idle between requests")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   sub->add_option("--shutdown-timeout", cli->shutdown_timeout,
                   "On SIGTERM/SIGINT: seconds running requests get to finish (new ones get "
                   "503, /health 503) before the rest end with finish_reason \"abort\"; a "

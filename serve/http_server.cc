@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+
+#include <sys/resource.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -12,6 +15,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 namespace peerserve {
 
@@ -80,11 +84,27 @@ struct HttpServer::Impl {
   // Declared before the io_context: sessions destroyed with it still update the counters.
   mutable std::mutex counters_mutex;
   HttpServerCounters counters;
+  std::unordered_map<std::string, int> connections_per_client;  // under counters_mutex
   asio::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
+  asio::steady_timer accept_backoff{ioc};
   uint16_t bound_port = 0;
 
   void do_accept();
+  // Connections open from `client` after adding `delta`.
+  int client_delta(const std::string& client, int delta) {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    int& n = connections_per_client[client];
+    n += delta;
+    const int now = n;
+    if (n <= 0) connections_per_client.erase(client);
+    return now;
+  }
+  int client_connections(const std::string& client) const {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    auto it = connections_per_client.find(client);
+    return it == connections_per_client.end() ? 0 : it->second;
+  }
   void count(int status) {
     std::lock_guard<std::mutex> lock(counters_mutex);
     ++counters.responses_by_status[status];
@@ -128,21 +148,29 @@ class Exchange final : public HttpExchange {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, HttpServer::Impl* server)
-      : stream_(std::move(socket)), server_(server) {
+  Session(tcp::socket socket, std::string client, HttpServer::Impl* server)
+      : stream_(std::move(socket)), client_(std::move(client)), server_(server) {
     server_->connection_delta(+1);
+    server_->client_delta(client_, +1);
   }
-  ~Session() { server_->connection_delta(-1); }
+  ~Session() {
+    server_->client_delta(client_, -1);
+    server_->connection_delta(-1);
+  }
 
-  void start() { do_read(); }
+  // over_limit: beyond a connection cap; the one request read is answered only if it is
+  // GET /health or /metrics, everything else gets 503, and the connection closes.
+  void start(bool over_limit) {
+    over_limit_ = over_limit;
+    do_read();
+  }
 
   // Answers 503 and closes (too many connections).
   void reject() {
     close_after_write_ = true;
-    in_exchange_ = true;
-    ++current_id_;
     respond(current_id_, 503, "application/json",
-            error_json("too many open connections", "service_unavailable", "overloaded"), {});
+            error_json("too many open connections", "service_unavailable", "overloaded"),
+            {{"Retry-After", "1"}});
   }
 
   auto executor() { return stream_.get_executor(); }
@@ -225,7 +253,11 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(server_->options.max_body_bytes);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(server_->options.idle_timeout_seconds));
+    // A fresh connection gets the short header timeout (idle or trickling sockets must not
+    // hold a slot); between keep-alive requests, the idle timeout.
+    stream_.expires_after(std::chrono::seconds(requests_read_ == 0 || over_limit_
+                                                   ? server_->options.header_timeout_seconds
+                                                   : server_->options.idle_timeout_seconds));
     // The header first: a body over the limit is refused before it is sent, and clients
     // that wait for "100 Continue" (curl does for bodies over 1 KiB) get it at once.
     http::async_read_header(
@@ -249,6 +281,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
+    // The body may be large: give it its own (longer) deadline once the header is in.
+    stream_.expires_after(
+        std::chrono::seconds(std::max(60, server_->options.header_timeout_seconds)));
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -298,6 +333,7 @@ class Session : public std::enable_shared_from_this<Session> {
           std::string(field.value());
     }
     keep_alive_ = message.keep_alive();
+    ++requests_read_;
     ++current_id_;
     in_exchange_ = true;
     streaming_ = false;
@@ -305,6 +341,13 @@ class Session : public std::enable_shared_from_this<Session> {
     head_request_ = request.method == "HEAD";
     disconnect_callback_ = nullptr;
     stream_.expires_never();
+    if (over_limit_) {
+      // At a connection cap only the probes a load balancer needs are answered.
+      close_after_write_ = true;
+      keep_alive_ = false;
+      const std::string path = request.path();
+      if (request.method != "GET" || (path != "/health" && path != "/metrics")) return reject();
+    }
     // A compressed body would reach the JSON parser as garbage: refuse it by name.
     if (const std::string* encoding = request.header("content-encoding");
         encoding != nullptr && !beast::iequals(*encoding, "identity")) {
@@ -418,7 +461,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
+  std::string client_;  // the peer's address
   HttpServer::Impl* server_;
+  bool over_limit_ = false;
+  uint64_t requests_read_ = 0;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> write_queue_;
@@ -484,17 +530,22 @@ bool Exchange::disconnected() const {
 void HttpServer::Impl::do_accept() {
   acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-    if (!ec) {
-      beast::error_code nodelay_ec;
-      socket.set_option(tcp::no_delay(true), nodelay_ec);
-      const bool over_limit = open_connections() >= options.max_connections;
-      auto session = std::make_shared<Session>(std::move(socket), this);
-      if (over_limit) {
-        session->reject();
-      } else {
-        session->start();
-      }
+    if (ec) {
+      // Out of descriptors (EMFILE/ENFILE) or memory: the pending connection stays queued;
+      // retrying at once would spin a core, so back off and let connections close.
+      accept_backoff.expires_after(std::chrono::milliseconds(50));
+      accept_backoff.async_wait([this](beast::error_code wait_ec) {
+        if (!wait_ec) do_accept();
+      });
+      return;
     }
+    beast::error_code nodelay_ec, endpoint_ec;
+    socket.set_option(tcp::no_delay(true), nodelay_ec);
+    const auto remote = socket.remote_endpoint(endpoint_ec);
+    std::string client = endpoint_ec ? std::string("?") : remote.address().to_string();
+    const bool over_limit = open_connections() >= options.max_connections ||
+                            client_connections(client) >= options.max_connections_per_client;
+    std::make_shared<Session>(std::move(socket), std::move(client), this)->start(over_limit);
     do_accept();
   });
 }
@@ -503,6 +554,29 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& 
                                                        RequestHandler handler) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // Every connection is a descriptor: raise the soft limit to the hard one, and lower the
+  // connection cap (saying so) when even that cannot hold it with room for files, the
+  // engine's sockets and the pool.
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    if (limit.rlim_cur < limit.rlim_max) {
+      rlimit raised = limit;
+      raised.rlim_cur = limit.rlim_max;
+      if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+    }
+    constexpr rlim_t kReserve = 128;
+    if (limit.rlim_cur != RLIM_INFINITY &&
+        static_cast<rlim_t>(options.max_connections) + kReserve > limit.rlim_cur) {
+      const int lowered =
+          limit.rlim_cur > kReserve + 1 ? static_cast<int>(limit.rlim_cur - kReserve) : 1;
+      std::fprintf(stderr,
+                   "note: max connections lowered from %d to %d: the open-files limit "
+                   "(RLIMIT_NOFILE) is %llu\n",
+                   options.max_connections, lowered,
+                   static_cast<unsigned long long>(limit.rlim_cur));
+      impl->options.max_connections = lowered;
+    }
+  }
   impl->handler = std::move(handler);
   beast::error_code ec;
   const auto address = asio::ip::make_address(options.host, ec);

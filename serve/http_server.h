@@ -28,8 +28,17 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";      // Default: loopback only.
   uint16_t port = 8000;                // 0 = any free port (see HttpServer::port()).
   uint64_t max_body_bytes = 8u << 20;  // Larger bodies get 413. Default 8 MiB.
-  int max_connections = 4096;          // Further connections get 503. Default 4096.
-  int idle_timeout_seconds = 120;      // Keep-alive connections idle this long are closed.
+  // Further connections get 503 after one request, except GET /health and /metrics, which
+  // are answered even then (a load balancer can still see the instance). The cap is lowered
+  // at start-up when RLIMIT_NOFILE (raised to its hard limit) cannot hold it. Default 4096.
+  int max_connections = 4096;
+  // Connections from one client address at most (same treatment beyond it). Default 1024.
+  int max_connections_per_client = 1024;
+  // A new connection must deliver its first request's header within this time (idle or
+  // trickling sockets are closed). Default 10 s.
+  int header_timeout_seconds = 10;
+  // Keep-alive connections idle this long between requests are closed. Default 30 s.
+  int idle_timeout_seconds = 30;
   // A write that does not complete in this time (a client not reading) closes the
   // connection. Default 120 s.
   int write_timeout_seconds = 120;

@@ -1,0 +1,178 @@
+"""Connection bounds of `peerserve serve` as a real process on loopback.
+
+Cases (all run; exit 1 if any failed):
+- idle sockets that never send a byte are closed after --http-header-timeout, and while they
+  hold every slot (--max-connections), GET /health and /metrics are still answered and other
+  requests get 503 (not a hang);
+- one client address is capped (--max-connections-per-client);
+- out of file descriptors (RLIMIT_NOFILE lowered for the child): the accept loop backs off
+  instead of spinning a core, and the server answers again once sockets close.
+Usage: connection_limits_test.py PEERSERVE_BINARY SOURCE_DIR
+"""
+import json
+import os
+import queue
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+BIN, SRC = sys.argv[1], sys.argv[2]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+failures = []
+
+
+def case(name, fn):
+    try:
+        fn()
+        print(f"PASS {name}", flush=True)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}", flush=True)
+        failures.append(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*extra, nofile=None):
+    port = free_port()
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                          "--kv-cache-memory", "32MiB", *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=limit)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
+    deadline = time.monotonic() + 60
+    log = []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert p.poll() is None, f"serve exited: {''.join(log)}"
+            continue
+        log.append(line)
+        if "serving model" in line:
+            return p, port, log
+    p.kill()
+    raise AssertionError("serve never became ready")
+
+
+def status_of(port, method, route, body=None, timeout=10):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}",
+                                 json.dumps(body).encode() if body else None,
+                                 {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def idle_sockets(port, n):
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks.append(s)
+    return socks
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_sockets_cannot_lock_everyone_out():
+    p, port, _ = start("--max-connections", "20", "--http-header-timeout", "2")
+    try:
+        socks = idle_sockets(port, 25)  # every slot taken, 5 over
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert status_of(port, "GET", "/health") == 200, "/health not answered at the cap"
+        assert status_of(port, "GET", "/metrics") == 200, "/metrics not answered at the cap"
+        code = status_of(port, "POST", "/v1/completions",
+                         {"model": "peerserve-dsv3-tiny", "prompt": "a", "max_tokens": 1})
+        assert code == 503, f"a completion at the cap got {code}"
+        assert time.monotonic() - started < 5, "answers at the cap were slow"
+        time.sleep(3)  # past the header timeout: the idle sockets are closed
+        closed = 0
+        for s in socks:
+            s.settimeout(1)
+            try:
+                closed += s.recv(1) == b""
+            except (ConnectionResetError, socket.timeout):
+                closed += 1
+            s.close()
+        assert closed == len(socks), f"{closed} of {len(socks)} idle sockets were closed"
+        code = status_of(port, "POST", "/v1/completions",
+                         {"model": "peerserve-dsv3-tiny", "prompt": "a", "max_tokens": 1})
+        assert code == 200, f"a completion after the idle sockets closed got {code}"
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def one_client_is_capped():
+    p, port, _ = start("--max-connections-per-client", "4", "--http-header-timeout", "30")
+    try:
+        socks = idle_sockets(port, 4)
+        time.sleep(0.2)
+        code = status_of(port, "POST", "/v1/completions",
+                         {"model": "peerserve-dsv3-tiny", "prompt": "a", "max_tokens": 1})
+        assert code == 503, f"a fifth connection from one address got {code}"
+        assert status_of(port, "GET", "/health") == 200, "/health not answered at the cap"
+        for s in socks:
+            s.close()
+        time.sleep(0.2)
+        code = status_of(port, "POST", "/v1/completions",
+                         {"model": "peerserve-dsv3-tiny", "prompt": "a", "max_tokens": 1})
+        assert code == 200, f"after closing, got {code}"
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def out_of_descriptors_backs_off():
+    p, port, log = start("--http-header-timeout", "30", nofile=160)
+    try:
+        assert any("max connections lowered" in l for l in log), \
+            f"no note about the lowered cap: {''.join(log)[-800:]}"
+        socks = []
+        for _ in range(300):  # far more than the descriptors the server has
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        before = cpu_seconds(p.pid)
+        time.sleep(2)
+        used = cpu_seconds(p.pid) - before
+        assert used < 0.6, f"the server burned {used:.2f} s of CPU in 2 s while out of descriptors"
+        for s in socks:
+            s.close()
+        time.sleep(0.5)
+        assert status_of(port, "GET", "/health", timeout=10) == 200, "no answer after the flood"
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+case("idle sockets are closed after the header timeout; /health and /metrics answered at the cap",
+     idle_sockets_cannot_lock_everyone_out)
+case("one client address is capped", one_client_is_capped)
+case("out of descriptors: the accept loop backs off, then serves again",
+     out_of_descriptors_backs_off)
+print(f"{'all' if not failures else len(failures)} " +
+      ("cases passed" if not failures else f"failed: {failures}"))
+sys.exit(1 if failures else 0)
