@@ -375,7 +375,14 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec || id != self->current_id_ || !self->in_exchange_ || self->peer_closed_) return;
       beast::error_code avail_ec;
       const size_t available = self->stream_.socket().available(avail_ec);
-      if (avail_ec || available == 0) self->peer_gone();
+      if (avail_ec) return self->peer_gone();
+      if (available > 0) return;  // a pipelined request: read after this response
+      // End of input. A client reading a stream has gone; before the response started it may
+      // only have half-closed after sending its request (HTTP allows it): answer it, then
+      // close. A client that is really gone is found when a write fails.
+      if (self->streaming_) return self->peer_gone();
+      self->keep_alive_ = false;
+      self->close_after_write_ = true;
     });
   }
 

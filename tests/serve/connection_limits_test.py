@@ -6,7 +6,9 @@ Cases (all run; exit 1 if any failed):
   requests get 503 (not a hang);
 - one client address is capped (--max-connections-per-client);
 - out of file descriptors (RLIMIT_NOFILE lowered for the child): the accept loop backs off
-  instead of spinning a core, and the server answers again once sockets close.
+  instead of spinning a core, and the server answers again once sockets close;
+- a client that half-closes after sending its request gets the answer; pipelined requests
+  are answered in order.
 Usage: connection_limits_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
@@ -168,11 +170,49 @@ def out_of_descriptors_backs_off():
         p.wait(timeout=30)
 
 
+def raw_exchange(port, payload, half_close):
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(payload)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        data = b""
+        s.settimeout(30)
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data.decode(errors="replace")
+            data += chunk
+
+
+def half_close_and_pipelining():
+    p, port, _ = start()
+    try:
+        body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": "The kernel",
+                           "max_tokens": 8, "temperature": 0})
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                   f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
+        reply = raw_exchange(port, request, half_close=True)
+        assert reply.startswith("HTTP/1.1 200"), f"half-closed client got: {reply[:200]!r}"
+        assert '"finish_reason"' in reply, f"no completion in: {reply[-300:]!r}"
+        health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        last = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        reply = raw_exchange(port, request + health + last, half_close=False)
+        starts = [i for i in range(len(reply)) if reply.startswith("HTTP/1.1 ", i)]
+        assert len(starts) == 3, f"{len(starts)} responses to 3 pipelined requests"
+        parts = [reply[a:b] for a, b in zip(starts, starts[1:] + [len(reply)])]
+        assert '"finish_reason"' in parts[0] and '"status"' in parts[1] and \
+            '"object":"list"' in parts[2].replace(" ", ""), f"out of order: {reply[:600]!r}"
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
 case("idle sockets are closed after the header timeout; /health and /metrics answered at the cap",
      idle_sockets_cannot_lock_everyone_out)
 case("one client address is capped", one_client_is_capped)
 case("out of descriptors: the accept loop backs off, then serves again",
      out_of_descriptors_backs_off)
+case("half-closed clients are answered; pipelined requests in order", half_close_and_pipelining)
 print(f"{'all' if not failures else len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))
 sys.exit(1 if failures else 0)
