@@ -61,6 +61,7 @@ struct ServeCli {
   int max_connections_per_client = 1024;
   int header_timeout = 10;
   int idle_timeout = 30;
+  std::string max_unsent = "8MiB";
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
 };
@@ -272,6 +273,9 @@ int run_serve(const ServeCli& cli) {
   server_options.http.max_connections_per_client = cli.max_connections_per_client;
   server_options.http.header_timeout_seconds = cli.header_timeout;
   server_options.http.idle_timeout_seconds = cli.idle_timeout;
+  const Result<uint64_t> max_unsent = parse_byte_size("--max-unsent-bytes", cli.max_unsent);
+  if (!max_unsent.ok()) return session.fail(max_unsent.status(), true);
+  server_options.http.max_unsent_bytes = *max_unsent;
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
@@ -457,6 +461,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--http-idle-timeout", cli->idle_timeout,
                   "Seconds a keep-alive connection may stay idle between requests")
       ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  sub->add_option("--max-unsent-bytes", cli->max_unsent,
+                  "Output queued for a client that does not read it, at most (K/M/G); beyond it "
+                  "the client is dropped and its request aborted (backpressure)")
       ->capture_default_str();
   sub->add_option("--shutdown-timeout", cli->shutdown_timeout,
                   "On SIGTERM/SIGINT: seconds running requests get to finish (new ones get "

@@ -122,6 +122,10 @@ struct HttpServer::Impl {
     std::lock_guard<std::mutex> lock(counters_mutex);
     ++counters.requests_total;
   }
+  void count_slow_client() {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    ++counters.slow_clients_dropped;
+  }
 };
 
 namespace {
@@ -397,6 +401,15 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void enqueue(std::string data) {
+    if (peer_closed_) return;
+    unsent_bytes_ += data.size();
+    if (unsent_bytes_ > server_->options.max_unsent_bytes) {
+      // The client stopped reading: stop generating for it rather than buffer without bound.
+      std::fprintf(stderr, "http: client %s is not reading (%llu bytes unsent); dropping it\n",
+                   client_.c_str(), static_cast<unsigned long long>(unsent_bytes_));
+      server_->count_slow_client();
+      return peer_gone();
+    }
     write_queue_.push_back(std::move(data));
     do_write();
   }
@@ -416,6 +429,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_write(beast::error_code ec) {
     writing_ = false;
+    unsent_bytes_ -= std::min<uint64_t>(unsent_bytes_, writing_buffer_.size());
     if (ec) {
       peer_gone();
       return;
@@ -476,6 +490,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> write_queue_;
   std::string writing_buffer_;
+  uint64_t unsent_bytes_ = 0;  // queued or being written
   std::vector<char> drain_buffer_;
   std::string continue_line_;
   bool writing_ = false;

@@ -42,6 +42,10 @@ struct HttpServerOptions {
   // A write that does not complete in this time (a client not reading) closes the
   // connection. Default 120 s.
   int write_timeout_seconds = 120;
+  // Backpressure: output queued for one connection that the client has not read, at most.
+  // Beyond it the client is treated as gone (its request is aborted and its KV freed)
+  // instead of the output piling up in memory. Default 8 MiB.
+  uint64_t max_unsent_bytes = 8u << 20;
 };
 
 struct HttpRequest {
@@ -83,6 +87,8 @@ struct HttpServerCounters {
   int64_t connections_open = 0;
   int64_t connections_total = 0;
   int64_t requests_total = 0;
+  // Connections dropped because their client stopped reading (max_unsent_bytes).
+  int64_t slow_clients_dropped = 0;
   // Responses by status code.
   std::map<int, int64_t> responses_by_status;
 };

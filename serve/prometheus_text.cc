@@ -186,6 +186,9 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
             static_cast<double>(http.connections_open));
   out.counter("peerserve:http_requests_total", "HTTP requests received.", {},
               static_cast<double>(http.requests_total));
+  out.counter("peerserve:http_slow_clients_dropped_total",
+              "Connections dropped because the client stopped reading its output.", {},
+              static_cast<double>(http.slow_clients_dropped));
   out.family("peerserve:http_responses_total", "HTTP responses by status code.", "counter");
   for (const auto& [status, count] : http.responses_by_status) {
     out.sample("peerserve:http_responses_total", {{"code", std::to_string(status)}},

@@ -8,7 +8,9 @@ Cases (all run; exit 1 if any failed):
 - out of file descriptors (RLIMIT_NOFILE lowered for the child): the accept loop backs off
   instead of spinning a core, and the server answers again once sockets close;
 - a client that half-closes after sending its request gets the answer; pipelined requests
-  are answered in order.
+  are answered in order;
+- a client that stops reading its stream is dropped once --max-unsent-bytes of output is
+  queued for it: its request is aborted (KV freed), memory does not pile up.
 Usage: connection_limits_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
@@ -207,12 +209,55 @@ def half_close_and_pipelining():
         p.wait(timeout=30)
 
 
+def metric_sum(port, name, contains=""):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        total = 0.0
+        for line in r.read().decode().splitlines():
+            if line.startswith(name) and contains in line and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def slow_reader_is_dropped():
+    p, port, _ = start("--max-unsent-bytes", "256KiB")
+    try:
+        body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": "The kernel", "n": 16,
+                           "max_tokens": 20000, "ignore_eos": True, "stream": True})
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                   f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills fast
+        s.connect(("127.0.0.1", port))
+        s.sendall(request)  # ... and never read
+        deadline = time.monotonic() + 60
+        dropped = 0
+        while time.monotonic() < deadline:
+            dropped = metric_sum(port, "peerserve:http_slow_clients_dropped_total")
+            if dropped >= 1:
+                break
+            time.sleep(0.5)
+        assert dropped >= 1, "the client that stopped reading was never dropped"
+        time.sleep(0.5)
+        aborted = metric_sum(port, "peerserve:request_success_total", 'finished_reason="abort"')
+        running = metric_sum(port, "peerserve:num_requests_running")
+        assert aborted >= 1 and running == 0, f"aborted {aborted}, still running {running}"
+        with open(f"/proc/{p.pid}/status") as f:
+            rss = [l for l in f if l.startswith("VmRSS")][0]
+        s.close()
+        assert status_of(port, "GET", "/health") == 200
+        print(f"  (server {rss.strip()})")
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
 case("idle sockets are closed after the header timeout; /health and /metrics answered at the cap",
      idle_sockets_cannot_lock_everyone_out)
 case("one client address is capped", one_client_is_capped)
 case("out of descriptors: the accept loop backs off, then serves again",
      out_of_descriptors_backs_off)
 case("half-closed clients are answered; pipelined requests in order", half_close_and_pipelining)
+case("a client that stops reading is dropped and its request aborted", slow_reader_is_dropped)
 print(f"{'all' if not failures else len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))
 sys.exit(1 if failures else 0)
