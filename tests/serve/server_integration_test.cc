@@ -243,7 +243,8 @@ TEST_F(ServerIntegrationTest, DisconnectMidStreamFreesKvBlocks) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string body =
-      R"({"model": "tiny", "prompt": "a long story", "max_tokens": 400, "ignore_eos": true, "stream": true})";
+      // n = 4: enough work that the request is still generating when the client leaves.
+      R"({"model": "tiny", "prompt": "a long story", "max_tokens": 400, "n": 4, "ignore_eos": true, "stream": true})";
   const std::string req =
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth() +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
