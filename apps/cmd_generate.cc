@@ -19,10 +19,13 @@
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
+#include "apps/speculative_options.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -44,11 +47,109 @@ struct GenerateCli {
   bool ignore_eos = false;
   EpCli ep;
   QuantizeCli quantize;
+  SpeculativeCli speculative;
 };
 
 // Prompts longer than this are prefilled in several chunks (bounds activation memory).
 constexpr int64_t kPrefillChunk = 1024;
 constexpr int64_t kBlockSize = 16;
+
+// Prints generated tokens as text (or ids without a tokenizer).
+class TokenPrinter {
+ public:
+  explicit TokenPrinter(const Tokenizer* tokenizer) {
+    if (tokenizer) detokenizer_ = std::make_unique<IncrementalDetokenizer>(*tokenizer);
+  }
+  void push(int32_t token) {
+    if (detokenizer_) {
+      auto text = detokenizer_->push(token);
+      if (text.ok()) std::fputs(text->c_str(), stdout);
+    } else {
+      std::printf("%s%d", printed_ > 0 ? "," : "", token);
+    }
+    ++printed_;
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (detokenizer_) std::fputs(detokenizer_->finish().c_str(), stdout);
+    std::printf("\n");
+  }
+
+ private:
+  std::unique_ptr<IncrementalDetokenizer> detokenizer_;
+  int64_t printed_ = 0;
+};
+
+// Speculative decoding runs the prompt through the serving path (scheduler and model
+// executor, which verify and draft), as one sequence.
+int generate_speculative(const GenerateCli& cli, DeepseekModel& model, int32_t num_speculative,
+                         const std::vector<int32_t>& prompt, const SamplingParams& sampling,
+                         const Tokenizer* tokenizer) {
+  auto fail = [](const Status& status) {
+    std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
+    return 1;
+  };
+  const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
+  const int64_t max_len = std::min(total, model.config().max_position_embeddings);
+  const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
+  ModelExecutorOptions executor_options;
+  executor_options.block_size = kBlockSize;
+  executor_options.num_blocks = layout.blocks_for_tokens(max_len + num_speculative);
+  executor_options.num_speculative_tokens = num_speculative;
+  auto executor = ModelExecutor::create(&model, executor_options);
+  if (!executor.ok()) return fail(executor.status());
+  SchedulerOptions options;
+  options.max_num_seqs = 1;
+  options.max_num_batched_tokens = static_cast<int32_t>(kPrefillChunk);
+  options.max_model_len = std::max<int64_t>(max_len, 2);
+  options.block_pool.block_size = static_cast<int32_t>(kBlockSize);
+  options.block_pool.num_blocks = static_cast<int32_t>(executor_options.num_blocks);
+  options.num_speculative_tokens = num_speculative;
+  auto scheduler = Scheduler::create(options);
+  if (!scheduler.ok()) return fail(scheduler.status());
+  SequenceSpec spec;
+  spec.id = 1;
+  spec.prompt_tokens = prompt;
+  spec.max_tokens = static_cast<int32_t>(std::min<int64_t>(cli.max_tokens, max_len - prompt.size()));
+  spec.sampling = sampling;
+  spec.seed = cli.seed;
+  if (!cli.ignore_eos && model.config().eos_token_id) {
+    spec.eos_token_id = static_cast<TokenId>(*model.config().eos_token_id);
+  }
+  if (Status s = (*scheduler)->add(spec); !s.ok()) return fail(s);
+
+  TokenPrinter printer(tokenizer);
+  int64_t generated = 0, steps = 0, drafts = 0, accepted = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto first_token = start;
+  while ((*scheduler)->has_work()) {
+    StepPlan plan = (*scheduler)->schedule();
+    auto result = (*executor)->execute(plan);
+    if (!result.ok()) return fail(result.status());
+    for (const SequenceUpdate& update : (*scheduler)->update(plan, *result)) {
+      if (generated == 0 && !update.tokens.empty()) first_token = Clock::now();
+      drafts += update.num_drafts;
+      accepted += update.num_accepted_drafts;
+      for (const SampledToken& t : update.tokens) printer.push(t.token);
+      generated += static_cast<int64_t>(update.tokens.size());
+    }
+    ++steps;
+  }
+  printer.finish();
+  const auto end = Clock::now();
+  const double prefill_s = std::chrono::duration<double>(first_token - start).count();
+  const double decode_s = std::chrono::duration<double>(end - first_token).count();
+  std::fprintf(stderr,
+               "prompt %zu tokens in %.3f s (%.1f tok/s); generated %lld tokens, %.1f tok/s; MTP "
+               "drafts accepted %lld of %lld (%.1f%%)\n",
+               prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9),
+               static_cast<long long>(generated),
+               generated > 1 ? (generated - 1) / std::max(decode_s, 1e-9) : 0.0,
+               static_cast<long long>(accepted), static_cast<long long>(drafts),
+               drafts > 0 ? 100.0 * static_cast<double>(accepted) / drafts : 0.0);
+  return 0;
+}
 
 int run_generate(const GenerateCli& cli) {
   auto started = EpSession::start(cli.ep);
@@ -105,13 +206,24 @@ int run_generate(const GenerateCli& cli) {
   ModelOptions options;
   options.num_threads = cli.threads;
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
-  options.load_mtp = false;
+  options.load_mtp = cli.speculative.method != "off";
   apply_quantize_options(cli.quantize, &options);
+  if (options.load_mtp && session.distributed()) {
+    return fail(invalid_argument(
+        "--speculative is not available with expert parallelism yet (use --speculative off)"));
+  }
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
                                  : DeepseekModel::load(cli.model_dir, options);
   if (!loaded.ok()) return session.fail(loaded.status());
   DeepseekModel& model = **loaded;
+  const Result<SpeculativeSetting> speculative =
+      resolve_speculative_options(cli.speculative, model.has_mtp());
+  if (!speculative.ok()) return fail(speculative.status());
+  if (speculative->num_tokens > 0) {
+    return generate_speculative(cli, model, speculative->num_tokens, prompt, sampling,
+                                tokenizer.get());
+  }
   if (Status s = session.install(model, kPrefillChunk); !s.ok()) return session.fail(s);
   if (!session.leader()) {
     // Followers bring no requests: they lend their experts to the leader's steps.
@@ -202,6 +314,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
+  add_speculative_options(sub, &cli->speculative);
   sub->callback([cli] { set_command_exit_code(run_generate(*cli)); });
 });
 

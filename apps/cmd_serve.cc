@@ -21,6 +21,7 @@
 #include "apps/kv_pool_options.h"
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
+#include "apps/speculative_options.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
 #include "runtime/data_parallel_router.h"
@@ -54,6 +55,7 @@ struct ServeCli {
   int microbatches = 1;
   EpCli ep;
   QuantizeCli quantize;
+  SpeculativeCli speculative;
   KvPoolCli kv_pool;
   std::string role = "all";
   int shutdown_timeout = 30;
@@ -158,6 +160,10 @@ int run_serve(const ServeCli& cli) {
   executor_options.num_blocks = num_blocks;
   executor_options.kv_dtype = kv_dtype;
   executor_options.microbatches = cli.microbatches;
+  const Result<SpeculativeSetting> speculative =
+      resolve_speculative_options(cli.speculative, (*model)->has_mtp());
+  if (!speculative.ok()) return fail(speculative.status());
+  executor_options.num_speculative_tokens = speculative->num_tokens;
   auto executor = ModelExecutor::create(model->get(), executor_options);
   if (!executor.ok()) return fail(executor.status());
   // The executor's cache is the one source of the KV geometry: the scheduler's blocks and
@@ -188,6 +194,8 @@ int run_serve(const ServeCli& cli) {
     sched.max_model_len = kv_tokens;
   }
   sched.max_waiting_seqs = cli.max_waiting_requests;
+  sched.num_speculative_tokens = speculative->num_tokens;
+  sched.speculative_max_running = speculative->max_running;
   sched.block_pool.num_blocks =
       static_cast<int32_t>(std::min<int64_t>((*executor)->kv_cache().num_blocks(), INT32_MAX));
   sched.block_pool.block_size = static_cast<int32_t>(kv_geometry.block_size);
@@ -320,6 +328,15 @@ int run_serve(const ServeCli& cli) {
                  "requests over the %d ranks\n",
                  session.size(), cli.ep.dispatch_dtype.c_str(), session.size());
   }
+  if (speculative->num_tokens > 0) {
+    std::fprintf(stderr, "speculative decoding: MTP drafts %d token%s per step%s\n",
+                 speculative->num_tokens, speculative->num_tokens > 1 ? "s" : "",
+                 speculative->max_running > 0
+                     ? (" while at most " + std::to_string(speculative->max_running) +
+                        " sequences run (auto)")
+                           .c_str()
+                     : "");
+  }
   std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
                server_options.served_model_name.c_str(), cli.host.c_str(),
                static_cast<unsigned>((*server)->port()));
@@ -443,6 +460,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
+  add_speculative_options(sub, &cli->speculative);
   add_kv_pool_options(sub, &cli->kv_pool);
   sub->add_option("--max-connections", cli->max_connections,
                   "Open HTTP connections at most; beyond it only GET /health and /metrics are "

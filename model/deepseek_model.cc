@@ -343,16 +343,24 @@ void DeepseekModel::Impl::head(ForwardState& state) {
   out->vocab_size = vocab;
   out->hidden_size = hidden;
   out->row_offsets.assign(1, 0);
-  int64_t num_out = 0;
+  out->hidden_row_offsets.assign(1, 0);
+  int64_t num_out = 0, num_hidden = 0;
+  bool same_rows = true;  // every hidden row also gets logits
   for (size_t c = 0; c < state.views.size(); ++c) {
-    num_out += state.views[c].all_logits ? state.rows.chunks[c].num_tokens : 1;
+    const ChunkView& view = state.views[c];
+    const int64_t n = state.rows.chunks[c].num_tokens;
+    num_out += view.all_logits ? n : 1;
+    num_hidden += view.all_logits || view.all_hidden ? n : 1;
+    same_rows = same_rows && (view.all_logits || !view.all_hidden || n == 1);
     out->row_offsets.push_back(num_out);
+    out->hidden_row_offsets.push_back(num_hidden);
   }
-  out->hidden.resize(num_out * hidden);
+  out->hidden.resize(num_hidden * hidden);
   int64_t r = 0;
   for (size_t c = 0; c < state.views.size(); ++c) {
     const StepChunk& chunk = state.rows.chunks[c];
-    const int64_t first = state.views[c].all_logits ? 0 : chunk.num_tokens - 1;
+    const ChunkView& view = state.views[c];
+    const int64_t first = view.all_logits || view.all_hidden ? 0 : chunk.num_tokens - 1;
     for (int64_t i = first; i < chunk.num_tokens; ++i, ++r) {
       std::memcpy(out->hidden.data() + r * hidden, state.x.data() + (chunk.row_begin + i) * hidden,
                   hidden * sizeof(float));
@@ -360,12 +368,27 @@ void DeepseekModel::Impl::head(ForwardState& state) {
   }
   kernels::rmsnorm({.x = out->hidden.data(),
                     .out = out->hidden.data(),
-                    .rows = num_out,
+                    .rows = num_hidden,
                     .dim = hidden,
                     .eps = static_cast<float>(config.rms_norm_eps)},
                    state.head_norm->data());
   out->logits.resize(num_out * vocab);
-  linear(ctx, out->hidden.data(), num_out, *state.head, out->logits.data());
+  if (same_rows) {
+    linear(ctx, out->hidden.data(), num_out, *state.head, out->logits.data());
+  } else {
+    // Only the last hidden row of an all_hidden chunk gets logits: gather the logits rows.
+    state.head_input.resize(num_out * hidden);
+    int64_t o = 0;
+    for (size_t c = 0; c < state.views.size(); ++c) {
+      const int64_t begin = out->hidden_row_offsets[c], end = out->hidden_row_offsets[c + 1];
+      const int64_t first = state.views[c].all_logits ? begin : end - 1;
+      for (int64_t h = first; h < end; ++h, ++o) {
+        std::memcpy(state.head_input.data() + o * hidden, out->hidden.data() + h * hidden,
+                    hidden * sizeof(float));
+      }
+    }
+    linear(ctx, state.head_input.data(), num_out, *state.head, out->logits.data());
+  }
   state.current = ForwardStage::kDone;
 }
 
@@ -440,7 +463,7 @@ std::vector<ChunkView> views_of(std::span<const SequenceChunk> chunks) {
   std::vector<ChunkView> views;
   views.reserve(chunks.size());
   for (const SequenceChunk& c : chunks) {
-    views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits});
+    views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits, c.all_hidden});
   }
   return views;
 }

@@ -29,6 +29,10 @@ struct SequenceChunk {
   // true: logits (and hidden states) for every new token (scoring, verification of draft
   // tokens, MTP prefill); false: only for the last new token (generation).
   bool all_logits = false;
+  // true: hidden states for every new token even when logits are wanted for the last one
+  // only (speculative decoding feeds every position to the MTP layer; the LM head then runs
+  // on one row instead of all of them).
+  bool all_hidden = false;
 };
 
 // Input of the MTP (multi-token prediction) layer for one sequence. Entry i combines the
@@ -53,9 +57,13 @@ struct ForwardOutput {
   std::vector<float> logits;
   // num_sequences + 1 entries.
   std::vector<int64_t> row_offsets;
-  // [num_rows, hidden_size]: for the same rows, the final hidden state that the LM head
-  // reads (after the final norm). This is the input MtpChunk::hidden expects.
+  // [num_hidden_rows, hidden_size]: the final hidden state that the LM head reads (after the
+  // final norm), for the logits rows, and for every new token of an all_hidden chunk.
+  // Sequence s owns hidden rows [hidden_row_offsets[s], hidden_row_offsets[s + 1]) (equal to
+  // row_offsets unless a chunk is all_hidden without all_logits). This is the input
+  // MtpChunk::hidden expects.
   std::vector<float> hidden;
+  std::vector<int64_t> hidden_row_offsets;
 
   int64_t num_rows() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
   std::span<const float> logits_row(int64_t row) const {
@@ -63,6 +71,11 @@ struct ForwardOutput {
   }
   std::span<const float> hidden_row(int64_t row) const {
     return {hidden.data() + row * hidden_size, static_cast<size_t>(hidden_size)};
+  }
+  // The hidden states of sequence `seq`'s rows, [rows, hidden_size].
+  std::span<const float> sequence_hidden(int64_t seq) const {
+    const int64_t begin = hidden_row_offsets[seq], end = hidden_row_offsets[seq + 1];
+    return {hidden.data() + begin * hidden_size, static_cast<size_t>((end - begin) * hidden_size)};
   }
   // Logits of the last new token of sequence `seq`.
   std::span<const float> last_logits(int64_t seq) const {

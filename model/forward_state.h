@@ -57,6 +57,7 @@ struct ChunkView {
   int64_t start_pos = 0;
   std::span<const int32_t> block_table;
   bool all_logits = false;
+  bool all_hidden = false;
 };
 
 // One decoder layer of the step's layer list (the main model's layers, or the MTP layer).
@@ -95,6 +96,7 @@ struct ForwardState {
   std::vector<int32_t> route_ids;
   // MTP prelude: [rows, 2 * hidden] concat of the normed embedding and hidden state.
   std::vector<float> concat;
+  std::vector<float> head_input;  // logits rows gathered for the LM head (all_hidden chunks)
   MlaScratch attention;
   // The expert backend's state of this microbatch, and which backend made it.
   std::unique_ptr<ExpertBackend::Call> expert_call;

@@ -72,6 +72,9 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Scheduler> schedule
                                                    });
     metrics_.update([](EngineMetricsSnapshot& m) { m.kv_pool_enabled = true; });
   }
+  metrics_.update([&](EngineMetricsSnapshot& m) {
+    m.spec_decode_num_speculative_tokens = options.scheduler.num_speculative_tokens;
+  });
   publish_scheduler_stats();
 }
 
@@ -408,10 +411,23 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
   }
   ChoiceDelta& delta = *it;
 
-  if (update.token) {
-    const TokenId token = update.token->token;
+  if (update.num_drafts > 0) {
+    metrics_.update([&](EngineMetricsSnapshot& m) {
+      ++m.spec_decode_num_drafts;
+      m.spec_decode_num_draft_tokens += update.num_drafts;
+      m.spec_decode_num_accepted_tokens += update.num_accepted_drafts;
+      for (int32_t k = 0; k < update.num_accepted_drafts &&
+                          k < static_cast<int32_t>(m.spec_decode_accepted_per_position.size());
+           ++k) {
+        ++m.spec_decode_accepted_per_position[static_cast<size_t>(k)];
+      }
+      m.spec_decode_acceptance_length.observe(1.0 + update.num_accepted_drafts);
+    });
+  }
+  for (const SampledToken& sampled : update.tokens) {
+    const TokenId token = sampled.token;
     delta.token_ids.push_back(token);
-    if (request.request.params.sampling.want_logprobs) delta.logprobs.push_back(*update.token);
+    if (request.request.params.sampling.want_logprobs) delta.logprobs.push_back(sampled);
     ++choice.num_generated;
     ++request.usage.completion_tokens;
     if (index == 0) request.usage.cached_prompt_tokens = update.num_cached_prompt_tokens;
@@ -440,6 +456,7 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
         StopStringMatcher::Step s = choice.stop_matcher.push(*piece);
         delta.text += s.text;
         if (s.matched) {
+          // The tokens after this one (accepted drafts) are dropped with the sequence.
           delta.stop_string = s.matched;
           scheduler_->finish(update.seq_id, FinishReason::kStop);
           finish_choice(request, index, FinishReason::kStop, &delta, now);

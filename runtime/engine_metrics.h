@@ -35,6 +35,15 @@ struct EngineMetricsSnapshot {
   KvPoolCounters kv_pool;
   int64_t kv_pool_hit_tokens = 0;
   Histogram kv_pool_load_latency{latency_buckets_seconds()};
+  // Speculative decoding (vLLM's names): verification events (a sequence's drafts checked
+  // in one step), draft tokens checked, drafts accepted, accepted drafts by position in the
+  // run (index 0 = the first draft), and tokens emitted per verification (1 + accepted).
+  int32_t spec_decode_num_speculative_tokens = 0;  // K; 0 = speculative decoding off
+  int64_t spec_decode_num_drafts = 0;
+  int64_t spec_decode_num_draft_tokens = 0;
+  int64_t spec_decode_num_accepted_tokens = 0;
+  std::array<int64_t, kMaxSpeculativeTokens> spec_decode_accepted_per_position{};
+  Histogram spec_decode_acceptance_length{acceptance_length_buckets()};
 };
 
 class EngineMetrics {

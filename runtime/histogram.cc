@@ -42,4 +42,10 @@ std::vector<double> inter_token_buckets_seconds() {
           0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0,  20.0};
 }
 
+std::vector<double> acceptance_length_buckets() {
+  std::vector<double> bounds;
+  for (int i = 1; i <= 9; ++i) bounds.push_back(i);
+  return bounds;
+}
+
 }  // namespace peerserve

@@ -33,5 +33,7 @@ class Histogram {
 std::vector<double> latency_buckets_seconds();
 // Bucket bounds in seconds for inter-token latencies (1 ms .. 20 s).
 std::vector<double> inter_token_buckets_seconds();
+// Bucket bounds for tokens emitted per speculative verification: 1, 2, ..., 9.
+std::vector<double> acceptance_length_buckets();
 
 }  // namespace peerserve

@@ -78,6 +78,11 @@ Status MicrobatchPipeline::forward(std::span<const SequenceChunk> chunks, Latent
   for (size_t i = 1; i < b.row_offsets.size(); ++i) {
     out->row_offsets.push_back(base + b.row_offsets[i]);
   }
+  out->hidden_row_offsets.assign(a.hidden_row_offsets.begin(), a.hidden_row_offsets.end());
+  const int64_t hidden_base = a.hidden_row_offsets.back();
+  for (size_t i = 1; i < b.hidden_row_offsets.size(); ++i) {
+    out->hidden_row_offsets.push_back(hidden_base + b.hidden_row_offsets[i]);
+  }
   return ok_status();
 }
 

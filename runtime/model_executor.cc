@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/speculative_sampler.h"
+#include "model/expert_backend.h"
 
 namespace peerserve {
 
@@ -24,14 +26,33 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
     return invalid_argument("model executor: microbatches = " +
                             std::to_string(options.microbatches) + ", expected 1 or 2");
   }
+  if (options.num_speculative_tokens < 0) {
+    return invalid_argument("model executor: num_speculative_tokens = " +
+                            std::to_string(options.num_speculative_tokens) + ", expected >= 0");
+  }
+  if (options.num_speculative_tokens > 0) {
+    if (!model->has_mtp()) {
+      return invalid_argument(
+          "speculative decoding (MTP) needs the checkpoint's MTP layer "
+          "(num_nextn_predict_layers >= 1, loaded)");
+    }
+    if (options.microbatches != 1) {
+      return invalid_argument("speculative decoding runs with one microbatch (--microbatches 1)");
+    }
+    if (model->expert_backend()->collective()) {
+      return invalid_argument("speculative decoding is not available with expert parallelism yet");
+    }
+  }
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());
   PS_ASSIGN_OR_RETURN(LatentKvCache cache, LatentKvCache::create(layout, options.num_blocks));
   return std::unique_ptr<ModelExecutor>(
-      new ModelExecutor(model, std::move(cache), options.microbatches));
+      new ModelExecutor(model, std::move(cache), options.microbatches,
+                        options.num_speculative_tokens));
 }
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
+  const bool speculative = num_speculative_tokens_ > 0;
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -39,7 +60,8 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     chunk.tokens = c.tokens;
     chunk.start_pos = c.start_pos;
     chunk.block_table = c.block_table;
-    chunk.all_logits = false;
+    chunk.all_logits = !c.drafts.empty();  // a row per draft to verify, and one after them
+    chunk.all_hidden = speculative;        // every position feeds the MTP layer
     chunks.push_back(chunk);
   }
   if (pipeline_) {
@@ -48,17 +70,125 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     PS_RETURN_IF_ERROR(model_->forward(chunks, cache_, *state_, &output_));
   }
   StepResult result;
-  result.sampled.resize(plan.chunks.size());
+  result.chunks.resize(plan.chunks.size());
+  if (speculative) {
+    PS_RETURN_IF_ERROR(speculate(plan, &result));
+    return result;
+  }
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
     if (!c.sample) continue;
     SamplingContext context;
     context.generated = c.generated;
     context.seed = c.seed;
-    result.sampled[i] =
-        sample_token(output_.last_logits(static_cast<int64_t>(i)), *c.sampling, context);
+    result.chunks[i].tokens.push_back(
+        sample_token(output_.last_logits(static_cast<int64_t>(i)), *c.sampling, context));
   }
   return result;
+}
+
+Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
+  const int64_t hidden_size = output_.hidden_size;
+  const size_t n = plan.chunks.size();
+  // Per chunk: the MTP layer's input (the token after each valid position) and the request's
+  // tokens so far (generated, accepted, drafted) for the sampler.
+  std::vector<std::vector<TokenId>> next_tokens(n);
+  std::vector<std::vector<TokenId>> generated(n);
+  std::vector<MtpChunk> mtp_chunks;
+  mtp_chunks.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    ChunkResult& out = result->chunks[i];
+    const int64_t known = c.num_known_tokens();
+    std::vector<TokenId>& next = next_tokens[i];
+    next.assign(c.tokens.begin() + 1, c.tokens.begin() + known);
+    if (c.sample) {
+      generated[i].assign(c.generated.begin(), c.generated.end());
+      const int64_t first_row =
+          output_.row_offsets[i] + (c.drafts.empty() ? 0 : known - 1);  // the last known token
+      for (size_t j = 0; j <= c.drafts.size(); ++j) {
+        const SamplingContext context{.generated = generated[i], .seed = c.seed};
+        const std::span<const float> logits = output_.logits_row(first_row + static_cast<int64_t>(j));
+        bool accepted = false;
+        if (j < c.drafts.size()) {
+          DraftVerdict verdict = verify_draft(logits, *c.sampling, context, c.drafts[j]);
+          accepted = verdict.accepted;
+          out.tokens.push_back(std::move(verdict.token));
+        } else {
+          out.tokens.push_back(sample_token(logits, *c.sampling, context));
+        }
+        generated[i].push_back(out.tokens.back().token);
+        next.push_back(out.tokens.back().token);
+        if (!accepted) break;
+      }
+    } else {
+      if (c.next_token < 0) {
+        return internal_error("speculative step: a prefill chunk without the token after it");
+      }
+      next.push_back(c.next_token);
+    }
+    // Valid positions: the known tokens and the accepted drafts, one per entry of `next`.
+    const std::span<const float> hidden = output_.sequence_hidden(static_cast<int64_t>(i));
+    PS_CHECK_LE(static_cast<int64_t>(next.size()) * hidden_size,
+                static_cast<int64_t>(hidden.size()));
+    MtpChunk mtp;
+    mtp.next_tokens = next;
+    mtp.hidden = hidden.first(next.size() * static_cast<size_t>(hidden_size));
+    mtp.start_pos = c.start_pos;
+    mtp.block_table = c.block_table;
+    mtp_chunks.push_back(mtp);
+  }
+  if (mtp_chunks.empty()) return ok_status();
+  PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_chunks, cache_, *state_, &mtp_output_));
+
+  // Drafts. Chunk i's last MTP position so far, and the MTP hidden state there.
+  const int64_t block_size = cache_.layout().block_size;
+  const int64_t max_positions = model_->config().max_position_embeddings;
+  std::vector<int64_t> last_pos(n);
+  std::vector<size_t> row_of(n);
+  std::vector<std::vector<float>> mtp_hidden(n);
+  std::vector<size_t> drafting;
+  for (size_t i = 0; i < n; ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (!c.sample || c.num_lookahead < 1) continue;
+    last_pos[i] = c.start_pos + static_cast<int64_t>(next_tokens[i].size()) - 1;
+    row_of[i] = i;
+    drafting.push_back(i);
+  }
+  for (int32_t k = 0; !drafting.empty(); ++k) {
+    std::vector<size_t> going_on;
+    for (size_t i : drafting) {
+      const ScheduledChunk& c = plan.chunks[i];
+      ChunkResult& out = result->chunks[i];
+      const int64_t row = static_cast<int64_t>(row_of[i]);
+      const SamplingContext context{.generated = generated[i], .seed = c.seed};
+      out.drafts.push_back(propose_draft(mtp_output_.logits_row(row), *c.sampling, context));
+      generated[i].push_back(out.drafts.back().token);
+      // Another draft runs the MTP layer at the next position, which must have a KV slot.
+      const int64_t pos = last_pos[i] + 1;
+      if (static_cast<int32_t>(out.drafts.size()) < c.num_lookahead &&
+          pos < static_cast<int64_t>(c.block_table.size()) * block_size && pos < max_positions) {
+        const std::span<const float> h = mtp_output_.hidden_row(row);
+        mtp_hidden[i].assign(h.begin(), h.end());
+        going_on.push_back(i);
+      }
+    }
+    drafting = std::move(going_on);
+    if (drafting.empty()) break;
+    mtp_chunks.clear();
+    for (size_t r = 0; r < drafting.size(); ++r) {
+      const size_t i = drafting[r];
+      MtpChunk mtp;
+      mtp.next_tokens = std::span<const TokenId>(&result->chunks[i].drafts.back().token, 1);
+      mtp.hidden = mtp_hidden[i];
+      mtp.start_pos = ++last_pos[i];
+      mtp.block_table = plan.chunks[i].block_table;
+      mtp_chunks.push_back(mtp);
+      row_of[i] = r;
+    }
+    PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_chunks, cache_, *state_, &mtp_output_));
+  }
+  return ok_status();
 }
 
 Status ModelExecutor::read_kv_block(int32_t block, std::span<std::byte> out) const {

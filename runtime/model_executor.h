@@ -2,6 +2,17 @@
 // planned chunks into the paged latent KV cache, then the sampler on the last logits of
 // every chunk that ends its sequence's known tokens.
 //
+// With speculative decoding (MTP), one step is:
+//   1. the main model over every chunk: known tokens, then the sequence's drafts (logits for
+//      every row of a chunk with drafts, hidden states for every row of every chunk);
+//   2. verification of the drafts in order (speculative_sampler.h), then one sampled token;
+//   3. the MTP layer over every position whose KV is now valid (known tokens and accepted
+//      drafts), reading the main model's hidden state there and the token after it, which
+//      keeps the MTP layer's own KV complete, and drafting from the last position;
+//   4. for K > 1, the MTP layer again, autoregressively, on its own hidden state and draft.
+// The MTP KV at a rejected or provisional position is rewritten by the next step, which
+// starts there.
+//
 // Thread-safety: one execute() at a time (the engine thread).
 #pragma once
 
@@ -22,6 +33,10 @@ struct ModelExecutorOptions {
   // 1: each step is one forward; 2: the two-microbatch pipeline (microbatch_pipeline.h).
   // Default 1.
   int microbatches = 1;
+  // Speculative decoding with the model's MTP layer: drafts per sequence and step (0 = off;
+  // the scheduler must be configured with the same number). Needs a model with its MTP
+  // layer loaded, one microbatch and a local expert backend. Default 0.
+  int32_t num_speculative_tokens = 0;
 };
 
 // Blocks of `layout` that fit in `bytes` (0 if not even one).
@@ -44,17 +59,24 @@ class ModelExecutor final : public Executor {
   const MicrobatchPipeline* pipeline() const { return pipeline_.get(); }
 
  private:
-  ModelExecutor(DeepseekModel* model, LatentKvCache cache, int microbatches)
+  ModelExecutor(DeepseekModel* model, LatentKvCache cache, int microbatches,
+                int32_t num_speculative_tokens)
       : model_(model),
         cache_(std::move(cache)),
+        num_speculative_tokens_(num_speculative_tokens),
         state_(model->new_forward_state()),
         pipeline_(microbatches == 2 ? std::make_unique<MicrobatchPipeline>(model) : nullptr) {}
 
+  // Steps 2-4 of a speculative step, after the main forward into output_.
+  Status speculate(const StepPlan& plan, StepResult* result);
+
   DeepseekModel* model_;
   LatentKvCache cache_;
+  int32_t num_speculative_tokens_;
   std::unique_ptr<ForwardState> state_;  // the step's buffers, reused across steps
   std::unique_ptr<MicrobatchPipeline> pipeline_;
   ForwardOutput output_;  // reused across steps
+  ForwardOutput mtp_output_;
 };
 
 }  // namespace peerserve

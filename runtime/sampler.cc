@@ -296,19 +296,7 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     }
     std::vector<float> work(logits.begin(), logits.end());
     apply_penalties(work, params, context.generated);
-    result.token = argmax(work);
-    if (params.want_logprobs) {
-      // log_softmax of the penalised logits.
-      float max_value = kNegInf;
-      for (float v : work) max_value = std::max(max_value, v);
-      double total = 0.0;
-      for (float v : work) total += std::exp(static_cast<double>(v - max_value));
-      const double log_total = std::log(total);
-      result.logprob = static_cast<float>(
-          static_cast<double>(work[static_cast<size_t>(result.token)] - max_value) - log_total);
-      result.top_logprobs = top_entries(work, {}, log_total, max_value, params.top_logprobs);
-    }
-    return result;
+    return describe_token(logits, params, context.generated, argmax(work));
   }
 
   const Truncation t = truncate(logits, params, context.generated);
@@ -331,6 +319,38 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     result.top_logprobs =
         top_entries(t.scaled, t.weight, log_total, t.max_scaled, params.top_logprobs);
   }
+  return result;
+}
+
+SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
+                            std::span<const TokenId> generated, TokenId token) {
+  PS_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size()) << "token " << token;
+  SampledToken result;
+  result.token = token;
+  if (!params.want_logprobs) return result;
+  if (is_greedy(params)) {
+    std::vector<float> work(logits.begin(), logits.end());
+    apply_penalties(work, params, generated);
+    float max_value = kNegInf;
+    for (float v : work) max_value = std::max(max_value, v);
+    double total = 0.0;
+    for (float v : work) total += std::exp(static_cast<double>(v - max_value));
+    const double log_total = std::log(total);
+    result.logprob = static_cast<float>(
+        static_cast<double>(work[static_cast<size_t>(token)] - max_value) - log_total);
+    result.top_logprobs = top_entries(work, {}, log_total, max_value, params.top_logprobs);
+    return result;
+  }
+  const Truncation t = truncate(logits, params, generated);
+  const double log_total = std::log(t.total);
+  result.logprob =
+      t.weight[static_cast<size_t>(token)] > 0.0
+          ? static_cast<float>(
+                static_cast<double>(t.scaled[static_cast<size_t>(token)] - t.max_scaled) -
+                log_total)
+          : -std::numeric_limits<float>::infinity();
+  result.top_logprobs =
+      top_entries(t.scaled, t.weight, log_total, t.max_scaled, params.top_logprobs);
   return result;
 }
 

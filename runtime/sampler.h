@@ -91,6 +91,12 @@ struct SamplingContext {
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
                           const SamplingContext& context);
 
+// The SampledToken that sample_token reports when it draws `token` (its logprob and the top
+// logprobs of the same final distribution): for tokens chosen by speculative decoding.
+// REQUIRES: as sample_token, and token in [0, logits.size()).
+SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
+                            std::span<const TokenId> generated, TokenId token);
+
 // The distribution sample_token draws from: the kept tokens in ascending id order and
 // their probabilities (summing to 1). For greedy requests, the single argmax token.
 struct TokenDistribution {

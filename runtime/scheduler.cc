@@ -47,6 +47,14 @@ Status SchedulerOptions::validate() const {
     return invalid_argument("KV cache: " + std::to_string(block_pool.num_blocks) +
                             " blocks, expected >= 1 (raise the KV cache memory)");
   }
+  if (speculative_max_running < 0) {
+    return invalid_argument("speculative_max_running = " +
+                            std::to_string(speculative_max_running) + ", expected >= 0");
+  }
+  if (num_speculative_tokens < 0 || num_speculative_tokens > kMaxSpeculativeTokens) {
+    return invalid_argument("num_speculative_tokens = " + std::to_string(num_speculative_tokens) +
+                            ", expected 0.." + std::to_string(kMaxSpeculativeTokens));
+  }
   if (block_pool.block_size < 1) {
     return invalid_argument("block_size = " + std::to_string(block_pool.block_size) +
                             ", expected >= 1");
@@ -145,6 +153,7 @@ StepPlan Scheduler::schedule() {
   StepPlan plan;
   plan.step_id = next_step_++;
   int64_t budget = options_.max_num_batched_tokens;
+  drafting_ = drafting_step();
 
   // 1. Running sequences, oldest first. Victims of preemption are always newer than the
   // sequence being grown, so nothing already in the plan is preempted.
@@ -152,8 +161,9 @@ StepPlan Scheduler::schedule() {
     Sequence& seq = *running_[i];
     const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
     PS_CHECK(num_new > 0) << "running sequence " << seq.spec.id << " has nothing to compute";
+    const int64_t num_drafts = usable_drafts(seq, num_new, budget);
     bool preempted_self = false;
-    while (!grow_blocks(seq, seq.num_computed_tokens + num_new)) {
+    while (!grow_blocks(seq, tokens_to_cover(seq, num_new, num_drafts))) {
       Sequence* victim = running_.back();
       plan.preempted.push_back(victim->spec.id);
       preempt(*victim);
@@ -163,8 +173,8 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (preempted_self) break;
-    add_chunk(seq, num_new, &plan);
-    budget -= num_new;
+    add_chunk(seq, num_new, num_drafts, &plan);
+    budget -= num_new + num_drafts;
     ++i;
   }
 
@@ -192,6 +202,31 @@ bool Scheduler::grow_blocks(Sequence& seq, int64_t num_tokens) {
   return true;
 }
 
+bool Scheduler::drafting_step() const {
+  return options_.num_speculative_tokens > 0 &&
+         (options_.speculative_max_running == 0 ||
+          static_cast<int64_t>(running_.size()) <= options_.speculative_max_running);
+}
+
+int64_t Scheduler::usable_drafts(const Sequence& seq, int64_t num_new, int64_t budget) const {
+  if (!drafting_) return 0;
+  if (seq.num_computed_tokens + num_new != seq.num_tokens()) return 0;  // not sampling
+  // Drafts occupy positions num_tokens .. num_tokens + drafts - 1, which must stay within the
+  // sequence's reach (tokens past it are dropped by update(), as after max_tokens).
+  const int64_t room = seq.max_length(options_.max_model_len) - seq.num_tokens();
+  return std::max<int64_t>(
+      0, std::min({static_cast<int64_t>(seq.drafts.size()), budget - num_new, room}));
+}
+
+int64_t Scheduler::tokens_to_cover(const Sequence& seq, int64_t num_new, int64_t num_drafts) const {
+  const int64_t end = seq.num_computed_tokens + num_new + num_drafts;
+  const bool samples = seq.num_computed_tokens + num_new == seq.num_tokens();
+  if (!samples || options_.num_speculative_tokens <= 1) return end;
+  // Drafting K tokens runs the MTP layer at K - 1 positions past the last computed one.
+  return std::max(end, std::min(end + options_.num_speculative_tokens - 1,
+                                seq.max_length(options_.max_model_len)));
+}
+
 bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   const int64_t bs = pool_.block_size();
   // Look the known tokens up in the prefix cache. The last token is always computed (its
@@ -207,9 +242,15 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   }
   const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs;
   const int64_t num_new = std::min(seq.num_tokens() - num_hit, budget);
-  const int64_t need = blocks_for(num_hit + num_new, bs) - static_cast<int64_t>(shared.size());
+  seq.drafts.clear();
+  seq.num_computed_tokens = num_hit;
+  const int64_t need = blocks_for(tokens_to_cover(seq, num_new, 0), bs) -
+                       static_cast<int64_t>(shared.size());
   auto allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
-  if (!allocation) return false;
+  if (!allocation) {
+    seq.num_computed_tokens = 0;  // still waiting, with no KV
+    return false;
+  }
   std::vector<BlockId> fresh = pool_.commit(*allocation);
 
   seq.block_table = std::move(shared);
@@ -224,11 +265,11 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   waiting_.pop_front();
   seq.status = SequenceStatus::kRunning;
   insert_running(&seq);
-  add_chunk(seq, num_new, plan);
+  add_chunk(seq, num_new, 0, plan);
   return true;
 }
 
-void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
+void Scheduler::add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan) {
   ScheduledChunk chunk;
   chunk.seq_id = seq.spec.id;
   chunk.start_pos = seq.num_computed_tokens;
@@ -239,7 +280,16 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
   chunk.sampling = &seq.spec.sampling;
   chunk.seed = seq.spec.seed;
   chunk.generated = seq.generated();
-  plan->num_batched_tokens += num_new;
+  if (options_.num_speculative_tokens > 0) {
+    chunk.drafts = std::span<const DraftToken>(seq.drafts).first(static_cast<size_t>(num_drafts));
+    for (const DraftToken& d : chunk.drafts) chunk.tokens.push_back(d.token);
+    if (!chunk.sample) {
+      chunk.next_token = seq.tokens[static_cast<size_t>(seq.num_computed_tokens + num_new)];
+    } else if (drafting_ && seq.num_tokens() + 1 < seq.max_length(options_.max_model_len)) {
+      chunk.num_lookahead = options_.num_speculative_tokens;  // another step may follow
+    }
+  }
+  plan->num_batched_tokens += num_new + num_drafts;
   if (num_new > 1 || seq.num_computed_tokens < seq.num_prompt_tokens()) {
     plan->num_prefill_tokens += num_new;
   }
@@ -248,38 +298,57 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
 
 std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepResult& result) {
   PS_CHECK(in_step_ || plan.empty()) << "update() without a matching schedule()";
-  PS_CHECK_EQ(result.sampled.size(), plan.chunks.size());
+  PS_CHECK_EQ(result.chunks.size(), plan.chunks.size());
   in_step_ = false;
   std::vector<SequenceUpdate> updates;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
+    const ChunkResult& outcome = result.chunks[i];
     auto it = sequences_.find(chunk.seq_id);
     PS_CHECK(it != sequences_.end()) << "sequence " << chunk.seq_id << " vanished mid-step";
     Sequence& seq = *it->second;
     PS_CHECK_EQ(seq.num_computed_tokens, chunk.start_pos);
-    seq.num_computed_tokens += static_cast<int64_t>(chunk.tokens.size());
-    publish_computed_blocks(seq);
-    if (!chunk.sample) continue;
-    PS_CHECK(result.sampled[i].has_value()) << "no token sampled for sequence " << chunk.seq_id;
+    seq.num_computed_tokens += chunk.num_known_tokens();
+    if (!chunk.sample) {
+      publish_computed_blocks(seq);
+      continue;
+    }
+    PS_CHECK(!outcome.tokens.empty() && outcome.tokens.size() <= chunk.drafts.size() + 1)
+        << "sequence " << chunk.seq_id << ": " << outcome.tokens.size() << " tokens for "
+        << chunk.drafts.size() << " drafts";
 
     SequenceUpdate update;
     update.seq_id = seq.spec.id;
     update.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
-    update.token = result.sampled[i];
-    const TokenId token = update.token->token;
-    seq.tokens.push_back(token);
+    update.num_drafts = static_cast<int32_t>(chunk.drafts.size());
+    update.num_accepted_drafts = static_cast<int32_t>(outcome.tokens.size()) - 1;
     const auto& stop_ids = seq.spec.stop_token_ids;
-    if (seq.spec.eos_token_id && token == *seq.spec.eos_token_id) {
-      update.finish_reason = FinishReason::kStop;
-      update.stop_token = token;
-    } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
-      update.finish_reason = FinishReason::kStop;
-      update.stop_token = token;
-    } else if (seq.num_generated() >= seq.spec.max_tokens ||
-               seq.num_tokens() >= options_.max_model_len) {
-      update.finish_reason = FinishReason::kLength;
+    for (size_t j = 0; j < outcome.tokens.size() && !update.finish_reason; ++j) {
+      const TokenId token = outcome.tokens[j].token;
+      if (j + 1 < outcome.tokens.size()) {
+        // An accepted draft: its KV was written by this step.
+        PS_CHECK_EQ(token, chunk.drafts[j].token) << "sequence " << chunk.seq_id;
+        ++seq.num_computed_tokens;
+      }
+      seq.tokens.push_back(token);
+      update.tokens.push_back(outcome.tokens[j]);
+      if (seq.spec.eos_token_id && token == *seq.spec.eos_token_id) {
+        update.finish_reason = FinishReason::kStop;
+        update.stop_token = token;
+      } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+        update.finish_reason = FinishReason::kStop;
+        update.stop_token = token;
+      } else if (seq.num_generated() >= seq.spec.max_tokens ||
+                 seq.num_tokens() >= options_.max_model_len) {
+        update.finish_reason = FinishReason::kLength;
+      }
     }
-    if (update.finish_reason) remove(seq, *update.finish_reason);
+    publish_computed_blocks(seq);
+    if (update.finish_reason) {
+      remove(seq, *update.finish_reason);
+    } else {
+      seq.drafts = outcome.drafts;
+    }
     updates.push_back(std::move(update));
   }
   return updates;
@@ -316,6 +385,7 @@ void Scheduler::release_blocks(Sequence& seq) {
   seq.block_table.clear();
   seq.num_computed_tokens = 0;
   seq.num_published_blocks = 0;
+  seq.drafts.clear();
 }
 
 void Scheduler::preempt(Sequence& seq) {

@@ -20,7 +20,7 @@
 //      served (the head of the queue is never overtaken, so nothing starves) while there is
 //      budget, fewer than max_num_seqs are running and the pool can hold them. Admission
 //      looks the prompt up in the prefix cache and shares the cached leading blocks.
-//   4. update() appends the sampled tokens, ends sequences on EOS / stop token / max_tokens /
+//   4. update() appends the sampled tokens (several when speculative drafts were accepted), ends sequences on EOS / stop token / max_tokens /
 //      context length, publishes the newly filled blocks in the prefix cache and frees the
 //      blocks of finished sequences.
 // Sequences that can never fit (longer than the context, or needing more blocks than the
@@ -43,6 +43,9 @@
 
 namespace peerserve {
 
+// Draft tokens per sequence and step at most.
+inline constexpr int32_t kMaxSpeculativeTokens = 8;
+
 struct SchedulerOptions {
   int32_t max_num_seqs = 256;             // running sequences at most. Default 256.
   int32_t max_num_batched_tokens = 2048;  // tokens per step at most. Default 2048.
@@ -55,6 +58,15 @@ struct SchedulerOptions {
   // Keep a list of the blocks published to the prefix cache (take_published_blocks()), for
   // storing them in a caching pool. Default off.
   bool record_published_blocks = false;
+  // Speculative decoding: draft tokens verified per sequence and step (0 = off). A decode
+  // chunk then carries the sequence's drafts after its last token (they count against
+  // max_num_batched_tokens), and KV blocks are reserved for them; rejected positions are
+  // rolled back (num_computed_tokens stops before them). Default 0.
+  int32_t num_speculative_tokens = 0;
+  // With speculative decoding: drafts are verified and proposed only in steps that start
+  // with at most this many running sequences (0 = always); the executor still runs the MTP
+  // layer over every new position, so drafting can resume at any step. Default 0.
+  int32_t speculative_max_running = 0;
 
   // Checks every field; the message names the field.
   Status validate() const;
@@ -132,12 +144,19 @@ class Scheduler {
 
   // Allocates blocks so that `seq` covers `num_tokens` tokens. false if the pool is short.
   bool grow_blocks(Sequence& seq, int64_t num_tokens);
+  // Tokens whose KV slots a chunk of `num_new` known tokens and `num_drafts` drafts needs,
+  // including the positions the MTP layer drafts at afterwards.
+  int64_t tokens_to_cover(const Sequence& seq, int64_t num_new, int64_t num_drafts) const;
+  // Drafts of `seq` that fit in a chunk after `num_new` known tokens within `budget`.
+  int64_t usable_drafts(const Sequence& seq, int64_t num_new, int64_t budget) const;
+  // Whether this step verifies and proposes drafts (speculative decoding on, batch small).
+  bool drafting_step() const;
   // Admits the head of the waiting queue with up to `budget` tokens; false if it does not fit.
   bool try_admit(Sequence& seq, int64_t budget, StepPlan* plan);
   void preempt(Sequence& seq);
   void release_blocks(Sequence& seq);
   void publish_computed_blocks(Sequence& seq);
-  void add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan);
+  void add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan);
   void remove(Sequence& seq, FinishReason reason);
   void insert_waiting(Sequence* seq);
   void insert_running(Sequence* seq);
@@ -151,6 +170,7 @@ class Scheduler {
   uint64_t next_step_ = 0;
   int64_t num_preemptions_ = 0;
   bool in_step_ = false;
+  bool drafting_ = false;  // this step's drafting_step(), decided when it is planned
   std::vector<PublishedBlock> published_;
 };
 

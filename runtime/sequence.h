@@ -2,6 +2,7 @@
 // generated), how many of them have KV in the cache, and its block table.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -10,6 +11,7 @@
 #include "kv/block_pool.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative_sampler.h"
 
 namespace peerserve {
 
@@ -47,12 +49,19 @@ struct Sequence {
   int64_t num_cached_prompt_tokens = 0;
   int32_t num_preemptions = 0;
   bool admitted_once = false;
+  // Speculative decoding: draft tokens for positions num_tokens(), num_tokens() + 1, ...
+  // (made by the MTP layer in the last step; dropped when the sequence loses its KV).
+  std::vector<DraftToken> drafts;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt_tokens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens(); }
   std::span<const TokenId> generated() const {
     return std::span<const TokenId>(tokens).subspan(spec.prompt_tokens.size());
+  }
+  // Tokens this sequence can reach at most: prompt + max_tokens, within the context.
+  int64_t max_length(int64_t max_model_len) const {
+    return std::min<int64_t>(num_prompt_tokens() + spec.max_tokens, max_model_len);
   }
 };
 

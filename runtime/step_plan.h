@@ -11,6 +11,7 @@
 #include "kv/block_pool.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence.h"
+#include "runtime/speculative_sampler.h"
 
 namespace peerserve {
 
@@ -18,6 +19,7 @@ struct ScheduledChunk {
   SequenceId seq_id = 0;
   // Positions [start_pos, start_pos + tokens.size()) are computed in this step.
   int64_t start_pos = 0;
+  // The known tokens, then the draft tokens to verify (speculative decoding).
   std::vector<TokenId> tokens;
   // Covers [0, start_pos + tokens.size()).
   std::vector<BlockId> block_table;
@@ -28,6 +30,19 @@ struct ScheduledChunk {
   const SamplingParams* sampling = nullptr;
   uint64_t seed = 0;
   std::span<const TokenId> generated;
+
+  // Speculative decoding (SchedulerOptions::num_speculative_tokens > 0).
+  // The drafts at the end of `tokens` (valid until Scheduler::update); empty when none.
+  std::span<const DraftToken> drafts;
+  // Drafts to propose after this step (0: none; the MTP layer still runs over the chunk's
+  // positions, so that its KV stays complete).
+  int32_t num_lookahead = 0;
+  // A chunk that does not sample: the known token after it (the MTP layer at the chunk's
+  // last position reads it).
+  TokenId next_token = -1;
+  int64_t num_known_tokens() const {
+    return static_cast<int64_t>(tokens.size() - drafts.size());
+  }
 };
 
 struct StepPlan {
@@ -42,15 +57,27 @@ struct StepPlan {
   bool empty() const { return chunks.empty(); }
 };
 
+struct ChunkResult {
+  // Empty unless chunk.sample: the accepted drafts, in order, then one sampled token (the
+  // replacement of the first rejected draft, or the token after the last accepted one).
+  std::vector<SampledToken> tokens;
+  // Drafts proposed for the next step (speculative decoding), at most chunk.num_lookahead.
+  std::vector<DraftToken> drafts;
+};
+
 struct StepResult {
-  // One entry per chunk of the plan, in order: set iff chunk.sample.
-  std::vector<std::optional<SampledToken>> sampled;
+  // One entry per chunk of the plan, in order.
+  std::vector<ChunkResult> chunks;
 };
 
 // What happened to one sequence in a step (only sequences that sampled a token or ended).
 struct SequenceUpdate {
   SequenceId seq_id = 0;
-  std::optional<SampledToken> token;
+  // The new tokens, in order (more than one when drafts were accepted).
+  std::vector<SampledToken> tokens;
+  // Drafts verified in this step and how many of them were accepted (a run from the first).
+  int32_t num_drafts = 0;
+  int32_t num_accepted_drafts = 0;
   std::optional<FinishReason> finish_reason;
   std::optional<TokenId> stop_token;     // the stop token id / EOS that ended it
   int64_t num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache

@@ -148,6 +148,26 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
                 "Time from request arrival to its last output.", labels, m.e2e_request_latency);
   out.histogram("peerserve:request_queue_time_seconds",
                 "Time from request arrival to its first scheduled step.", labels, m.queue_time);
+  if (m.spec_decode_num_speculative_tokens > 0) {
+    out.counter("peerserve:spec_decode_num_drafts_total",
+                "Speculative verifications (a sequence's drafts checked in one step).", labels,
+                static_cast<double>(m.spec_decode_num_drafts));
+    out.counter("peerserve:spec_decode_num_draft_tokens_total", "Draft tokens verified.", labels,
+                static_cast<double>(m.spec_decode_num_draft_tokens));
+    out.counter("peerserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+                labels, static_cast<double>(m.spec_decode_num_accepted_tokens));
+    out.family("peerserve:spec_decode_num_accepted_tokens_per_pos_total",
+               "Draft tokens accepted, by position in the draft run (0 = first).", "counter");
+    for (int32_t k = 0; k < m.spec_decode_num_speculative_tokens; ++k) {
+      MetricLabels l = labels;
+      l.emplace_back("position", std::to_string(k));
+      out.sample("peerserve:spec_decode_num_accepted_tokens_per_pos_total", l,
+                 static_cast<double>(m.spec_decode_accepted_per_position[static_cast<size_t>(k)]));
+    }
+    out.histogram("peerserve:spec_decode_acceptance_length",
+                  "Tokens emitted per speculative verification (1 + accepted drafts).", labels,
+                  m.spec_decode_acceptance_length);
+  }
   if (m.kv_pool_enabled) {
     const KvPoolCounters& p = m.kv_pool;
     out.counter("peerserve:kv_pool_lookups_total",

@@ -9,7 +9,9 @@
 //                  accepted draft skips the next position's draft), which is what a
 //                  speculative decoder would see, and the script's definition
 //                  (mtp_acceptance_greedy_generation in training_report.json).
-// The engine has no speculative decoder yet; this measures the same quantity without one.
+// Then the same prompts run through the serving path with speculative decoding (the
+// scheduler and model executor with --num-speculative-tokens 1, greedy, every prompt in one
+// batch), whose own counters must equal the speculative schedule's (printed side by side).
 //
 //   peerserve_bench_mtp_acceptance --model DIR --heldout FILE.jsonl [--prompts 16]
 //       [--prompt-len 32] [--new-tokens 64] [--window 257] [--precision bf16|fp32]
@@ -30,6 +32,8 @@
 
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
+#include "runtime/model_executor.h"
+#include "runtime/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -157,6 +161,51 @@ Status replay(DeepseekModel& model, DType kv_dtype, std::span<const int32_t> pro
   return ok_status();
 }
 
+// The prompts through the scheduler and the model executor with one MTP draft per step.
+Status engine_replay(DeepseekModel& model, DType kv_dtype,
+                     const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
+                     Counts* counts) {
+  constexpr int64_t kBlockSize = 16;
+  const KvLayout layout = model.kv_layout(kBlockSize, kv_dtype);
+  int64_t blocks = 0;
+  for (const auto& p : prompts) {
+    blocks += layout.blocks_for_tokens(static_cast<int64_t>(p.size()) + new_tokens + 1);
+  }
+  ModelExecutorOptions executor_options;
+  executor_options.block_size = kBlockSize;
+  executor_options.num_blocks = blocks;
+  executor_options.kv_dtype = kv_dtype;
+  executor_options.num_speculative_tokens = 1;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
+                      ModelExecutor::create(&model, executor_options));
+  SchedulerOptions options;
+  options.max_num_seqs = static_cast<int32_t>(prompts.size());
+  options.max_num_batched_tokens = 4096;
+  options.max_model_len = 4096;
+  options.block_pool = {.num_blocks = static_cast<int32_t>(blocks),
+                        .block_size = static_cast<int32_t>(kBlockSize),
+                        .enable_prefix_caching = false};
+  options.num_speculative_tokens = 1;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(options));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceSpec spec;
+    spec.id = i + 1;
+    spec.prompt_tokens = prompts[i];
+    spec.max_tokens = new_tokens;
+    spec.sampling.temperature = 0.0f;
+    PS_RETURN_IF_ERROR(scheduler->add(spec));
+  }
+  while (scheduler->has_work()) {
+    StepPlan plan = scheduler->schedule();
+    PS_ASSIGN_OR_RETURN(StepResult result, executor->execute(plan));
+    for (const SequenceUpdate& u : scheduler->update(plan, result)) {
+      counts->speculative_drafts += u.num_drafts;
+      counts->speculative_accepted += u.num_accepted_drafts;
+    }
+  }
+  return ok_status();
+}
+
 int run(const Options& o) {
   if (o.precision != "bf16" && o.precision != "fp32") {
     return fail("--precision '" + o.precision + "': expected bf16 or fp32");
@@ -188,14 +237,21 @@ int run(const Options& o) {
   if (!(*model)->has_mtp()) return fail(o.model_dir + ": the checkpoint has no MTP layer");
 
   Counts counts;
+  std::vector<std::vector<int32_t>> prompts;
   for (int p = 0; p < o.prompts; ++p) {
     const auto begin = stream->begin() + static_cast<std::ptrdiff_t>(p) * o.window;
-    const std::vector<int32_t> prompt(begin, begin + o.prompt_len);
-    if (Status s =
-            replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompt, o.new_tokens, &counts);
+    prompts.emplace_back(begin, begin + o.prompt_len);
+    if (Status s = replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts.back(),
+                          o.new_tokens, &counts);
         !s.ok()) {
       return fail(s.to_string());
     }
+  }
+  Counts engine;
+  if (Status s = engine_replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts, o.new_tokens,
+                               &engine);
+      !s.ok()) {
+    return fail(s.to_string());
   }
   auto percent = [](int64_t part, int64_t whole) {
     return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
@@ -211,6 +267,14 @@ int run(const Options& o) {
               static_cast<long long>(counts.speculative_accepted),
               static_cast<long long>(counts.speculative_drafts),
               percent(counts.speculative_accepted, counts.speculative_drafts));
+  std::printf("MTP acceptance, engine (K = 1):        %lld of %lld = %.1f%%%s\n",
+              static_cast<long long>(engine.speculative_accepted),
+              static_cast<long long>(engine.speculative_drafts),
+              percent(engine.speculative_accepted, engine.speculative_drafts),
+              engine.speculative_accepted == counts.speculative_accepted &&
+                      engine.speculative_drafts == counts.speculative_drafts
+                  ? " (equal to the speculative schedule)"
+                  : " (DIFFERS from the speculative schedule)");
   return 0;
 }
 

@@ -94,7 +94,7 @@ class FakeExecutor final : public Executor {
     }
     max_batched_tokens_seen_ = std::max(max_batched_tokens_seen_, plan.num_batched_tokens);
     StepResult result;
-    // Write every chunk's tokens first, then read: a chunk of this step must never write a
+    // Write every chunk's tokens (drafts included, as a model writes their KV) first, then read: a chunk of this step must never write a
     // block that another chunk of the same step reads (the model's contract).
     std::vector<std::vector<int32_t>> written(plan.chunks.size());
     for (size_t c = 0; c < plan.chunks.size(); ++c) {
@@ -121,28 +121,51 @@ class FakeExecutor final : public Executor {
       }
     }
     for (const ScheduledChunk& chunk : plan.chunks) {
-      if (!chunk.sample) {
-        result.sampled.emplace_back();
-        continue;
-      }
-      const int64_t end = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size());
+      ChunkResult& outcome = result.chunks.emplace_back();
+      if (!chunk.sample) continue;
+      // The context up to the last known token, read back through the block table.
+      const int64_t end = chunk.start_pos + chunk.num_known_tokens();
       std::vector<TokenId> context(end);
       for (int64_t pos = 0; pos < end; ++pos) {
         context[pos] = slots_[slot(chunk.block_table[pos / block_size_], pos % block_size_)];
       }
-      SampledToken sampled;
-      sampled.token = fake_next_token(context, alphabet_);
-      // A recognisable logprob so that tests can see it travel to the outputs.
-      sampled.logprob = -0.25f;
-      if (chunk.sampling != nullptr && chunk.sampling->want_logprobs) {
-        for (int32_t k = 0; k < chunk.sampling->top_logprobs; ++k) {
-          sampled.top_logprobs.push_back({alphabet_[k % alphabet_.size()], -1.0f - k});
+      // Verification: a draft is accepted when it is the token the fake model would produce;
+      // the first rejected one is replaced by that token.
+      for (size_t j = 0; j <= chunk.drafts.size(); ++j) {
+        SampledToken sampled;
+        sampled.token = fake_next_token(context, alphabet_);
+        // A recognisable logprob so that tests can see it travel to the outputs.
+        sampled.logprob = -0.25f;
+        if (chunk.sampling != nullptr && chunk.sampling->want_logprobs) {
+          for (int32_t k = 0; k < chunk.sampling->top_logprobs; ++k) {
+            sampled.top_logprobs.push_back({alphabet_[k % alphabet_.size()], -1.0f - k});
+          }
         }
+        outcome.tokens.push_back(sampled);
+        context.push_back(sampled.token);
+        if (j == chunk.drafts.size() || chunk.drafts[j].token != sampled.token) break;
+        ++accepted_drafts_;
       }
-      result.sampled.push_back(sampled);
+      proposed_drafts_ += static_cast<int64_t>(chunk.drafts.size());
+      // Drafts: the fake model's own next tokens, every draft_error_every-th one wrong.
+      for (int32_t j = 0; j < chunk.num_lookahead; ++j) {
+        DraftToken draft;
+        draft.token = fake_next_token(context, alphabet_);
+        if (draft_error_every_ > 0 && ++draft_counter_ % draft_error_every_ == 0) {
+          const auto at = std::find(alphabet_.begin(), alphabet_.end(), draft.token);
+          draft.token = alphabet_[(static_cast<size_t>(at - alphabet_.begin()) + 1) % alphabet_.size()];
+        }
+        context.push_back(draft.token);
+        outcome.drafts.push_back(draft);
+      }
     }
     return result;
   }
+
+  // Speculative decoding: every n-th draft this fake proposes is wrong (0: never).
+  void set_draft_error_every(int64_t n) { draft_error_every_ = n; }
+  int64_t proposed_drafts() const { return proposed_drafts_; }
+  int64_t accepted_drafts() const { return accepted_drafts_; }
 
   // KV export/import (a caching pool): a block is its slots' token ids. A block imported
   // with wrong contents changes every later token, as wrong KV would.
@@ -190,6 +213,10 @@ class FakeExecutor final : public Executor {
   int fail_next_ = 0;
   int64_t num_steps_ = 0;
   int64_t max_batched_tokens_seen_ = 0;
+  int64_t draft_error_every_ = 0;
+  int64_t draft_counter_ = 0;
+  int64_t proposed_drafts_ = 0;
+  int64_t accepted_drafts_ = 0;
 };
 
 }  // namespace peerserve::testing

@@ -68,7 +68,7 @@ RunStats run_to_completion(Scheduler& scheduler, FakeExecutor& executor,
     EXPECT_TRUE(result.ok()) << result.status().to_string();
     if (!result.ok()) break;
     for (const SequenceUpdate& u : scheduler.update(plan, *result)) {
-      if (u.token) (*outputs)[u.seq_id].push_back(u.token->token);
+      for (const SampledToken& t : u.tokens) (*outputs)[u.seq_id].push_back(t.token);
       if (u.finish_reason) {
         stats.finish_order.push_back(u.seq_id);
         if (reasons) (*reasons)[u.seq_id] = *u.finish_reason;
@@ -249,7 +249,7 @@ TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
   auto r = ex.execute(p);
   ASSERT_TRUE(r.ok());
   for (const auto& u : s->update(p, *r)) {
-    if (u.token) out[u.seq_id].push_back(u.token->token);
+    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
     EXPECT_EQ(u.num_cached_prompt_tokens, 12);
   }
   run_to_completion(*s, ex, &out);
@@ -399,7 +399,7 @@ TEST(SchedulerTest, RandomWorkloadMatchesReferenceGeneration) {
         auto result = ex.execute(plan);
         ASSERT_TRUE(result.ok()) << result.status().to_string();
         for (const SequenceUpdate& u : s->update(plan, *result)) {
-          if (u.token) out[u.seq_id].push_back(u.token->token);
+          for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
         }
       }
       ASSERT_FALSE(s->has_work());

@@ -1,0 +1,259 @@
+// peerserve_bench_speculative_decode: decode tokens/s with and without MTP speculative
+// decoding, through the serving path (scheduler + model executor), at several batch sizes.
+// Each configuration (K = 0 = off, then the given K) runs --runs times, interleaved, and the
+// medians are reported with the speedup over off measured in the same run, the draft
+// acceptance and the tokens emitted per sequence and step.
+//
+//   peerserve_bench_speculative_decode [--model DIR] [--text FILE] [--batch 1,8,32]
+//       [--k 1,2] [--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]
+//
+// Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini (a
+// random MTP head: it shows the price of useless drafts). Prompts are cut from --text
+// (default /usr/share/common-licenses/GPL-3) at different offsets when the checkpoint has a
+// tokenizer, otherwise they are fixed pseudo-random ids. Greedy, EOS ignored.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint/test_model.h"
+#include "model/deepseek_model.h"
+#include "runtime/model_executor.h"
+#include "runtime/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+struct Args {
+  std::string model_dir;
+  std::string text = "/usr/share/common-licenses/GPL-3";
+  std::vector<int> batches = {1, 8, 32};
+  std::vector<int> ks = {1, 2};
+  int prompt = 64;
+  int new_tokens = 64;
+  int runs = 3;
+  int threads = 0;
+};
+
+struct Measurement {
+  double decode_tokens_per_s = 0;
+  int64_t drafts = 0;
+  int64_t accepted = 0;
+  int64_t decode_steps = 0;
+  int64_t decode_tokens = 0;
+};
+
+Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<int32_t>>& prompts,
+                            int new_tokens, int32_t k) {
+  constexpr int64_t kBlockSize = 16;
+  const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
+  int64_t blocks = 0;
+  for (const auto& p : prompts) {
+    blocks += layout.blocks_for_tokens(static_cast<int64_t>(p.size()) + new_tokens + k + 1);
+  }
+  ModelExecutorOptions executor_options;
+  executor_options.block_size = kBlockSize;
+  executor_options.num_blocks = blocks;
+  executor_options.num_speculative_tokens = k;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
+                      ModelExecutor::create(&model, executor_options));
+  SchedulerOptions options;
+  options.max_num_seqs = static_cast<int32_t>(prompts.size());
+  options.max_num_batched_tokens = 8192;
+  options.max_model_len = 8192;
+  options.block_pool = {.num_blocks = static_cast<int32_t>(blocks),
+                        .block_size = static_cast<int32_t>(kBlockSize),
+                        .enable_prefix_caching = false};
+  options.num_speculative_tokens = k;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(options));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SequenceSpec spec;
+    spec.id = i + 1;
+    spec.prompt_tokens = prompts[i];
+    spec.max_tokens = new_tokens;
+    spec.sampling.temperature = 0.0f;
+    PS_RETURN_IF_ERROR(scheduler->add(spec));
+  }
+  // Every prompt is prefilled by the first step (the budget holds them all); decode is
+  // timed from the second step on.
+  Measurement m;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point decode_start;
+  for (int64_t step = 0; scheduler->has_work(); ++step) {
+    if (step == 1) decode_start = Clock::now();
+    StepPlan plan = scheduler->schedule();
+    PS_ASSIGN_OR_RETURN(StepResult result, executor->execute(plan));
+    for (const SequenceUpdate& u : scheduler->update(plan, result)) {
+      if (step == 0) continue;
+      m.decode_tokens += static_cast<int64_t>(u.tokens.size());
+      m.drafts += u.num_drafts;
+      m.accepted += u.num_accepted_drafts;
+    }
+    if (step > 0) ++m.decode_steps;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  m.decode_tokens_per_s = static_cast<double>(m.decode_tokens) / std::max(seconds, 1e-9);
+  return m;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::atoi(item.c_str()));
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run(const Args& args) {
+  std::string dir = args.model_dir;
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    dir = std::string(tmp ? tmp : "/tmp") + "/peerserve_bench_mini";
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      std::fprintf(stderr, "writing the mini test model to %s ...\n", dir.c_str());
+      TestModelOptions options;
+      options.preset = TestModelPreset::kMini;
+      if (Status s = write_test_model(dir, options); !s.ok()) {
+        std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+        return 1;
+      }
+    }
+  }
+  ModelOptions model_options;
+  model_options.num_threads = args.threads;
+  auto loaded = DeepseekModel::load(dir, model_options);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
+    return 1;
+  }
+  DeepseekModel& model = **loaded;
+  if (!model.has_mtp()) {
+    std::fprintf(stderr, "error: %s has no MTP layer\n", dir.c_str());
+    return 1;
+  }
+  const int max_batch = *std::max_element(args.batches.begin(), args.batches.end());
+  std::vector<std::vector<int32_t>> prompts;
+  std::string source = "pseudo-random token ids";
+  if (auto tokenizer = Tokenizer::load_from_dir(dir); tokenizer.ok()) {
+    std::ifstream file(args.text);
+    std::stringstream text;
+    text << file.rdbuf();
+    EncodeOptions plain;
+    plain.add_special_tokens = false;
+    auto ids = tokenizer->encode(text.str(), plain);
+    if (ids.ok() && ids->size() >= static_cast<size_t>(args.prompt) * 2) {
+      source = args.text;
+      const size_t stride = (ids->size() - args.prompt) / max_batch;
+      for (int b = 0; b < max_batch; ++b) {
+        const auto begin = ids->begin() + static_cast<std::ptrdiff_t>(b * stride);
+        prompts.emplace_back(begin, begin + args.prompt);
+      }
+    }
+  }
+  if (prompts.empty()) {
+    const int64_t vocab = model.config().vocab_size;
+    for (int b = 0; b < max_batch; ++b) {
+      std::vector<int32_t> p;
+      for (int i = 0; i < args.prompt; ++i) {
+        p.push_back(static_cast<int32_t>(3 + (i * 7919 + b * 104729) % (vocab - 3)));
+      }
+      prompts.push_back(p);
+    }
+  }
+  std::printf("model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs\n",
+              dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs);
+  std::printf("%6s %3s %12s %9s %11s %16s\n", "batch", "K", "decode tok/s", "vs off",
+              "accepted", "tokens/seq/step");
+  std::vector<int32_t> ks = {0};
+  for (int k : args.ks) ks.push_back(k);
+  for (int batch : args.batches) {
+    const std::vector<std::vector<int32_t>> subset(prompts.begin(), prompts.begin() + batch);
+    std::vector<std::vector<double>> rates(ks.size());
+    std::vector<Measurement> last(ks.size());
+    for (int r = 0; r < args.runs; ++r) {
+      for (size_t i = 0; i < ks.size(); ++i) {
+        auto m = measure(model, subset, args.new_tokens, ks[i]);
+        if (!m.ok()) {
+          std::fprintf(stderr, "error: %s\n", m.status().to_string().c_str());
+          return 1;
+        }
+        rates[i].push_back(m->decode_tokens_per_s);
+        last[i] = *m;
+      }
+    }
+    const double off = median(rates[0]);
+    for (size_t i = 0; i < ks.size(); ++i) {
+      const Measurement& m = last[i];
+      const double rate = median(rates[i]);
+      char accepted[32] = "-";
+      if (m.drafts > 0) {
+        std::snprintf(accepted, sizeof(accepted), "%.1f%%", 100.0 * m.accepted / m.drafts);
+      }
+      std::printf("%6d %3d %12.1f %8.2fx %11s %16.2f\n", batch, ks[i], rate, rate / off, accepted,
+                  static_cast<double>(m.decode_tokens) /
+                      std::max<double>(1.0, static_cast<double>(m.decode_steps) * batch));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace peerserve
+
+int main(int argc, char** argv) {
+  peerserve::Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--model" && has_value) {
+      args.model_dir = argv[++i];
+    } else if (arg == "--text" && has_value) {
+      args.text = argv[++i];
+    } else if (arg == "--batch" && has_value) {
+      args.batches = peerserve::parse_list(argv[++i]);
+    } else if (arg == "--k" && has_value) {
+      args.ks = peerserve::parse_list(argv[++i]);
+    } else if (arg == "--prompt" && has_value) {
+      args.prompt = std::atoi(argv[++i]);
+    } else if (arg == "--new-tokens" && has_value) {
+      args.new_tokens = std::atoi(argv[++i]);
+    } else if (arg == "--runs" && has_value) {
+      args.runs = std::atoi(argv[++i]);
+    } else if (arg == "--threads" && has_value) {
+      args.threads = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--model DIR] [--text FILE] [--batch 1,8,32] [--k 1,2] "
+                   "[--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]\n(unknown or "
+                   "incomplete argument '%s')\n",
+                   argv[0], arg.c_str());
+      return 2;
+    }
+  }
+  for (int b : args.batches) {
+    if (b < 1) return std::fprintf(stderr, "error: batch sizes must be >= 1\n"), 2;
+  }
+  for (int k : args.ks) {
+    if (k < 1 || k > peerserve::kMaxSpeculativeTokens) {
+      return std::fprintf(stderr, "error: --k values must be 1..%d\n",
+                          peerserve::kMaxSpeculativeTokens),
+             2;
+    }
+  }
+  if (args.batches.empty() || args.prompt < 2 || args.new_tokens < 2 || args.runs < 1) {
+    std::fprintf(stderr, "error: --batch, --prompt >= 2, --new-tokens >= 2, --runs >= 1\n");
+    return 2;
+  }
+  return peerserve::run(args);
+}

@@ -1,0 +1,314 @@
+// Speculative decoding (MTP) with the real model in the engine: the tokens are those of
+// non-speculative decoding, token for token, for greedy requests, on the tiny preset (fp32,
+// one attention form: exact) and on the shipped trained model (bf16, the serving defaults),
+// in batches mixing chunked prefills and decodes, under preemption, with K = 1 and 2, and
+// with an EOS, a stop token id and a stop string landing inside a run of accepted drafts.
+// Seeded sampled requests reproduce.
+//
+// Exactness argument: a verification chunk of 1 + k tokens gives each row the logits a
+// one-token decode at that position gives (batch-invariant GEMMs, attention per query, and
+// the same attention form for both chunk sizes at every context these tests reach), so the
+// greedy verifier emits the greedy tokens whatever the drafts are.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+
+#include "model/checkpoint/test_model.h"
+#include "model/deepseek_model.h"
+#include "runtime/engine.h"
+#include "runtime/model_executor.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+namespace {
+
+struct RunConfig {
+  int32_t num_speculative_tokens = 0;
+  int32_t max_num_batched_tokens = 24;
+  int32_t num_blocks = 256;
+  int32_t block_size = 4;
+  DType kv_dtype = DType::kF32;
+  std::optional<TokenId> eos;
+};
+
+struct RunResult {
+  std::vector<std::vector<TokenId>> tokens;  // per request
+  std::vector<std::string> text;
+  std::vector<std::vector<size_t>> step_sizes;  // tokens per delta, per request
+  std::vector<FinishReason> finish;
+  EngineMetricsSnapshot metrics;
+};
+
+RunResult run(DeepseekModel* model, const Tokenizer* tokenizer, const RunConfig& config,
+              const std::vector<EngineRequest>& requests) {
+  ModelExecutorOptions ex;
+  ex.block_size = config.block_size;
+  ex.num_blocks = config.num_blocks;
+  ex.kv_dtype = config.kv_dtype;
+  ex.num_speculative_tokens = config.num_speculative_tokens;
+  auto executor = ModelExecutor::create(model, ex);
+  EXPECT_TRUE(executor.ok()) << executor.status().to_string();
+  EngineOptions eo;
+  eo.scheduler.max_num_seqs = 8;
+  eo.scheduler.max_num_batched_tokens = config.max_num_batched_tokens;
+  eo.scheduler.max_model_len = 512;
+  eo.scheduler.block_pool = {.num_blocks = config.num_blocks,
+                             .block_size = config.block_size,
+                             .enable_prefix_caching = true};
+  eo.scheduler.num_speculative_tokens = config.num_speculative_tokens;
+  eo.vocab_size = model->config().vocab_size;
+  eo.eos_token_id = config.eos;
+  auto engine = Engine::create(eo, std::move(executor).value(), tokenizer);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  (*engine)->start();
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  RunResult result;
+  const size_t n = requests.size();
+  result.tokens.resize(n);
+  result.text.resize(n);
+  result.step_sizes.resize(n);
+  result.finish.resize(n);
+  size_t finished = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto id = (*engine)->submit(requests[i], [&, i](RequestOutput out) {
+      std::lock_guard<std::mutex> lock(mutex);
+      EXPECT_TRUE(out.error.ok()) << out.error.to_string();
+      for (const ChoiceDelta& d : out.choices) {
+        result.tokens[i].insert(result.tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
+        result.text[i] += d.text;
+        if (!d.token_ids.empty()) result.step_sizes[i].push_back(d.token_ids.size());
+        if (d.finish_reason) result.finish[i] = *d.finish_reason;
+      }
+      if (out.finished) {
+        ++finished;
+        cv.notify_all();
+      }
+    });
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(300), [&] { return finished == n; }));
+  }
+  result.metrics = (*engine)->metrics();
+  (*engine)->stop();
+  return result;
+}
+
+EngineRequest request(std::vector<TokenId> prompt, int32_t max_tokens, float temperature = 0.0f,
+                      uint64_t seed = 0) {
+  EngineRequest r;
+  r.prompt_tokens = std::move(prompt);
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  r.params.sampling.temperature = temperature;
+  if (temperature > 0) r.params.sampling.seed = seed;
+  return r;
+}
+
+std::vector<TokenId> prompt(int length, int salt, int vocab) {
+  std::vector<TokenId> p;
+  for (int i = 0; i < length; ++i) {
+    p.push_back(static_cast<TokenId>(3 + (i * 7 + salt * 31) % (vocab - 3)));
+  }
+  return p;
+}
+
+class TinyPresetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("peerserve_spec_tiny_" + std::to_string(::getpid()));
+    TestModelOptions options;
+    options.preset = TestModelPreset::kTiny;
+    options.seed = 5;
+    ASSERT_TRUE(write_test_model(dir_.string(), options).ok());
+    ModelOptions model_options;
+    model_options.num_threads = 1;
+    model_options.gemm_precision = GemmPrecision::kFp32;
+    model_options.attention_form = AttentionForm::kAbsorbed;
+    auto model = DeepseekModel::load(dir_.string(), model_options);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    ASSERT_TRUE((*model)->has_mtp());
+    model_ = std::move(model).value();
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  static std::filesystem::path dir_;
+  static std::unique_ptr<DeepseekModel> model_;
+};
+std::filesystem::path TinyPresetTest::dir_;
+std::unique_ptr<DeepseekModel> TinyPresetTest::model_;
+
+TEST_F(TinyPresetTest, GreedyTokensEqualNonSpeculativeWithPreemption) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(request(prompt(5 + 7 * i, i, vocab), 20));
+  const RunResult reference = run(model_.get(), nullptr, RunConfig{}, requests);
+  for (int32_t k : {1, 2}) {
+    RunConfig config;
+    config.num_speculative_tokens = k;
+    const RunResult roomy = run(model_.get(), nullptr, config, requests);
+    config.num_blocks = 28;  // six sequences of up to 60 tokens in 112 slots: preemption
+    const RunResult tight = run(model_.get(), nullptr, config, requests);
+    EXPECT_GT(tight.metrics.scheduler.num_preemptions, 0) << "K=" << k;
+    EXPECT_GT(roomy.metrics.spec_decode_num_draft_tokens, 0) << "K=" << k;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_EQ(reference.tokens[i].size(), 20u);
+      EXPECT_EQ(roomy.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
+      EXPECT_EQ(tight.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
+    }
+  }
+}
+
+TEST_F(TinyPresetTest, SeededSamplingReproduces) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt(9 + i, 40 + i, vocab), 16, 0.9f, 7 + i));
+  RunConfig config;
+  config.num_speculative_tokens = 2;
+  const RunResult a = run(model_.get(), nullptr, config, requests);
+  config.max_num_batched_tokens = 7;  // other batches, other chunking: same draws
+  const RunResult b = run(model_.get(), nullptr, config, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_EQ(a.tokens[i].size(), 16u);
+    EXPECT_EQ(a.tokens[i], b.tokens[i]) << "request " << i;
+  }
+}
+
+// The shipped model: a trained MTP head accepts most drafts, so runs of accepted drafts are
+// long enough to put stops inside them.
+class ShippedModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = PEERSERVE_SHIPPED_MODEL_DIR;
+    ModelOptions model_options;
+    model_options.num_threads = 1;
+    auto model = DeepseekModel::load(dir, model_options);
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    model_ = std::move(model).value();
+    auto tokenizer = Tokenizer::load_from_dir(dir);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+    tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer).value());
+  }
+  static void TearDownTestSuite() {
+    model_.reset();
+    tokenizer_.reset();
+  }
+  static std::vector<EngineRequest> requests() {
+    std::vector<EngineRequest> out;
+    const char* prompts[] = {"The GNU General Public License is a free, copyleft license for",
+                             "Copyright (C) 2007 Free Software Foundation, Inc.",
+                             "This program is distributed in the hope that it will be useful,",
+                             "You should have received a copy of the",
+                             "Permission is hereby granted, free of charge, to any person"};
+    for (const char* p : prompts) {
+      auto ids = tokenizer_->encode(p);
+      EXPECT_TRUE(ids.ok());
+      out.push_back(request(*ids, 40));
+    }
+    return out;
+  }
+  static std::unique_ptr<DeepseekModel> model_;
+  static std::unique_ptr<Tokenizer> tokenizer_;
+};
+std::unique_ptr<DeepseekModel> ShippedModelTest::model_;
+std::unique_ptr<Tokenizer> ShippedModelTest::tokenizer_;
+
+TEST_F(ShippedModelTest, GreedyTokensEqualNonSpeculative) {
+  const std::vector<EngineRequest> reqs = requests();
+  RunConfig off;
+  off.kv_dtype = DType::kBF16;
+  off.block_size = 16;
+  const RunResult reference = run(model_.get(), tokenizer_.get(), off, reqs);
+  for (int32_t k : {1, 2}) {
+    RunConfig on = off;
+    on.num_speculative_tokens = k;
+    const RunResult spec = run(model_.get(), tokenizer_.get(), on, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(spec.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
+      EXPECT_EQ(spec.text[i], reference.text[i]) << "K=" << k << " request " << i;
+    }
+    const EngineMetricsSnapshot& m = spec.metrics;
+    EXPECT_GT(m.spec_decode_num_accepted_tokens, m.spec_decode_num_draft_tokens / 2)
+        << "K=" << k << ": a trained MTP head accepts most drafts";
+    EXPECT_EQ(m.spec_decode_accepted_per_position[0] +
+                  (k > 1 ? m.spec_decode_accepted_per_position[1] : 0),
+              m.spec_decode_num_accepted_tokens);
+    EXPECT_EQ(static_cast<int64_t>(m.spec_decode_acceptance_length.count()),
+              m.spec_decode_num_drafts);
+    EXPECT_LT(m.steps_total, reference.metrics.steps_total) << "K=" << k;
+  }
+}
+
+TEST_F(ShippedModelTest, StopsInsideAnAcceptedRun) {
+  const std::vector<EngineRequest> reqs = requests();
+  RunConfig on;
+  on.kv_dtype = DType::kBF16;
+  on.block_size = 16;
+  on.num_speculative_tokens = 2;
+  const RunResult spec = run(model_.get(), tokenizer_.get(), on, reqs);
+  // Find a request and a token that was an accepted draft (not the last token of its step)
+  // and does not occur earlier in that request's output.
+  size_t which = reqs.size();
+  size_t at = 0;
+  for (size_t i = 0; i < reqs.size() && which == reqs.size(); ++i) {
+    size_t offset = 0;
+    for (size_t step : spec.step_sizes[i]) {
+      for (size_t j = 0; j + 1 < step; ++j) {
+        const size_t pos = offset + j;
+        const TokenId t = spec.tokens[i][pos];
+        if (pos >= 3 && std::find(spec.tokens[i].begin(), spec.tokens[i].begin() + pos, t) ==
+                            spec.tokens[i].begin() + pos) {
+          which = i;
+          at = pos;
+          break;
+        }
+      }
+      if (which != reqs.size()) break;
+      offset += step;
+    }
+  }
+  ASSERT_NE(which, reqs.size()) << "no accepted draft to stop at";
+  const TokenId stop = spec.tokens[which][at];
+  const std::vector<TokenId> expected(spec.tokens[which].begin(),
+                                      spec.tokens[which].begin() + at + 1);
+
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<EngineRequest> one = {reqs[which]};
+    RunConfig off = on;
+    off.num_speculative_tokens = 0;
+    if (variant == 0) {
+      one[0].params.stop_token_ids = {stop};
+    } else if (variant == 1) {
+      one[0].params.ignore_eos = false;
+      on.eos = stop;
+      off.eos = stop;
+    } else {
+      auto piece = tokenizer_->decode({&stop, 1});
+      ASSERT_TRUE(piece.ok());
+      if (piece->empty()) continue;
+      one[0].params.stop_strings = {*piece};
+    }
+    const RunResult a = run(model_.get(), tokenizer_.get(), off, one);
+    const RunResult b = run(model_.get(), tokenizer_.get(), on, one);
+    EXPECT_EQ(b.tokens[0], a.tokens[0]) << "variant " << variant;
+    EXPECT_EQ(b.text[0], a.text[0]) << "variant " << variant;
+    EXPECT_EQ(b.finish[0], FinishReason::kStop) << "variant " << variant;
+    if (variant < 2) {
+      EXPECT_EQ(b.tokens[0], expected) << "variant " << variant;
+    }
+    on.eos.reset();
+  }
+}
+
+}  // namespace
+}  // namespace peerserve
