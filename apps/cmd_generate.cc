@@ -82,9 +82,11 @@ class TokenPrinter {
 
 // Speculative decoding runs the prompt through the serving path (scheduler and model
 // executor, which verify and draft), as one sequence.
-int generate_speculative(const GenerateCli& cli, DeepseekModel& model, int32_t num_speculative,
-                         const std::vector<int32_t>& prompt, const SamplingParams& sampling,
-                         const Tokenizer* tokenizer) {
+int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
+                         const SpeculativeSetting& setting, const std::vector<int32_t>& prompt,
+                         const SamplingParams& sampling, const Tokenizer* tokenizer) {
+  constexpr int64_t kCalibrationContext = 64;
+  int32_t num_speculative = setting.num_tokens;
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
     return 1;
@@ -94,10 +96,19 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model, int32_t n
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
   ModelExecutorOptions executor_options;
   executor_options.block_size = kBlockSize;
-  executor_options.num_blocks = layout.blocks_for_tokens(max_len + num_speculative);
+  executor_options.num_blocks = std::max(layout.blocks_for_tokens(max_len + num_speculative),
+                                         layout.blocks_for_tokens(kCalibrationContext + 2));
   executor_options.num_speculative_tokens = num_speculative;
   auto executor = ModelExecutor::create(&model, executor_options);
   if (!executor.ok()) return fail(executor.status());
+  if (setting.automatic) {
+    const int32_t batch = 1;
+    auto costs = (*executor)->measure_speculative_costs({&batch, 1}, kCalibrationContext, 5);
+    if (!costs.ok()) return fail(costs.status());
+    const SpeculativePolicy policy = decide_speculative_policy(*costs);
+    std::fprintf(stderr, "speculative auto: %s\n", policy.reason.c_str());
+    if (!policy.enabled) num_speculative = 0;
+  }
   SchedulerOptions options;
   options.max_num_seqs = 1;
   options.max_num_batched_tokens = static_cast<int32_t>(kPrefillChunk);
@@ -221,8 +232,7 @@ int run_generate(const GenerateCli& cli) {
       resolve_speculative_options(cli.speculative, model.has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
   if (speculative->num_tokens > 0) {
-    return generate_speculative(cli, model, speculative->num_tokens, prompt, sampling,
-                                tokenizer.get());
+    return generate_speculative(cli, model, *speculative, prompt, sampling, tokenizer.get());
   }
   if (Status s = session.install(model, kPrefillChunk); !s.ok()) return session.fail(s);
   if (!session.leader()) {

@@ -195,7 +195,18 @@ int run_serve(const ServeCli& cli) {
   }
   sched.max_waiting_seqs = cli.max_waiting_requests;
   sched.num_speculative_tokens = speculative->num_tokens;
-  sched.speculative_max_running = speculative->max_running;
+  if (speculative->automatic) {
+    std::fprintf(stderr, "speculative auto: measuring decode, verification and MTP steps ...\n");
+    const std::vector<int32_t> batches = speculative_calibration_batches(cli.max_num_seqs);
+    auto costs = (*executor)->measure_speculative_costs(batches, 64, 5);
+    if (!costs.ok()) return fail(costs.status());
+    const SpeculativePolicy policy = decide_speculative_policy(*costs);
+    std::fprintf(stderr, "speculative auto: %s\n", policy.reason.c_str());
+    sched.num_speculative_tokens = policy.enabled ? 1 : 0;
+    sched.speculative_max_running = policy.max_running;
+    engine_options.speculative_guard_drafts = 256;
+    engine_options.speculative_min_acceptance = policy.break_even_acceptance;
+  }
   sched.block_pool.num_blocks =
       static_cast<int32_t>(std::min<int64_t>((*executor)->kv_cache().num_blocks(), INT32_MAX));
   sched.block_pool.block_size = static_cast<int32_t>(kv_geometry.block_size);
@@ -328,12 +339,12 @@ int run_serve(const ServeCli& cli) {
                  "requests over the %d ranks\n",
                  session.size(), cli.ep.dispatch_dtype.c_str(), session.size());
   }
-  if (speculative->num_tokens > 0) {
+  if (sched.num_speculative_tokens > 0) {
     std::fprintf(stderr, "speculative decoding: MTP drafts %d token%s per step%s\n",
-                 speculative->num_tokens, speculative->num_tokens > 1 ? "s" : "",
-                 speculative->max_running > 0
-                     ? (" while at most " + std::to_string(speculative->max_running) +
-                        " sequences run (auto)")
+                 sched.num_speculative_tokens, sched.num_speculative_tokens > 1 ? "s" : "",
+                 sched.speculative_max_running > 0
+                     ? (" while at most " + std::to_string(sched.speculative_max_running) +
+                        " sequences run")
                            .c_str()
                      : "");
   }

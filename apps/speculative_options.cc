@@ -1,12 +1,10 @@
 #include "apps/speculative_options.h"
 
+#include <algorithm>
+
 #include "runtime/scheduler.h"
 
 namespace peerserve {
-
-// `auto`: MTP with one draft while at most this many sequences run. Measured with
-// bench/model/speculative_decode_bench.sh (docs/speculative_decoding.md).
-constexpr int32_t kAutoMaxRunning = 4;
 
 void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
   command
@@ -14,9 +12,11 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
                    "Speculative decoding: off, mtp (the checkpoint's MTP layer drafts "
                    "--num-speculative-tokens tokens per step, verified by the main model; "
                    "output identical for greedy requests, same distribution for sampled ones), "
-                   "or auto (mtp with one draft while at most " +
-                       std::to_string(kAutoMaxRunning) +
-                       " sequences run, where it measured faster; off without an MTP layer)")
+                   "or auto (at start-up, times a verification step and the MTP layer against a "
+                   "decode step on this machine; drafts one token at the batch sizes where that "
+                   "predicts a gain of 5% or more at 80% acceptance, and turns off for good if "
+                   "fewer drafts than break-even are accepted; off without an MTP layer; "
+                   "docs/speculative_decoding.md)")
       ->check(CLI::IsMember({"off", "mtp", "auto"}))
       ->capture_default_str();
   command
@@ -38,7 +38,7 @@ Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli
   if (cli.method == "auto") {
     if (!model_has_mtp) return setting;
     setting.num_tokens = 1;
-    setting.max_running = kAutoMaxRunning;
+    setting.automatic = true;
     return setting;
   }
   if (cli.method != "mtp") {
@@ -50,6 +50,12 @@ Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli
   }
   setting.num_tokens = cli.num_tokens;
   return setting;
+}
+
+std::vector<int32_t> speculative_calibration_batches(int32_t max_num_seqs) {
+  std::vector<int32_t> batches;
+  for (int32_t b = 1; b <= std::min(max_num_seqs, 32); b *= 2) batches.push_back(b);
+  return batches;
 }
 
 }  // namespace peerserve

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
+#include "runtime/speculative_policy.h"
 
 namespace peerserve {
 
@@ -18,9 +20,9 @@ struct SpeculativeCli {
 
 struct SpeculativeSetting {
   int32_t num_tokens = 0;  // K; 0 = off
-  // Drafts are verified only while at most this many sequences run (0 = always); above it
-  // the MTP layer still runs, to keep its KV, but drafts nothing.
-  int32_t max_running = 0;
+  // auto: K = 1, where and whether to draft decided by measuring this machine at start-up
+  // (runtime/speculative_policy.h).
+  bool automatic = false;
 };
 
 void add_speculative_options(CLI::App* command, SpeculativeCli* cli);
@@ -29,5 +31,8 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli);
 // K outside 1..kMaxSpeculativeTokens.
 Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,
                                                        bool model_has_mtp);
+
+// The batch sizes auto measures, up to max_num_seqs.
+std::vector<int32_t> speculative_calibration_batches(int32_t max_num_seqs);
 
 }  // namespace peerserve

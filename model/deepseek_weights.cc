@@ -1,5 +1,7 @@
 #include "model/deepseek_weights.h"
 
+#include <cstring>
+
 #include <string>
 #include <utility>
 
@@ -145,6 +147,15 @@ Result<MlpWeights> load_routed_expert(Checkpoint& checkpoint, int64_t layer, int
   return load_mlp(r, expert_prefix(layer, expert), c.hidden_size, c.moe_intermediate_size);
 }
 
+namespace {
+
+bool same_values(const LinearWeight& a, const LinearWeight& b) {
+  return a.data != nullptr && b.data != nullptr && a.rows == b.rows && a.cols == b.cols &&
+         std::memcmp(a.data, b.data, static_cast<size_t>(a.rows * a.cols) * sizeof(bf16)) == 0;
+}
+
+}  // namespace
+
 Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer,
                                               const RoutedExpertSelector& select) {
   const ModelConfig& c = checkpoint.config();
@@ -165,6 +176,10 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
   // Only the first MTP layer is used (DeepSeek-V3 ships one).
   if (load_mtp_layer && c.num_nextn_predict_layers > 0) {
     PS_ASSIGN_OR_RETURN(w.mtp, load_mtp(r, c, c.num_hidden_layers, select));
+    // DeepSeek's checkpoints store the MTP layer's embedding and head as copies of the main
+    // model's (shared in training): keep one, so a speculative step reads (and caches) one.
+    if (same_values(w.mtp->embed, w.embed)) w.mtp->embed = w.embed;
+    if (same_values(w.mtp->head, w.lm_head)) w.mtp->head = w.lm_head;
   }
 
   // Every stored tensor must have been read, except MTP layers we chose not to load and

@@ -1,6 +1,7 @@
 #include "runtime/model_executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,7 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
 }
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
-  const bool speculative = num_speculative_tokens_ > 0;
+  const bool speculative = num_speculative_tokens_ > 0 && plan.speculative;
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -189,6 +190,90 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_chunks, cache_, *state_, &mtp_output_));
   }
   return ok_status();
+}
+
+Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
+    std::span<const int32_t> batches, int64_t context, int reps) {
+  if (!model_->has_mtp()) return invalid_argument("measuring MTP costs needs the MTP layer");
+  if (context < 2 || reps < 1) return invalid_argument("context >= 2 and reps >= 1 expected");
+  const int64_t block_size = cache_.layout().block_size;
+  const int64_t hidden_size = model_->config().hidden_size;
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t blocks_per_seq = (context + 2 + block_size - 1) / block_size;
+  std::vector<SpeculativeCost> costs;
+  for (const int32_t batch : batches) {
+    if (batch < 1 || batch * blocks_per_seq > cache_.num_blocks()) break;
+    std::vector<std::vector<int32_t>> tokens(batch), tables(batch);
+    for (int32_t s = 0; s < batch; ++s) {
+      for (int64_t i = 0; i < context + 2; ++i) {
+        tokens[s].push_back(static_cast<int32_t>(3 + (i * 7919 + s * 104729) % (vocab - 3)));
+      }
+      for (int64_t b = 0; b < blocks_per_seq; ++b) {
+        tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+      }
+    }
+    auto chunks = [&](int64_t start, int64_t n, bool all_logits, bool all_hidden) {
+      std::vector<SequenceChunk> out;
+      for (int32_t s = 0; s < batch; ++s) {
+        out.push_back({.tokens = std::span<const int32_t>(tokens[s]).subspan(start, n),
+                       .start_pos = start,
+                       .block_table = tables[s],
+                       .all_logits = all_logits,
+                       .all_hidden = all_hidden});
+      }
+      return out;
+    };
+    const std::vector<SequenceChunk> prefill = chunks(0, context, false, true);
+    PS_RETURN_IF_ERROR(model_->forward(prefill, cache_, *state_, &output_));
+    std::vector<std::vector<float>> hidden(batch);  // positions context - 2, context - 1
+    for (int32_t s = 0; s < batch; ++s) {
+      const std::span<const float> h = output_.sequence_hidden(s);
+      hidden[s].assign(h.end() - 2 * hidden_size, h.end());
+    }
+    auto mtp_chunks = [&](int64_t n) {
+      std::vector<MtpChunk> out;
+      for (int32_t s = 0; s < batch; ++s) {
+        // Positions context - n .. context - 1, reading the tokens after them.
+        out.push_back({.next_tokens =
+                           std::span<const int32_t>(tokens[s]).subspan(context - n + 1, n),
+                       .hidden = std::span<const float>(hidden[s]).last(n * hidden_size),
+                       .start_pos = context - n,
+                       .block_table = tables[s]});
+      }
+      return out;
+    };
+    const std::vector<MtpChunk> mtp_one = mtp_chunks(1), mtp_two = mtp_chunks(2);
+    const std::vector<SequenceChunk> decode = chunks(context - 1, 1, false, false);
+    const std::vector<SequenceChunk> verify = chunks(context - 1, 2, true, true);
+    auto median_seconds = [&](auto&& run) -> Result<double> {
+      std::vector<double> t;
+      for (int r = 0; r < reps; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        PS_RETURN_IF_ERROR(run());
+        t.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    SpeculativeCost cost;
+    cost.batch = batch;
+    // Each pair back to back, as the executor runs them (they evict each other's weights).
+    PS_ASSIGN_OR_RETURN(cost.decode_s, median_seconds([&] {
+                          return model_->forward(decode, cache_, *state_, &output_);
+                        }));
+    PS_ASSIGN_OR_RETURN(cost.decode_mtp_s, median_seconds([&]() -> Status {
+                          PS_RETURN_IF_ERROR(model_->forward(decode, cache_, *state_, &output_));
+                          return model_->forward_mtp(mtp_one, cache_, *state_, &mtp_output_);
+                        }));
+    PS_ASSIGN_OR_RETURN(cost.speculative_s, median_seconds([&]() -> Status {
+                          PS_RETURN_IF_ERROR(model_->forward(verify, cache_, *state_, &output_));
+                          return model_->forward_mtp(mtp_two, cache_, *state_, &mtp_output_);
+                        }));
+    costs.push_back(cost);
+  }
+  if (costs.empty()) return invalid_argument("the KV cache holds no measurement batch");
+  return costs;
 }
 
 Status ModelExecutor::read_kv_block(int32_t block, std::span<std::byte> out) const {

@@ -23,6 +23,7 @@
 #include "model/deepseek_model.h"
 #include "runtime/executor.h"
 #include "runtime/microbatch_pipeline.h"
+#include "runtime/speculative_policy.h"
 
 namespace peerserve {
 
@@ -53,6 +54,14 @@ class ModelExecutor final : public Executor {
   int64_t kv_block_tokens() const override { return cache_.layout().block_size; }
   Status read_kv_block(int32_t block, std::span<std::byte> out) const override;
   Status write_kv_block(int32_t block, std::span<const std::byte> bytes) override;
+
+  // Times a decode step, a verification step (2 tokens per sequence) and the MTP layer (2
+  // positions per sequence) for each batch size, with `context` tokens of context, median of
+  // `reps` runs: the input of decide_speculative_policy(). Needs the MTP layer loaded. Writes
+  // KV blocks from block 0 on: call it before serving, while every block is free. Batch
+  // sizes whose sequences do not fit the cache are skipped.
+  Result<std::vector<SpeculativeCost>> measure_speculative_costs(std::span<const int32_t> batches,
+                                                                 int64_t context, int reps);
 
   const LatentKvCache& kv_cache() const { return cache_; }
   // Null with one microbatch.

@@ -154,6 +154,7 @@ StepPlan Scheduler::schedule() {
   plan.step_id = next_step_++;
   int64_t budget = options_.max_num_batched_tokens;
   drafting_ = drafting_step();
+  plan.speculative = speculation_enabled();
 
   // 1. Running sequences, oldest first. Victims of preemption are always newer than the
   // sequence being grown, so nothing already in the plan is preempted.
@@ -203,7 +204,7 @@ bool Scheduler::grow_blocks(Sequence& seq, int64_t num_tokens) {
 }
 
 bool Scheduler::drafting_step() const {
-  return options_.num_speculative_tokens > 0 &&
+  return speculation_enabled() &&
          (options_.speculative_max_running == 0 ||
           static_cast<int64_t>(running_.size()) <= options_.speculative_max_running);
 }
@@ -280,7 +281,7 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, St
   chunk.sampling = &seq.spec.sampling;
   chunk.seed = seq.spec.seed;
   chunk.generated = seq.generated();
-  if (options_.num_speculative_tokens > 0) {
+  if (speculation_enabled()) {
     chunk.drafts = std::span<const DraftToken>(seq.drafts).first(static_cast<size_t>(num_drafts));
     for (const DraftToken& d : chunk.drafts) chunk.tokens.push_back(d.token);
     if (!chunk.sample) {

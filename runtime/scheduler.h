@@ -109,6 +109,13 @@ class Scheduler {
   // blocks); the caller then finishes the plan's sequences.
   void abandon(const StepPlan& plan);
 
+  // Speculative decoding off for good (the engine's guard against a useless draft head):
+  // no more drafts, and plans no longer ask for the MTP layer.
+  void disable_speculation() { speculation_disabled_ = true; }
+  bool speculation_enabled() const {
+    return options_.num_speculative_tokens > 0 && !speculation_disabled_;
+  }
+
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   // nullptr for unknown or finished ids.
   const Sequence* find(SequenceId id) const;
@@ -171,6 +178,7 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   bool in_step_ = false;
   bool drafting_ = false;  // this step's drafting_step(), decided when it is planned
+  bool speculation_disabled_ = false;
   std::vector<PublishedBlock> published_;
 };
 

@@ -53,6 +53,9 @@ struct StepPlan {
   int64_t num_batched_tokens = 0;
   // Of those, tokens of chunks that are not a single decode token.
   int64_t num_prefill_tokens = 0;
+  // Speculative decoding is on for this step: the executor runs the MTP layer over every new
+  // position (keeping its KV complete) and drafts where chunks ask for it.
+  bool speculative = false;
 
   bool empty() const { return chunks.empty(); }
 };

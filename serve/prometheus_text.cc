@@ -149,6 +149,9 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
   out.histogram("peerserve:request_queue_time_seconds",
                 "Time from request arrival to its first scheduled step.", labels, m.queue_time);
   if (m.spec_decode_num_speculative_tokens > 0) {
+    out.gauge("peerserve:spec_decode_enabled",
+              "1 while speculative decoding runs (0 once turned off for low acceptance).", labels,
+              m.spec_decode_active ? 1.0 : 0.0);
     out.counter("peerserve:spec_decode_num_drafts_total",
                 "Speculative verifications (a sequence's drafts checked in one step).", labels,
                 static_cast<double>(m.spec_decode_num_drafts));

@@ -102,6 +102,32 @@ Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<
   return m;
 }
 
+// The calibration --speculative auto makes at start-up, at the bench's batch sizes.
+Status print_calibration(DeepseekModel& model, const std::vector<int>& batches, int64_t context) {
+  constexpr int64_t kBlockSize = 16;
+  const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  ModelExecutorOptions options;
+  options.block_size = kBlockSize;
+  options.num_blocks = max_batch * layout.blocks_for_tokens(context + 2);
+  options.num_speculative_tokens = 1;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
+                      ModelExecutor::create(&model, options));
+  const std::vector<int32_t> sizes(batches.begin(), batches.end());
+  PS_ASSIGN_OR_RETURN(std::vector<SpeculativeCost> costs,
+                      executor->measure_speculative_costs(sizes, context, 21));
+  std::printf("calibration (context %lld, median of 21): batch, decode step, speculative step "
+              "(verify + MTP) / decode, MTP-only overhead, break-even acceptance\n",
+              static_cast<long long>(context));
+  for (const SpeculativeCost& c : costs) {
+    std::printf("  %4d %9.0f us %8.2fx %8.0f%% %8.0f%%\n", c.batch, c.decode_s * 1e6,
+                c.speculative_s / c.decode_s, 100.0 * c.idle_overhead(),
+                100.0 * c.break_even_acceptance());
+  }
+  std::printf("auto: %s\n", decide_speculative_policy(costs).reason.c_str());
+  return ok_status();
+}
+
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
   std::stringstream in(s);
@@ -173,6 +199,10 @@ int run(const Args& args) {
   }
   std::printf("model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs\n",
               dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs);
+  if (Status s = print_calibration(model, args.batches, args.prompt); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+    return 1;
+  }
   std::printf("%6s %3s %12s %9s %11s %16s\n", "batch", "K", "decode tok/s", "vs off",
               "accepted", "tokens/seq/step");
   std::vector<int32_t> ks = {0};

@@ -111,6 +111,8 @@ void dp_tile(const MatmulTile& t) {
 void matmul_bf16_bf16(const MatmulTile& t) {
   if (t.m == 1) {
     dp_tile<1, 8>(t);
+  } else if (t.m == 2) {
+    dp_tile<2, 8>(t);
   } else {
     // 5 x 5: 25 accumulators, 10 loads per 25 vdpbf16ps; measured ahead of 4 x 6, 6 x 4 and
     // 8 x 3 on 512-row GEMMs (docs/kernels.md).

@@ -1,0 +1,205 @@
+"""MTP speculative decoding in `peerserve serve`, as real processes on loopback.
+
+Cases (all run; exit 1 if any failed):
+- greedy completions (plain and streamed, n=2, stop strings) from `--speculative mtp`
+  (K = 1 and 2) equal those of `--speculative off`, token for token;
+- /metrics has the spec_decode counters, and they add up (accepted <= drafted, per-position
+  counts sum to the accepted total);
+- a seeded sampled request reproduces across two speculative servers;
+- `--speculative auto` starts and says in its log what it measured and decided;
+- bad flags: --num-speculative-tokens 9, --speculative mtp on a checkpoint without an MTP
+  layer, --speculative mtp with --microbatches 2: a clear error and a non-zero exit.
+Usage: speculative_serve_test.py PEERSERVE_BINARY SOURCE_DIR WORK_DIR
+"""
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+BIN, SRC, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+failures = []
+
+
+def case(name, fn):
+    try:
+        fn()
+        print(f"PASS {name}", flush=True)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}", flush=True)
+        failures.append(name)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *flags, model=MODEL):
+        self.port = free_port()
+        self.log = []
+        self.p = subprocess.Popen(
+            [BIN, "serve", "--model", model, "--port", str(self.port), "--threads", "1",
+             "--kv-cache-memory", "64MiB", "--max-num-batched-tokens", "64", *flags],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(l) for l in self.p.stderr],
+                         daemon=True).start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+                self.log.append(line)
+                if "serving model" in line:
+                    return
+            except queue.Empty:
+                assert self.p.poll() is None, "serve exited: " + "".join(self.log)
+        self.p.kill()
+        raise AssertionError("serve never became ready")
+
+    def post(self, path, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            if not body.get("stream"):
+                return json.load(r)
+            chunks = []
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+            return chunks
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            return r.read().decode()
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+PROMPTS = ["The GNU General Public License is a free, copyleft license for",
+           "This program is distributed in the hope that it will be useful,",
+           "You should have received a copy of the"]
+
+
+def completions(server):
+    out = []
+    for prompt in PROMPTS:
+        body = {"model": "peerserve-dsv3-tiny", "prompt": prompt, "max_tokens": 48,
+                "temperature": 0, "ignore_eos": True, "n": 2, "logprobs": 1}
+        r = server.post("/v1/completions", body)
+        out.append([(c["text"], c["logprobs"]["tokens"]) for c in r["choices"]])
+        body["stream"] = True
+        body.pop("n")
+        text = "".join(c["choices"][0]["text"] for c in server.post("/v1/completions", body)
+                       if c.get("choices"))
+        out.append(text)
+        stop = {"model": "peerserve-dsv3-tiny", "prompt": prompt, "max_tokens": 48,
+                "temperature": 0, "stop": ["the"]}
+        r = server.post("/v1/completions", stop)
+        out.append((r["choices"][0]["text"], r["choices"][0]["finish_reason"]))
+    return out
+
+
+def metric(text, name):
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"{name} missing from /metrics"
+    return total
+
+
+def greedy_equal():
+    off = Server("--speculative", "off")
+    try:
+        reference = completions(off)
+    finally:
+        off.stop()
+    for k in ("1", "2"):
+        spec = Server("--speculative", "mtp", "--num-speculative-tokens", k)
+        try:
+            got = completions(spec)
+            m = spec.metrics()
+        finally:
+            spec.stop()
+        for i, (a, b) in enumerate(zip(reference, got)):
+            assert a == b, f"K={k}, output {i}: {b!r} != {a!r}"
+        drafted = metric(m, "peerserve:spec_decode_num_draft_tokens_total")
+        accepted = metric(m, "peerserve:spec_decode_num_accepted_tokens_total")
+        per_pos = metric(m, "peerserve:spec_decode_num_accepted_tokens_per_pos_total")
+        assert 0 < accepted <= drafted, f"K={k}: accepted {accepted} of {drafted}"
+        assert per_pos == accepted, f"K={k}: per position {per_pos} != {accepted}"
+        assert metric(m, "peerserve:spec_decode_enabled") == 1.0
+        metric(m, "peerserve:spec_decode_acceptance_length_count")
+
+
+def seeded_reproduces():
+    texts = []
+    for _ in range(2):
+        spec = Server("--speculative", "mtp", "--num-speculative-tokens", "2")
+        try:
+            r = spec.post("/v1/completions",
+                          {"model": "peerserve-dsv3-tiny", "prompt": PROMPTS[0], "max_tokens": 40,
+                           "temperature": 0.8, "top_p": 0.95, "seed": 1234, "ignore_eos": True})
+            texts.append(r["choices"][0]["text"])
+        finally:
+            spec.stop()
+    assert texts[0] == texts[1], f"{texts[0]!r} != {texts[1]!r}"
+
+
+def auto_decides():
+    spec = Server("--speculative", "auto", "--max-num-seqs", "4")
+    try:
+        decision = [l for l in spec.log if l.startswith("speculative auto: at batch")]
+        assert decision, "no decision in the log: " + "".join(spec.log)
+        assert decision[0].rstrip().endswith(("off", "acceptance)")), decision[0]
+        r = spec.post("/v1/completions", {"model": "peerserve-dsv3-tiny", "prompt": PROMPTS[1],
+                                          "max_tokens": 8, "temperature": 0})
+        assert r["usage"]["completion_tokens"] == 8
+    finally:
+        spec.stop()
+
+
+def refused(flags, expected, model=MODEL):
+    p = subprocess.run([BIN, "serve", "--model", model, "--port", "0", "--threads", "1",
+                        "--kv-cache-memory", "64MiB", *flags],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0, f"{flags}: exit 0"
+    assert expected in p.stderr, f"{flags}: {p.stderr[-400:]!r} lacks {expected!r}"
+
+
+def bad_flags():
+    refused(["--speculative", "mtp", "--num-speculative-tokens", "9"],
+            "--num-speculative-tokens 9: expected 1..8")
+    refused(["--speculative", "mtp", "--microbatches", "2"], "one microbatch")
+    refused(["--speculative", "eagle"], "--speculative")
+    no_mtp = os.path.join(WORK, "tiny-v2")
+    shutil.rmtree(no_mtp, ignore_errors=True)
+    subprocess.run([BIN, "make-test-model", "--preset", "tiny-v2", "--out", no_mtp], check=True,
+                   capture_output=True)
+    refused(["--speculative", "mtp"], "has no MTP layer", model=no_mtp)
+
+
+os.makedirs(WORK, exist_ok=True)
+case("greedy completions equal with and without MTP (K = 1, 2), metrics add up", greedy_equal)
+case("a seeded sampled request reproduces", seeded_reproduces)
+case("--speculative auto measures and decides", auto_decides)
+case("bad speculative flags are refused", bad_flags)
+sys.exit(1 if failures else 0)
