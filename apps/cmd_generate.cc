@@ -101,11 +101,12 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
   executor_options.num_speculative_tokens = num_speculative;
   auto executor = ModelExecutor::create(&model, executor_options);
   if (!executor.ok()) return fail(executor.status());
+  SpeculativePolicy policy;
   if (setting.automatic) {
     const int32_t batch = 1;
     auto costs = (*executor)->measure_speculative_costs({&batch, 1}, kCalibrationContext, 5);
     if (!costs.ok()) return fail(costs.status());
-    const SpeculativePolicy policy = decide_speculative_policy(*costs);
+    policy = decide_speculative_policy(*costs);
     std::fprintf(stderr, "speculative auto: %s\n", policy.reason.c_str());
     if (!policy.enabled) num_speculative = 0;
   }
@@ -116,12 +117,17 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
   options.block_pool.block_size = static_cast<int32_t>(kBlockSize);
   options.block_pool.num_blocks = static_cast<int32_t>(executor_options.num_blocks);
   options.num_speculative_tokens = num_speculative;
+  if (setting.automatic) {  // turned off for good if drafts are accepted below break-even
+    options.speculative_guard_drafts = 64;
+    options.speculative_min_acceptance = policy.break_even_acceptance;
+  }
   auto scheduler = Scheduler::create(options);
   if (!scheduler.ok()) return fail(scheduler.status());
   SequenceSpec spec;
   spec.id = 1;
   spec.prompt_tokens = prompt;
-  spec.max_tokens = static_cast<int32_t>(std::min<int64_t>(cli.max_tokens, max_len - prompt.size()));
+  spec.max_tokens =
+      static_cast<int32_t>(std::min<int64_t>(cli.max_tokens, max_len - prompt.size()));
   spec.sampling = sampling;
   spec.seed = cli.seed;
   if (!cli.ignore_eos && model.config().eos_token_id) {

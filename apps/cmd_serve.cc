@@ -204,8 +204,8 @@ int run_serve(const ServeCli& cli) {
     std::fprintf(stderr, "speculative auto: %s\n", policy.reason.c_str());
     sched.num_speculative_tokens = policy.enabled ? 1 : 0;
     sched.speculative_max_running = policy.max_running;
-    engine_options.speculative_guard_drafts = 256;
-    engine_options.speculative_min_acceptance = policy.break_even_acceptance;
+    sched.speculative_guard_drafts = 256;
+    sched.speculative_min_acceptance = policy.break_even_acceptance;
   }
   sched.block_pool.num_blocks =
       static_cast<int32_t>(std::min<int64_t>((*executor)->kv_cache().num_blocks(), INT32_MAX));
@@ -340,13 +340,13 @@ int run_serve(const ServeCli& cli) {
                  session.size(), cli.ep.dispatch_dtype.c_str(), session.size());
   }
   if (sched.num_speculative_tokens > 0) {
-    std::fprintf(stderr, "speculative decoding: MTP drafts %d token%s per step%s\n",
-                 sched.num_speculative_tokens, sched.num_speculative_tokens > 1 ? "s" : "",
-                 sched.speculative_max_running > 0
-                     ? (" while at most " + std::to_string(sched.speculative_max_running) +
-                        " sequences run")
-                           .c_str()
-                     : "");
+    std::fprintf(
+        stderr, "speculative decoding: MTP drafts %d token%s per step%s\n",
+        sched.num_speculative_tokens, sched.num_speculative_tokens > 1 ? "s" : "",
+        sched.speculative_max_running > 0
+            ? (" while at most " + std::to_string(sched.speculative_max_running) + " sequences run")
+                  .c_str()
+            : "");
   }
   std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
                server_options.served_model_name.c_str(), cli.host.c_str(),

@@ -59,6 +59,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Scheduler> schedule
       scheduler_(std::move(scheduler)),
       executor_(std::move(executor)),
       tokenizer_(tokenizer) {
+  spec_decode_active_ = options.scheduler.num_speculative_tokens > 0;
   seed_state_ = options.seed != 0 ? options.seed
                                   : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                                         std::random_device{}();
@@ -75,7 +76,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<Scheduler> schedule
   }
   metrics_.update([&](EngineMetricsSnapshot& m) {
     m.spec_decode_num_speculative_tokens = options.scheduler.num_speculative_tokens;
-    m.spec_decode_active = options.scheduler.num_speculative_tokens > 0;
+    m.spec_decode_active = spec_decode_active_;
   });
   publish_scheduler_stats();
 }
@@ -377,28 +378,24 @@ void Engine::step(StepPlan plan) {
     ++m.steps_total;
     m.batched_tokens_total += plan.num_batched_tokens;
   });
-  check_speculative_guard(updates);
+  note_speculation_change();
   std::unordered_map<RequestId, RequestOutput> outputs;
   for (const SequenceUpdate& update : updates) apply_update(update, end, &outputs);
   deliver(&outputs, end);
 }
 
-void Engine::check_speculative_guard(const std::vector<SequenceUpdate>& updates) {
-  if (options_.speculative_guard_drafts <= 0 || !scheduler_->speculation_enabled()) return;
-  for (const SequenceUpdate& u : updates) {
-    drafts_verified_ += u.num_drafts;
-    drafts_accepted_ += u.num_accepted_drafts;
-  }
-  if (drafts_verified_ < options_.speculative_guard_drafts) return;
-  const double rate = static_cast<double>(drafts_accepted_) / static_cast<double>(drafts_verified_);
-  if (rate >= options_.speculative_min_acceptance) return;
-  scheduler_->disable_speculation();
+void Engine::note_speculation_change() {
+  if (!spec_decode_active_ || scheduler_->speculation_enabled()) return;
+  spec_decode_active_ = false;
   metrics_.update([](EngineMetricsSnapshot& m) { m.spec_decode_active = false; });
+  const int64_t verified = scheduler_->drafts_verified();
+  const int64_t accepted = scheduler_->drafts_accepted();
   std::fprintf(stderr,
                "speculative decoding: %lld of %lld drafts accepted (%.0f%%), below the %.0f%% it "
                "needs to pay here; turned off\n",
-               static_cast<long long>(drafts_accepted_), static_cast<long long>(drafts_verified_),
-               100.0 * rate, 100.0 * options_.speculative_min_acceptance);
+               static_cast<long long>(accepted), static_cast<long long>(verified),
+               verified > 0 ? 100.0 * static_cast<double>(accepted) / verified : 0.0,
+               100.0 * options_.scheduler.speculative_min_acceptance);
 }
 
 void Engine::fail_plan(const StepPlan& plan, const Status& error) {

@@ -63,11 +63,6 @@ struct EngineOptions {
   KvPoolConnectorOptions kv_pool_options;
   // Also store blocks that hold generated tokens (paper 000 §4.4.2: off by default).
   bool kv_pool_store_decode_blocks = false;
-  // Speculative decoding guard (--speculative auto): once this many drafts were verified,
-  // speculation is turned off for good if fewer than speculative_min_acceptance of them
-  // were accepted (drafting then loses; speculative_policy.h). 0 = no guard. Default 0.
-  int64_t speculative_guard_drafts = 0;
-  double speculative_min_acceptance = 0.0;
 };
 
 class Engine final : public EngineClient {
@@ -163,8 +158,8 @@ class Engine final : public EngineClient {
                      double now);
   void deliver(std::unordered_map<RequestId, RequestOutput>* outputs, double now);
   void publish_scheduler_stats();
-  // Turns speculative decoding off when the guard's acceptance bound is not met.
-  void check_speculative_guard(const std::vector<SequenceUpdate>& updates);
+  // Says so (log, metrics) when the scheduler's guard turned speculative decoding off.
+  void note_speculation_change();
   double now() const;
 
   EngineOptions options_;
@@ -180,8 +175,7 @@ class Engine final : public EngineClient {
   std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
   SequenceId next_seq_id_ = 1;
   uint64_t seed_state_ = 0;
-  int64_t drafts_verified_ = 0;  // for the speculative guard
-  int64_t drafts_accepted_ = 0;
+  bool spec_decode_active_ = false;  // until the scheduler's guard turns it off
 
   // Set by the engine thread when the lock-step group broke; read by submit().
   std::atomic<bool> lockstep_lost_{false};

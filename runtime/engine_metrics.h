@@ -39,7 +39,7 @@ struct EngineMetricsSnapshot {
   // in one step), draft tokens checked, drafts accepted, accepted drafts by position in the
   // run (index 0 = the first draft), and tokens emitted per verification (1 + accepted).
   int32_t spec_decode_num_speculative_tokens = 0;  // K; 0 = speculative decoding off
-  bool spec_decode_active = false;  // false once the guard turned it off
+  bool spec_decode_active = false;                 // false once the guard turned it off
   int64_t spec_decode_num_drafts = 0;
   int64_t spec_decode_num_draft_tokens = 0;
   int64_t spec_decode_num_accepted_tokens = 0;

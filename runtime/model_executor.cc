@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "model/expert_backend.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative_sampler.h"
-#include "model/expert_backend.h"
 
 namespace peerserve {
 
@@ -47,9 +47,8 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());
   PS_ASSIGN_OR_RETURN(LatentKvCache cache, LatentKvCache::create(layout, options.num_blocks));
-  return std::unique_ptr<ModelExecutor>(
-      new ModelExecutor(model, std::move(cache), options.microbatches,
-                        options.num_speculative_tokens));
+  return std::unique_ptr<ModelExecutor>(new ModelExecutor(
+      model, std::move(cache), options.microbatches, options.num_speculative_tokens));
 }
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
@@ -109,7 +108,8 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
           output_.row_offsets[i] + (c.drafts.empty() ? 0 : known - 1);  // the last known token
       for (size_t j = 0; j <= c.drafts.size(); ++j) {
         const SamplingContext context{.generated = generated[i], .seed = c.seed};
-        const std::span<const float> logits = output_.logits_row(first_row + static_cast<int64_t>(j));
+        const std::span<const float> logits =
+            output_.logits_row(first_row + static_cast<int64_t>(j));
         bool accepted = false;
         if (j < c.drafts.size()) {
           DraftVerdict verdict = verify_draft(logits, *c.sampling, context, c.drafts[j]);
@@ -234,11 +234,11 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
       std::vector<MtpChunk> out;
       for (int32_t s = 0; s < batch; ++s) {
         // Positions context - n .. context - 1, reading the tokens after them.
-        out.push_back({.next_tokens =
-                           std::span<const int32_t>(tokens[s]).subspan(context - n + 1, n),
-                       .hidden = std::span<const float>(hidden[s]).last(n * hidden_size),
-                       .start_pos = context - n,
-                       .block_table = tables[s]});
+        out.push_back(
+            {.next_tokens = std::span<const int32_t>(tokens[s]).subspan(context - n + 1, n),
+             .hidden = std::span<const float>(hidden[s]).last(n * hidden_size),
+             .start_pos = context - n,
+             .block_table = tables[s]});
       }
       return out;
     };

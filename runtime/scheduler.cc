@@ -47,9 +47,14 @@ Status SchedulerOptions::validate() const {
     return invalid_argument("KV cache: " + std::to_string(block_pool.num_blocks) +
                             " blocks, expected >= 1 (raise the KV cache memory)");
   }
+  if (speculative_guard_drafts < 0 || !(speculative_min_acceptance >= 0.0)) {
+    return invalid_argument("speculative guard: " + std::to_string(speculative_guard_drafts) +
+                            " drafts, acceptance " + std::to_string(speculative_min_acceptance) +
+                            "; expected >= 0");
+  }
   if (speculative_max_running < 0) {
-    return invalid_argument("speculative_max_running = " +
-                            std::to_string(speculative_max_running) + ", expected >= 0");
+    return invalid_argument("speculative_max_running = " + std::to_string(speculative_max_running) +
+                            ", expected >= 0");
   }
   if (num_speculative_tokens < 0 || num_speculative_tokens > kMaxSpeculativeTokens) {
     return invalid_argument("num_speculative_tokens = " + std::to_string(num_speculative_tokens) +
@@ -245,8 +250,8 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   const int64_t num_new = std::min(seq.num_tokens() - num_hit, budget);
   seq.drafts.clear();
   seq.num_computed_tokens = num_hit;
-  const int64_t need = blocks_for(tokens_to_cover(seq, num_new, 0), bs) -
-                       static_cast<int64_t>(shared.size());
+  const int64_t need =
+      blocks_for(tokens_to_cover(seq, num_new, 0), bs) - static_cast<int64_t>(shared.size());
   auto allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
   if (!allocation) {
     seq.num_computed_tokens = 0;  // still waiting, with no KV
@@ -323,6 +328,8 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     update.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
     update.num_drafts = static_cast<int32_t>(chunk.drafts.size());
     update.num_accepted_drafts = static_cast<int32_t>(outcome.tokens.size()) - 1;
+    drafts_verified_ += update.num_drafts;
+    drafts_accepted_ += update.num_accepted_drafts;
     const auto& stop_ids = seq.spec.stop_token_ids;
     for (size_t j = 0; j < outcome.tokens.size() && !update.finish_reason; ++j) {
       const TokenId token = outcome.tokens[j].token;
@@ -351,6 +358,12 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
       seq.drafts = outcome.drafts;
     }
     updates.push_back(std::move(update));
+  }
+  if (options_.speculative_guard_drafts > 0 && speculation_enabled() &&
+      drafts_verified_ >= options_.speculative_guard_drafts &&
+      static_cast<double>(drafts_accepted_) <
+          options_.speculative_min_acceptance * static_cast<double>(drafts_verified_)) {
+    disable_speculation();
   }
   return updates;
 }

@@ -20,7 +20,8 @@
 //      served (the head of the queue is never overtaken, so nothing starves) while there is
 //      budget, fewer than max_num_seqs are running and the pool can hold them. Admission
 //      looks the prompt up in the prefix cache and shares the cached leading blocks.
-//   4. update() appends the sampled tokens (several when speculative drafts were accepted), ends sequences on EOS / stop token / max_tokens /
+//   4. update() appends the sampled tokens (several when speculative drafts were accepted), ends
+//   sequences on EOS / stop token / max_tokens /
 //      context length, publishes the newly filled blocks in the prefix cache and frees the
 //      blocks of finished sequences.
 // Sequences that can never fit (longer than the context, or needing more blocks than the
@@ -67,6 +68,11 @@ struct SchedulerOptions {
   // with at most this many running sequences (0 = always); the executor still runs the MTP
   // layer over every new position, so drafting can resume at any step. Default 0.
   int32_t speculative_max_running = 0;
+  // Guard (--speculative auto): once this many drafts were verified, speculation is turned
+  // off for good if fewer than speculative_min_acceptance of them were accepted (drafting
+  // then loses; runtime/speculative_policy.h). 0 = no guard. Default 0.
+  int64_t speculative_guard_drafts = 0;
+  double speculative_min_acceptance = 0.0;
 
   // Checks every field; the message names the field.
   Status validate() const;
@@ -109,12 +115,15 @@ class Scheduler {
   // blocks); the caller then finishes the plan's sequences.
   void abandon(const StepPlan& plan);
 
-  // Speculative decoding off for good (the engine's guard against a useless draft head):
+  // Speculative decoding off for good (what the guard does when drafts are rarely accepted):
   // no more drafts, and plans no longer ask for the MTP layer.
   void disable_speculation() { speculation_disabled_ = true; }
   bool speculation_enabled() const {
     return options_.num_speculative_tokens > 0 && !speculation_disabled_;
   }
+  // Drafts verified and accepted since the start.
+  int64_t drafts_verified() const { return drafts_verified_; }
+  int64_t drafts_accepted() const { return drafts_accepted_; }
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   // nullptr for unknown or finished ids.
@@ -179,6 +188,8 @@ class Scheduler {
   bool in_step_ = false;
   bool drafting_ = false;  // this step's drafting_step(), decided when it is planned
   bool speculation_disabled_ = false;
+  int64_t drafts_verified_ = 0;  // for the guard
+  int64_t drafts_accepted_ = 0;
   std::vector<PublishedBlock> published_;
 };
 

@@ -30,8 +30,8 @@ SpeculativePolicy decide_speculative_policy(const std::vector<SpeculativeCost>& 
       "decode step (break-even acceptance %.0f%%)",
       first.batch, first.speculative_s / first.decode_s, 100.0 * policy.break_even_acceptance);
   if (paying == 0) {
-    policy.reason += format("; predicted %.2fx at %.0f%% acceptance: off", first.speedup(prior),
-                            100.0 * prior);
+    policy.reason +=
+        format("; predicted %.2fx at %.0f%% acceptance: off", first.speedup(prior), 100.0 * prior);
     return policy;
   }
   for (size_t i = paying; i < costs.size(); ++i) {
@@ -45,9 +45,10 @@ SpeculativePolicy decide_speculative_policy(const std::vector<SpeculativeCost>& 
   }
   policy.enabled = true;
   policy.max_running = costs[paying - 1].batch;
-  policy.reason += format("; drafting while at most %d sequences run (predicted %.2fx at %.0f%% "
-                          "acceptance)",
-                          policy.max_running, first.speedup(prior), 100.0 * prior);
+  policy.reason += format(
+      "; drafting while at most %d sequences run (predicted %.2fx at %.0f%% "
+      "acceptance)",
+      policy.max_running, first.speedup(prior), 100.0 * prior);
   return policy;
 }
 

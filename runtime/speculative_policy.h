@@ -13,8 +13,8 @@
 // `--speculative auto` drafts while at most b* sequences run, b* the largest measured batch
 // such that speedup >= min_speedup at every measured batch up to it, with a = the prior
 // acceptance. Above b* the MTP layer still runs (its KV must stay complete for drafting to
-// resume), which costs (decode_mtp(b) - decode(b)) / decode(b); auto is on only if that stays within
-// max_idle_overhead at the larger measured batches, else it is off altogether. The engine
+// resume), which costs (decode_mtp(b) - decode(b)) / decode(b); auto is on only if that stays
+// within max_idle_overhead at the larger measured batches, else it is off altogether. The engine
 // also turns speculation off for good when the observed acceptance stays below the
 // break-even at batch 1 (a useless MTP head).
 #pragma once
@@ -38,14 +38,14 @@ struct SpeculativeCost {
 };
 
 struct SpeculativePolicyOptions {
-  double prior_acceptance = 0.8;   // DeepSeek-V3 reports 0.85-0.9; the shipped model 0.77
-  double min_speedup = 1.05;       // predicted gain needed to draft at a batch size
-  double max_idle_overhead = 0.03; // MTP-layer cost allowed where drafting is off
+  double prior_acceptance = 0.8;    // DeepSeek-V3 reports 0.85-0.9; the shipped model 0.77
+  double min_speedup = 1.05;        // predicted gain needed to draft at a batch size
+  double max_idle_overhead = 0.03;  // MTP-layer cost allowed where drafting is off
 };
 
 struct SpeculativePolicy {
   bool enabled = false;
-  int32_t max_running = 0;  // draft while at most this many sequences run (when enabled)
+  int32_t max_running = 0;           // draft while at most this many sequences run (when enabled)
   double break_even_acceptance = 0;  // at batch 1: below it, drafting loses
   std::string reason;                // one line for the log
 };

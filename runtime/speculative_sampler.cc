@@ -34,7 +34,9 @@ TokenId draw(std::span<const TokenId> tokens, std::span<const double> weights, d
   return chosen;
 }
 
-bool greedy(const SamplingParams& params) { return params.temperature == 0.0f; }
+bool greedy(const SamplingParams& params) {
+  return params.temperature == 0.0f;
+}
 
 }  // namespace
 

@@ -40,9 +40,7 @@ struct ScheduledChunk {
   // A chunk that does not sample: the known token after it (the MTP layer at the chunk's
   // last position reads it).
   TokenId next_token = -1;
-  int64_t num_known_tokens() const {
-    return static_cast<int64_t>(tokens.size() - drafts.size());
-  }
+  int64_t num_known_tokens() const { return static_cast<int64_t>(tokens.size() - drafts.size()); }
 };
 
 struct StepPlan {

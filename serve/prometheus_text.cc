@@ -157,8 +157,8 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
                 static_cast<double>(m.spec_decode_num_drafts));
     out.counter("peerserve:spec_decode_num_draft_tokens_total", "Draft tokens verified.", labels,
                 static_cast<double>(m.spec_decode_num_draft_tokens));
-    out.counter("peerserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
-                labels, static_cast<double>(m.spec_decode_num_accepted_tokens));
+    out.counter("peerserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", labels,
+                static_cast<double>(m.spec_decode_num_accepted_tokens));
     out.family("peerserve:spec_decode_num_accepted_tokens_per_pos_total",
                "Draft tokens accepted, by position in the draft run (0 = first).", "counter");
     for (int32_t k = 0; k < m.spec_decode_num_speculative_tokens; ++k) {

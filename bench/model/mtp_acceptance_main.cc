@@ -241,15 +241,15 @@ int run(const Options& o) {
   for (int p = 0; p < o.prompts; ++p) {
     const auto begin = stream->begin() + static_cast<std::ptrdiff_t>(p) * o.window;
     prompts.emplace_back(begin, begin + o.prompt_len);
-    if (Status s = replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts.back(),
-                          o.new_tokens, &counts);
+    if (Status s = replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts.back(), o.new_tokens,
+                          &counts);
         !s.ok()) {
       return fail(s.to_string());
     }
   }
   Counts engine;
-  if (Status s = engine_replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts, o.new_tokens,
-                               &engine);
+  if (Status s =
+          engine_replay(**model, fp32 ? DType::kF32 : DType::kBF16, prompts, o.new_tokens, &engine);
       !s.ok()) {
     return fail(s.to_string());
   }

@@ -46,11 +46,13 @@ struct Measurement {
   int64_t drafts = 0;
   int64_t accepted = 0;
   int64_t decode_steps = 0;
+  int64_t sequence_steps = 0;  // a sequence's token(s) from one decode step
   int64_t decode_tokens = 0;
 };
 
+// K = 0: off; K > 0: that many drafts; `policy` set: --speculative auto's setting.
 Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<int32_t>>& prompts,
-                            int new_tokens, int32_t k) {
+                            int new_tokens, int32_t k, const SpeculativePolicy* policy = nullptr) {
   constexpr int64_t kBlockSize = 16;
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
   int64_t blocks = 0;
@@ -71,6 +73,12 @@ Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<
                         .block_size = static_cast<int32_t>(kBlockSize),
                         .enable_prefix_caching = false};
   options.num_speculative_tokens = k;
+  if (policy != nullptr) {  // as serve sets it up
+    options.num_speculative_tokens = policy->enabled ? 1 : 0;
+    options.speculative_max_running = policy->max_running;
+    options.speculative_guard_drafts = 256;
+    options.speculative_min_acceptance = policy->break_even_acceptance;
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(options));
   for (size_t i = 0; i < prompts.size(); ++i) {
     SequenceSpec spec;
@@ -92,6 +100,7 @@ Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<
     for (const SequenceUpdate& u : scheduler->update(plan, result)) {
       if (step == 0) continue;
       m.decode_tokens += static_cast<int64_t>(u.tokens.size());
+      ++m.sequence_steps;
       m.drafts += u.num_drafts;
       m.accepted += u.num_accepted_drafts;
     }
@@ -103,7 +112,8 @@ Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<
 }
 
 // The calibration --speculative auto makes at start-up, at the bench's batch sizes.
-Status print_calibration(DeepseekModel& model, const std::vector<int>& batches, int64_t context) {
+Result<SpeculativePolicy> calibrate(DeepseekModel& model, const std::vector<int>& batches,
+                                    int64_t context) {
   constexpr int64_t kBlockSize = 16;
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
@@ -116,16 +126,18 @@ Status print_calibration(DeepseekModel& model, const std::vector<int>& batches, 
   const std::vector<int32_t> sizes(batches.begin(), batches.end());
   PS_ASSIGN_OR_RETURN(std::vector<SpeculativeCost> costs,
                       executor->measure_speculative_costs(sizes, context, 21));
-  std::printf("calibration (context %lld, median of 21): batch, decode step, speculative step "
-              "(verify + MTP) / decode, MTP-only overhead, break-even acceptance\n",
-              static_cast<long long>(context));
+  std::printf(
+      "calibration (context %lld, median of 21): batch, decode step, speculative step "
+      "(verify + MTP) / decode, MTP-only overhead, break-even acceptance\n",
+      static_cast<long long>(context));
   for (const SpeculativeCost& c : costs) {
     std::printf("  %4d %9.0f us %8.2fx %8.0f%% %8.0f%%\n", c.batch, c.decode_s * 1e6,
                 c.speculative_s / c.decode_s, 100.0 * c.idle_overhead(),
                 100.0 * c.break_even_acceptance());
   }
-  std::printf("auto: %s\n", decide_speculative_policy(costs).reason.c_str());
-  return ok_status();
+  SpeculativePolicy policy = decide_speculative_policy(costs);
+  std::printf("auto: %s\n", policy.reason.c_str());
+  return policy;
 }
 
 std::vector<int> parse_list(const std::string& s) {
@@ -199,21 +211,24 @@ int run(const Args& args) {
   }
   std::printf("model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs\n",
               dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs);
-  if (Status s = print_calibration(model, args.batches, args.prompt); !s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+  const Result<SpeculativePolicy> policy = calibrate(model, args.batches, args.prompt);
+  if (!policy.ok()) {
+    std::fprintf(stderr, "error: %s\n", policy.status().to_string().c_str());
     return 1;
   }
-  std::printf("%6s %3s %12s %9s %11s %16s\n", "batch", "K", "decode tok/s", "vs off",
-              "accepted", "tokens/seq/step");
+  std::printf("%6s %4s %12s %9s %11s %16s %16s\n", "batch", "K", "decode tok/s", "vs off",
+              "accepted", "drafts/seq/step", "tokens/seq/step");
   std::vector<int32_t> ks = {0};
   for (int k : args.ks) ks.push_back(k);
+  ks.push_back(-1);  // auto
   for (int batch : args.batches) {
     const std::vector<std::vector<int32_t>> subset(prompts.begin(), prompts.begin() + batch);
     std::vector<std::vector<double>> rates(ks.size());
     std::vector<Measurement> last(ks.size());
     for (int r = 0; r < args.runs; ++r) {
       for (size_t i = 0; i < ks.size(); ++i) {
-        auto m = measure(model, subset, args.new_tokens, ks[i]);
+        auto m = ks[i] < 0 ? measure(model, subset, args.new_tokens, 1, &*policy)
+                           : measure(model, subset, args.new_tokens, ks[i]);
         if (!m.ok()) {
           std::fprintf(stderr, "error: %s\n", m.status().to_string().c_str());
           return 1;
@@ -230,9 +245,11 @@ int run(const Args& args) {
       if (m.drafts > 0) {
         std::snprintf(accepted, sizeof(accepted), "%.1f%%", 100.0 * m.accepted / m.drafts);
       }
-      std::printf("%6d %3d %12.1f %8.2fx %11s %16.2f\n", batch, ks[i], rate, rate / off, accepted,
-                  static_cast<double>(m.decode_tokens) /
-                      std::max<double>(1.0, static_cast<double>(m.decode_steps) * batch));
+      const double seq_steps = std::max<double>(1.0, static_cast<double>(m.sequence_steps));
+      const std::string k_label = ks[i] < 0 ? "auto" : std::to_string(ks[i]);
+      std::printf("%6d %4s %12.1f %8.2fx %11s %16.2f %16.2f\n", batch, k_label.c_str(), rate,
+                  rate / off, accepted, static_cast<double>(m.drafts) / seq_steps,
+                  static_cast<double>(m.decode_tokens) / seq_steps);
     }
   }
   return 0;

@@ -94,8 +94,9 @@ class FakeExecutor final : public Executor {
     }
     max_batched_tokens_seen_ = std::max(max_batched_tokens_seen_, plan.num_batched_tokens);
     StepResult result;
-    // Write every chunk's tokens (drafts included, as a model writes their KV) first, then read: a chunk of this step must never write a
-    // block that another chunk of the same step reads (the model's contract).
+    // Write every chunk's tokens (drafts included, as a model writes their KV) first, then read: a
+    // chunk of this step must never write a block that another chunk of the same step reads (the
+    // model's contract).
     std::vector<std::vector<int32_t>> written(plan.chunks.size());
     for (size_t c = 0; c < plan.chunks.size(); ++c) {
       const ScheduledChunk& chunk = plan.chunks[c];
@@ -153,7 +154,8 @@ class FakeExecutor final : public Executor {
         draft.token = fake_next_token(context, alphabet_);
         if (draft_error_every_ > 0 && ++draft_counter_ % draft_error_every_ == 0) {
           const auto at = std::find(alphabet_.begin(), alphabet_.end(), draft.token);
-          draft.token = alphabet_[(static_cast<size_t>(at - alphabet_.begin()) + 1) % alphabet_.size()];
+          draft.token =
+              alphabet_[(static_cast<size_t>(at - alphabet_.begin()) + 1) % alphabet_.size()];
         }
         context.push_back(draft.token);
         outcome.drafts.push_back(draft);

@@ -172,7 +172,8 @@ TEST_F(TinyPresetTest, GreedyTokensEqualNonSpeculativeWithPreemption) {
 TEST_F(TinyPresetTest, SeededSamplingReproduces) {
   const int vocab = static_cast<int>(model_->config().vocab_size);
   std::vector<EngineRequest> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt(9 + i, 40 + i, vocab), 16, 0.9f, 7 + i));
+  for (int i = 0; i < 4; ++i)
+    requests.push_back(request(prompt(9 + i, 40 + i, vocab), 16, 0.9f, 7 + i));
   RunConfig config;
   config.num_speculative_tokens = 2;
   const RunResult a = run(model_.get(), nullptr, config, requests);

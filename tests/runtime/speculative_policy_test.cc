@@ -24,9 +24,9 @@ TEST(SpeculativePolicyTest, SpeedupAndBreakEven) {
 TEST(SpeculativePolicyTest, BandwidthBoundModelDraftsAtSmallBatches) {
   // A large model on a bandwidth-bound machine: verification nearly free at small batches,
   // the MTP layer 1/60 of a step; at batch 32 verification doubles the compute.
-  const std::vector<SpeculativeCost> costs = {
-      cost(1, 1.0, 1.05, 0.02), cost(2, 1.0, 1.1, 0.02), cost(4, 1.0, 1.2, 0.02),
-      cost(8, 1.0, 1.5, 0.02), cost(16, 1.0, 1.8, 0.02), cost(32, 1.0, 1.95, 0.02)};
+  const std::vector<SpeculativeCost> costs = {cost(1, 1.0, 1.05, 0.02), cost(2, 1.0, 1.1, 0.02),
+                                              cost(4, 1.0, 1.2, 0.02),  cost(8, 1.0, 1.5, 0.02),
+                                              cost(16, 1.0, 1.8, 0.02), cost(32, 1.0, 1.95, 0.02)};
   const SpeculativePolicy p = decide_speculative_policy(costs);
   EXPECT_TRUE(p.enabled) << p.reason;
   EXPECT_EQ(p.max_running, 8) << p.reason;  // 1.8 / 1.52 = 1.18 >= 1.05; 1.8 / 1.82 < 1.05

@@ -119,7 +119,8 @@ Outcome run_workload(const Workload& w, int32_t k, int64_t error_every, int32_t 
   return run(scheduler, executor);
 }
 
-void expect_reference(const Workload& w, const Outcome& out, int32_t vocab, const std::string& what) {
+void expect_reference(const Workload& w, const Outcome& out, int32_t vocab,
+                      const std::string& what) {
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     const auto it = out.tokens.find(i + 1);
     ASSERT_NE(it, out.tokens.end()) << what << ": sequence " << i + 1 << " produced nothing";
@@ -254,6 +255,35 @@ TEST(SpeculativeSchedulerTest, DraftsOnlyWhileTheBatchIsSmall) {
   EXPECT_GT(drafted_with_few, 0);
   for (size_t i = 0; i < w.prompts.size(); ++i) {
     EXPECT_EQ(tokens[i + 1], reference_generate(w.prompts[i], 30, kVocab, kEos));
+  }
+}
+
+TEST(SpeculativeSchedulerTest, GuardTurnsUselessDraftsOff) {
+  constexpr int32_t kVocab = 64;
+  const Workload w = make_workload(6, 8, kVocab);
+  for (const int64_t error_every : {1, 0}) {  // every draft wrong; every draft right
+    SchedulerOptions o = options(1, 256, 64);
+    o.speculative_guard_drafts = 20;
+    o.speculative_min_acceptance = 0.5;
+    auto s = Scheduler::create(o);
+    ASSERT_TRUE(s.ok());
+    FakeExecutor executor(256, 4, kVocab);
+    executor.set_draft_error_every(error_every);
+    for (size_t i = 0; i < w.prompts.size(); ++i) {
+      ASSERT_TRUE((*s)->add(spec(i + 1, w.prompts[i], w.max_tokens[i])).ok());
+    }
+    const Outcome out = run(**s, executor);
+    expect_reference(w, out, kVocab, "guard");
+    if (error_every == 1) {
+      EXPECT_FALSE((*s)->speculation_enabled());
+      EXPECT_EQ(out.accepted, 0);
+      // Off right after the step that reached 20 verified drafts (8 sequences per step).
+      EXPECT_LE(out.drafts, 20 + 8);
+      EXPECT_FALSE((*s)->schedule().speculative);
+    } else {
+      EXPECT_TRUE((*s)->speculation_enabled());
+      EXPECT_GT(out.drafts, 20);
+    }
   }
 }
 

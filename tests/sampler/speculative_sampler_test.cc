@@ -162,8 +162,10 @@ TEST(SpeculativeSamplerTest, SeededVerificationReproduces) {
   params.top_logprobs = 3;
   for (uint64_t seed = 0; seed < 50; ++seed) {
     const SamplingContext context{.generated = {}, .seed = seed};
-    const DraftVerdict a = verify_draft(target, params, context, propose_draft(draft, params, context));
-    const DraftVerdict b = verify_draft(target, params, context, propose_draft(draft, params, context));
+    const DraftVerdict a =
+        verify_draft(target, params, context, propose_draft(draft, params, context));
+    const DraftVerdict b =
+        verify_draft(target, params, context, propose_draft(draft, params, context));
     EXPECT_EQ(a.token.token, b.token.token);
     EXPECT_EQ(a.accepted, b.accepted);
     // The logprob is the target's final distribution's, as ordinary sampling reports it.
