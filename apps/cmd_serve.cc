@@ -64,6 +64,7 @@ struct ServeCli {
   int header_timeout = 10;
   int idle_timeout = 30;
   std::string max_unsent = "8MiB";
+  std::string max_inflight_request = "256MiB";
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
 };
@@ -295,6 +296,10 @@ int run_serve(const ServeCli& cli) {
   const Result<uint64_t> max_unsent = parse_byte_size("--max-unsent-bytes", cli.max_unsent);
   if (!max_unsent.ok()) return session.fail(max_unsent.status(), true);
   server_options.http.max_unsent_bytes = *max_unsent;
+  const Result<uint64_t> max_inflight =
+      parse_byte_size("--max-inflight-request-bytes", cli.max_inflight_request);
+  if (!max_inflight.ok()) return session.fail(max_inflight.status(), true);
+  server_options.max_inflight_request_bytes = *max_inflight;
   server_options.served_model_name =
       cli.served_model_name.empty() ? default_model_name(cli.model_dir) : cli.served_model_name;
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
@@ -490,6 +495,11 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--http-idle-timeout", cli->idle_timeout,
                   "Seconds a keep-alive connection may stay idle between requests")
       ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  sub->add_option("--max-inflight-request-bytes", cli->max_inflight_request,
+                  "Request bodies received but not yet parsed and tokenized, at most (bytes, "
+                  "K/M/G/KiB/MiB/GiB); beyond it requests get 503 with Retry-After (parsing, "
+                  "chat templating and tokenization run on worker threads, off the HTTP loop)")
       ->capture_default_str();
   sub->add_option("--max-unsent-bytes", cli->max_unsent,
                   "Output queued for a client that does not read it, at most (K/M/G); beyond it "

@@ -1,6 +1,11 @@
 #include "serve/openai_server.h"
 
 #include <algorithm>
+#include <thread>
+
+#include "serve/request_workers.h"
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -21,6 +26,8 @@ struct OpenAiServer::Context {
   // active_calls counts generation calls not yet finished.
   std::atomic<bool> draining{false};
   std::atomic<int64_t> active_calls{0};
+  // Bytes of request bodies queued for or being prepared by the workers.
+  std::atomic<uint64_t> inflight_bytes{0};
   std::mutex id_mutex;
   std::mt19937_64 id_rng{std::random_device{}()};
 
@@ -32,6 +39,9 @@ struct OpenAiServer::Context {
                   static_cast<unsigned long long>(id_rng() & 0xffffffffULL));
     return buf;
   }
+
+  // Declared last, destroyed first: queued work still finds the rest of the context.
+  std::unique_ptr<RequestWorkers> workers;
 };
 
 namespace {
@@ -297,6 +307,16 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   bool done_ = false;
 };
 
+// The prompt does not fit the context; found while tokenizing, which stops there.
+ApiError prompt_too_long(int64_t max_model_len, const char* param) {
+  ApiError e;
+  e.message = "this model's maximum context length is " + std::to_string(max_model_len) +
+              " tokens, and the prompt alone has more; shorten it";
+  e.param = param;
+  e.code = "context_length_exceeded";
+  return e;
+}
+
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
   if (ctx.draining.load()) {
@@ -318,7 +338,12 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   input.messages = chat.messages;
   input.add_generation_prompt = chat.add_generation_prompt;
   input.extra_variables = chat.template_variables;
-  Result<std::vector<TokenId>> tokens = ctx.tokenizer->encode_chat(input);
+  const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
+  Result<std::vector<TokenId>> tokens =
+      ctx.tokenizer->encode_chat(input, static_cast<size_t>(max_len));
+  if (tokens.status().code() == StatusCode::kOutOfRange) {
+    return send_error(*exchange, prompt_too_long(max_len, "messages"));
+  }
   if (!tokens.ok()) {
     ApiError e = api_error_from_status(tokens.status(), "messages");
     if (tokens.status().code() != StatusCode::kResourceExhausted) e.status = 400;
@@ -359,7 +384,12 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
         e.param = "prompt";
         return send_error(*exchange, e);
       }
-      Result<std::vector<TokenId>> encoded = ctx.tokenizer->encode(std::get<std::string>(prompt));
+      const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
+      Result<std::vector<TokenId>> encoded = ctx.tokenizer->encode(
+          std::get<std::string>(prompt), {.max_tokens = static_cast<size_t>(max_len)});
+      if (encoded.status().code() == StatusCode::kOutOfRange) {
+        return send_error(*exchange, prompt_too_long(max_len, "prompt"));
+      }
       if (!encoded.ok()) {
         return send_error(*exchange, api_error_from_status(encoded.status(), "prompt"));
       }
@@ -493,6 +523,35 @@ bool authorized(const OpenAiServer::Context& ctx, const HttpRequest& request) {
   return auth != nullptr && constant_time_equal(*auth, "Bearer " + *ctx.options.api_key);
 }
 
+using RouteHandler = void (*)(OpenAiServer::Context&, const HttpRequest&,
+                              std::shared_ptr<HttpExchange>);
+
+// Hands a request with a body to the workers (parsing, templating and tokenizing happen
+// there, not on the event loop), within the bound on request bytes in flight.
+void prepare_off_loop(OpenAiServer::Context& ctx, RouteHandler handler, HttpRequest request,
+                      std::shared_ptr<HttpExchange> exchange) {
+  const uint64_t bytes = request.body.size();
+  const uint64_t before = ctx.inflight_bytes.fetch_add(bytes);
+  auto busy = [&](const std::string& why) {
+    ctx.inflight_bytes.fetch_sub(bytes);
+    ApiError e = api_error_from_status(unavailable(why));
+    exchange->respond(e.status, kJson, api_error_json(e), {{"Retry-After", "1"}});
+  };
+  if (before > 0 && before + bytes > ctx.options.max_inflight_request_bytes) {
+    return busy("the server is busy: " + std::to_string(before) +
+                " bytes of requests are waiting to be processed (--max-inflight-request-bytes " +
+                std::to_string(ctx.options.max_inflight_request_bytes) + "); retry");
+  }
+  auto task = [&ctx, handler, bytes, request = std::move(request), exchange]() mutable {
+    handler(ctx, request, exchange);
+    request = HttpRequest{};  // the body is freed before it stops counting
+    ctx.inflight_bytes.fetch_sub(bytes);
+  };
+  if (!ctx.workers->submit(std::move(task))) {
+    return busy("the server is busy: too many requests are waiting to be processed; retry");
+  }
+}
+
 void route(OpenAiServer::Context& ctx, HttpRequest request,
            std::shared_ptr<HttpExchange> exchange) {
   const std::string path = request.path();
@@ -508,7 +567,7 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
   struct Route {
     const char* path;
     const char* method;
-    void (*handler)(OpenAiServer::Context&, const HttpRequest&, std::shared_ptr<HttpExchange>);
+    RouteHandler handler;
   };
   static const Route kRoutes[] = {
       {"/v1/chat/completions", "POST", handle_chat},
@@ -552,7 +611,8 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
       exchange->respond(405, kJson, api_error_json(e), {{"Allow", allowed}});
       return;
     }
-    return r.handler(ctx, request, std::move(exchange));
+    if (std::string_view(r.method) != "POST") return r.handler(ctx, request, std::move(exchange));
+    return prepare_off_loop(ctx, r.handler, std::move(request), std::move(exchange));
   }
   const std::string prefix = "/v1/models/";
   if (get_or_head && path.rfind(prefix, 0) == 0) {
@@ -576,6 +636,11 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOpt
   context->options = options;
   context->engine = engine;
   context->tokenizer = tokenizer;
+  const int threads =
+      options.request_threads > 0
+          ? options.request_threads
+          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 4);
+  context->workers = std::make_unique<RequestWorkers>(threads, /*max_queued=*/4096);
   Context* raw = context.get();
   PS_ASSIGN_OR_RETURN(
       std::unique_ptr<HttpServer> http,
@@ -599,7 +664,9 @@ int64_t OpenAiServer::active_generations() const {
 }
 
 OpenAiServer::~OpenAiServer() {
-  // The HTTP server (and its connections) go first; they point into the context.
+  // The workers finish first (their answers go to connections of the HTTP server), then the
+  // HTTP server and its connections, which point into the context.
+  context_->workers.reset();
   http_.reset();
 }
 

@@ -42,6 +42,13 @@ struct OpenAiServerOptions {
   // KvNamespace::canonical_identity() of the engine's pool blocks, shown in the model card
   // (GET /v1/models) for the prefill/decode handshake. Default: none (not shown).
   std::string kv_namespace_identity;
+  // Threads that parse, template and tokenize request bodies off the HTTP event loop.
+  // Default 0: half the cores, 1 to 4.
+  int request_threads = 0;
+  // Bytes of request bodies accepted but not yet turned into engine requests, at most;
+  // beyond it requests get 503 with Retry-After (one request is always admitted).
+  // Default 256 MiB.
+  uint64_t max_inflight_request_bytes = 256ull << 20;
 };
 
 class OpenAiServer {

@@ -195,6 +195,7 @@ struct Tokenizer::Impl {
   std::optional<TokenId> bos_id;
   std::optional<TokenId> eos_id;
   int32_t vocab_size = 0;
+  size_t max_token_bytes = 1;  // the longest text one token stands for
   std::optional<ChatTemplate> chat_template;
   Status chat_template_status = not_found("tokenizer_config.json has no chat_template");
 
@@ -258,6 +259,16 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
   // An added token whose id is also a model token wins for decode, as in Hugging Face.
   for (const AddedToken& token : impl->added.tokens()) max_id = std::max(max_id, token.id);
   impl->vocab_size = max_id + 1;
+  // Byte-level: every character of a model token's string stands for one byte of text.
+  for (int32_t id = 0; id <= impl->model.max_id(); ++id) {
+    if (impl->model.has_id(id)) {
+      impl->max_token_bytes =
+          std::max(impl->max_token_bytes, utf8::count_code_points(impl->model.id_bytes(id)));
+    }
+  }
+  for (const AddedToken& token : impl->added.tokens()) {
+    impl->max_token_bytes = std::max(impl->max_token_bytes, token.content.size());
+  }
   if (max_id >= ids_below) {
     return invalid_argument(
         "tokenizer.json: added_tokens has id " + std::to_string(max_id) +
@@ -340,6 +351,11 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
     valid_copy = utf8::make_valid(text);
     text = valid_copy;
   }
+  const size_t limit = options.max_tokens;
+  auto too_long = [limit] {
+    return out_of_range("the text has more than " + std::to_string(limit) + " tokens");
+  };
+  if (limit > 0 && text.size() / self.max_token_bytes > limit) return too_long();
   std::vector<TokenId> ids;
   if (options.add_special_tokens) {
     if (self.config_sets_special) {
@@ -357,7 +373,10 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
       continue;
     }
     PS_RETURN_IF_ERROR(self.pre_tokenizer.split(segment.text, pieces));
-    for (const std::string& piece : pieces) self.model.encode_word(piece, ids);
+    for (const std::string& piece : pieces) {
+      self.model.encode_word(piece, ids);
+      if (limit > 0 && ids.size() > limit) return too_long();
+    }
   }
   if (options.add_special_tokens) {
     if (self.config_sets_special) {
@@ -366,6 +385,7 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
       ids.insert(ids.end(), self.post_template.after.begin(), self.post_template.after.end());
     }
   }
+  if (limit > 0 && ids.size() > limit) return too_long();
   return ids;
 }
 
@@ -468,9 +488,11 @@ Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& inpu
   return impl_->chat_template->render(variables);
 }
 
-Result<std::vector<TokenId>> Tokenizer::encode_chat(const ChatTemplateInput& input) const {
+Result<std::vector<TokenId>> Tokenizer::encode_chat(const ChatTemplateInput& input,
+                                                    size_t max_tokens) const {
   PS_ASSIGN_OR_RETURN(std::string text, apply_chat_template(input));
-  return encode(text, {.add_special_tokens = false, .match_added_tokens = true});
+  return encode(
+      text, {.add_special_tokens = false, .match_added_tokens = true, .max_tokens = max_tokens});
 }
 
 }  // namespace peerserve

@@ -56,6 +56,11 @@ struct EncodeOptions {
   // Face always does this). False encodes them as plain text, which is what a server
   // wants for untrusted user content. Default: true.
   bool match_added_tokens = true;
+  // Stop as soon as the text is known to have more than this many tokens (special tokens
+  // included) and return OutOfRange: a server refuses such a prompt anyway, and tokenizing
+  // megabytes it will reject costs time and memory. A text longer than max_tokens + 1 times
+  // the longest token's text is refused before any tokenizing. 0 = no limit. Default 0.
+  size_t max_tokens = 0;
 };
 
 struct DecodeOptions {
@@ -117,7 +122,9 @@ class Tokenizer {
   Result<std::string> apply_chat_template(const ChatTemplateInput& input) const;
   // apply_chat_template, then encode(text, {.add_special_tokens = false}), as
   // transformers' apply_chat_template(tokenize=True) does.
-  Result<std::vector<TokenId>> encode_chat(const ChatTemplateInput& input) const;
+  // max_tokens as in EncodeOptions.
+  Result<std::vector<TokenId>> encode_chat(const ChatTemplateInput& input,
+                                           size_t max_tokens = 0) const;
 
  private:
   struct Impl;

@@ -195,6 +195,28 @@ TEST(TokenizerComponentsTest, LongInputsDoNotExhaustTheRegexStack) {
   EXPECT_EQ(ids->size(), spaces.size() + 1);
 }
 
+TEST(TokenizerComponentsTest, MaxTokensStopsEarlyAndOnlyWhenExceeded) {
+  // "ab" merges: "abab ab" is 3 tokens (ab, ab, " ab" -> Ġ + ab).
+  auto t = load(make_tokenizer_json({"ab"}, json::array({"a b"})));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string text = "abab ab";
+  auto all = t->encode(text, {.add_special_tokens = false});
+  ASSERT_TRUE(all.ok());
+  const size_t n = all->size();
+  ASSERT_GT(n, 1u);
+  auto exact = t->encode(text, {.add_special_tokens = false, .max_tokens = n});
+  ASSERT_TRUE(exact.ok()) << exact.status().to_string();
+  EXPECT_EQ(*exact, *all);
+  auto over = t->encode(text, {.add_special_tokens = false, .max_tokens = n - 1});
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(over.status().message().find("more than " + std::to_string(n - 1) + " tokens"),
+            std::string::npos);
+  // A text far longer than the limit is refused by its byte length alone.
+  const std::string huge(64 << 20, 'x');
+  auto refused = t->encode(huge, {.add_special_tokens = false, .max_tokens = 1000});
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
+}
+
 TEST(TokenizerComponentsTest, SpecialTokensFromConfigOrPostProcessor) {
   const json added = json::array({
       {{"id", 300}, {"content", "<s>"}, {"normalized", false}, {"special", true}},
