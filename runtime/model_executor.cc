@@ -56,6 +56,11 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
+    if (!speculative && !c.drafts.empty()) {
+      return invalid_argument(
+          "model executor: a plan with draft tokens, but speculative decoding is off here (the "
+          "scheduler and the executor must have the same num_speculative_tokens)");
+    }
     SequenceChunk chunk;
     chunk.tokens = c.tokens;
     chunk.start_pos = c.start_pos;
@@ -156,7 +161,7 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     row_of[i] = i;
     drafting.push_back(i);
   }
-  for (int32_t k = 0; !drafting.empty(); ++k) {
+  while (!drafting.empty()) {
     std::vector<size_t> going_on;
     for (size_t i : drafting) {
       const ScheduledChunk& c = plan.chunks[i];

@@ -1,17 +1,14 @@
 #include "serve/openai_server.h"
 
 #include <algorithm>
-#include <thread>
-
-#include "serve/request_workers.h"
-
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "serve/prometheus_text.h"
+#include "serve/request_workers.h"
 
 namespace peerserve {
 
