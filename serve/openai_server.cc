@@ -304,6 +304,18 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   bool done_ = false;
 };
 
+// A GenerationCall runs on its connection's strand (its outputs arrive there); handlers run
+// on the request workers, so the start goes through the strand too. Started directly, a
+// request that finishes at once could deliver its last output before start() has counted
+// the prompts, and the response would never be sent.
+void start_on_strand(std::shared_ptr<GenerationCall> call,
+                     const std::shared_ptr<HttpExchange>& exchange,
+                     std::vector<EngineRequest> requests) {
+  exchange->post([call = std::move(call), requests = std::move(requests)]() mutable {
+    call->start(std::move(requests));
+  });
+}
+
 // The prompt does not fit the context; found while tokenizing, which stops there.
 ApiError prompt_too_long(int64_t max_model_len, const char* param) {
   ApiError e;
@@ -352,7 +364,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   std::vector<EngineRequest> requests(1);
   requests[0].prompt_tokens = std::move(tokens).value();
   requests[0].params = chat.params;
-  call->start(std::move(requests));
+  start_on_strand(call, exchange, std::move(requests));
 }
 
 void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
@@ -396,7 +408,7 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
   }
   const int32_t top = completion.params.sampling.top_logprobs;
   auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/false, completion, top);
-  call->start(std::move(requests));
+  start_on_strand(call, exchange, std::move(requests));
 }
 
 json model_card(const OpenAiServer::Context& ctx) {
