@@ -200,6 +200,19 @@ std::vector<TokenLogprob> top_entries(std::span<const float> values, std::span<c
   return out;
 }
 
+// Logprobs of result->token for a greedy request: log_softmax of the penalised logits.
+void describe_greedy(std::span<const float> penalised, const SamplingParams& params,
+                     SampledToken* result) {
+  float max_value = kNegInf;
+  for (float v : penalised) max_value = std::max(max_value, v);
+  double total = 0.0;
+  for (float v : penalised) total += std::exp(static_cast<double>(v - max_value));
+  const double log_total = std::log(total);
+  result->logprob = static_cast<float>(
+      static_cast<double>(penalised[static_cast<size_t>(result->token)] - max_value) - log_total);
+  result->top_logprobs = top_entries(penalised, {}, log_total, max_value, params.top_logprobs);
+}
+
 }  // namespace
 
 Status SamplingParams::validate() const {
@@ -296,7 +309,9 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     }
     std::vector<float> work(logits.begin(), logits.end());
     apply_penalties(work, params, context.generated);
-    return describe_token(logits, params, context.generated, argmax(work));
+    result.token = argmax(work);
+    if (params.want_logprobs) describe_greedy(work, params, &result);
+    return result;
   }
 
   const Truncation t = truncate(logits, params, context.generated);
@@ -331,14 +346,7 @@ SampledToken describe_token(std::span<const float> logits, const SamplingParams&
   if (is_greedy(params)) {
     std::vector<float> work(logits.begin(), logits.end());
     apply_penalties(work, params, generated);
-    float max_value = kNegInf;
-    for (float v : work) max_value = std::max(max_value, v);
-    double total = 0.0;
-    for (float v : work) total += std::exp(static_cast<double>(v - max_value));
-    const double log_total = std::log(total);
-    result.logprob = static_cast<float>(
-        static_cast<double>(work[static_cast<size_t>(token)] - max_value) - log_total);
-    result.top_logprobs = top_entries(work, {}, log_total, max_value, params.top_logprobs);
+    describe_greedy(work, params, &result);
     return result;
   }
   const Truncation t = truncate(logits, params, generated);

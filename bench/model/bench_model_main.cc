@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/model/mini_model.h"
 #include "model/checkpoint/test_model.h"
 #include "model/deepseek_model.h"
 #include "model/expert_backend.h"
@@ -159,19 +160,10 @@ std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 int run(const Args& args) {
-  std::string dir = args.model_dir;
-  if (dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    dir = std::string(tmp ? tmp : "/tmp") + "/peerserve_bench_mini";
-  }
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    std::fprintf(stderr, "writing the mini test model to %s ...\n", dir.c_str());
-    TestModelOptions options;
-    options.preset = TestModelPreset::kMini;
-    if (Status s = write_test_model(dir, options); !s.ok()) {
-      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-      return 1;
-    }
+  const std::string dir = args.model_dir.empty() ? bench::default_mini_model_dir() : args.model_dir;
+  if (Status s = bench::ensure_mini_model(dir); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+    return 1;
   }
   ModelOptions options;
   options.num_threads = args.threads;

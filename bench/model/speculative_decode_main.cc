@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint/test_model.h"
+#include "bench/ceilings/machine_ceilings.h"
+#include "bench/model/mini_model.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_executor.h"
 #include "runtime/scheduler.h"
@@ -148,24 +149,13 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int run(const Args& args) {
   std::string dir = args.model_dir;
   if (dir.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    dir = std::string(tmp ? tmp : "/tmp") + "/peerserve_bench_mini";
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      std::fprintf(stderr, "writing the mini test model to %s ...\n", dir.c_str());
-      TestModelOptions options;
-      options.preset = TestModelPreset::kMini;
-      if (Status s = write_test_model(dir, options); !s.ok()) {
-        std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
-        return 1;
-      }
+    dir = bench::default_mini_model_dir();
+    if (Status s = bench::ensure_mini_model(dir); !s.ok()) {
+      std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+      return 1;
     }
   }
   ModelOptions model_options;
@@ -237,10 +227,10 @@ int run(const Args& args) {
         last[i] = *m;
       }
     }
-    const double off = median(rates[0]);
+    const double off = bench::median(rates[0]);
     for (size_t i = 0; i < ks.size(); ++i) {
       const Measurement& m = last[i];
-      const double rate = median(rates[i]);
+      const double rate = bench::median(rates[i]);
       char accepted[32] = "-";
       if (m.drafts > 0) {
         std::snprintf(accepted, sizeof(accepted), "%.1f%%", 100.0 * m.accepted / m.drafts);

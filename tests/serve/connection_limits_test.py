@@ -15,34 +15,17 @@ Usage: connection_limits_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
 import os
-import queue
 import resource
 import socket
-import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
+from serve_harness import case, exit_code, free_port, launch
+
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
-failures = []
-
-
-def case(name, fn):
-    try:
-        fn()
-        print(f"PASS {name}", flush=True)
-    except AssertionError as e:
-        print(f"FAIL {name}: {e}", flush=True)
-        failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(*extra, nofile=None):
@@ -51,25 +34,9 @@ def start(*extra, nofile=None):
     def limit():
         if nofile:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
-                          "--kv-cache-memory", "32MiB", *extra],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=limit)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
-    deadline = time.monotonic() + 60
-    log = []
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            assert p.poll() is None, f"serve exited: {''.join(log)}"
-            continue
-        log.append(line)
-        if "serving model" in line:
-            return p, port, log
-    p.kill()
-    raise AssertionError("serve never became ready")
+    p, log = launch([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                     "--kv-cache-memory", "32MiB", *extra], preexec_fn=limit)
+    return p, port, log
 
 
 def status_of(port, method, route, body=None, timeout=10):
@@ -258,6 +225,4 @@ case("out of descriptors: the accept loop backs off, then serves again",
      out_of_descriptors_backs_off)
 case("half-closed clients are answered; pipelined requests in order", half_close_and_pipelining)
 case("a client that stops reading is dropped and its request aborted", slow_reader_is_dropped)
-print(f"{'all' if not failures else len(failures)} " +
-      ("cases passed" if not failures else f"failed: {failures}"))
-sys.exit(1 if failures else 0)
+sys.exit(exit_code())

@@ -10,52 +10,24 @@ Usage: graceful_drain_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
 import os
-import queue
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+from serve_harness import case, exit_code, free_port, launch
+
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
-failures = []
-
-
-def case(name, fn):
-    try:
-        fn()
-        print(f"PASS {name}", flush=True)
-    except AssertionError as e:
-        print(f"FAIL {name}: {e}", flush=True)
-        failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(timeout_s):
     port = free_port()
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
-                          "--kv-cache-memory", "64MiB", "--shutdown-timeout", str(timeout_s)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if "serving model" in lines.get(timeout=1):
-                return p, port
-        except queue.Empty:
-            assert p.poll() is None, "serve exited"
-    p.kill()
-    raise AssertionError("serve never became ready")
+    p, _ = launch([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                   "--kv-cache-memory", "64MiB", "--shutdown-timeout", str(timeout_s)])
+    return p, port
 
 
 def generate(port, max_tokens, stream, results, key):
@@ -173,6 +145,4 @@ case("SIGTERM drains: running requests finish, new ones 503, exit 0",
 case("past --shutdown-timeout the rest end with abort and a proper end",
      timeout_aborts_the_rest_cleanly)
 case("a second signal exits at once", second_signal_exits_at_once)
-print(f"{'all' if not failures else len(failures)} " +
-      ("cases passed" if not failures else f"failed: {failures}"))
-sys.exit(1 if failures else 0)
+sys.exit(exit_code())

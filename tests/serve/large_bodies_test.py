@@ -12,52 +12,24 @@ Usage: large_bodies_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
 import os
-import queue
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+from serve_harness import case, exit_code, free_port, launch
+
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
-failures = []
-
-
-def case(name, fn):
-    try:
-        fn()
-        print(f"PASS {name}", flush=True)
-    except AssertionError as e:
-        print(f"FAIL {name}: {e}", flush=True)
-        failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(*flags):
     port = free_port()
-    p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
-                          "--kv-cache-memory", "64MiB", "--max-model-len", "2048", *flags],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if "serving model" in lines.get(timeout=1):
-                return p, port
-        except queue.Empty:
-            assert p.poll() is None, "serve exited"
-    p.kill()
-    raise AssertionError("serve never became ready")
+    p, _ = launch([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
+                   "--kv-cache-memory", "64MiB", "--max-model-len", "2048", *flags])
+    return p, port
 
 
 def post(port, path, body_bytes):
@@ -160,4 +132,4 @@ def context_boundary():
 case("20 x 8 MB completions: answered, /health fast", large_completions)
 case("20 x 8 MB chats: answered, /health fast", large_chats)
 case("a prompt at the context limit works, one over is refused", context_boundary)
-sys.exit(1 if failures else 0)
+sys.exit(exit_code())

@@ -13,57 +13,24 @@ Usage: speculative_serve_test.py PEERSERVE_BINARY SOURCE_DIR WORK_DIR
 """
 import json
 import os
-import queue
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
 import urllib.request
+
+from serve_harness import case, exit_code, free_port, launch
 
 BIN, SRC, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
-failures = []
-
-
-def case(name, fn):
-    try:
-        fn()
-        print(f"PASS {name}", flush=True)
-    except AssertionError as e:
-        print(f"FAIL {name}: {e}", flush=True)
-        failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
     def __init__(self, *flags, model=MODEL):
         self.port = free_port()
-        self.log = []
-        self.p = subprocess.Popen(
+        self.p, self.log = launch(
             [BIN, "serve", "--model", model, "--port", str(self.port), "--threads", "1",
              "--kv-cache-memory", "64MiB", "--max-num-batched-tokens", "64", *flags],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        lines = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(l) for l in self.p.stderr],
-                         daemon=True).start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                line = lines.get(timeout=1)
-                self.log.append(line)
-                if "serving model" in line:
-                    return
-            except queue.Empty:
-                assert self.p.poll() is None, "serve exited: " + "".join(self.log)
-        self.p.kill()
-        raise AssertionError("serve never became ready")
+            timeout=120)
 
     def post(self, path, body):
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
@@ -202,4 +169,4 @@ case("greedy completions equal with and without MTP (K = 1, 2), metrics add up",
 case("a seeded sampled request reproduces", seeded_reproduces)
 case("--speculative auto measures and decides", auto_decides)
 case("bad speculative flags are refused", bad_flags)
-sys.exit(1 if failures else 0)
+sys.exit(exit_code())

@@ -39,7 +39,7 @@ char32_t decode_valid(std::string_view sequence);
 
 void append_code_point(std::string& out, char32_t code_point);
 
-// Characters of valid UTF-8 (bytes that do not continue a sequence).
+// Code points of valid UTF-8 (bytes that do not continue a sequence): Python's len().
 inline size_t count_code_points(std::string_view text) {
   size_t n = 0;
   for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;

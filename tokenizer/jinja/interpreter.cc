@@ -256,7 +256,7 @@ class Interpreter {
   }
   // Strings are split into characters for iteration, indexing and slicing.
   Status check_characters(const std::string& s, size_t offset) const {
-    if (static_cast<int64_t>(code_point_count(s)) > limits_.max_list_items) {
+    if (static_cast<int64_t>(utf8::count_code_points(s)) > limits_.max_list_items) {
       return error(offset, "a string of more than " + std::to_string(limits_.max_list_items) +
                                " characters cannot be iterated, indexed or sliced");
     }
@@ -991,7 +991,7 @@ class Interpreter {
     if (f == "safe") return v;
     if (f == "string") return Value(to_str(v));
     if (f == "length" || f == "count") {
-      if (v.is_string()) return Value(static_cast<int64_t>(code_point_count(v.as_string())));
+      if (v.is_string()) return Value(static_cast<int64_t>(utf8::count_code_points(v.as_string())));
       if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
       if (v.is_dict()) return Value(static_cast<int64_t>(v.as_dict().size()));
       if (v.is_undefined()) return Value(0);

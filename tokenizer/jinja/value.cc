@@ -419,12 +419,4 @@ Result<bool> less_than(const Value& a, const Value& b) {
                           "' and '" + b.type_name() + "'");
 }
 
-size_t code_point_count(const std::string& text) {
-  size_t count = 0;
-  for (unsigned char c : text) {
-    if ((c & 0xC0) != 0x80) ++count;
-  }
-  return count;
-}
-
 }  // namespace peerserve::jinja

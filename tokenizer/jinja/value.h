@@ -129,7 +129,4 @@ bool equals(const Value& a, const Value& b);
 // Python <: numbers with numbers, strings with strings, lists element-wise.
 Result<bool> less_than(const Value& a, const Value& b);
 
-// Number of code points (Python len of a str).
-size_t code_point_count(const std::string& text);
-
 }  // namespace peerserve::jinja

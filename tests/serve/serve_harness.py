@@ -1,0 +1,57 @@
+"""What the process-level serve tests share: named cases, a free loopback port, and starting
+`peerserve serve` (or any command that prints a readiness line on stderr) and waiting for it.
+"""
+import queue
+import socket
+import subprocess
+import threading
+import time
+
+failures = []
+
+
+def case(name, fn):
+    """Runs one case; an AssertionError marks it failed and the run goes on."""
+    try:
+        fn()
+        print(f"PASS {name}", flush=True)
+    except AssertionError as e:
+        print(f"FAIL {name}: {e}", flush=True)
+        failures.append(name)
+
+
+def exit_code():
+    """Prints the summary and returns the process exit code (1 if any case failed)."""
+    print(f"{'all' if not failures else len(failures)} " +
+          ("cases passed" if not failures else f"failed: {failures}"))
+    return 1 if failures else 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cmd, ready="serving model", timeout=60, preexec_fn=None):
+    """Starts `cmd` and waits until a stderr line contains `ready`. Returns the process and
+    the stderr lines read so far (the list keeps growing). Raises AssertionError, with the
+    log, if the process exits or is not ready in time (then it is killed)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=preexec_fn)
+    lines, log = queue.Queue(), []
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert p.poll() is None, f"{cmd[0]} exited: {''.join(log)}"
+            continue
+        log.append(line)
+        if ready in line:
+            threading.Thread(target=lambda: [log.append(l) for l in iter(lines.get, None)],
+                             daemon=True).start()
+            return p, log
+    p.kill()
+    raise AssertionError(f"{cmd[0]} never became ready: {''.join(log)}")
