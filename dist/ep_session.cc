@@ -1,8 +1,10 @@
 #include "dist/ep_session.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/ep_expert_backend.h"
@@ -92,6 +94,11 @@ int EpSession::report_start_error(const Status& status) {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (rank == nullptr || std::string(rank) == "0") {
     std::fprintf(stderr, "error: %s\n", status.message().c_str());
+    std::fflush(stderr);
+  } else {
+    // mpirun ends the whole job at the first non-zero exit: were another rank to exit
+    // first, rank 0 could be killed before it reports. The wait ends with the job.
+    std::this_thread::sleep_for(std::chrono::seconds(5));
   }
   return 1;
 }
