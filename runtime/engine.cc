@@ -134,6 +134,12 @@ Status Engine::validate(EngineRequest& request) const {
       return invalid_argument("stop token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
+  for (TokenId t : params.sampling.forced_tokens) {
+    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
+      return invalid_argument("forced token id " + std::to_string(t) +
+                              " is outside the vocabulary");
+    }
+  }
   for (const std::string& s : params.stop_strings) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   }

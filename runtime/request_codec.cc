@@ -34,6 +34,7 @@ void encode_sampling(const SamplingParams& s, ByteWriter& out) {
   out.put<int32_t>(s.top_logprobs);
   out.put<int32_t>(s.min_tokens);
   out.put_array<TokenId>(s.suppressed_until_min_tokens);
+  out.put_array<TokenId>(s.forced_tokens);
 }
 
 SamplingParams decode_sampling(ByteReader& in) {
@@ -50,6 +51,7 @@ SamplingParams decode_sampling(ByteReader& in) {
   s.top_logprobs = in.get<int32_t>();
   s.min_tokens = in.get<int32_t>();
   s.suppressed_until_min_tokens = in.get_array<TokenId>();
+  s.forced_tokens = in.get_array<TokenId>();
   return s;
 }
 

@@ -27,7 +27,8 @@ bool is_greedy(const SamplingParams& params) {
 bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
          params.frequency_penalty != 0.0f ||
-         (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty());
+         (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty()) ||
+         !params.forced_tokens.empty();
 }
 
 // Lowest id among the largest values (NaN never wins; all NaN gives 0).
@@ -254,6 +255,15 @@ double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
 void apply_penalties(std::span<float> logits, const SamplingParams& params,
                      std::span<const TokenId> generated) {
   if (!has_penalties(params)) return;
+  if (generated.size() < params.forced_tokens.size()) {
+    const TokenId forced = params.forced_tokens[generated.size()];
+    PS_CHECK(forced >= 0 && static_cast<size_t>(forced) < logits.size())
+        << "forced token " << forced;
+    const float kept = logits[static_cast<size_t>(forced)];
+    std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
+    logits[static_cast<size_t>(forced)] = std::isfinite(kept) ? kept : 0.0f;
+    return;
+  }
   if (static_cast<int64_t>(generated.size()) < params.min_tokens) {
     for (const TokenId id : params.suppressed_until_min_tokens) {
       if (id >= 0 && static_cast<size_t>(id) < logits.size()) {

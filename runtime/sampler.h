@@ -59,6 +59,10 @@ struct SamplingParams {
   // probability 0 (logit -inf, applied with the penalties in step 1).
   int32_t min_tokens = 0;
   std::vector<TokenId> suppressed_until_min_tokens;
+  // Testing hook (serve --allow-forced-output): at output position t < forced_tokens.size()
+  // every token but forced_tokens[t] gets probability 0 (applied with the penalties in
+  // step 1), so a test decides what the model "says" while the whole serving path runs.
+  std::vector<TokenId> forced_tokens;
 
   // Checks ranges; the message names the field and the accepted range.
   Status validate() const;
