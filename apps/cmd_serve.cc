@@ -9,6 +9,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -67,7 +68,29 @@ struct ServeCli {
   std::string max_inflight_request = "256MiB";
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
+  std::string chat_template;
+  std::string tool_call_parser = "deepseek_v3";
+  bool enable_auto_tool_choice = false;
+  bool allow_forced_output = false;
 };
+
+// --chat-template FILE, read and parsed before the model loads so that a bad file fails
+// fast.
+Result<std::optional<ChatTemplate>> load_chat_template_file(const std::string& path) {
+  if (path.empty()) return std::optional<ChatTemplate>();
+  constexpr std::streamsize kMaxBytes = 1 << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("--chat-template " + path + ": cannot open the file");
+  std::string source(static_cast<size_t>(kMaxBytes) + 1, '\0');
+  in.read(source.data(), kMaxBytes + 1);
+  source.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<std::streamsize>(source.size()) > kMaxBytes) {
+    return invalid_argument("--chat-template " + path + ": larger than 1 MiB");
+  }
+  Result<ChatTemplate> parsed = ChatTemplate::parse(source);
+  if (!parsed.ok()) return parsed.status().with_context("--chat-template " + path);
+  return std::optional<ChatTemplate>(std::move(parsed).value());
+}
 
 // The checkpoint folder's name ("models/peerserve-dsv3-smoke/" -> "peerserve-dsv3-smoke").
 std::string default_model_name(std::string path) {
@@ -115,6 +138,9 @@ int run_serve(const ServeCli& cli) {
         invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"), true);
   }
 
+  Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
+  if (!chat_template.ok()) return session.fail(chat_template.status(), true);
+
   std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
@@ -145,6 +171,20 @@ int run_serve(const ServeCli& cli) {
   } else {
     std::fprintf(stderr, "warning: no usable tokenizer (%s); only token-id prompts will work\n",
                  tok.status().message().c_str());
+  }
+  if (*chat_template) {
+    if (!tokenizer)
+      return session.fail(invalid_argument("--chat-template needs the model's tokenizer"));
+    tokenizer->set_chat_template(std::move(**chat_template));
+  }
+  const bool tool_calling = cli.tool_call_parser != "none";
+  if (tool_calling && tokenizer && tokenizer->chat_template() &&
+      tokenizer->chat_template()->source().find("tools") == std::string::npos) {
+    // DeepSeek-V3's own template renders tool calls and results but not the tools offered.
+    std::fprintf(stderr,
+                 "note: the chat template does not use `tools`: requests with tools are "
+                 "answered, but the model is not shown them; pass --chat-template "
+                 "data/chat_templates/deepseek_v3_tools.jinja (in the peerserve source tree)\n");
   }
 
   const DType kv_dtype = cli.fp32 ? DType::kF32 : DType::kBF16;
@@ -305,6 +345,8 @@ int run_serve(const ServeCli& cli) {
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
   server_options.kv_namespace_identity = kv_identity;
   server_options.limits.max_n = engine_options.max_n;
+  server_options.tool_calling = tool_calling;
+  server_options.allow_forced_output = cli.allow_forced_output;
   if (expert_load) {
     server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
       return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
@@ -524,6 +566,23 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "instance, then a local prefill)")
       ->capture_default_str();
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
+  sub->add_option("--chat-template", cli->chat_template,
+                  "Jinja chat template FILE used instead of the model's (e.g. "
+                  "data/chat_templates/deepseek_v3_tools.jinja, which also shows the model the "
+                  "request's tools)");
+  sub->add_option("--tool-call-parser", cli->tool_call_parser,
+                  "How tool calls are read from the output: deepseek_v3 (the model's "
+                  "<｜tool▁calls▁begin｜> tokens become message.tool_calls) or none (requests "
+                  "with tools get 400)")
+      ->check(CLI::IsMember({"deepseek_v3", "none"}))
+      ->capture_default_str();
+  sub->add_flag("--enable-auto-tool-choice", cli->enable_auto_tool_choice,
+                "Accepted for vLLM compatibility: tool_choice \"auto\" is on whenever "
+                "--tool-call-parser is not none");
+  sub->add_flag("--allow-forced-output", cli->allow_forced_output,
+                "Testing hook: a chat request's 'peerserve_forced_output' text is decoded "
+                "instead of the model's choice (to test clients against known output); never "
+                "in production");
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });
 

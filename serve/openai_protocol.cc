@@ -1,5 +1,6 @@
 #include "serve/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -391,6 +392,155 @@ ApiError api_error_from_status(const Status& status, std::optional<std::string> 
   return e;
 }
 
+namespace {
+
+// ^[a-zA-Z0-9_-]{1,64}$, OpenAI's rule for function names.
+bool valid_function_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
+// tools, tool_choice, parallel_tool_calls; the legacy functions/function_call are refused.
+void parse_tools(Fields& f, const ApiLimits& limits, ChatRequest* out) {
+  if (const json* tools = f.get("tools"); tools && !f.error) {
+    if (!tools->is_array()) {
+      return f.fail("tools", "'tools' must be an array, got " + type_name(*tools));
+    }
+    if (static_cast<int64_t>(tools->size()) > limits.max_tools) {
+      return f.fail("tools", "'tools' has " + std::to_string(tools->size()) + " entries, at most " +
+                                 std::to_string(limits.max_tools) + " are allowed");
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& tool = (*tools)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!tool.is_object()) return f.fail(where, "'" + where + "' must be an object");
+      const auto type = tool.find("type");
+      if (type == tool.end() || !type->is_string() || *type != "function") {
+        return f.fail_unsupported(where + ".type", "'" + where +
+                                                       ".type' must be \"function\" (the only "
+                                                       "tool type supported)");
+      }
+      const auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object()) {
+        return f.fail(where + ".function", "'" + where + ".function' must be an object");
+      }
+      const auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() ||
+          !valid_function_name(name->get<std::string>())) {
+        return f.fail(
+            where + ".function.name",
+            "'" + where +
+                ".function.name' must be a string of 1 to 64 letters, digits, '_' or '-'");
+      }
+      const auto description = fn->find("description");
+      if (description != fn->end() && !description->is_null() && !description->is_string()) {
+        return f.fail(where + ".function.description",
+                      "'" + where + ".function.description' must be a string");
+      }
+      const auto parameters = fn->find("parameters");
+      if (parameters != fn->end() && !parameters->is_null() && !parameters->is_object()) {
+        return f.fail(where + ".function.parameters",
+                      "'" + where + ".function.parameters' must be a JSON Schema object");
+      }
+      const auto strict = fn->find("strict");
+      if (strict != fn->end() && !strict->is_null() && !strict->is_boolean()) {
+        return f.fail(where + ".function.strict",
+                      "'" + where + ".function.strict' must be a boolean");
+      }
+    }
+    out->tools = *tools;
+  }
+  const bool have_tools = !out->tools.empty();
+  out->tool_choice.mode = have_tools ? ToolChoice::Mode::kAuto : ToolChoice::Mode::kNone;
+  if (const json* choice = f.get("tool_choice"); choice && !f.error) {
+    if (choice->is_string()) {
+      const std::string mode = choice->get<std::string>();
+      if (mode == "none") {
+        out->tool_choice.mode = ToolChoice::Mode::kNone;
+      } else if (mode == "auto") {
+        // "auto" without tools asks for nothing.
+      } else if (mode == "required") {
+        if (!have_tools) {
+          return f.fail("tool_choice", "'tool_choice' \"required\" needs a non-empty 'tools'");
+        }
+        out->tool_choice.mode = ToolChoice::Mode::kRequired;
+      } else {
+        return f.fail("tool_choice",
+                      "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                      "{\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
+                          brief(*choice));
+      }
+    } else if (choice->is_object() && choice->value("type", json()) == "function" &&
+               choice->contains("function") && (*choice)["function"].is_object() &&
+               (*choice)["function"].value("name", json()).is_string()) {
+      const std::string name = (*choice)["function"]["name"].get<std::string>();
+      const bool known = std::any_of(out->tools.begin(), out->tools.end(),
+                                     [&](const json& t) { return t["function"]["name"] == name; });
+      if (!known) {
+        return f.fail("tool_choice",
+                      "'tool_choice' names the function '" + name + "', which is not in 'tools'");
+      }
+      out->tool_choice.mode = ToolChoice::Mode::kNamed;
+      out->tool_choice.function_name = name;
+    } else {
+      return f.fail("tool_choice",
+                    "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+  }
+  if (auto v = f.boolean("parallel_tool_calls")) out->parallel_tool_calls = *v;
+  for (const char* name : {"functions", "function_call"}) {
+    if (f.get(name) != nullptr) {
+      f.fail_unsupported(name, "'" + std::string(name) +
+                                   "' (deprecated by OpenAI) is not supported; use 'tools' and "
+                                   "'tool_choice'");
+    }
+  }
+}
+
+// An assistant message's tool_calls and a tool message's tool_call_id, as the template reads
+// them.
+std::optional<ApiError> check_message_tool_fields(const json& m, const std::string& role,
+                                                  const std::string& where) {
+  if (auto it = m.find("tool_calls"); it != m.end() && !it->is_null()) {
+    if (role != "assistant") {
+      return bad_field(where + ".tool_calls",
+                       "'" + where + ".tool_calls' is only allowed on assistant messages");
+    }
+    if (!it->is_array())
+      return bad_field(where + ".tool_calls", "'" + where + ".tool_calls' must be an array");
+    for (size_t k = 0; k < it->size(); ++k) {
+      const json& c = (*it)[k];
+      const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+      if (!c.is_object() || c.value("type", json()) != "function" || !c.contains("function") ||
+          !c["function"].is_object()) {
+        return bad_field(cw, "'" + cw +
+                                 "' must be {\"id\", \"type\": \"function\", \"function\": "
+                                 "{\"name\", \"arguments\"}}");
+      }
+      if (!c["function"].value("name", json()).is_string()) {
+        return bad_field(cw + ".function.name", "'" + cw + ".function.name' must be a string");
+      }
+      if (!c["function"].value("arguments", json()).is_string()) {
+        return bad_field(cw + ".function.arguments",
+                         "'" + cw + ".function.arguments' must be a string (JSON text)");
+      }
+      if (c.contains("id") && !c["id"].is_null() && !c["id"].is_string()) {
+        return bad_field(cw + ".id", "'" + cw + ".id' must be a string");
+      }
+    }
+  }
+  if (auto it = m.find("tool_call_id"); it != m.end() && !it->is_null() && !it->is_string()) {
+    return bad_field(where + ".tool_call_id", "'" + where + ".tool_call_id' must be a string");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ApiError> parse_completion_request(const json& body, const ApiLimits& limits,
                                                  CompletionRequest* out) {
   if (auto e = require_object(body)) return e;
@@ -474,27 +624,7 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
       f.fail_unsupported("response_format",
                          "only response_format {\"type\": \"text\"} is supported");
   }
-  // Tool calling is not implemented: refused by name rather than silently ignored. An empty
-  // tool list and tool_choice "none" ask for nothing, so they are accepted.
-  if (const json* tools = f.get("tools"); tools && !f.error) {
-    if (!tools->is_array()) {
-      f.fail("tools", "'tools' must be an array, got " + type_name(*tools));
-    } else if (!tools->empty()) {
-      f.fail_unsupported("tools", "'tools' is not supported: this server has no tool calling");
-    }
-  }
-  if (const json* choice = f.get("tool_choice"); choice && !f.error) {
-    if (!(choice->is_string() && choice->get<std::string>() == "none")) {
-      f.fail_unsupported("tool_choice",
-                         "'tool_choice' is not supported: this server has no tool calling");
-    }
-  }
-  for (const char* name : {"parallel_tool_calls", "functions", "function_call"}) {
-    if (f.get(name) != nullptr) {
-      f.fail_unsupported(
-          name, "'" + std::string(name) + "' is not supported: this server has no tool calling");
-    }
-  }
+  parse_tools(f, limits, out);
   if (auto v = f.boolean("echo"); v && *v) {
     f.fail_unsupported("echo", "'echo' is not supported for chat completions");
   }
@@ -513,6 +643,8 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
       }
     }
   }
+  if (out->tool_choice.mode != ToolChoice::Mode::kNone)
+    out->template_variables["tools"] = out->tools;
   if (f.error) return f.error;
 
   const json* messages = f.get("messages");
@@ -538,12 +670,18 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
     }
     json msg = m;
     msg["role"] = role;
+    if (auto e = check_message_tool_fields(m, role, where)) return e;
+    const bool has_tool_calls = role == "assistant" && m.contains("tool_calls") &&
+                                !m["tool_calls"].is_null() && !m["tool_calls"].empty();
+    if (role == "assistant" && !has_tool_calls) msg.erase("tool_calls");
     auto content_it = m.find("content");
-    if (content_it == m.end() || content_it->is_null()) {
+    if (content_it == m.end() || content_it->is_null() ||
+        (has_tool_calls && content_it->is_string() && content_it->get<std::string>().empty())) {
       if (role != "assistant") {
         return bad_field(where + ".content", "'" + where + ".content' is required");
       }
-      msg["content"] = "";
+      // DeepSeek's template renders the calls of an assistant message whose content is none.
+      msg["content"] = has_tool_calls ? json(nullptr) : json("");
     } else if (content_it->is_array()) {
       std::string text;
       for (size_t k = 0; k < content_it->size(); ++k) {
@@ -572,6 +710,25 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
                                                type_name(*content_it));
     }
     out->messages.push_back(std::move(msg));
+  }
+  if (const json* forced =
+          body.contains("peerserve_forced_output") ? &body["peerserve_forced_output"] : nullptr;
+      forced && !forced->is_null()) {
+    int64_t turn = 0;
+    for (const json& m : out->messages) turn += m["role"] == "assistant" ? 1 : 0;
+    if (forced->is_string()) {
+      out->forced_output = forced->get<std::string>();
+    } else if (forced->is_array() && !forced->empty() &&
+               std::all_of(forced->begin(), forced->end(),
+                           [](const json& t) { return t.is_string(); })) {
+      out->forced_output =
+          (*forced)[std::min<size_t>(static_cast<size_t>(turn), forced->size() - 1)]
+              .get<std::string>();
+    } else {
+      return bad_field(
+          "peerserve_forced_output",
+          "'peerserve_forced_output' must be a string or a non-empty array of strings");
+    }
   }
   return std::nullopt;
 }

@@ -41,6 +41,7 @@ struct ApiLimits {
   // Nesting of arrays and objects in a request body. Checked before the JSON is built, so
   // no later copy, dump or template conversion can recurse deeper.
   int32_t max_json_depth = 64;
+  int32_t max_tools = 128;  // entries of a chat request's `tools`, as OpenAI allows
 };
 
 // Parses a request body as JSON. Bodies nested deeper than limits.max_json_depth are
@@ -62,12 +63,31 @@ struct CompletionRequest : CommonRequestFields {
   std::vector<std::variant<std::string, std::vector<TokenId>>> prompts;
 };
 
+// OpenAI's tool_choice: "none", "auto", "required" or {"type": "function", "function":
+// {"name": NAME}}.
+struct ToolChoice {
+  enum class Mode { kNone, kAuto, kRequired, kNamed };
+  Mode mode = Mode::kNone;
+  std::string function_name;  // kNamed
+};
+
 struct ChatRequest : CommonRequestFields {
-  // Messages as the chat template expects them (content flattened to a string).
+  // Messages as the chat template expects them (content flattened to a string; an
+  // assistant message with tool_calls and no text keeps content null).
   nlohmann::json messages = nlohmann::json::array();
   bool add_generation_prompt = true;
-  // Further template variables (e.g. "tools").
+  // Further template variables: chat_template_kwargs, and "tools" (the request's tools as
+  // sent) unless tool_choice is "none".
   nlohmann::json template_variables = nlohmann::json::object();
+  // Function tools, validated; empty when the request has none.
+  nlohmann::json tools = nlohmann::json::array();
+  // Default: "auto" with tools, "none" without.
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+  // Testing hook `peerserve_forced_output` (a text, or one text per conversation turn,
+  // picked by the number of assistant messages in `messages`): the server decodes this text
+  // instead of the model's choice when started with --allow-forced-output.
+  std::optional<std::string> forced_output;
 };
 
 // Parses a request body. Unknown fields are ignored (as OpenAI's own server does for

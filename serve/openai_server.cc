@@ -9,6 +9,7 @@
 
 #include "serve/prometheus_text.h"
 #include "serve/request_workers.h"
+#include "serve/tool_call_parser.h"
 
 namespace peerserve {
 
@@ -91,13 +92,22 @@ std::string sse(const json& payload) {
   return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
 
+// How a chat call treats tool calls: off, or parsed from the output (at most max_calls per
+// choice, 0 = any), the output starting with `prefix` (forced into the prompt).
+struct ToolCallSetup {
+  bool enabled = false;
+  int32_t max_calls = 0;
+  std::string prefix;
+};
+
 // One /v1/chat/completions or /v1/completions call: submits one engine request per prompt,
 // then turns the engine's outputs into SSE chunks or one JSON response. Everything but the
 // constructor runs on the connection's strand.
 class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
  public:
   GenerationCall(OpenAiServer::Context* ctx, std::shared_ptr<HttpExchange> exchange, bool chat,
-                 const CommonRequestFields& fields, int32_t top_logprobs)
+                 const CommonRequestFields& fields, int32_t top_logprobs,
+                 ToolCallSetup tool_setup = {})
       : ctx_(ctx),
         exchange_(std::move(exchange)),
         chat_(chat),
@@ -107,7 +117,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         want_logprobs_(fields.params.sampling.want_logprobs),
         top_logprobs_(top_logprobs),
         id_(ctx->new_id(chat ? "chatcmpl-" : "cmpl-")),
-        created_(unix_seconds()) {
+        created_(unix_seconds()),
+        tool_setup_(std::move(tool_setup)) {
     ++ctx_->active_calls;
   }
   ~GenerationCall() { --ctx_->active_calls; }
@@ -120,6 +131,15 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     const int32_t num_prompts = static_cast<int32_t>(requests.size());
     choices_.resize(static_cast<size_t>(num_prompts) * n_);
     usage_.resize(num_prompts);
+    // A forced call's start is part of the answer: a named call's header goes out at once.
+    std::vector<json> prefix_deltas(choices_.size(), json::object());
+    if (tool_setup_.enabled) {
+      for (size_t i = 0; i < choices_.size(); ++i) {
+        choices_[i].tools.emplace(tool_setup_.max_calls);
+        prefix_deltas[i] =
+            tool_events_delta(choices_[i], choices_[i].tools->feed(tool_setup_.prefix));
+      }
+    }
     for (int32_t p = 0; p < num_prompts; ++p) {
       auto self = shared_from_this();
       auto exchange = exchange_;
@@ -151,6 +171,13 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                          {"logprobs", nullptr},
                          {"finish_reason", nullptr}};
           exchange_->write_chunk(sse(chunk_envelope(json::array({choice}))));
+          if (!prefix_deltas[i].empty()) {
+            json header = {{"index", i},
+                           {"delta", std::move(prefix_deltas[i])},
+                           {"logprobs", nullptr},
+                           {"finish_reason", nullptr}};
+            exchange_->write_chunk(sse(chunk_envelope(json::array({header}))));
+          }
         }
       }
     }
@@ -163,7 +190,54 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::optional<FinishReason> finish;
     json stop_reason = nullptr;
     int64_t text_length = 0;  // for completion text_offset
+    // Tool calling: the parser, the content it let through, the ids of the calls it found.
+    std::optional<ToolCallStreamParser> tools;
+    std::string tool_content;
+    std::vector<std::string> call_ids;
   };
+
+  // The delta (content and/or tool_calls) for parser events; calls get their ids here.
+  json tool_events_delta(ChoiceState& c, const std::vector<ToolCallEvent>& events) {
+    std::string content;
+    json calls = json::array();
+    for (const ToolCallEvent& e : events) {
+      switch (e.kind) {
+        case ToolCallEvent::Kind::kContent:
+          content += e.text;
+          break;
+        case ToolCallEvent::Kind::kCallStart:
+          c.call_ids.push_back(ctx_->new_id("call_"));
+          calls.push_back({{"index", e.index},
+                           {"id", c.call_ids.back()},
+                           {"type", "function"},
+                           {"function", {{"name", e.text}, {"arguments", ""}}}});
+          break;
+        case ToolCallEvent::Kind::kArguments:
+          if (!calls.empty() && calls.back()["index"] == e.index) {
+            calls.back()["function"]["arguments"] =
+                calls.back()["function"]["arguments"].get<std::string>() + e.text;
+          } else {
+            calls.push_back({{"index", e.index}, {"function", {{"arguments", e.text}}}});
+          }
+          break;
+      }
+    }
+    c.tool_content += content;
+    json delta = json::object();
+    if (!content.empty()) delta["content"] = std::move(content);
+    if (!calls.empty()) delta["tool_calls"] = std::move(calls);
+    return delta;
+  }
+
+  // "tool_calls" when the choice called tools and ended normally.
+  json finish_reason_json(const ChoiceState& c) const {
+    if (!c.finish) return nullptr;
+    if (c.tools && c.tools->called_tools() &&
+        (*c.finish == FinishReason::kStop || *c.finish == FinishReason::kLength)) {
+      return "tool_calls";
+    }
+    return finish_reason_string(*c.finish);
+  }
 
   json chunk_envelope(json choices) const {
     json chunk = {{"id", id_},
@@ -205,19 +279,32 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
           c.stop_reason = *delta.stop_token;
         }
       }
+      json tool_delta = json::object();
+      if (c.tools) {
+        std::vector<ToolCallEvent> events = c.tools->feed(delta.text);
+        if (delta.finish_reason) {
+          std::vector<ToolCallEvent> rest = c.tools->finish();
+          events.insert(events.end(), rest.begin(), rest.end());
+        }
+        tool_delta = tool_events_delta(c, events);
+      }
       if (!stream_) continue;
-      const bool has_content = !delta.text.empty() || (want_logprobs_ && !delta.logprobs.empty());
+      const bool has_logprobs = want_logprobs_ && !delta.logprobs.empty();
+      const bool has_content =
+          c.tools ? !tool_delta.empty() || has_logprobs : !delta.text.empty() || has_logprobs;
       if (!has_content && !delta.finish_reason) continue;
       json choice = {{"index", index}, {"logprobs", logprobs_json(delta.logprobs, offset)}};
-      if (chat_) {
+      if (chat_ && c.tools) {
+        if (tool_delta.empty() && has_logprobs) tool_delta["content"] = "";
+        choice["delta"] = std::move(tool_delta);
+      } else if (chat_) {
         choice["delta"] = delta.text.empty() && delta.finish_reason && !has_content
                               ? json::object()
                               : json{{"content", delta.text}};
       } else {
         choice["text"] = delta.text;
       }
-      choice["finish_reason"] =
-          delta.finish_reason ? json(finish_reason_string(*delta.finish_reason)) : json(nullptr);
+      choice["finish_reason"] = finish_reason_json(c);
       if (delta.finish_reason) choice["stop_reason"] = c.stop_reason;
       stream_choices.push_back(std::move(choice));
     }
@@ -253,12 +340,27 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     json choices = json::array();
     for (int32_t i = 0; i < static_cast<int32_t>(choices_.size()); ++i) {
       const ChoiceState& c = choices_[i];
-      json choice = {
-          {"index", i},
-          {"logprobs", logprobs_json(c.logprobs, 0)},
-          {"finish_reason", c.finish ? json(finish_reason_string(*c.finish)) : json(nullptr)},
-          {"stop_reason", c.stop_reason}};
-      if (chat_) {
+      json choice = {{"index", i},
+                     {"logprobs", logprobs_json(c.logprobs, 0)},
+                     {"finish_reason", finish_reason_json(c)},
+                     {"stop_reason", c.stop_reason}};
+      if (chat_ && c.tools && c.tools->called_tools()) {
+        json calls = json::array();
+        const std::vector<ParsedToolCall>& parsed = c.tools->calls();
+        for (size_t k = 0; k < parsed.size(); ++k) {
+          calls.push_back(
+              {{"id", k < c.call_ids.size() ? c.call_ids[k] : ctx_->new_id("call_")},
+               {"type", "function"},
+               {"function", {{"name", parsed[k].name}, {"arguments", parsed[k].arguments}}}});
+        }
+        choice["message"] = {
+            {"role", "assistant"},
+            {"content", c.tool_content.empty() ? json(nullptr) : json(c.tool_content)},
+            {"tool_calls", std::move(calls)}};
+      } else if (chat_ && c.tools) {
+        // No well-formed call: the whole output as text, forced prefix included.
+        choice["message"] = {{"role", "assistant"}, {"content", tool_setup_.prefix + c.text}};
+      } else if (chat_) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
         choice["text"] = c.text;
@@ -297,6 +399,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const int32_t top_logprobs_;
   const std::string id_;
   const int64_t created_;
+  const ToolCallSetup tool_setup_;
   std::vector<RequestId> request_ids_;
   std::vector<ChoiceState> choices_;
   std::vector<Usage> usage_;
@@ -343,6 +446,23 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.message = "this model has no chat template; use /v1/completions";
     return send_error(*exchange, e);
   }
+  const bool use_tools = chat.tool_choice.mode != ToolChoice::Mode::kNone;
+  if (use_tools && !ctx.options.tool_calling) {
+    ApiError e;
+    e.message = "tool calling is off on this server (started with --tool-call-parser none)";
+    e.param = "tools";
+    e.code = "unsupported_parameter";
+    return send_error(*exchange, e);
+  }
+  if (chat.forced_output && !ctx.options.allow_forced_output) {
+    ApiError e;
+    e.message =
+        "'peerserve_forced_output' is a testing hook; this server was not started with "
+        "--allow-forced-output";
+    e.param = "peerserve_forced_output";
+    e.code = "unsupported_parameter";
+    return send_error(*exchange, e);
+  }
   ChatTemplateInput input;
   input.messages = chat.messages;
   input.add_generation_prompt = chat.add_generation_prompt;
@@ -359,10 +479,46 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.message = "the chat template failed on these messages: " + tokens.status().message();
     return send_error(*exchange, e);
   }
+  ToolCallSetup tool_setup;
+  if (use_tools) {
+    tool_setup.enabled = true;
+    const bool named = chat.tool_choice.mode == ToolChoice::Mode::kNamed;
+    tool_setup.max_calls = named || !chat.parallel_tool_calls ? 1 : 0;
+    // "required" and a named function: the answer starts inside a call, so it makes one.
+    if (named || chat.tool_choice.mode == ToolChoice::Mode::kRequired) {
+      tool_setup.prefix = forced_tool_call_prefix(
+          named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt);
+    }
+  }
+  // Tokens of text the server itself adds (the forced call prefix, the forced output):
+  // marker strings become their tokens.
+  auto encode_markup = [&](const std::string& text) {
+    EncodeOptions options;
+    options.add_special_tokens = false;
+    options.max_tokens = static_cast<size_t>(max_len);
+    return ctx.tokenizer->encode(text, options);
+  };
+  std::vector<TokenId> prompt = std::move(tokens).value();
+  if (!tool_setup.prefix.empty()) {
+    Result<std::vector<TokenId>> prefix = encode_markup(tool_setup.prefix);
+    if (!prefix.ok())
+      return send_error(*exchange, api_error_from_status(prefix.status(), "tool_choice"));
+    prompt.insert(prompt.end(), prefix->begin(), prefix->end());
+  }
+  if (chat.forced_output) {
+    Result<std::vector<TokenId>> forced = encode_markup(*chat.forced_output);
+    if (!forced.ok()) {
+      ApiError e = api_error_from_status(forced.status(), "peerserve_forced_output");
+      e.status = 400;
+      return send_error(*exchange, e);
+    }
+    chat.params.sampling.forced_tokens = std::move(forced).value();
+  }
   const int32_t top = chat.params.sampling.top_logprobs;
-  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/true, chat, top);
+  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/true, chat, top,
+                                               std::move(tool_setup));
   std::vector<EngineRequest> requests(1);
-  requests[0].prompt_tokens = std::move(tokens).value();
+  requests[0].prompt_tokens = std::move(prompt);
   requests[0].params = chat.params;
   start_on_strand(call, exchange, std::move(requests));
 }

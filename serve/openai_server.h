@@ -49,6 +49,12 @@ struct OpenAiServerOptions {
   // beyond it requests get 503 with Retry-After (one request is always admitted).
   // Default 256 MiB.
   uint64_t max_inflight_request_bytes = 256ull << 20;
+  // Tool calling (tools/tool_choice in, tool_calls out, DeepSeek-V3 syntax; see
+  // tool_call_parser.h). Off: requests that ask for tools get 400. Default on.
+  bool tool_calling = true;
+  // Testing hook: honour the request field peerserve_forced_output (the text the model is
+  // made to produce). Never for production. Default off.
+  bool allow_forced_output = false;
 };
 
 class OpenAiServer {

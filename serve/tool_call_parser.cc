@@ -17,6 +17,8 @@ constexpr std::string_view kArgumentsEnd = "```<｜tool▁call▁end｜>";
 // A type or name longer than this without its delimiter is not a tool call.
 constexpr size_t kMaxTypeBytes = 64;
 constexpr size_t kMaxNameBytes = 256;
+// Streamed arguments are checked to be a viable JSON prefix up to this size.
+constexpr size_t kMaxCheckedBytes = 64 << 10;
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\r' || c == '\t';
@@ -235,7 +237,11 @@ void ToolCallStreamParser::advance(std::vector<ToolCallEvent>* events, bool at_e
         while (sendable > 0 && is_space(rest[sendable - 1])) --sendable;
         if (sendable > 0) {
           std::string candidate = arguments_ + std::string(rest.substr(0, sendable));
-          if (!is_viable_json_object_prefix(candidate)) return fail(events);
+          // Re-parsing the whole prefix per fragment is quadratic; past kMaxCheckedBytes only
+          // the final check below runs (arguments that large are rare).
+          if (candidate.size() <= kMaxCheckedBytes && !is_viable_json_object_prefix(candidate)) {
+            return fail(events);
+          }
           arguments_ = std::move(candidate);
           if (!call_dropped()) {
             events->push_back({ToolCallEvent::Kind::kArguments, started_calls_ - 1,
@@ -260,6 +266,13 @@ void ToolCallStreamParser::advance(std::vector<ToolCallEvent>* events, bool at_e
         return;
     }
   }
+}
+
+std::string forced_tool_call_prefix(const std::optional<std::string>& function_name) {
+  std::string prefix =
+      std::string(kCallsBegin) + std::string(kCallBegin) + "function" + std::string(kSep);
+  if (function_name) prefix += *function_name + "\n" + std::string(kFence) + "\n";
+  return prefix;
 }
 
 ParsedToolOutput parse_tool_calls(std::string_view text, int32_t max_calls) {

@@ -17,7 +17,8 @@
 // Streaming: the parser is fed the text deltas and returns what can be sent so far —
 // content, a call's header once its name is complete, and argument fragments — holding
 // back only text that could still turn into a marker. Arguments go out while they are a
-// viable prefix of a JSON object; from the first malformed byte on, the raw remaining text
+// viable prefix of a JSON object (checked for the first 64 KiB of each call; beyond, only
+// once the call ends); from the first malformed byte on, the raw remaining text
 // goes out as content and called_tools() is false (the client then sees the engine's
 // finish_reason, not "tool_calls", as with a call cut off by max_tokens).
 #pragma once
@@ -94,6 +95,12 @@ class ToolCallStreamParser {
   size_t arguments_start_ = 0;         // where they begin in text_ (0: not reached yet)
   std::vector<ParsedToolCall> calls_;  // complete calls within max_calls
 };
+
+// The text that starts a call in the model's syntax, appended to the prompt to force one:
+// `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>` (tool_choice
+// "required": the model picks the function), followed by "NAME\n```json\n" when a
+// function is named.
+std::string forced_tool_call_prefix(const std::optional<std::string>& function_name);
 
 // The whole output at once (non-streaming).
 ParsedToolOutput parse_tool_calls(std::string_view text, int32_t max_calls = 0);

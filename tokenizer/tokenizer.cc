@@ -465,6 +465,11 @@ const ChatTemplate* Tokenizer::chat_template() const {
   return impl_->chat_template ? &*impl_->chat_template : nullptr;
 }
 
+void Tokenizer::set_chat_template(ChatTemplate chat_template) {
+  impl_->chat_template.emplace(std::move(chat_template));
+  impl_->chat_template_status = ok_status();
+}
+
 Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& input) const {
   if (!impl_->chat_template) return impl_->chat_template_status;
   if (!input.messages.is_array()) {

@@ -116,6 +116,9 @@ class Tokenizer {
 
   // nullptr when tokenizer_config.json has no chat_template.
   const ChatTemplate* chat_template() const;
+  // Replaces the chat template (serve --chat-template). Not thread-safe: call before the
+  // tokenizer is shared.
+  void set_chat_template(ChatTemplate chat_template);
 
   // Renders the chat template with bos_token/eos_token from the config, the messages,
   // add_generation_prompt and the extra variables of `input`.

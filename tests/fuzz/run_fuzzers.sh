@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets with clang (a separate small build: the main build uses g++)
 # and runs each for a bounded time: the checkpoint header and config parsers, and the
 # parsers of untrusted text (chat template, tokenizer.json, OpenAI request bodies,
-# encode/decode). Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
+# encode/decode, tool calls in model output). Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
 # large inputs generated below. Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
@@ -40,7 +40,8 @@ PY
 # text fuzzers.
 mkdir -p objects
 text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
-              "$src/serve/openai_protocol.cc" "$src/base/status.cc" "$src/base/check.cc")
+              "$src/serve/openai_protocol.cc" "$src/serve/tool_call_parser.cc"
+              "$src/base/status.cc" "$src/base/check.cc")
 objects=()
 pids=()
 max_jobs=$(nproc)
@@ -56,14 +57,14 @@ for source in "${text_sources[@]}"; do
   fi
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
-for target in chat_template tokenizer_json openai_request encode_decode; do
+for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
   "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
     "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
     "${objects[@]}" -lpcre2-8
 done
 
 # Committed seeds, plus the large regression inputs (generated, not committed).
-for target in chat_template tokenizer_json openai_request encode_decode; do
+for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
   rm -rf "corpus_$target"
   mkdir -p "corpus_$target"
   cp "$src/tests/fuzz/corpus/$target/"* "corpus_$target/"
@@ -88,6 +89,8 @@ text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final
 ./openai_request_fuzzer "${text_run[@]}" -max_len=1048576 \
   -dict="$src/tests/fuzz/openai_request.dict" corpus_openai_request
 ./encode_decode_fuzzer "${text_run[@]}" -max_len=4096 corpus_encode_decode
+./tool_call_parser_fuzzer "${text_run[@]}" -max_len=65536 -dict="$src/tests/fuzz/tool_call.dict" \
+  corpus_tool_call_parser
 
 ./safetensors_header_fuzzer -max_total_time="$seconds" -max_len=2048 -timeout=10 \
   -dict="$src/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus_safetensors

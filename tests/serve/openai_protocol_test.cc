@@ -128,8 +128,8 @@ TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
   EXPECT_EQ(r.messages[0]["role"], "system");
   EXPECT_EQ(r.messages[1]["content"], "a\nb");
   EXPECT_EQ(r.messages[2]["content"], "");
-  EXPECT_TRUE(r.messages[2].contains("tool_calls"));
-  EXPECT_EQ(r.params.max_tokens, 9);  // max_completion_tokens wins
+  EXPECT_FALSE(r.messages[2].contains("tool_calls"));  // an empty list is no call turn
+  EXPECT_EQ(r.params.max_tokens, 9);                   // max_completion_tokens wins
   EXPECT_TRUE(r.params.sampling.want_logprobs);
   EXPECT_EQ(r.params.sampling.top_logprobs, 2);
   EXPECT_TRUE(r.add_generation_prompt);
@@ -327,12 +327,13 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
     const char* param;
   };
   for (const Refused& c : {
-           Refused{R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools"},
+           Refused{R"("tools": [{"type": "function", "function": {"name": "f g"}}])",
+                   "tools[0].function.name"},
            Refused{R"("tools": {})", "tools"},
-           Refused{R"("tool_choice": "auto")", "tool_choice"},
+           Refused{R"("tool_choice": "required")", "tool_choice"},
            Refused{R"("tool_choice": {"type": "function", "function": {"name": "f"}})",
                    "tool_choice"},
-           Refused{R"("parallel_tool_calls": false)", "parallel_tool_calls"},
+           Refused{R"("parallel_tool_calls": 1)", "parallel_tool_calls"},
            Refused{R"("functions": [])", "functions"},
            Refused{R"("function_call": "auto")", "function_call"},
            Refused{R"("echo": true)", "echo"},
@@ -355,6 +356,32 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
                    .has_value());
   EXPECT_EQ(r.params.sampling.min_tokens, 4);
   EXPECT_FALSE(r.template_variables.contains("tools"));
+
+  // Tools: auto by default, handed to the template; "none" keeps them out of it; a named
+  // function must be one of them.
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+          {"type": "object"}}}, {"type": "function", "function": {"name": "f-2"}}])";
+  ChatRequest t;
+  ASSERT_FALSE(chat(tools, &t).has_value());
+  EXPECT_EQ(t.tool_choice.mode, ToolChoice::Mode::kAuto);
+  EXPECT_EQ(t.template_variables["tools"].size(), 2u);
+  EXPECT_TRUE(t.parallel_tool_calls);
+  ChatRequest none;
+  ASSERT_FALSE(chat(tools + R"(, "tool_choice": "none")", &none).has_value());
+  EXPECT_EQ(none.tool_choice.mode, ToolChoice::Mode::kNone);
+  EXPECT_FALSE(none.template_variables.contains("tools"));
+  ChatRequest named;
+  ASSERT_FALSE(chat(tools + R"(, "parallel_tool_calls": false,
+                    "tool_choice": {"type": "function", "function": {"name": "f-2"}})",
+                    &named)
+                   .has_value());
+  EXPECT_EQ(named.tool_choice.mode, ToolChoice::Mode::kNamed);
+  EXPECT_EQ(named.tool_choice.function_name, "f-2");
+  EXPECT_FALSE(named.parallel_tool_calls);
+  ChatRequest required;
+  ASSERT_FALSE(chat(tools + R"(, "tool_choice": "required")", &required).has_value());
+  EXPECT_EQ(required.tool_choice.mode, ToolChoice::Mode::kRequired);
 
   CompletionRequest c;
   ASSERT_FALSE(parse_completion_request(

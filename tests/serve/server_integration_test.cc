@@ -335,10 +335,11 @@ TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
     std::string param;
   };
   for (const Refused& c : std::vector<Refused>{
-           {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])",
-            "tools"},
-           {R"("tool_choice": "auto")", "tool_choice"},
-           {R"("parallel_tool_calls": true)", "parallel_tool_calls"},
+           {R"("tools": [{"type": "function", "function": {"name": "f", "parameters": 1}}])",
+            "tools[0].function.parameters"},
+           {R"("tool_choice": "required")", "tool_choice"},
+           {R"("parallel_tool_calls": "yes")", "parallel_tool_calls"},
+           {R"("peerserve_forced_output": "x")", "peerserve_forced_output"},
            {R"("bad_words": ["the"])", "bad_words"},
            {R"("echo": true)", "echo"},
            {R"("min_tokens": 9, "max_tokens": 3)", "min_tokens"},

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -240,6 +241,34 @@ TEST(ChatTemplateTest, DeepSeekV3TemplateMatchesJinja2) {
       if (mode < 2) vars["add_generation_prompt"] = mode == 1;  // mode 2: not defined
       cases.push_back({"v3 conversation " + std::to_string(index) + " mode " + std::to_string(mode),
                        source, vars});
+    }
+    ++index;
+  }
+  expect_same_as_jinja2(cases);
+}
+
+// The tools template shipped for serve --chat-template, with and without tools.
+TEST(ChatTemplateTest, ShippedToolsTemplateMatchesJinja2) {
+  std::ifstream in(testing::source_dir() / "data/chat_templates/deepseek_v3_tools.jinja");
+  ASSERT_TRUE(in.good());
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json tools = json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "description": "Weather \"now\"",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"]}}},
+      {"type": "function", "function": {"name": "time", "parameters": {}}}])");
+  std::vector<Case> cases;
+  int index = 0;
+  for (const json& messages : conversations()) {
+    for (int mode = 0; mode < 4; ++mode) {
+      json vars = {{"messages", messages},
+                   {"bos_token", "<｜begin▁of▁sentence｜>"},
+                   {"eos_token", "<｜end▁of▁sentence｜>"}};
+      if (mode < 2) vars["add_generation_prompt"] = mode == 1;  // 2, 3: not defined
+      if (mode != 2) vars["tools"] = mode == 3 ? json::array() : tools;
+      cases.push_back(
+          {"tools conversation " + std::to_string(index) + " mode " + std::to_string(mode), source,
+           vars});
     }
     ++index;
   }

@@ -1,0 +1,242 @@
+"""Tool calling in `peerserve serve`, as real processes on loopback.
+
+Server A runs the shipped tools template (data/chat_templates/deepseek_v3_tools.jinja)
+with the testing hook --allow-forced-output, so the cases fix what the model answers;
+server B runs with the model's own template and no hook; server C with --tool-call-parser
+none.
+
+Cases (all run; exit 1 if any failed):
+- every malformed tools / tool_choice / parallel_tool_calls / message tool field gets a 400
+  naming the field; the legacy functions / function_call are refused by name;
+- the request's tools reach the prompt (more prompt tokens), not with tool_choice "none";
+  an assistant turn with tool_calls and a tool result round-trip into the prompt;
+- n = 2 and logprobs with tools: every choice parsed, nothing lost;
+- server B: the hook is refused, tools are served, and its log says that the model's
+  template does not show tools; server C: tools get 400 (tool calling off), tool_choice
+  "none" is served;
+- the official OpenAI Node SDK's tool helpers (tests/js/openai_tool_calls_check.mjs):
+  calls, streaming deltas, runTools, tool_choice, malformed output returned as text.
+Exit 77 (ctest: skipped) when everything ran but tests/js/node_modules is missing.
+Usage: tool_calling_test.py PEERSERVE_BINARY SOURCE_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+from serve_harness import case, exit_code, free_port, launch
+
+BIN, SRC = sys.argv[1], sys.argv[2]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+TEMPLATE = os.path.join(SRC, "data", "chat_templates", "deepseek_v3_tools.jinja")
+EOS = "<｜end▁of▁sentence｜>"
+
+
+def call(name, args):
+    return (f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```"
+            "<｜tool▁call▁end｜>")
+
+
+def calls(*items):
+    return "<｜tool▁calls▁begin｜>" + "\n".join(items) + "<｜tool▁calls▁end｜>" + EOS
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+class Server:
+    def __init__(self, *flags):
+        self.port = free_port()
+        self.p, self.log = launch(
+            [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1",
+             "--kv-cache-memory", "16MiB", "--max-model-len", "2048", *flags], timeout=120)
+
+    def post(self, body, expect=200):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                status, raw = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read().decode()
+        assert status == expect, f"status {status}, expected {expect}: {raw[:300]}"
+        if not body.get("stream") or status != 200:
+            return json.loads(raw)
+        return [json.loads(line[6:]) for line in raw.splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+        return self.p.returncode
+
+
+def expect_400(server, body, param):
+    err = server.post(body, expect=400)["error"]
+    assert err.get("param") == param, f"param {err.get('param')!r}, expected {param!r}: {err}"
+    assert err["message"], err
+
+
+def bad_requests(a):
+    base = {"messages": MESSAGES}
+    assistant_call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}
+    cases = [
+        ({"tools": {"type": "function"}}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+         "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]},
+         "tools[0].function.description"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": 5}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"peerserve_forced_output": 5}, "peerserve_forced_output"),
+        ({"messages": MESSAGES + [{"role": "assistant", "tool_calls": {"a": 1}}]},
+         "messages[1].tool_calls"),
+        ({"messages": MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]},
+         "messages[1].tool_calls[0].function.arguments"),
+        ({"messages": MESSAGES + [assistant_call, {"role": "tool", "content": "sunny",
+                                                   "tool_call_id": 5}]},
+         "messages[2].tool_call_id"),
+        ({"messages": MESSAGES + [{"role": "user", "content": "x", "tool_calls": []}]},
+         "messages[1].tool_calls"),
+    ]
+    for extra, param in cases:
+        expect_400(a, {**base, **extra}, param)
+
+
+def prompt_tokens(server, body):
+    return server.post({**body, "max_tokens": 1})["usage"]["prompt_tokens"]
+
+
+def tools_reach_prompt(a):
+    plain = prompt_tokens(a, {"messages": MESSAGES})
+    with_tools = prompt_tokens(a, {"messages": MESSAGES, "tools": TOOLS})
+    none = prompt_tokens(a, {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"})
+    assert with_tools > plain + 20, f"{with_tools} prompt tokens with tools, {plain} without"
+    assert none == plain, f"tool_choice none: {none} prompt tokens, {plain} without tools"
+
+
+def round_trip(a):
+    turn = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature_c\": 21}"}]
+    before = prompt_tokens(a, {"messages": MESSAGES, "tools": TOOLS})
+    after = prompt_tokens(a, {"messages": MESSAGES + turn, "tools": TOOLS})
+    assert after > before + 15, f"{after} prompt tokens with the tool turn, {before} without"
+    # An empty-string content with tool_calls is a call turn too (some clients send "").
+    turn[0]["content"] = ""
+    assert prompt_tokens(a, {"messages": MESSAGES + turn, "tools": TOOLS}) == after
+
+
+def n2_and_logprobs(a):
+    forced = "Sure." + calls(call("get_weather", '{"city": "Rome"}'))
+    r = a.post({"messages": MESSAGES, "tools": TOOLS, "n": 2, "logprobs": True,
+                "peerserve_forced_output": forced})
+    assert len(r["choices"]) == 2, r
+    for choice in r["choices"]:
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+        assert len(choice["logprobs"]["content"]) == r["usage"]["completion_tokens"] // 2
+    chunks = a.post({"messages": MESSAGES, "tools": TOOLS, "stream": True, "logprobs": True,
+                     "peerserve_forced_output": forced})
+    args, content, logprobs, finish = "", "", 0, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for tc in delta.get("tool_calls", []):
+                args += tc["function"].get("arguments", "")
+            if choice.get("logprobs"):
+                logprobs += len(choice["logprobs"]["content"])
+            finish = choice["finish_reason"] or finish
+    assert (content, args, finish) == ("Sure.", '{"city": "Rome"}', "tool_calls"), \
+        (content, args, finish)
+    assert logprobs == r["usage"]["completion_tokens"] // 2, (logprobs, r["usage"])
+
+
+def server_b_cases(b):
+    err = b.post({"messages": MESSAGES, "peerserve_forced_output": "x"}, expect=400)["error"]
+    assert err["param"] == "peerserve_forced_output" and "--allow-forced-output" in err["message"]
+    r = b.post({"messages": MESSAGES, "tools": TOOLS, "max_tokens": 2})
+    assert r["choices"][0]["finish_reason"] == "length", r
+    assert any("does not use `tools`" in line for line in b.log), "".join(b.log)
+
+
+def server_c_cases(c):
+    err = c.post({"messages": MESSAGES, "tools": TOOLS}, expect=400)["error"]
+    assert err["param"] == "tools" and "tool-call-parser none" in err["message"], err
+    r = c.post({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none", "max_tokens": 2})
+    assert r["choices"][0]["message"]["content"] is not None, r
+    assert not any("does not use `tools`" in line for line in c.log), "".join(c.log)
+
+
+def sdk_check(a):
+    js = os.path.join(SRC, "tests", "js")
+    if not os.path.isdir(os.path.join(js, "node_modules", "openai")):
+        return False
+    out = subprocess.run(["node", os.path.join(js, "openai_tool_calls_check.mjs"),
+                          f"http://127.0.0.1:{a.port}", "peerserve-dsv3-tiny"],
+                         capture_output=True, text=True, timeout=300)
+    print(out.stdout, end="")
+    assert out.returncode == 0 and "ALL OK" in out.stdout, out.stdout + out.stderr
+    return True
+
+
+def stops_cleanly(server):
+    code = server.stop()
+    assert code == 0, f"exit code {code}: {''.join(server.log[-5:])}"
+
+
+def main():
+    a = Server("--chat-template", TEMPLATE, "--allow-forced-output")
+    sdk_ran = [True]
+    try:
+        case("bad tool fields get 400 naming them", lambda: bad_requests(a))
+        case("tools reach the prompt, not with tool_choice none", lambda: tools_reach_prompt(a))
+        case("tool calls and results round-trip into the prompt", lambda: round_trip(a))
+        case("n=2 and logprobs with tools, plain and streamed", lambda: n2_and_logprobs(a))
+        case("OpenAI Node SDK tool helpers", lambda: sdk_ran.__setitem__(0, sdk_check(a)))
+    finally:
+        case("server A exits cleanly", lambda: stops_cleanly(a))
+    b = Server()
+    try:
+        case("server B (model's template): hook refused, tools served, log note",
+             lambda: server_b_cases(b))
+    finally:
+        case("server B exits cleanly", lambda: stops_cleanly(b))
+    c = Server("--tool-call-parser", "none")
+    try:
+        case("server C (--tool-call-parser none): tools refused", lambda: server_c_cases(c))
+    finally:
+        case("server C exits cleanly", lambda: stops_cleanly(c))
+    code = exit_code()
+    if code == 0 and not sdk_ran[0]:
+        print("SKIP the SDK checks: tests/js/node_modules is missing (scripts/install-test-js.sh)")
+        return 77
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
