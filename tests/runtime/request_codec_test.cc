@@ -25,6 +25,7 @@ EngineRequest full_request() {
   s.top_logprobs = 3;
   s.min_tokens = 2;
   s.suppressed_until_min_tokens = {7, 8};
+  s.forced_tokens = {3, 1, 4};
   r.params.max_tokens = 77;
   r.params.stop_strings = {"END", "\n\n", std::string("a\0b", 3)};
   r.params.include_stop_str_in_output = true;
@@ -91,6 +92,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(s.top_logprobs, 3);
   EXPECT_EQ(s.min_tokens, 2);
   EXPECT_EQ(s.suppressed_until_min_tokens, want.params.sampling.suppressed_until_min_tokens);
+  EXPECT_EQ(s.forced_tokens, want.params.sampling.forced_tokens);
   EXPECT_EQ(decoded->params.max_tokens, 77);
   EXPECT_EQ(decoded->params.stop_strings, want.params.stop_strings);
   EXPECT_TRUE(decoded->params.include_stop_str_in_output);

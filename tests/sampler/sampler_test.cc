@@ -430,5 +430,30 @@ TEST(SamplerTest, MinTokensSuppressesEndingTokens) {
   EXPECT_NE(params.validate().message().find("min_tokens"), std::string::npos);
 }
 
+// The forced-output testing hook: at position t the forced token is the only one left,
+// greedy or sampled, whatever the logits; after the list, sampling is as usual.
+TEST(SamplerTest, ForcedTokensAreTheOnlyChoice) {
+  const std::vector<float> logits = {0.0f, 9.0f, -3.0f, 8.5f, 2.0f};
+  SamplingParams params;
+  params.forced_tokens = {2, 0};
+  params.repetition_penalty = 1.3f;
+  params.want_logprobs = true;
+  for (float temperature : {0.0f, 0.7f, 1.0f}) {
+    params.temperature = temperature;
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      const SampledToken first = sample_token(logits, params, {.seed = seed});
+      EXPECT_EQ(first.token, 2);
+      EXPECT_NEAR(first.logprob, 0.0f, 1e-6);
+      const std::vector<TokenId> one = {2};
+      EXPECT_EQ(sample_token(logits, params, {.generated = one, .seed = seed}).token, 0);
+    }
+  }
+  params.temperature = 0.0f;
+  const std::vector<TokenId> two = {2, 0};
+  EXPECT_EQ(sample_token(logits, params, {.generated = two}).token, 1);  // the argmax again
+  const TokenDistribution d = final_distribution(logits, params, {});
+  EXPECT_EQ(d.tokens, (std::vector<TokenId>{2}));
+}
+
 }  // namespace
 }  // namespace peerserve
