@@ -73,6 +73,11 @@ float quantize_row(const float* w, int64_t k, int8_t* q) {
 
 }  // namespace
 
+float quantize_int8_row(std::span<const float> w, std::span<int8_t> q) {
+  PS_CHECK(w.size() == q.size());
+  return quantize_row(w.data(), static_cast<int64_t>(w.size()), q.data());
+}
+
 PackedInt8Matrix::PackedInt8Matrix(int64_t rows, int64_t cols, bool gate_up)
     : rows_(rows), cols_(cols), gate_up_(gate_up) {
   panels_ = gate_up ? 2 * ceil_div(rows / 2, kPanel) : ceil_div(rows, kPanel);

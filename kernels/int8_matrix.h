@@ -59,6 +59,12 @@ struct Int8WeightsView {
 // int32 (the accumulator); 65536 leaves a margin (DeepSeek-V3's largest k is 18432).
 inline constexpr int64_t kMaxInt8Cols = 65536;
 
+// Symmetric round-to-nearest quantization of one row, as quantize() does it: writes q (k
+// values in [-127, 127]) and returns the scale absmax / 127 (0 for an all-zero row).
+// Offline writers of INT8 checkpoints use it so that a stored weight packs to exactly what
+// quantizing at load gives. REQUIRES: q.size() == w.size().
+float quantize_int8_row(std::span<const float> w, std::span<int8_t> q);
+
 class PackedInt8Matrix {
  public:
   // Output columns per panel and k elements per group of the packed layout.

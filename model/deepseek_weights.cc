@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/tensor_layout.h"
 
 namespace peerserve {
 namespace {
@@ -14,9 +15,31 @@ class WeightReader {
  public:
   explicit WeightReader(Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
 
+  // A BF16 matrix (I8 and FP8 weights dequantized): for weights not used as one GEMM.
   Result<LinearWeight> matrix(const std::string& name, int64_t rows, int64_t cols) {
     PS_ASSIGN_OR_RETURN(WeightTensor t, checkpoint_.get_bf16(name, {rows, cols}));
     return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr};
+  }
+  // A GEMM weight: stored I8, it is packed for the INT8 kernels as is (no BF16 form).
+  Result<LinearWeight> gemm_weight(const std::string& name, int64_t rows, int64_t cols) {
+    if (!is_int8(name)) return matrix(name, rows, cols);
+    PS_ASSIGN_OR_RETURN(Int8WeightTensor t, checkpoint_.get_int8(name, {rows, cols}));
+    auto packed = kernels::PackedInt8Matrix::pack(int8_view(t));
+    if (!packed.ok())
+      return packed.status().with_context(checkpoint_.dir() + ": tensor '" + name + "'");
+    LinearWeight w{nullptr, rows, cols, nullptr, nullptr};
+    w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    return w;
+  }
+  bool is_int8(const std::string& name) const {
+    const Result<CheckpointTensorInfo> info = checkpoint_.info(name);
+    return info.ok() && info->dtype == DType::kI8;
+  }
+  Result<Int8WeightTensor> int8(const std::string& name, int64_t rows, int64_t cols) {
+    return checkpoint_.get_int8(name, {rows, cols});
+  }
+  static kernels::Int8WeightsView int8_view(const Int8WeightTensor& t) {
+    return {{t.values, t.rows, t.cols, 0}, t.scales.data()};
   }
   Result<std::vector<float>> vector(const std::string& name, int64_t size) {
     return checkpoint_.get_f32(name, {size});
@@ -32,9 +55,22 @@ class WeightReader {
 Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t hidden,
                             int64_t inter) {
   MlpWeights w;
-  PS_ASSIGN_OR_RETURN(w.gate, r.matrix(prefix + "gate_proj.weight", inter, hidden));
-  PS_ASSIGN_OR_RETURN(w.up, r.matrix(prefix + "up_proj.weight", inter, hidden));
-  PS_ASSIGN_OR_RETURN(w.down, r.matrix(prefix + "down_proj.weight", hidden, inter));
+  const std::string gate = prefix + "gate_proj.weight", up = prefix + "up_proj.weight";
+  if (r.is_int8(gate) && r.is_int8(up)) {
+    // Stored INT8: only the fused gate/up form the kernels read is built.
+    PS_ASSIGN_OR_RETURN(Int8WeightTensor g, r.int8(gate, inter, hidden));
+    PS_ASSIGN_OR_RETURN(Int8WeightTensor u, r.int8(up, inter, hidden));
+    auto packed = kernels::PackedInt8Matrix::pack_gate_up(WeightReader::int8_view(g),
+                                                          WeightReader::int8_view(u));
+    if (!packed.ok()) return packed.status().with_context(gate + " / " + up);
+    w.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
+    w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
+  } else {
+    PS_ASSIGN_OR_RETURN(w.gate, r.gemm_weight(gate, inter, hidden));
+    PS_ASSIGN_OR_RETURN(w.up, r.gemm_weight(up, inter, hidden));
+  }
+  PS_ASSIGN_OR_RETURN(w.down, r.gemm_weight(prefix + "down_proj.weight", hidden, inter));
   return w;
 }
 
@@ -45,19 +81,19 @@ Result<AttentionWeights> load_attention(WeightReader& r, const ModelConfig& c,
   AttentionWeights w;
   if (c.q_lora_rank) {
     const int64_t q_lora = *c.q_lora_rank;
-    PS_ASSIGN_OR_RETURN(w.q_a, r.matrix(prefix + "q_a_proj.weight", q_lora, hidden));
+    PS_ASSIGN_OR_RETURN(w.q_a, r.gemm_weight(prefix + "q_a_proj.weight", q_lora, hidden));
     PS_ASSIGN_OR_RETURN(w.q_a_norm, r.vector(prefix + "q_a_layernorm.weight", q_lora));
     PS_ASSIGN_OR_RETURN(w.q_b,
-                        r.matrix(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), q_lora));
+                        r.gemm_weight(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), q_lora));
   } else {
     PS_ASSIGN_OR_RETURN(w.q_proj,
-                        r.matrix(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden));
+                        r.gemm_weight(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden));
   }
-  PS_ASSIGN_OR_RETURN(
-      w.kv_a, r.matrix(prefix + "kv_a_proj_with_mqa.weight", lora + c.qk_rope_head_dim, hidden));
+  PS_ASSIGN_OR_RETURN(w.kv_a, r.gemm_weight(prefix + "kv_a_proj_with_mqa.weight",
+                                            lora + c.qk_rope_head_dim, hidden));
   PS_ASSIGN_OR_RETURN(w.kv_a_norm, r.vector(prefix + "kv_a_layernorm.weight", lora));
   PS_ASSIGN_OR_RETURN(w.kv_b, r.matrix(prefix + "kv_b_proj.weight", heads * (nope + v), lora));
-  PS_ASSIGN_OR_RETURN(w.o_proj, r.matrix(prefix + "o_proj.weight", hidden, heads * v));
+  PS_ASSIGN_OR_RETURN(w.o_proj, r.gemm_weight(prefix + "o_proj.weight", hidden, heads * v));
 
   // W_UK per head, transposed so that q_nope W_UK becomes an ordinary x w^T product.
   w.w_uk_t.resize(static_cast<size_t>(heads * lora * nope));
@@ -127,10 +163,10 @@ Result<MtpWeights> load_mtp(WeightReader& r, const ModelConfig& c, int64_t index
   PS_ASSIGN_OR_RETURN(w.embed, r.matrix(prefix + "embed_tokens.weight", vocab, hidden));
   PS_ASSIGN_OR_RETURN(w.enorm, r.vector(prefix + "enorm.weight", hidden));
   PS_ASSIGN_OR_RETURN(w.hnorm, r.vector(prefix + "hnorm.weight", hidden));
-  PS_ASSIGN_OR_RETURN(w.eh_proj, r.matrix(prefix + "eh_proj.weight", hidden, 2 * hidden));
+  PS_ASSIGN_OR_RETURN(w.eh_proj, r.gemm_weight(prefix + "eh_proj.weight", hidden, 2 * hidden));
   PS_ASSIGN_OR_RETURN(w.layer, load_layer(r, c, index, select));
   PS_ASSIGN_OR_RETURN(w.head_norm, r.vector(prefix + "shared_head.norm.weight", hidden));
-  PS_ASSIGN_OR_RETURN(w.head, r.matrix(prefix + "shared_head.head.weight", vocab, hidden));
+  PS_ASSIGN_OR_RETURN(w.head, r.gemm_weight(prefix + "shared_head.head.weight", vocab, hidden));
   return w;
 }
 
@@ -150,8 +186,22 @@ Result<MlpWeights> load_routed_expert(Checkpoint& checkpoint, int64_t layer, int
 namespace {
 
 bool same_values(const LinearWeight& a, const LinearWeight& b) {
+  // INT8 forms are not compared (an INT8 head and embedding are never the same weight).
   return a.data != nullptr && b.data != nullptr && a.rows == b.rows && a.cols == b.cols &&
          std::memcmp(a.data, b.data, static_cast<size_t>(a.rows * a.cols) * sizeof(bf16)) == 0;
+}
+
+// Two I8 weights stored with the same values and scales (compared in the mapping).
+bool same_int8_stored(Checkpoint& checkpoint, const std::string& a, const std::string& b) {
+  const auto bytes_equal = [&](const std::string& x, const std::string& y) {
+    const Result<CheckpointTensorInfo> ix = checkpoint.info(x), iy = checkpoint.info(y);
+    if (!ix.ok() || !iy.ok() || ix->dtype != iy->dtype || ix->shape != iy->shape) return false;
+    const Result<WeightTensor> tx = checkpoint.get_raw(x), ty = checkpoint.get_raw(y);
+    return tx.ok() && ty.ok() && std::memcmp(tx->data, ty->data, tx->nbytes()) == 0;
+  };
+  const Result<CheckpointTensorInfo> info = checkpoint.info(a);
+  return info.ok() && info->dtype == DType::kI8 && bytes_equal(a, b) &&
+         bytes_equal(int8_scale_name(a), int8_scale_name(b));
 }
 
 }  // namespace
@@ -171,7 +221,7 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
   } else {
-    PS_ASSIGN_OR_RETURN(w.lm_head, r.matrix("lm_head.weight", c.vocab_size, c.hidden_size));
+    PS_ASSIGN_OR_RETURN(w.lm_head, r.gemm_weight("lm_head.weight", c.vocab_size, c.hidden_size));
   }
   // Only the first MTP layer is used (DeepSeek-V3 ships one).
   if (load_mtp_layer && c.num_nextn_predict_layers > 0) {
@@ -179,7 +229,12 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
     // DeepSeek's checkpoints store the MTP layer's embedding and head as copies of the main
     // model's (shared in training): keep one, so a speculative step reads (and caches) one.
     if (same_values(w.mtp->embed, w.embed)) w.mtp->embed = w.embed;
-    if (same_values(w.mtp->head, w.lm_head)) w.mtp->head = w.lm_head;
+    const std::string mtp_head =
+        "model.layers." + std::to_string(c.num_hidden_layers) + ".shared_head.head.weight";
+    if (same_values(w.mtp->head, w.lm_head) ||
+        (!c.tie_word_embeddings && same_int8_stored(checkpoint, mtp_head, "lm_head.weight"))) {
+      w.mtp->head = w.lm_head;
+    }
   }
 
   // Every stored tensor must have been read, except MTP layers we chose not to load and

@@ -185,13 +185,54 @@ Result<std::optional<YarnScaling>> read_rope_scaling(const FieldReader& f) {
   return std::optional<YarnScaling>{y};
 }
 
+// compressed-tensors W8A8: only the scheme the INT8 kernels run (8-bit symmetric integer
+// weights per output channel; activations, if described, 8-bit per token and dynamic).
+Status read_int8_quantization(const FieldReader& f, const json& q, ModelConfig& c) {
+  const std::string where = "quantization_config.";
+  if (q.value("format", json()) != "int-quantized") {
+    return f.unsupported(where + "format", q.value("format", json()),
+                         "\"int-quantized\" (W8A8 INT8)");
+  }
+  const json groups = q.value("config_groups", json());
+  if (!groups.is_object() || groups.empty()) {
+    return f.missing(where + "config_groups", "one group with 8-bit channel-wise int weights");
+  }
+  for (auto it = groups.begin(); it != groups.end(); ++it) {
+    const std::string g = where + "config_groups." + it.key() + ".";
+    const json w = it->is_object() ? it->value("weights", json()) : json();
+    const bool weights_ok =
+        w.is_object() && w.value("num_bits", json()) == 8 && w.value("type", json()) == "int" &&
+        w.value("symmetric", json()) == true && w.value("strategy", json()) == "channel";
+    if (!weights_ok) {
+      return f.unsupported(g + "weights", w,
+                           "{\"num_bits\": 8, \"type\": \"int\", \"symmetric\": true, "
+                           "\"strategy\": \"channel\"}");
+    }
+    const json a = it->value("input_activations", json());
+    const bool activations_ok =
+        a.is_null() ||
+        (a.is_object() && a.value("num_bits", json()) == 8 && a.value("type", json()) == "int" &&
+         a.value("dynamic", json()) == true && a.value("strategy", json()) == "token");
+    if (!activations_ok) {
+      return f.unsupported(
+          g + "input_activations", a,
+          "null or {\"num_bits\": 8, \"type\": \"int\", \"dynamic\": true, "
+          "\"strategy\": \"token\"} (activations are quantized per token at run time)");
+    }
+  }
+  c.int8_weights = true;
+  return ok_status();
+}
+
 Status read_quantization(const FieldReader& f, ModelConfig& c) {
   if (f.is_null("quantization_config")) return ok_status();
   const json& q = f.at("quantization_config");
   if (!q.is_object()) return f.error("quantization_config", q, "an object or null");
   if (!q.contains("quant_method")) return f.missing("quantization_config.quant_method", "\"fp8\"");
+  if (q.at("quant_method") == "compressed-tensors") return read_int8_quantization(f, q, c);
   if (q.at("quant_method") != "fp8") {
-    return f.unsupported("quantization_config.quant_method", q.at("quant_method"), "\"fp8\"");
+    return f.unsupported("quantization_config.quant_method", q.at("quant_method"),
+                         "\"fp8\" or \"compressed-tensors\"");
   }
   if (q.contains("fmt") && q.at("fmt") != "e4m3") {
     return f.unsupported("quantization_config.fmt", q.at("fmt"), "\"e4m3\"");
@@ -365,6 +406,22 @@ Result<ModelConfig> load_model_config(const std::string& path) {
   return parse_model_config(text.str(), path);
 }
 
+std::string int8_quantization_config_json(const std::vector<std::string>& ignore) {
+  const json weights = {{"num_bits", 8},         {"type", "int"},    {"symmetric", true},
+                        {"strategy", "channel"}, {"dynamic", false}, {"group_size", nullptr}};
+  const json activations = {{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
+                            {"strategy", "token"}, {"dynamic", true}, {"group_size", nullptr}};
+  const json q = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "int-quantized"},
+      {"quantization_status", "compressed"},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", activations}}}}},
+      {"ignore", ignore}};
+  return q.dump();
+}
+
 std::string model_config_to_json(const ModelConfig& c) {
   const bool v3 = c.arch == ModelArch::kDeepseekV3;
   nlohmann::ordered_json j;
@@ -398,7 +455,9 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["q_lora_rank"] = c.q_lora_rank ? json(*c.q_lora_rank) : json(nullptr);
   j["qk_nope_head_dim"] = c.qk_nope_head_dim;
   j["qk_rope_head_dim"] = c.qk_rope_head_dim;
-  if (c.fp8_block_rows && c.fp8_block_cols) {
+  if (c.int8_weights) {
+    j["quantization_config"] = json::parse(int8_quantization_config_json({}));
+  } else if (c.fp8_block_rows && c.fp8_block_cols) {
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"},
                                 {"quant_method", "fp8"},

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -59,6 +60,11 @@ struct ModelConfig {
   // quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128]}
   std::optional<int64_t> fp8_block_rows;  // weight_block_size[0]
   std::optional<int64_t> fp8_block_cols;  // weight_block_size[1]
+  // quantization_config {"quant_method": "compressed-tensors", "format": "int-quantized", ...}
+  // with 8-bit symmetric per-output-channel weights (and dynamic per-token 8-bit
+  // activations): W8A8 INT8 as `peerserve quantize` writes it and vLLM reads it. The
+  // quantized linear weights are I8 with a "<name>_scale" [out, 1]; others stay as they are.
+  bool int8_weights = false;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool is_moe_layer(int64_t layer) const {
@@ -74,6 +80,10 @@ Result<ModelConfig> load_model_config(const std::string& path);
 // The config.json text (Hugging Face keys, "architectures"/"model_type" of `config.arch`)
 // that parse_model_config reads back to an equal config. Used by the test-model writer.
 std::string model_config_to_json(const ModelConfig& config);
+
+// The quantization_config object (JSON text) of a W8A8 INT8 checkpoint (int8_weights);
+// `ignore` names the linear modules left unquantized (compressed-tensors' "ignore").
+std::string int8_quantization_config_json(const std::vector<std::string>& ignore);
 
 // Total parameter count of the checkpoint layout (MTP layers included).
 int64_t model_parameter_count(const ModelConfig& config);

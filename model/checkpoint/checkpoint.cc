@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -169,6 +170,53 @@ struct Checkpoint::Impl {
     }
   }
 
+  // The per-row scales of an I8 weight ("<name>_scale", [rows, 1] or [rows]).
+  Result<std::vector<float>> int8_scales(const TensorEntry& weight) const {
+    const std::string where = file_of(weight) + ": tensor '" + weight.name + "'";
+    if (weight.info->shape.size() != 2) {
+      return invalid_argument(where + " is I8 with shape " + shape_string(weight.info->shape) +
+                              ", expected a 2-D matrix");
+    }
+    const int64_t rows = weight.info->shape[0];
+    const std::string scale_name = int8_scale_name(weight.name);
+    const TensorEntry* scale = find(scale_name);
+    if (scale == nullptr) {
+      return not_found(where + " is I8, but its per-row scales '" + scale_name + "' are missing");
+    }
+    const std::vector<int64_t>& shape = scale->info->shape;
+    if (!(shape == std::vector<int64_t>{rows, 1} || shape == std::vector<int64_t>{rows})) {
+      return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' has shape " +
+                              shape_string(shape) + ", expected [" + std::to_string(rows) +
+                              ", 1] (one scale per row of " + shape_string(weight.info->shape) +
+                              ")");
+    }
+    const std::span<const std::byte> bytes = bytes_of(*scale);
+    std::vector<float> out;
+    switch (scale->info->dtype) {
+      case DType::kF32:
+        out = copy_elements<float>(bytes);
+        break;
+      case DType::kBF16:
+        for (uint16_t bits : copy_elements<uint16_t>(bytes)) out.push_back(bf16_to_float({bits}));
+        break;
+      case DType::kF16:
+        for (uint16_t bits : copy_elements<uint16_t>(bytes)) out.push_back(f16_to_float(bits));
+        break;
+      default:
+        return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' has dtype " +
+                                std::string(dtype_name(scale->info->dtype)) +
+                                ", expected F32, BF16 or F16 scales");
+    }
+    for (size_t r = 0; r < out.size(); ++r) {
+      if (!std::isfinite(out[r]) || out[r] < 0.0f) {
+        return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' row " +
+                                std::to_string(r) + " has scale " + std::to_string(out[r]) +
+                                ", expected a finite value >= 0");
+      }
+    }
+    return out;
+  }
+
   // Converts any float dtype to BF16 into owned memory.
   Result<std::shared_ptr<std::vector<bf16>>> convert_to_bf16(const TensorEntry& e) {
     const std::span<const std::byte> bytes = bytes_of(e);
@@ -198,10 +246,21 @@ struct Checkpoint::Impl {
         mark_used(*find(fp8_scale_inv_name(e.name)));
         break;
       }
+      case DType::kI8: {
+        PS_ASSIGN_OR_RETURN(std::vector<float> scales, int8_scales(e));
+        const auto* q = reinterpret_cast<const int8_t*>(bytes.data());
+        const int64_t cols = e.info->shape[1];
+        for (size_t i = 0; i < out->size(); ++i) {
+          (*out)[i] =
+              float_to_bf16(static_cast<float>(q[i]) * scales[i / static_cast<size_t>(cols)]);
+        }
+        mark_used(*find(int8_scale_name(e.name)));
+        break;
+      }
       default:
         return unimplemented(file_of(e) + ": tensor '" + e.name + "' has dtype " +
                              std::string(dtype_name(e.info->dtype)) +
-                             ", expected a float type (F32, BF16, F16, F8_E4M3)");
+                             ", expected a float type (F32, BF16, F16, F8_E4M3) or I8 with scales");
     }
     return out;
   }
@@ -354,6 +413,25 @@ Result<WeightTensor> Checkpoint::get_raw(std::string_view name) {
   return t;
 }
 
+Result<Int8WeightTensor> Checkpoint::get_int8(std::string_view name,
+                                              const std::vector<int64_t>& expected_shape) {
+  PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
+  PS_RETURN_IF_ERROR(impl_->check_shape(*e, expected_shape));
+  if (e->info->dtype != DType::kI8) {
+    return invalid_argument(impl_->file_of(*e) + ": tensor '" + e->name + "' has dtype " +
+                            std::string(dtype_name(e->info->dtype)) + ", expected I8");
+  }
+  Int8WeightTensor t;
+  PS_ASSIGN_OR_RETURN(t.scales, impl_->int8_scales(*e));
+  t.values = reinterpret_cast<const int8_t*>(impl_->bytes_of(*e).data());
+  t.rows = e->info->shape[0];
+  t.cols = e->info->shape[1];
+  t.storage = impl_->shards[e->shard].mapping();
+  impl_->mark_used(*e);
+  impl_->mark_used(*impl_->find(int8_scale_name(e->name)));
+  return t;
+}
+
 Result<WeightTensor> Checkpoint::get_bf16(std::string_view name,
                                           const std::vector<int64_t>& expected_shape) {
   PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));
@@ -433,10 +511,14 @@ Status Checkpoint::validate_layout() const {
       Fp8BlockShape shape;
       PS_RETURN_IF_ERROR(im.fp8_scales(*e, shape).status());
       expected.insert(fp8_scale_inv_name(spec.name));
+    } else if (dtype == DType::kI8 && is_int8_storable(spec.role)) {
+      PS_RETURN_IF_ERROR(im.int8_scales(*e).status());
+      expected.insert(int8_scale_name(spec.name));
     } else if (!float_type) {
       return invalid_argument(im.file_of(*e) + ": tensor '" + spec.name + "' has dtype " +
                               std::string(dtype_name(dtype)) + ", expected F32, BF16 or F16" +
-                              (fp8_allowed ? " (or F8_E4M3 with block scales)" : ""));
+                              (fp8_allowed ? " (or F8_E4M3 with block scales)" : "") +
+                              (is_int8_storable(spec.role) ? " (or I8 with per-row scales)" : ""));
     }
   }
   if (!missing.empty()) {

@@ -58,6 +58,15 @@ struct WeightTensor {
   const bf16* bf16_data() const;
 };
 
+// An INT8 weight [rows, cols] as stored (I8, zero-copy) with its per-row scales.
+struct Int8WeightTensor {
+  const int8_t* values = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> scales;  // [rows]
+  std::shared_ptr<const void> storage;
+};
+
 // Where a tensor lives and how it is stored.
 struct CheckpointTensorInfo {
   std::string name;
@@ -88,7 +97,8 @@ class Checkpoint {
 
   // The tensor as a BF16 matrix of `expected_shape`: BF16 zero-copy from the mapping (when
   // 2-byte aligned), F32/F16 converted, F8_E4M3 dequantized with "<name>_scale_inv" and the
-  // config's weight_block_size. Marks the tensor (and its scale) as used.
+  // config's weight_block_size, I8 dequantized with "<name>_scale" (per row). Marks the
+  // tensor (and its scale) as used.
   // Errors: NotFound (file is the checkpoint dir), InvalidArgument on shape mismatch
   // ("<file>: tensor '<name>' has shape [a, b], expected [c, d]"), Unimplemented dtype.
   Result<WeightTensor> get_bf16(std::string_view name, const std::vector<int64_t>& expected_shape);
@@ -97,6 +107,11 @@ class Checkpoint {
   // Marks it used.
   Result<std::vector<float>> get_f32(std::string_view name,
                                      const std::vector<int64_t>& expected_shape);
+  // An I8 weight and its "<name>_scale" ([rows, 1] or [rows]; F32, BF16 or F16, finite,
+  // >= 0). Marks both used. Errors name the tensor: not I8, shape mismatch, scale missing or
+  // misshaped.
+  Result<Int8WeightTensor> get_int8(std::string_view name,
+                                    const std::vector<int64_t>& expected_shape);
   // The tensor exactly as stored, zero-copy (any dtype). Marks it used.
   Result<WeightTensor> get_raw(std::string_view name);
 

@@ -86,6 +86,10 @@ class LayoutBuilder {
 
 }  // namespace
 
+std::string int8_scale_name(const std::string& weight_name) {
+  return weight_name + "_scale";
+}
+
 std::string fp8_scale_inv_name(const std::string& weight_name) {
   return weight_name + "_scale_inv";
 }

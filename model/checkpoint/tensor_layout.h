@@ -36,6 +36,16 @@ inline bool is_fp8_quantizable(TensorRole role) {
 // "model.layers.3.mlp.experts.0.up_proj.weight" -> "...up_proj.weight_scale_inv".
 std::string fp8_scale_inv_name(const std::string& weight_name);
 
+// INT8 (W8A8) checkpoints store quantized weights as I8 + "<name>_scale" [out, 1] (the
+// compressed-tensors naming): "...up_proj.weight" -> "...up_proj.weight_scale".
+std::string int8_scale_name(const std::string& weight_name);
+// Roles whose weights may be stored INT8: linear layers and the output head (a GEMM each);
+// embeddings too (gathered rows, dequantized at load).
+inline bool is_int8_storable(TensorRole role) {
+  return role == TensorRole::kLinear || role == TensorRole::kOutputHead ||
+         role == TensorRole::kEmbedding;
+}
+
 // Every tensor of the checkpoint in a fixed order: embed_tokens, layers 0..num_hidden_layers-1,
 // model.norm, lm_head (absent when tie_word_embeddings), then the MTP layers
 // L = num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers - 1, each with

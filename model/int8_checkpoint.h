@@ -1,0 +1,50 @@
+// Offline W8A8 quantization: an INT8 copy of a BF16, F32 or block-FP8 checkpoint
+// (`peerserve quantize`, docs/quantization.md).
+//
+// What is quantized is the table of docs/quantization.md, as at load time: attention
+// q_a / q_b / q_proj, kv_a, o_proj, the MTP eh_proj, and every dense, shared and routed
+// expert gate / up / down become I8 per output channel (round to nearest, absmax / 127,
+// exactly kernels::quantize_int8_row) with an F32 "<name>_scale" [out, 1]; the output heads
+// too unless `lm_head` is false. kv_b, norms, the router and the embeddings keep their
+// precision (FP8 ones become BF16). config.json gets a compressed-tensors
+// `quantization_config` (W8A8 int, channel-wise weights, dynamic per-token activations) that
+// names the unquantized linear modules in "ignore"; tokenizer and other files are copied.
+//
+// Loading the result gives the same INT8 weights as `--quantize int8` on the source (with
+// `--quantize-lm-head` when the heads were quantized), so the same logits, without the BF16
+// weights in memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "model/checkpoint/checkpoint.h"
+
+namespace peerserve {
+
+struct Int8CheckpointOptions {
+  // Quantize lm_head (and the MTP shared head). Default true: measured at no perplexity cost
+  // (docs/quantization.md), and at a real vocabulary it is the largest read of a decode step.
+  bool lm_head = true;
+  // Shards are cut before this size. Default 2 GiB.
+  uint64_t max_shard_bytes = 2ull << 30;
+  // (source bytes processed, source bytes total). Default: none.
+  LoadProgressCallback progress;
+};
+
+struct Int8CheckpointSummary {
+  int64_t quantized_tensors = 0;
+  int64_t kept_tensors = 0;
+  uint64_t bytes_in = 0;   // tensor bytes of the source
+  uint64_t bytes_out = 0;  // tensor bytes written
+};
+
+// Writes the INT8 checkpoint of `in_dir` into `out_dir` (created; files there overwritten).
+// Errors: the same directory for both, a source that is already INT8 or fails
+// validate_layout(), I/O errors naming the path.
+Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
+                                                    const std::string& out_dir,
+                                                    const Int8CheckpointOptions& options = {});
+
+}  // namespace peerserve

@@ -1,0 +1,210 @@
+// Offline INT8 checkpoints (model/int8_checkpoint.h, `peerserve quantize`): every stored
+// weight reproduces its source within half a quantization step; the loaded INT8 checkpoint
+// gives bitwise the logits of quantizing the source at load; the lm_head choice, FP8 sources,
+// and bad INT8 checkpoints (scale missing or misshaped, -128, a negative scale) are refused
+// with errors naming the tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/safetensors_writer.h"
+#include "model/checkpoint/tensor_layout.h"
+#include "model/deepseek_model.h"
+#include "model/int8_checkpoint.h"
+#include "tests/model/forward_test_util.h"
+#include "tests/model/test_checkpoints.h"
+
+namespace peerserve {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::load_model;
+using testing::make_cache;
+using testing::make_temp_dir;
+using testing::test_tokens;
+using testing::tiny_checkpoint_dir;
+
+ModelOptions options(WeightQuantization q, bool lm_head) {
+  ModelOptions o;
+  o.num_threads = 2;
+  o.gemm_precision = GemmPrecision::kBf16;
+  o.quantize = q;
+  o.quantize_lm_head = lm_head;
+  o.load_mtp = true;
+  return o;
+}
+
+std::vector<float> logits_of(DeepseekModel& model, const std::vector<int32_t>& tokens) {
+  LatentKvCache cache = make_cache(model, 16, DType::kBF16, 8);
+  std::vector<int32_t> table;
+  for (int32_t b = 0; b * 16 < static_cast<int32_t>(tokens.size()); ++b) table.push_back(b);
+  std::vector<SequenceChunk> chunks(1);
+  chunks[0].tokens = tokens;
+  chunks[0].block_table = table;
+  chunks[0].all_logits = true;
+  ForwardOutput out;
+  PS_CHECK(model.forward(chunks, cache, &out).ok());
+  return out.logits;
+}
+
+std::string quantized_copy(const std::string& source, const std::string& tag, bool lm_head) {
+  const std::string out = make_temp_dir(tag);
+  Int8CheckpointOptions o;
+  o.lm_head = lm_head;
+  o.max_shard_bytes = 64 << 10;  // several shards
+  auto summary = write_int8_checkpoint(source, out, o);
+  PS_CHECK(summary.ok()) << summary.status().to_string();
+  return out;
+}
+
+TEST(Int8CheckpointTest, StoredWeightsReproduceTheSource) {
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8 source" : "bf16 source");
+    const std::string out = quantized_copy(tiny_checkpoint_dir(fp8), "int8_values", true);
+    auto source = Checkpoint::open(tiny_checkpoint_dir(fp8));
+    auto int8 = Checkpoint::open(out);
+    ASSERT_TRUE(source.ok() && int8.ok());
+    EXPECT_TRUE(int8->config().int8_weights);
+    ASSERT_TRUE(int8->validate_layout().ok()) << int8->validate_layout().to_string();
+    int64_t quantized = 0;
+    for (const TensorSpec& spec : deepseek_tensor_layout(int8->config())) {
+      auto info = int8->info(spec.name);
+      ASSERT_TRUE(info.ok());
+      const bool kv_b = spec.name.find("kv_b_proj") != std::string::npos;
+      const bool expect_int8 =
+          (spec.role == TensorRole::kLinear && !kv_b) || spec.role == TensorRole::kOutputHead;
+      ASSERT_EQ(info->dtype == DType::kI8, expect_int8) << spec.name;
+      if (!expect_int8) {
+        EXPECT_NE(info->dtype, DType::kF8E4M3) << spec.name;  // kept weights become BF16
+        continue;
+      }
+      ++quantized;
+      auto w = source->get_f32(spec.name, spec.shape);
+      auto q = int8->get_int8(spec.name, spec.shape);
+      ASSERT_TRUE(w.ok() && q.ok()) << spec.name;
+      const int64_t rows = spec.shape[0], cols = spec.shape[1];
+      for (int64_t r = 0; r < rows; ++r) {
+        float absmax = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) absmax = std::max(absmax, std::fabs((*w)[r * cols + c]));
+        const float s = q->scales[r];
+        ASSERT_NEAR(s, absmax / 127.0f, absmax * 1e-6f) << spec.name << " row " << r;
+        for (int64_t c = 0; c < cols; ++c) {
+          const int8_t v = q->values[r * cols + c];
+          ASSERT_GE(v, -127);
+          // Round to nearest: within half a step (and a float ulp of the product).
+          ASSERT_LE(std::fabs(v * s - (*w)[r * cols + c]), 0.5f * s * (1.0f + 1e-5f) + 1e-12f)
+              << spec.name << " [" << r << ", " << c << "]";
+        }
+      }
+    }
+    EXPECT_GT(quantized, 20);
+  }
+}
+
+// The INT8 checkpoint loads to the same INT8 weights as quantizing the source at load: the
+// same logits, bitwise (the MTP head included).
+TEST(Int8CheckpointTest, LoadsLikeLoadTimeQuantization) {
+  for (bool lm_head : {true, false}) {
+    SCOPED_TRACE(lm_head ? "int8 lm_head" : "bf16 lm_head");
+    const std::string out = quantized_copy(tiny_checkpoint_dir(), "int8_logits", lm_head);
+    auto offline = load_model(out, options(WeightQuantization::kNone, false));
+    auto at_load = load_model(tiny_checkpoint_dir(), options(WeightQuantization::kInt8, lm_head));
+    const std::vector<int32_t> tokens = test_tokens(21, offline->config().vocab_size, 5);
+    const std::vector<float> a = logits_of(*offline, tokens);
+    const std::vector<float> b = logits_of(*at_load, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+    // And they are INT8 logits, not BF16 ones.
+    auto bf16 = load_model(tiny_checkpoint_dir(), options(WeightQuantization::kNone, false));
+    const std::vector<float> c = logits_of(*bf16, tokens);
+    EXPECT_NE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
+    // lm_head left BF16 is named in the config's "ignore".
+    std::ifstream in(fs::path(out) / "config.json");
+    const nlohmann::json config = nlohmann::json::parse(in);
+    const auto& ignore = config["quantization_config"]["ignore"];
+    EXPECT_EQ(std::find(ignore.begin(), ignore.end(), "lm_head") != ignore.end(), !lm_head);
+  }
+}
+
+// Rewrites the checkpoint in `dir` as one shard after `edit` changed its tensors.
+void rewrite(const std::string& dir,
+             const std::function<void(std::map<std::string, TensorToWrite>&)>& edit) {
+  std::map<std::string, TensorToWrite> tensors;
+  {
+    auto ckpt = Checkpoint::open(dir);
+    PS_CHECK(ckpt.ok());
+    for (const std::string& name : ckpt->tensor_names()) {
+      auto t = ckpt->get_raw(name);
+      PS_CHECK(t.ok());
+      const auto* bytes = static_cast<const std::byte*>(t->data);
+      tensors[name] = {name, t->dtype, t->shape, {bytes, bytes + t->nbytes()}};
+    }
+  }
+  edit(tensors);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".safetensors") fs::remove(entry.path());
+  }
+  fs::remove(fs::path(dir) / "model.safetensors.index.json");
+  std::vector<TensorToWrite> list;
+  for (auto& [name, t] : tensors) list.push_back(t);
+  PS_CHECK(write_safetensors_file((fs::path(dir) / "model.safetensors").string(), list).ok());
+}
+
+TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
+  const std::string weight = "model.layers.1.mlp.experts.3.down_proj.weight";
+  struct Case {
+    const char* what;
+    std::function<void(std::map<std::string, TensorToWrite>&)> edit;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"scale missing", [&](auto& t) { t.erase(int8_scale_name(weight)); }, "are missing"},
+      {"scale misshaped",
+       [&](auto& t) {
+         TensorToWrite& s = t[int8_scale_name(weight)];
+         s.shape = {s.shape[0] / 2, 2};
+       },
+       "expected ["},
+      {"-128 stored", [&](auto& t) { t[weight].bytes[5] = static_cast<std::byte>(0x80); }, "-128"},
+      {"negative scale",
+       [&](auto& t) {
+         const float minus = -1.0f;
+         std::memcpy(t[int8_scale_name(weight)].bytes.data(), &minus, 4);
+       },
+       "expected a finite value >= 0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_bad", true);
+    rewrite(dir, c.edit);
+    auto ckpt = Checkpoint::open(dir);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+    auto model = DeepseekModel::load(dir, options(WeightQuantization::kNone, false));
+    ASSERT_FALSE(model.ok());
+    EXPECT_NE(model.status().message().find(c.expected), std::string::npos)
+        << model.status().message();
+    EXPECT_NE(model.status().message().find("experts.3.down_proj"), std::string::npos)
+        << model.status().message();
+  }
+}
+
+TEST(Int8CheckpointTest, RefusesItsSourceAndInt8Sources) {
+  auto same = write_int8_checkpoint(tiny_checkpoint_dir(), tiny_checkpoint_dir());
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.status().message().find("is the source"), std::string::npos);
+  const std::string out = quantized_copy(tiny_checkpoint_dir(), "int8_twice", true);
+  auto twice = write_int8_checkpoint(out, make_temp_dir("int8_twice_out"));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("already an INT8"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace peerserve
