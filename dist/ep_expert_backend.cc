@@ -88,6 +88,8 @@ EpExpertBackend::EpExpertBackend(EpExpertBackendOptions options,
   first_row_.resize(options_.placement.slots_per_rank() + 1);
   next_row_.resize(options_.placement.slots_per_rank());
   problems_.reserve(2 * options_.placement.slots_per_rank());
+  gate_up_int8_.reserve(options_.placement.slots_per_rank());
+  down_int8_.reserve(options_.placement.slots_per_rank());
 }
 
 std::unique_ptr<ExpertBackend::Call> EpExpertBackend::new_call(int slot) {
@@ -162,8 +164,56 @@ Status EpExpertBackend::compute(Call& call) {
   }
   const int64_t rows = first_row_[num_local];
 
-  // The experts: as LocalExpertBackend (gate and up in one grouped GEMM, then down).
+  // The experts: as LocalExpertBackend (W8A8 when every expert used has its INT8 forms,
+  // else gate and up in one grouped BF16 GEMM, then down).
   const int64_t inter = num_local > 0 ? experts[0].gate.rows : 0;
+  bool int8 = true;
+  for (int64_t e = 0; e < num_local && int8; ++e) {
+    if (first_row_[e + 1] == first_row_[e]) continue;
+    int8 = experts[e].gate_up_int8 && experts[e].down.int8;
+  }
+  if (int8) {
+    gate_up_int8_.clear();
+    down_int8_.clear();
+    for (int64_t e = 0; e < num_local; ++e) {
+      const int64_t m = first_row_[e + 1] - first_row_[e];
+      if (m == 0) continue;
+      kernels::GateUpInt8Args g;
+      g.x = x_.data() + first_row_[e] * hidden;
+      g.gate_up = experts[e].gate_up_int8.get();
+      g.out = gate_.data() + first_row_[e] * inter;
+      g.m = m;
+      gate_up_int8_.push_back(g);
+      kernels::MatmulInt8Args d;
+      d.x = g.out;
+      d.w = experts[e].down.int8.get();
+      d.y = down_.data() + first_row_[e] * hidden;
+      d.m = m;
+      down_int8_.push_back(d);
+    }
+    kernels::grouped_gate_up_silu_int8(gate_up_int8_, options_.pool);
+    kernels::grouped_matmul_int8(down_int8_, options_.pool);
+  } else {
+    PS_RETURN_IF_ERROR(compute_bf16(experts, rows, inter));
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    exchange_->stage_result(slot, row_source_[row], row_pair_[row], down_.data() + row * hidden);
+  }
+  return exchange_->send_results(slot);
+}
+
+Status EpExpertBackend::compute_bf16(std::span<const MlpWeights> experts, int64_t rows,
+                                     int64_t inter) {
+  const int64_t hidden = options_.hidden_size;
+  const int64_t num_local = static_cast<int64_t>(experts.size());
+  for (int64_t e = 0; e < num_local; ++e) {
+    if (first_row_[e + 1] > first_row_[e] &&
+        (experts[e].gate.data == nullptr || experts[e].up.data == nullptr ||
+         experts[e].down.data == nullptr)) {
+      return internal_error("expert compute: local expert " + std::to_string(e) +
+                            " has neither BF16 nor complete INT8 weights");
+    }
+  }
   problems_.clear();
   for (int64_t e = 0; e < num_local; ++e) {
     const int64_t m = first_row_[e + 1] - first_row_[e];
@@ -195,11 +245,7 @@ Status EpExpertBackend::compute(Call& call) {
     problems_.push_back(p);
   }
   kernels::grouped_matmul_bf16(problems_, options_.precision, options_.pool);
-
-  for (int64_t row = 0; row < rows; ++row) {
-    exchange_->stage_result(slot, row_source_[row], row_pair_[row], down_.data() + row * hidden);
-  }
-  return exchange_->send_results(slot);
+  return ok_status();
 }
 
 Status EpExpertBackend::combine(Call& call, std::span<float> out) {

@@ -31,6 +31,7 @@
 #include "dist/expert_dispatch.h"
 #include "dist/expert_placement.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_int8.h"
 #include "model/deepseek_weights.h"
 #include "model/expert_backend.h"
 
@@ -78,7 +79,13 @@ class EpExpertBackend final : public ExpertBackend {
   std::vector<float> x_, gate_, up_, down_;
   std::vector<int32_t> row_source_, row_pair_;
   std::vector<int64_t> first_row_, next_row_;  // per local slot
+  // The BF16 expert GEMMs of compute() over the gathered rows.
+  Status compute_bf16(std::span<const MlpWeights> experts, int64_t rows, int64_t inter);
+
   std::vector<kernels::MatmulBf16Args> problems_;
+  // W8A8 experts (an INT8 checkpoint or --quantize int8): fused gate/up/SiLU, then down.
+  std::vector<kernels::GateUpInt8Args> gate_up_int8_;
+  std::vector<kernels::MatmulInt8Args> down_int8_;
 };
 
 }  // namespace peerserve::dist

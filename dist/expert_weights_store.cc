@@ -35,15 +35,25 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
   return std::shared_ptr<const Set>(std::move(set));
 }
 
+namespace {
+
+// What tells two held experts apart: their BF16 storage, or (stored INT8) their packed form.
+const void* identity(const MlpWeights& w) {
+  return w.gate.data != nullptr ? static_cast<const void*>(w.gate.data)
+                                : static_cast<const void*>(w.gate_up_int8.get());
+}
+
+}  // namespace
+
 void ExpertWeightsStore::trim(const ExpertWeightsStore::Set& keep) {
   std::set<std::pair<int64_t, const void*>> held;
   for (size_t layer = 0; layer < keep.by_layer.size(); ++layer) {
     for (const MlpWeights& w : keep.by_layer[layer]) {
-      held.insert({static_cast<int64_t>(layer), w.gate.data});
+      held.insert({static_cast<int64_t>(layer), identity(w)});
     }
   }
   for (auto it = cache_.begin(); it != cache_.end();) {
-    if (held.count({it->first.first, it->second.gate.data}) == 0) {
+    if (held.count({it->first.first, identity(it->second)}) == 0) {
       it = cache_.erase(it);
     } else {
       ++it;

@@ -119,6 +119,21 @@ case("shipped greedy EP=2 fp32 dispatch", greedy_equal(shipped, 2, "fp32"))
 case("shipped greedy EP=4 fp32 dispatch", greedy_equal(shipped, 4, "fp32"))
 
 
+def int8_checkpoint_equal():
+    # An INT8 checkpoint (peerserve quantize): each rank packs its stored INT8 experts; the
+    # tokens equal the single process on the same checkpoint.
+    out = os.path.join(SCRATCH, "tiny-int8")
+    if not os.path.exists(os.path.join(out, "config.json")):
+        rc, _, err, _ = run([BIN, "quantize", "--model", tiny, "--out", out])
+        assert rc == 0, err
+    single = generate(out, 1, ["--precision", "fp32"])
+    multi = generate(out, 2, ["--precision", "fp32", "--ep-dispatch-dtype", "fp32"])
+    assert single == multi, f"single {single!r} != ep2 {multi!r}"
+
+
+case("tiny INT8 checkpoint greedy EP=2: same tokens", int8_checkpoint_equal)
+
+
 def eplb_unchanged():
     """Online EPLB swaps experts between steps; the tokens stay those of one process."""
     single = generate(shipped, 1, ["--precision", "fp32"], max_tokens=30)
