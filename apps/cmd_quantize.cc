@@ -1,13 +1,18 @@
 // peerserve quantize: writes an INT8 (W8A8) copy of a checkpoint (model/int8_checkpoint.h,
 // docs/quantization.md) that serve, generate, score and the benches load like any other.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
+#include "model/int8_calibration.h"
 #include "model/int8_checkpoint.h"
+#include "tokenizer/tokenizer.h"
 
 namespace peerserve {
 namespace {
@@ -17,15 +22,91 @@ struct QuantizeCli {
   std::string out_dir;
   std::string scheme = "w8a8";
   std::string lm_head = "int8";
+  std::string calib;
+  int64_t calib_tokens = 2048;
+  int64_t calib_rows = 256;
+  std::string pipeline;
+  int threads = 0;
+  bool report = false;
 };
+
+// Tokenizes the calibration text and runs the calibration (model/int8_calibration.h).
+Result<Int8Transforms> calibrate(const QuantizeCli& cli, const Int8PipelineOptions& pipeline) {
+  PS_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load_from_dir(cli.model_dir));
+  std::ifstream file(cli.calib, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  if (!file) return io_error(cli.calib + ": cannot read");
+  EncodeOptions plain;
+  plain.add_special_tokens = false;
+  plain.match_added_tokens = false;
+  PS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.encode(text.str(), plain));
+  if (static_cast<int64_t>(ids.size()) > cli.calib_tokens) ids.resize(cli.calib_tokens);
+  if (ids.empty()) return invalid_argument(cli.calib + ": no tokens");
+  CalibrationOptions options;
+  options.pipeline = pipeline;
+  options.max_sample_rows = cli.calib_rows;
+  options.lm_head = cli.lm_head == "int8";
+  options.num_threads = cli.threads;
+  std::fprintf(stderr, "calibrating on %zu tokens of %s\n", ids.size(), cli.calib.c_str());
+  return calibrate_int8(cli.model_dir, ids, tokenizer.bos_id().value_or(0), options);
+}
 
 int run_quantize(const QuantizeCli& cli) {
   Int8CheckpointOptions options;
   options.lm_head = cli.lm_head == "int8";
+  const std::string pipeline_name =
+      !cli.pipeline.empty() ? cli.pipeline : (cli.calib.empty() ? "rtn" : "full");
+  Result<Int8PipelineOptions> pipeline = parse_int8_pipeline(pipeline_name);
+  if (!pipeline.ok()) {
+    std::fprintf(stderr, "error: %s\n", pipeline.status().message().c_str());
+    return 2;
+  }
+  if (pipeline->any() && cli.calib.empty()) {
+    std::fprintf(stderr, "error: --pipeline %s needs a calibration text (--calib FILE)\n",
+                 pipeline_name.c_str());
+    return 2;
+  }
+  Int8Transforms transforms;
+  if (pipeline->any()) {
+    Result<Int8Transforms> calibrated = calibrate(cli, *pipeline);
+    if (!calibrated.ok()) {
+      std::fprintf(stderr, "error: %s\n", calibrated.status().message().c_str());
+      return 1;
+    }
+    transforms = std::move(calibrated).value();
+    double rtn = 0, smoothed = 0, final_error = 0, reference = 0;
+    for (const CalibrationGroupReport& g : transforms.groups) {
+      rtn += g.rtn_error;
+      smoothed += g.smoothed_error;
+      final_error += g.error;
+      reference += g.reference;
+      if (cli.report) {
+        std::fprintf(stderr,
+                     "  %-48s %4lld w %6lld rows  rel err rtn %.3e -> smooth %.3e (alpha %s) -> "
+                     "final %.3e (mean clip %.3f)\n",
+                     g.name.c_str(), static_cast<long long>(g.weights),
+                     static_cast<long long>(g.sample_rows), std::sqrt(g.rtn_error / g.reference),
+                     std::sqrt(g.smoothed_error / g.reference),
+                     g.alpha < 0 ? "none" : std::to_string(g.alpha).substr(0, 3).c_str(),
+                     std::sqrt(g.error / g.reference), g.mean_clip);
+      }
+    }
+    std::fprintf(stderr,
+                 "pipeline %s over %zu groups: sample output error (relative) rtn %.4e, after "
+                 "smoothing %.4e, final %.4e; %zu norms smoothed, %zu weights clipped\n",
+                 pipeline_name.c_str(), transforms.groups.size(), std::sqrt(rtn / reference),
+                 std::sqrt(smoothed / reference), std::sqrt(final_error / reference),
+                 transforms.norm_divisor.size(), transforms.row_clip.size());
+    options.transforms = &transforms;
+  }
   LoadProgressBar progress("quantizing");
   options.progress = progress.callback();
-  std::fprintf(stderr, "quantizing %s to %s (W8A8: INT8 weights per output channel, lm_head %s)\n",
-               cli.model_dir.c_str(), cli.out_dir.c_str(), cli.lm_head.c_str());
+  std::fprintf(stderr,
+               "quantizing %s to %s (W8A8: INT8 weights per output channel, lm_head %s, "
+               "pipeline %s)\n",
+               cli.model_dir.c_str(), cli.out_dir.c_str(), cli.lm_head.c_str(),
+               pipeline_name.c_str());
   const auto start = std::chrono::steady_clock::now();
   Result<Int8CheckpointSummary> summary =
       write_int8_checkpoint(cli.model_dir, cli.out_dir, options);
@@ -67,6 +148,28 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "half the bytes of the largest batch-1 read) or bf16")
       ->check(CLI::IsMember({"int8", "bf16"}))
       ->capture_default_str();
+  sub->add_option("--calib", cli->calib,
+                  "Calibration text (UTF-8; e.g. /usr/share/common-licenses/Apache-2.0, not the "
+                  "text you evaluate on): the BF16 model runs over it and the pipeline steps "
+                  "choose their transforms on the recorded layer inputs (docs/quantization.md)");
+  sub->add_option("--pipeline", cli->pipeline,
+                  "Calibration steps: rtn (round to nearest, no calibration), smooth "
+                  "(SmoothQuant, alpha 0.5, power-of-two scales folded into the RMSNorm and "
+                  "router), search (smoothing with alpha searched per norm group), clip "
+                  "(per-row clipping ratio searched), smooth+clip, search+clip, full "
+                  "(= search+clip). Default: full with --calib, else rtn")
+      ->check(
+          CLI::IsMember({"rtn", "smooth", "search", "clip", "smooth+clip", "search+clip", "full"}));
+  sub->add_option("--calib-tokens", cli->calib_tokens,
+                  "At most this many calibration tokens (windows of 256)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--calib-rows", cli->calib_rows,
+                  "Input rows sampled per weight for the error objective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--threads", cli->threads, "Threads (0: all)")->capture_default_str();
+  sub->add_flag("--calib-report", cli->report, "Print each group's objective and choice");
   sub->callback([cli] { set_command_exit_code(run_quantize(*cli)); });
 });
 

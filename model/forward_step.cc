@@ -1,10 +1,22 @@
 #include "model/forward_step.h"
 
+#include <atomic>
 #include <vector>
 
 #include "kernels/matmul_int8.h"
 
 namespace peerserve {
+namespace {
+std::atomic<LinearInputRecorder*> g_recorder{nullptr};
+}  // namespace
+
+void set_linear_input_recorder(LinearInputRecorder* recorder) {
+  g_recorder.store(recorder, std::memory_order_release);
+}
+
+LinearInputRecorder* linear_input_recorder() {
+  return g_recorder.load(std::memory_order_acquire);
+}
 
 void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride, int64_t y_stride, bool accumulate) {
@@ -19,6 +31,9 @@ void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWe
     args.accumulate = accumulate;
     kernels::matmul_int8(args, ctx.pool);
     return;
+  }
+  if (LinearInputRecorder* r = g_recorder.load(std::memory_order_relaxed)) {
+    r->record(w.data, x, m, w.cols, x_stride);
   }
   kernels::MatmulBf16Args args;
   args.x = x;
@@ -36,7 +51,11 @@ void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWe
 void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {
   std::vector<kernels::MatmulBf16Args> bf16;
   std::vector<kernels::MatmulInt8Args> int8;
+  LinearInputRecorder* recorder = g_recorder.load(std::memory_order_relaxed);
   for (const LinearProblem& p : problems) {
+    if (recorder != nullptr && !p.w->int8) {
+      recorder->record(p.w->data, p.x, p.m, p.w->cols, p.x_stride);
+    }
     if (p.w->int8) {
       kernels::MatmulInt8Args a;
       a.x = p.x;

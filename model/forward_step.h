@@ -53,4 +53,23 @@ struct LinearProblem {
 };
 void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems);
 
+// Calibration hook (model/int8_calibration.h): sees the input of every linear layer the
+// forward runs in BF16 (linear(), grouped_linear(), the local routed experts). Off by default;
+// when off the forward pays one relaxed load per call. Process-wide: set it only while one
+// model runs (the calibration pass), never while serving.
+class LinearInputRecorder {
+ public:
+  virtual ~LinearInputRecorder() = default;
+  // The m rows (`cols` floats each, row stride `stride`, 0: dense) that multiply the weight
+  // whose BF16 data starts at `weight` (the weight's identity: its checkpoint view).
+  virtual void record(const bf16* weight, const float* x, int64_t m, int64_t cols,
+                      int64_t stride) = 0;
+  // The post-attention-norm input of MoE layer `layer` (all tokens; the shared expert's and
+  // the router's input), [m, cols].
+  virtual void record_moe_input(int64_t layer, const float* x, int64_t m, int64_t cols) = 0;
+};
+// nullptr (the default) turns recording off.
+void set_linear_input_recorder(LinearInputRecorder* recorder);
+LinearInputRecorder* linear_input_recorder();
+
 }  // namespace peerserve

@@ -11,6 +11,7 @@
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
+#include "tensor/float_convert.h"
 
 namespace peerserve {
 namespace {
@@ -32,7 +33,8 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 // A tensor of the output and how it is made.
 struct Planned {
   const TensorSpec* spec = nullptr;
-  enum class Kind { kQuantize, kCopy, kToBf16 } kind = Kind::kCopy;
+  enum class Kind { kQuantize, kCopy, kToBf16, kTransform } kind = Kind::kCopy;
+  DType source_dtype = DType::kBF16;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;  // scales included
 };
@@ -62,12 +64,55 @@ std::vector<std::byte> to_bytes(const T* data, size_t count) {
 }
 
 // The tensors of one planned entry, read from the source and converted.
-Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned& p) {
+// The tensor's values with the calibration transforms applied (columns times s, or a norm
+// divided by s).
+Result<std::vector<float>> transformed(Checkpoint& source, const TensorSpec& spec,
+                                       const Int8Transforms* transforms) {
+  PS_ASSIGN_OR_RETURN(std::vector<float> values, source.get_f32(spec.name, spec.shape));
+  if (transforms == nullptr) return values;
+  if (auto it = transforms->column_scale.find(spec.name); it != transforms->column_scale.end()) {
+    const std::vector<float>& s = *it->second;
+    const int64_t cols = spec.shape.back();
+    if (static_cast<int64_t>(s.size()) != cols) {
+      return internal_error(spec.name + ": column scales do not match its columns");
+    }
+    for (size_t i = 0; i < values.size(); ++i) values[i] *= s[i % cols];
+  }
+  if (auto it = transforms->norm_divisor.find(spec.name); it != transforms->norm_divisor.end()) {
+    const std::vector<float>& s = *it->second;
+    if (s.size() != values.size()) return internal_error(spec.name + ": scales do not match");
+    for (size_t i = 0; i < values.size(); ++i) values[i] /= s[i];
+  }
+  return values;
+}
+
+Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned& p,
+                                               const Int8Transforms* transforms) {
   const TensorSpec& spec = *p.spec;
   switch (p.kind) {
+    case Planned::Kind::kTransform: {
+      PS_ASSIGN_OR_RETURN(std::vector<float> values, transformed(source, spec, transforms));
+      if (p.source_dtype == DType::kBF16) {
+        std::vector<bf16> out(values.size());
+        for (size_t i = 0; i < values.size(); ++i) out[i] = float_to_bf16(values[i]);
+        return std::vector<TensorToWrite>{
+            {spec.name, DType::kBF16, spec.shape, to_bytes(out.data(), out.size())}};
+      }
+      return std::vector<TensorToWrite>{
+          {spec.name, DType::kF32, spec.shape, to_bytes(values.data(), values.size())}};
+    }
     case Planned::Kind::kQuantize: {
-      PS_ASSIGN_OR_RETURN(std::vector<float> values, source.get_f32(spec.name, spec.shape));
+      PS_ASSIGN_OR_RETURN(std::vector<float> values, transformed(source, spec, transforms));
       const int64_t rows = spec.shape[0], cols = spec.shape[1];
+      const std::vector<float>* clip = nullptr;
+      if (transforms != nullptr) {
+        if (auto it = transforms->row_clip.find(spec.name); it != transforms->row_clip.end()) {
+          if (static_cast<int64_t>(it->second.size()) != rows) {
+            return internal_error(spec.name + ": clipping ratios do not match its rows");
+          }
+          clip = &it->second;
+        }
+      }
       std::vector<int8_t> q(static_cast<size_t>(rows * cols));
       std::vector<float> scales(static_cast<size_t>(rows));
       for (int64_t r = 0; r < rows; ++r) {
@@ -78,9 +123,11 @@ Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned
                                     std::to_string(c) + "]");
           }
         }
-        scales[r] =
-            kernels::quantize_int8_row({values.data() + r * cols, static_cast<size_t>(cols)},
-                                       {q.data() + r * cols, static_cast<size_t>(cols)});
+        scales[r] = clip != nullptr ? quantize_int8_row_clipped(values.data() + r * cols, cols,
+                                                                (*clip)[r], q.data() + r * cols)
+                                    : kernels::quantize_int8_row(
+                                          {values.data() + r * cols, static_cast<size_t>(cols)},
+                                          {q.data() + r * cols, static_cast<size_t>(cols)});
       }
       std::vector<TensorToWrite> out;
       out.push_back({spec.name, DType::kI8, spec.shape, to_bytes(q.data(), q.size())});
@@ -138,13 +185,26 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
   for (const TensorSpec& spec : layout) {
     PS_ASSIGN_OR_RETURN(CheckpointTensorInfo info, source.info(spec.name));
     Planned p{&spec};
+    p.source_dtype = info.dtype;
     const uint64_t n = static_cast<uint64_t>(numel_of(spec.shape));
     p.bytes_in = n * dtype_size(info.dtype);
     const bool linear = spec.role == TensorRole::kLinear || spec.role == TensorRole::kOutputHead;
     const bool quantize =
         (spec.role == TensorRole::kLinear && !ends_with(spec.name, "kv_b_proj.weight")) ||
         (spec.role == TensorRole::kOutputHead && options.lm_head);
-    if (quantize) {
+    const bool transform =
+        options.transforms != nullptr && (options.transforms->column_scale.count(spec.name) > 0 ||
+                                          options.transforms->norm_divisor.count(spec.name) > 0);
+    if (quantize && !options.quantize_weights) {
+      // Testing: the transformed float model.
+      p.kind = transform ? Planned::Kind::kTransform : Planned::Kind::kCopy;
+      p.bytes_out = p.bytes_in;
+      ++summary.kept_tensors;
+    } else if (transform && !quantize) {
+      p.kind = Planned::Kind::kTransform;
+      p.bytes_out = (info.dtype == DType::kBF16 ? 2 : 4) * n;
+      ++summary.kept_tensors;
+    } else if (quantize) {
       p.kind = Planned::Kind::kQuantize;
       p.bytes_out = n + 4 * static_cast<uint64_t>(spec.shape[0]);
       ++summary.quantized_tensors;
@@ -181,7 +241,8 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
     const std::string file = shard_name(s, shards.size());
     std::vector<TensorToWrite> tensors;
     for (const Planned* p : shards[s]) {
-      PS_ASSIGN_OR_RETURN(std::vector<TensorToWrite> made, materialize(source, *p));
+      PS_ASSIGN_OR_RETURN(std::vector<TensorToWrite> made,
+                          materialize(source, *p, options.transforms));
       for (TensorToWrite& t : made) {
         weight_map[t.name] = file;
         tensors.push_back(std::move(t));
@@ -200,7 +261,10 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
   PS_ASSIGN_OR_RETURN(std::string config_text, read_text(fs::path(in_dir) / "config.json"));
   json config_json = json::parse(config_text, nullptr, false);
   if (!config_json.is_object()) return invalid_argument(in_dir + "/config.json: not a JSON object");
-  config_json["quantization_config"] = json::parse(int8_quantization_config_json(ignored_modules));
+  if (options.quantize_weights) {
+    config_json["quantization_config"] =
+        json::parse(int8_quantization_config_json(ignored_modules));
+  }
   PS_RETURN_IF_ERROR(write_text(fs::path(out_dir) / "config.json", config_json.dump(2) + "\n"));
 
   // Everything else (tokenizer, generation config, ...) as is.

@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/int8_calibration.h"
 
 namespace peerserve {
 
@@ -31,6 +32,13 @@ struct Int8CheckpointOptions {
   uint64_t max_shard_bytes = 2ull << 30;
   // (source bytes processed, source bytes total). Default: none.
   LoadProgressCallback progress;
+  // Calibration transforms (model/int8_calibration.h) applied before quantizing: weight
+  // columns times s, norm weights divided by s (kept in their dtype: s is a power of two),
+  // per-row clipping. Default: none (round to nearest).
+  const Int8Transforms* transforms = nullptr;
+  // Testing: false writes the transformed weights in their source dtype instead of INT8 (and
+  // no quantization_config), i.e. the smoothed BF16 model. Default true.
+  bool quantize_weights = true;
 };
 
 struct Int8CheckpointSummary {

@@ -8,6 +8,7 @@
 #include "kernels/activation.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/vector_ops.h"
+#include "model/forward_step.h"
 
 namespace peerserve {
 namespace {
@@ -96,6 +97,9 @@ Status LocalExpertBackend::dispatch(const RoutedTokens& tokens, Call& call_base)
   }
   call.tokens = tokens;
   call.experts = experts;
+  if (LinearInputRecorder* r = linear_input_recorder()) {
+    r->record_moe_input(tokens.layer, tokens.activations.data(), t_count, hidden);
+  }
 
   // Slots: the pairs sorted by expert (stable), so each expert's tokens are contiguous.
   call.first_slot.assign(num_experts + 1, 0);
@@ -155,11 +159,16 @@ Status LocalExpertBackend::compute(Call& call_base) {
     return ok_status();
   }
   call.up.resize(pairs * inter);
+  LinearInputRecorder* recorder = linear_input_recorder();
   std::vector<kernels::MatmulBf16Args>& problems = call.problems;
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
+    if (recorder != nullptr) {  // under gate's identity: up reads the same rows
+      recorder->record(call.experts[e].gate.data, call.x.data() + call.first_slot[e] * hidden, m,
+                       hidden, 0);
+    }
     for (int which = 0; which < 2; ++which) {
       kernels::MatmulBf16Args p;
       p.x = call.x.data() + call.first_slot[e] * hidden;
@@ -177,6 +186,10 @@ Status LocalExpertBackend::compute(Call& call_base) {
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
+    if (recorder != nullptr) {
+      recorder->record(call.experts[e].down.data, call.gate.data() + call.first_slot[e] * inter, m,
+                       inter, 0);
+    }
     kernels::MatmulBf16Args p;
     p.x = call.gate.data() + call.first_slot[e] * inter;
     p.w = call.experts[e].down.data;
