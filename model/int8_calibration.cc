@@ -447,7 +447,7 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
       for (float alpha : alphas) {
         auto s = std::make_shared<std::vector<float>>(smoothing_scales(xabs, wabs, alpha));
         const double e = group_error(members, s->data(), pool);
-        if (e < report.smoothed_error) {
+        if (e < report.smoothed_error || (!options.guard && !chosen)) {
           report.smoothed_error = e;
           report.alpha = alpha;
           chosen = s;

@@ -53,6 +53,9 @@ struct CalibrationOptions {
   int64_t window = 256;           // tokens per forward, [BOS] included
   int64_t max_sample_rows = 256;  // sampled input rows kept per weight
   bool lm_head = true;            // the heads will be quantized (then the final norm group too)
+  // Keep smoothing only where it lowers the group's objective (default). False applies the
+  // best smoothing candidate even when round to nearest was better (tests, ablations).
+  bool guard = true;
   int num_threads = 0;
 };
 

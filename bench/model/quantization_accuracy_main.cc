@@ -4,7 +4,10 @@
 // with the LM head in BF16 and in INT8.
 //
 //   peerserve_bench_quantization_accuracy --model DIR --text FILE [--max-tokens 8192]
-//       [--window 256] [--threads 0]
+//       [--window 256] [--threads 0] [--compare NAME=INT8_DIR ...]
+//
+// --compare (repeatable) adds a checkpoint written by `peerserve quantize` (e.g. with a
+// calibration pipeline) as a row, measured against the BF16 model of --model.
 //
 // The text is split into windows of --window tokens ([BOS] + text tokens); each window is one
 // forward with logits for every position; perplexity = exp(mean NLL of the next token).
@@ -15,6 +18,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_features.h"
@@ -30,13 +34,15 @@ struct Args {
   int64_t max_tokens = 8192;
   int64_t window = 256;
   int threads = 0;
+  std::vector<std::pair<std::string, std::string>> compare;  // name, checkpoint dir
 };
 
 struct Variant {
-  const char* name;
+  std::string name;
   WeightQuantization quantize;
   bool lm_head;
   std::unique_ptr<DeepseekModel> model;
+  std::string dir;  // empty: --model
   double nll = 0;
   int64_t scored = 0;
   int64_t top1_agree = 0;
@@ -69,16 +75,19 @@ int run(const Args& args) {
   if (static_cast<int64_t>(stream.size()) > args.max_tokens) stream.resize(args.max_tokens);
 
   std::vector<Variant> variants;
-  variants.push_back({"bf16", WeightQuantization::kNone, false, nullptr});
-  variants.push_back({"int8", WeightQuantization::kInt8, false, nullptr});
-  variants.push_back({"int8 + lm_head", WeightQuantization::kInt8, true, nullptr});
+  variants.push_back({"bf16", WeightQuantization::kNone, false, nullptr, ""});
+  variants.push_back({"int8", WeightQuantization::kInt8, false, nullptr, ""});
+  variants.push_back({"int8 + lm_head", WeightQuantization::kInt8, true, nullptr, ""});
+  for (const auto& [name, dir] : args.compare) {
+    variants.push_back({name, WeightQuantization::kNone, false, nullptr, dir});
+  }
   for (Variant& v : variants) {
     ModelOptions options;
     options.num_threads = args.threads;
     options.load_mtp = false;
     options.quantize = v.quantize;
     options.quantize_lm_head = v.lm_head;
-    auto model = DeepseekModel::load(args.model, options);
+    auto model = DeepseekModel::load(v.dir.empty() ? args.model : v.dir, options);
     if (!model.ok()) {
       std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
       return 1;
@@ -139,12 +148,12 @@ int run(const Args& args) {
               args.model.c_str(), args.text.c_str(), static_cast<long long>(variants[0].scored),
               static_cast<long long>(args.window),
               std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str());
-  std::printf("%-16s %11s %11s %14s %13s %10s\n", "weights", "perplexity", "vs bf16",
+  std::printf("%-24s %11s %11s %14s %13s %10s\n", "weights", "perplexity", "vs bf16",
               "logit rel err", "max rel err", "top-1 agr");
   const double ppl0 = std::exp(variants[0].nll / variants[0].scored);
   for (const Variant& v : variants) {
     const double ppl = std::exp(v.nll / v.scored);
-    std::printf("%-16s %11.3f %+10.2f%% %14.2e %13.2e %9.2f%%\n", v.name, ppl,
+    std::printf("%-24s %11.3f %+10.3f%% %14.2e %13.2e %9.2f%%\n", v.name.c_str(), ppl,
                 (ppl / ppl0 - 1) * 100, v.rel_err_sum / v.scored, v.rel_err_max,
                 100.0 * v.top1_agree / v.scored);
   }
@@ -169,10 +178,18 @@ int main(int argc, char** argv) {
       args.window = std::atoll(argv[++i]);
     } else if (a == "--threads" && has_value) {
       args.threads = std::atoi(argv[++i]);
+    } else if (a == "--compare" && has_value) {
+      const std::string spec = argv[++i];
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos) {
+        args.compare.emplace_back(spec, spec);
+      } else {
+        args.compare.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+      }
     } else {
       std::fprintf(stderr,
                    "usage: %s --model DIR --text FILE [--max-tokens 8192] [--window 256] "
-                   "[--threads 0]\n",
+                   "[--threads 0] [--compare NAME=INT8_DIR ...]\n",
                    argv[0]);
       return a == "--help" || a == "-h" ? 0 : 2;
     }
