@@ -131,7 +131,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* sub = root.add_subcommand(
       "quantize",
       "Write an INT8 (W8A8) copy of a checkpoint: attention and MLP/expert weights in INT8 per "
-      "output channel (round to nearest), norms, router, kv_b and embeddings unchanged; "
+      "output channel (round to nearest, or calibrated with --calib: smoothing folded into the "
+      "norms, scale search, clipping), kv_b and embeddings unchanged; "
       "serve/generate/score load it like any checkpoint (docs/quantization.md)");
   auto cli = std::make_shared<QuantizeCli>();
   sub->add_option("--model", cli->model_dir, "Source checkpoint directory (BF16, F32 or FP8)")
