@@ -1,7 +1,9 @@
 // peerserve make-test-model: writes a random-weight DeepSeek-V3 checkpoint in the Hugging Face
 // layout (docs/test_models.md), optionally re-opening it to check that it loads.
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "apps/command_registry.h"
@@ -19,6 +21,7 @@ struct MakeTestModelOptions {
   uint64_t seed = 0;
   bool fp8 = false;
   bool verify = false;
+  std::optional<int> num_layers;
 };
 
 // Opens the checkpoint, checks its layout and reads every tensor as the model would.
@@ -45,17 +48,32 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   options.preset = *preset;
   options.seed = cli.seed;
   options.fp8 = cli.fp8;
+  options.num_layers = cli.num_layers;
+  if (cli.num_layers && *cli.num_layers < 1) {
+    std::fprintf(stderr, "error: --num-layers must be at least 1, got %d\n", *cli.num_layers);
+    return 2;
+  }
+  Result<ModelConfig> config = test_model_config(options);
+  if (!config.ok()) {
+    std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
+    return 2;
+  }
   LoadProgressBar progress("writing");
   options.progress = progress.callback();
-  const ModelConfig config = test_model_config(*preset, cli.fp8);
-  std::printf("writing %s%s test model (%.1f M parameters, seed %llu) to %s\n", cli.preset.c_str(),
-              cli.fp8 ? " fp8" : "", static_cast<double>(model_parameter_count(config)) / 1e6,
+  std::printf("writing %s%s test model (%lld layers, %.1f M parameters, seed %llu) to %s\n",
+              cli.preset.c_str(), cli.fp8 ? " fp8" : "",
+              static_cast<long long>(config->num_hidden_layers),
+              static_cast<double>(model_parameter_count(*config)) / 1e6,
               static_cast<unsigned long long>(cli.seed), cli.out_dir.c_str());
+  std::fflush(stdout);  // before the progress bar on stderr
+  const auto start = std::chrono::steady_clock::now();
   if (Status status = write_test_model(cli.out_dir, options); !status.ok()) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
     return 1;
   }
   progress.finish();
+  std::printf("written in %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (cli.verify) {
     if (Status status = verify_checkpoint(cli.out_dir); !status.ok()) {
       std::fprintf(stderr, "error: verification failed: %s\n", status.to_string().c_str());
@@ -71,14 +89,18 @@ const bool kRegistered = register_command([](CLI::App& root) {
       "make-test-model", "Write a random-weight DeepSeek-V3 checkpoint (Hugging Face layout)");
   auto options = std::make_shared<MakeTestModelOptions>();
   sub->add_option("--preset", options->preset,
-                  "tiny (fast tests), mini (~0.5 B, benchmarks) or tiny-v2 (tiny as DeepSeek-V2)")
-      ->check(CLI::IsMember({"tiny", "mini", "tiny-v2"}))
+                  "tiny (fast tests), mini (~0.5 B, benchmarks), tiny-v2 (tiny as DeepSeek-V2) "
+                  "or v2-lite (DeepSeek-V2-Lite's shapes, 15.7 B; 31 GB)")
+      ->check(CLI::IsMember({"tiny", "mini", "tiny-v2", "v2-lite"}))
       ->capture_default_str();
+  sub->add_option("--num-layers", options->num_layers,
+                  "decoder layers instead of the preset's (>= 1; v2-lite with 4: 2.25 B)");
   sub->add_option("--out", options->out_dir, "output directory")->required();
   sub->add_option("--seed", options->seed, "weight seed (same seed, same bytes)")
       ->capture_default_str();
   sub->add_flag("--fp8", options->fp8,
-                "store linear weights as F8_E4M3 with F32 128x128 (tiny: 32x32) block scales");
+                "store linear weights as F8_E4M3 with F32 128x128 (tiny, tiny-v2: 32x32) block "
+                "scales");
   sub->add_flag("--verify", options->verify,
                 "re-open the checkpoint, validate its layout and read every tensor");
   sub->callback([options] { set_command_exit_code(run_make_test_model(*options)); });

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/internal/pre_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -270,6 +271,39 @@ TEST(TokenizerComponentsTest, InvalidUtf8IsReplacedPerMaximalSubpart) {
             "a" + replacement + "z" + replacement + replacement);
   EXPECT_EQ(*t->decode(std::vector<TokenId>{0xF0, 0x9F, 0x98}), replacement);
   EXPECT_EQ(*t->decode(std::vector<TokenId>{0xF0, 0x9F, 0x98, 0x80}), "😀");
+}
+
+// A model vocabulary larger than the tokenizer's (make-test-model --preset v2-lite: 102400
+// ids, a 512-id tokenizer; DeepSeek-V3 itself: 129280 and 128815) samples ids that name no
+// token. Hugging Face's decode drops them before the decoder runs (filter_map over
+// id_to_token), so the bytes on either side join up. The engine and `generate` do the same:
+// IncrementalDetokenizer::push refuses such an id without changing its state, and they
+// skip it, so the streamed text is the decode of the other ids, and no request fails.
+TEST(TokenizerComponentsTest, IdsWithoutATokenAreSkippedAsHuggingFaceDoes) {
+  auto t = load(make_tokenizer_json({}, json::array()));
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->vocab_size(), 256);
+  // "a€z" with ids that name no token inside the 3-byte character and between tokens.
+  const std::vector<TokenId> sampled = {'a', 0xE2, 256, 0x82, 102399, 0xAC, 5000, 'z'};
+  std::string streamed;
+  IncrementalDetokenizer detokenizer(*t);
+  for (TokenId id : sampled) {
+    Result<std::string> piece = detokenizer.push(id);
+    if (!t->has_token(id)) {
+      EXPECT_FALSE(piece.ok()) << id;
+      EXPECT_EQ(detokenizer.pending_bytes().size(), id == 5000 ? 0u : id == 256 ? 1u : 2u) << id;
+      continue;
+    }
+    ASSERT_TRUE(piece.ok()) << id;
+    streamed += *piece;
+  }
+  streamed += detokenizer.finish();
+  EXPECT_EQ(streamed, "a€z");
+  std::vector<TokenId> known;
+  for (TokenId id : sampled) {
+    if (t->has_token(id)) known.push_back(id);
+  }
+  EXPECT_EQ(*t->decode(known), streamed);
 }
 
 }  // namespace
