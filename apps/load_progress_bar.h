@@ -1,11 +1,13 @@
 // A progress bar on stderr while a checkpoint loads (commands that load a model use it).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <unistd.h>
@@ -29,7 +31,8 @@ class LoadProgressBar {
  private:
   struct State {
     void draw(uint64_t done_in, uint64_t total_in, bool final) {
-      done = done_in;
+      std::lock_guard<std::mutex> lock(mutex);  // the loader reads tensors on several threads
+      done = std::max(done, done_in);
       total = total_in;
       if (total == 0 || finished) return;
       if (!final && !on_terminal) return;
@@ -49,6 +52,7 @@ class LoadProgressBar {
       }
       std::fflush(stderr);
     }
+    std::mutex mutex;
     const char* label = "loading";
     bool on_terminal = isatty(fileno(stderr)) != 0;
     std::chrono::steady_clock::time_point last{};

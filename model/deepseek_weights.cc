@@ -1,6 +1,10 @@
 #include "model/deepseek_weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include <string>
 #include <utility>
@@ -29,6 +33,7 @@ class WeightReader {
       return packed.status().with_context(checkpoint_.dir() + ": tensor '" + name + "'");
     LinearWeight w{nullptr, rows, cols, nullptr, nullptr};
     w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    checkpoint_.release_pages(name);  // the packed copy is what the kernels read
     return w;
   }
   bool is_int8(const std::string& name) const {
@@ -38,6 +43,7 @@ class WeightReader {
   Result<Int8WeightTensor> int8(const std::string& name, int64_t rows, int64_t cols) {
     return checkpoint_.get_int8(name, {rows, cols});
   }
+  void release(const std::string& name) { checkpoint_.release_pages(name); }
   static kernels::Int8WeightsView int8_view(const Int8WeightTensor& t) {
     return {{t.values, t.rows, t.cols, 0}, t.scales.data()};
   }
@@ -64,6 +70,8 @@ Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t 
                                                           WeightReader::int8_view(u));
     if (!packed.ok()) return packed.status().with_context(gate + " / " + up);
     w.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    r.release(gate);
+    r.release(up);
     w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
     w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
   } else {
@@ -212,10 +220,32 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
   WeightReader r(checkpoint);
   DeepseekWeights w;
   PS_ASSIGN_OR_RETURN(w.embed, r.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size));
-  w.layers.reserve(c.num_hidden_layers);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    PS_ASSIGN_OR_RETURN(DecoderLayerWeights layer, load_layer(r, c, i, select));
-    w.layers.push_back(std::move(layer));
+  // Layers on several threads: reading a checkpoint is thread-safe, and converting or
+  // repacking weights (FP8, INT8) is CPU work that one thread makes the load's bottleneck.
+  std::vector<std::optional<DecoderLayerWeights>> layers(static_cast<size_t>(c.num_hidden_layers));
+  std::vector<Status> errors(layers.size());
+  std::atomic<int64_t> next{0};
+  {
+    const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+    std::vector<std::jthread> threads;
+    for (int64_t t = 0; t < std::min(workers, c.num_hidden_layers); ++t) {
+      threads.emplace_back([&] {
+        WeightReader reader(checkpoint);
+        for (int64_t i = next++; i < c.num_hidden_layers; i = next++) {
+          Result<DecoderLayerWeights> layer = load_layer(reader, c, i, select);
+          if (layer.ok()) {
+            layers[i] = std::move(layer).value();
+          } else {
+            errors[i] = layer.status();
+          }
+        }
+      });
+    }
+  }
+  w.layers.reserve(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!errors[i].ok()) return errors[i];  // the first layer's error, as a sequential load
+    w.layers.push_back(std::move(*layers[i]));
   }
   PS_ASSIGN_OR_RETURN(w.final_norm, r.vector("model.norm.weight", c.hidden_size));
   if (c.tie_word_embeddings) {

@@ -413,6 +413,17 @@ Result<WeightTensor> Checkpoint::get_raw(std::string_view name) {
   return t;
 }
 
+void Checkpoint::release_pages(std::string_view name) const {
+  for (const std::string& n : {std::string(name), int8_scale_name(std::string(name))}) {
+    const TensorEntry* e = impl_->find(n);
+    if (e == nullptr) continue;
+    const SafetensorsFile& shard = impl_->shards[e->shard];
+    const std::span<const std::byte> bytes = impl_->bytes_of(*e);
+    shard.mapping()->release(static_cast<size_t>(bytes.data() - shard.mapping()->bytes().data()),
+                             bytes.size());
+  }
+}
+
 Result<Int8WeightTensor> Checkpoint::get_int8(std::string_view name,
                                               const std::vector<int64_t>& expected_shape) {
   PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));

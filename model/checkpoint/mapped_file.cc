@@ -55,4 +55,14 @@ void MappedFile::advise_will_need(size_t offset, size_t length) const {
   ::madvise(const_cast<std::byte*>(data_) + begin, offset + length - begin, MADV_WILLNEED);
 }
 
+void MappedFile::release(size_t offset, size_t length) const {
+  if (data_ == nullptr || offset >= size_) return;
+  length = std::min(length, size_ - offset);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page;  // whole pages only
+  const size_t end = (offset + length) / page * page;
+  if (end <= begin) return;
+  ::madvise(const_cast<std::byte*>(data_) + begin, end - begin, MADV_DONTNEED);
+}
+
 }  // namespace peerserve

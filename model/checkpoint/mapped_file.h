@@ -28,6 +28,10 @@ class MappedFile {
   // Hints that [offset, offset + length) will be read soon (madvise WILLNEED); no-op if the
   // range is outside the file.
   void advise_will_need(size_t offset, size_t length) const;
+  // Drops the whole pages inside [offset, offset + length) from this process's memory
+  // (madvise DONTNEED): for bytes already copied elsewhere. The mapping is read-only, so a
+  // later read faults them in from the file again; nothing is lost.
+  void release(size_t offset, size_t length) const;
 
  private:
   struct ConstructionKey {};  // only open() constructs, but make_shared needs a public ctor
