@@ -22,7 +22,10 @@ std::string safetensors_header_bytes(const std::vector<TensorToWrite>& tensors,
     offset += t.bytes.size();
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string json_text = header.dump();
+  return frame_safetensors_header(header.dump());
+}
+
+std::string frame_safetensors_header(std::string json_text) {
   // Pad with spaces so that the data section (and so every tensor of an aligned dtype) starts
   // 8-byte aligned, as the Hugging Face writer does.
   json_text.append((8 - json_text.size() % 8) % 8, ' ');

@@ -21,6 +21,10 @@ struct TensorToWrite {
   std::vector<std::byte> bytes;  // numel x dtype_size(dtype) bytes, little-endian
 };
 
+// Frames a header's JSON text as safetensors stores it: padded with spaces so that the data
+// section starts 8-byte aligned, preceded by its 8-byte little-endian length.
+std::string frame_safetensors_header(std::string json_text);
+
 // The serialized header (8-byte length + padded JSON) for `tensors` laid out back to back.
 // REQUIRES: every tensor's byte size matches its shape and dtype; names are unique.
 std::string safetensors_header_bytes(const std::vector<TensorToWrite>& tensors,

@@ -150,13 +150,7 @@ std::string shard_header(const std::vector<ShardTensor>& tensors) {
                       {"data_offsets", {t.offset, t.offset + t.size}}};
   }
   header["__metadata__"] = std::map<std::string, std::string>{{"format", "pt"}};
-  std::string json_text = header.dump();
-  json_text.append((8 - json_text.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  const uint64_t n = json_text.size();
-  for (int i = 0; i < 8; ++i)
-    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + json_text;
+  return frame_safetensors_header(header.dump());
 }
 
 // Writes all of `bytes` at `offset`.

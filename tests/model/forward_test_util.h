@@ -65,4 +65,19 @@ inline double max_rel_diff(std::span<const float> a, std::span<const float> b) {
   return diff / std::max(scale, 1e-30);
 }
 
+// Logits of every position of one sequence prefilled in one step (blocks of 16, BF16 KV).
+inline std::vector<float> sequence_logits(DeepseekModel& model,
+                                          const std::vector<int32_t>& tokens) {
+  LatentKvCache cache = make_cache(model, 16, DType::kBF16, 8);
+  std::vector<int32_t> table;
+  for (int32_t b = 0; b * 16 < static_cast<int32_t>(tokens.size()); ++b) table.push_back(b);
+  std::vector<SequenceChunk> chunks(1);
+  chunks[0].tokens = tokens;
+  chunks[0].block_table = table;
+  chunks[0].all_logits = true;
+  ForwardOutput out;
+  PS_CHECK(model.forward(chunks, cache, &out).ok());
+  return out.logits;
+}
+
 }  // namespace peerserve::testing

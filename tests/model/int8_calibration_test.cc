@@ -26,6 +26,7 @@ using testing::load_model;
 using testing::make_cache;
 using testing::make_temp_dir;
 using testing::max_rel_diff;
+using testing::sequence_logits;
 using testing::test_tokens;
 using testing::tiny_checkpoint_dir;
 
@@ -53,19 +54,6 @@ class RoutingRecorder final : public ExpertBackend {
  private:
   std::shared_ptr<ExpertBackend> inner_;
 };
-
-std::vector<float> logits_of(DeepseekModel& model, const std::vector<int32_t>& tokens) {
-  LatentKvCache cache = make_cache(model, 16, DType::kBF16, 8);
-  std::vector<int32_t> table;
-  for (int32_t b = 0; b * 16 < static_cast<int32_t>(tokens.size()); ++b) table.push_back(b);
-  std::vector<SequenceChunk> chunks(1);
-  chunks[0].tokens = tokens;
-  chunks[0].block_table = table;
-  chunks[0].all_logits = true;
-  ForwardOutput out;
-  PS_CHECK(model.forward(chunks, cache, &out).ok());
-  return out.logits;
-}
 
 Int8Transforms calibrated(const std::string& pipeline, bool guard = true) {
   auto checkpoint = Checkpoint::open(tiny_checkpoint_dir());
@@ -138,8 +126,8 @@ TEST(Int8CalibrationTest, SmoothingAloneIsExact) {
   a->set_expert_backend(ra);
   b->set_expert_backend(rb);
   const std::vector<int32_t> tokens = test_tokens(37, a->config().vocab_size, 3);
-  const std::vector<float> la = logits_of(*a, tokens);
-  const std::vector<float> lb = logits_of(*b, tokens);
+  const std::vector<float> la = sequence_logits(*a, tokens);
+  const std::vector<float> lb = sequence_logits(*b, tokens);
   ASSERT_EQ(la.size(), lb.size());
   EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0)
       << "max rel diff " << max_rel_diff(la, lb);
@@ -183,7 +171,7 @@ TEST(Int8CalibrationTest, NoStepRaisesTheObjective) {
 TEST(Int8CalibrationTest, CalibratedCheckpointsLoad) {
   auto bf16 = load_model(tiny_checkpoint_dir(), bf16_options());
   const std::vector<int32_t> tokens = test_tokens(29, bf16->config().vocab_size, 9);
-  const std::vector<float> reference = logits_of(*bf16, tokens);
+  const std::vector<float> reference = sequence_logits(*bf16, tokens);
   for (const char* pipeline : {"smooth", "clip", "full"}) {
     SCOPED_TRACE(pipeline);
     const std::string dir = write(calibrated(pipeline), std::string("int8_calib_") + pipeline,
@@ -193,7 +181,7 @@ TEST(Int8CalibrationTest, CalibratedCheckpointsLoad) {
     EXPECT_TRUE(ckpt->config().int8_weights);
     EXPECT_TRUE(ckpt->validate_layout().ok()) << ckpt->validate_layout().to_string();
     auto model = load_model(dir, bf16_options());
-    const std::vector<float> logits = logits_of(*model, tokens);
+    const std::vector<float> logits = sequence_logits(*model, tokens);
     ASSERT_EQ(logits.size(), reference.size());
     EXPECT_LT(max_rel_diff(reference, logits), 0.1);
     EXPECT_NE(std::memcmp(logits.data(), reference.data(), logits.size() * sizeof(float)), 0);

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using testing::load_model;
 using testing::make_cache;
 using testing::make_temp_dir;
+using testing::sequence_logits;
 using testing::test_tokens;
 using testing::tiny_checkpoint_dir;
 
@@ -40,19 +41,6 @@ ModelOptions options(WeightQuantization q, bool lm_head) {
   o.quantize_lm_head = lm_head;
   o.load_mtp = true;
   return o;
-}
-
-std::vector<float> logits_of(DeepseekModel& model, const std::vector<int32_t>& tokens) {
-  LatentKvCache cache = make_cache(model, 16, DType::kBF16, 8);
-  std::vector<int32_t> table;
-  for (int32_t b = 0; b * 16 < static_cast<int32_t>(tokens.size()); ++b) table.push_back(b);
-  std::vector<SequenceChunk> chunks(1);
-  chunks[0].tokens = tokens;
-  chunks[0].block_table = table;
-  chunks[0].all_logits = true;
-  ForwardOutput out;
-  PS_CHECK(model.forward(chunks, cache, &out).ok());
-  return out.logits;
 }
 
 std::string quantized_copy(const std::string& source, const std::string& tag, bool lm_head) {
@@ -118,13 +106,13 @@ TEST(Int8CheckpointTest, LoadsLikeLoadTimeQuantization) {
     auto offline = load_model(out, options(WeightQuantization::kNone, false));
     auto at_load = load_model(tiny_checkpoint_dir(), options(WeightQuantization::kInt8, lm_head));
     const std::vector<int32_t> tokens = test_tokens(21, offline->config().vocab_size, 5);
-    const std::vector<float> a = logits_of(*offline, tokens);
-    const std::vector<float> b = logits_of(*at_load, tokens);
+    const std::vector<float> a = sequence_logits(*offline, tokens);
+    const std::vector<float> b = sequence_logits(*at_load, tokens);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     // And they are INT8 logits, not BF16 ones.
     auto bf16 = load_model(tiny_checkpoint_dir(), options(WeightQuantization::kNone, false));
-    const std::vector<float> c = logits_of(*bf16, tokens);
+    const std::vector<float> c = sequence_logits(*bf16, tokens);
     EXPECT_NE(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0);
     // lm_head left BF16 is named in the config's "ignore".
     std::ifstream in(fs::path(out) / "config.json");
