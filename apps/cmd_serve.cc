@@ -22,6 +22,7 @@
 #include "apps/kv_pool_options.h"
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
+#include "apps/serve_router_role.h"
 #include "apps/speculative_options.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
@@ -68,6 +69,10 @@ struct ServeCli {
   std::string max_inflight_request = "256MiB";
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
+  std::string decode_instances;
+  int router_connect_timeout_ms = 2000;
+  int router_read_timeout_s = 300;
+  int health_check_interval_ms = 1000;
   std::string chat_template;
   std::string tool_call_parser = "deepseek_v3";
   bool enable_auto_tool_choice = false;
@@ -118,7 +123,41 @@ int follow_leader(EpSession& session, Engine& engine, DataParallelRouter& router
   return 0;
 }
 
+int run_router(const ServeCli& cli) {
+  if (!cli.model_dir.empty() || !cli.prefill_instances.empty() || !cli.kv_pool.members.empty()) {
+    return fail(invalid_argument(
+        "--role router loads no model and talks to decode instances only: drop --model, "
+        "--prefill and --kv-pool (give --prefill and --kv-pool to the decode instances)"));
+  }
+  if (cli.port < 0 || cli.port > 65535) {
+    return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
+  }
+  RouterRoleOptions options;
+  options.decode_instances = cli.decode_instances;
+  options.http.host = cli.host;
+  options.http.port = static_cast<uint16_t>(cli.port);
+  options.http.max_body_bytes = cli.max_body_bytes;
+  options.http.max_connections = cli.max_connections;
+  options.http.max_connections_per_client = cli.max_connections_per_client;
+  options.http.header_timeout_seconds = cli.header_timeout;
+  options.http.idle_timeout_seconds = cli.idle_timeout;
+  const Result<uint64_t> max_unsent = parse_byte_size("--max-unsent-bytes", cli.max_unsent);
+  if (!max_unsent.ok()) return fail(max_unsent.status());
+  options.http.max_unsent_bytes = *max_unsent;
+  if (!cli.api_key.empty()) options.api_key = cli.api_key;
+  options.connect_timeout_ms = cli.router_connect_timeout_ms;
+  options.read_timeout_s = cli.router_read_timeout_s;
+  options.health_interval_ms = cli.health_check_interval_ms;
+  options.shutdown_timeout_s = cli.shutdown_timeout;
+  return run_router_role(options);
+}
+
 int run_serve(const ServeCli& cli) {
+  if (cli.role == "router") return run_router(cli);
+  if (!cli.decode_instances.empty()) {
+    return fail(invalid_argument("--decode is for --role router"));
+  }
+  if (cli.model_dir.empty()) return fail(invalid_argument("--model DIR is required"));
   // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
   // (threads created from here on inherit the mask).
   sigset_t signals;
@@ -478,13 +517,13 @@ int run_serve(const ServeCli& cli) {
 }
 
 const bool kRegistered = register_command([](CLI::App& root) {
-  auto* sub =
-      root.add_subcommand("serve", "OpenAI-compatible HTTP server (all roles in one process)");
+  auto* sub = root.add_subcommand("serve",
+                                  "OpenAI-compatible HTTP server: all roles in one process, or one "
+                                  "role (--role prefill|decode|router)");
   auto cli = std::make_shared<ServeCli>();
   sub->add_option("--model", cli->model_dir,
                   "Checkpoint directory (config.json, safetensors, "
-                  "tokenizer.json)")
-      ->required();
+                  "tokenizer.json); required except with --role router");
   sub->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
   sub->add_option("--served-model-name", cli->served_model_name,
@@ -556,14 +595,31 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--role", cli->role,
                   "all: everything in this process; prefill: compute prompts for decode "
                   "instances (their KV goes to the pool); decode: have --prefill instances "
-                  "compute prompts missing from the pool, then generate (both need --kv-pool)")
-      ->check(CLI::IsMember({"all", "prefill", "decode"}))
+                  "compute prompts missing from the pool, then generate (both need --kv-pool); "
+                  "router: no model, the OpenAI front end over --decode instances (least "
+                  "loaded, health-checked; docs/disaggregation.md)")
+      ->check(CLI::IsMember({"all", "prefill", "decode", "router"}))
       ->capture_default_str();
   sub->add_option("--prefill", cli->prefill_instances,
                   "With --role decode: HOST:PORT,... of 'serve --role prefill' instances");
   sub->add_option("--prefill-timeout-ms", cli->prefill_timeout_ms,
                   "With --role decode: a prefill call gives up after this long (then the next "
                   "instance, then a local prefill)")
+      ->capture_default_str();
+  sub->add_option("--decode", cli->decode_instances,
+                  "With --role router: HOST:PORT,... of the instances requests go to ('serve "
+                  "--role decode', or any peerserve server of the same model)");
+  sub->add_option("--router-connect-timeout-ms", cli->router_connect_timeout_ms,
+                  "With --role router: connecting to an instance gives up after this long (then "
+                  "the next instance is tried)")
+      ->capture_default_str();
+  sub->add_option("--router-read-timeout-s", cli->router_read_timeout_s,
+                  "With --role router: an instance silent this long (before its answer starts, "
+                  "or between two pieces of it) has failed the request")
+      ->capture_default_str();
+  sub->add_option("--health-check-interval-ms", cli->health_check_interval_ms,
+                  "With --role router: how often every instance's /health is asked (down "
+                  "instances leave the rotation and come back when healthy)")
       ->capture_default_str();
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
   sub->add_option("--chat-template", cli->chat_template,

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "serve/bearer_auth.h"
 #include "serve/prometheus_text.h"
 #include "serve/request_workers.h"
 #include "serve/tool_call_parser.h"
@@ -669,23 +670,8 @@ void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
   exchange->respond(200, kJson, json{{"prompt", sanitize_utf8(*text)}}.dump());
 }
 
-// Compares in time that depends only on the lengths, so the key cannot be guessed byte by
-// byte from response times.
-bool constant_time_equal(std::string_view a, std::string_view b) {
-  unsigned char difference = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const auto x = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
-    const auto y = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
-    difference |= static_cast<unsigned char>(x ^ y);
-  }
-  return difference == 0;
-}
-
 bool authorized(const OpenAiServer::Context& ctx, const HttpRequest& request) {
-  if (!ctx.options.api_key) return true;
-  const std::string* auth = request.header("authorization");
-  return auth != nullptr && constant_time_equal(*auth, "Bearer " + *ctx.options.api_key);
+  return !ctx.options.api_key || bearer_token_matches(request, *ctx.options.api_key);
 }
 
 using RouteHandler = void (*)(OpenAiServer::Context&, const HttpRequest&,
@@ -722,12 +708,8 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
   const std::string path = request.path();
   const std::string& method = request.method;
   if (path.rfind("/v1/", 0) == 0 && !authorized(ctx, request)) {
-    ApiError e;
-    e.status = 401;
-    e.message = "Incorrect or missing API key; send it as 'Authorization: Bearer <key>'.";
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
-    return exchange->respond(401, kJson, api_error_json(e), {{"WWW-Authenticate", "Bearer"}});
+    return exchange->respond(401, kJson, api_error_json(missing_api_key_error()),
+                             {{"WWW-Authenticate", "Bearer"}});
   }
   struct Route {
     const char* path;
