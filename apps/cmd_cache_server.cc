@@ -34,6 +34,7 @@ struct CacheServerCli {
   bool ssd_sync = false;
   std::vector<std::string> namespace_capacity;
   std::string max_block = "32M";
+  int block_stream_port = 0;
 };
 
 int fail(const Status& status) {
@@ -76,6 +77,11 @@ int run_cache_server(const CacheServerCli& cli) {
   Result<uint64_t> max_block = parse_byte_size("--max-block-bytes", cli.max_block);
   if (!max_block.ok()) return fail(max_block.status());
   server_options.max_block_bytes = *max_block;
+  if (cli.block_stream_port < -1 || cli.block_stream_port > 65535) {
+    return fail(invalid_argument("--block-stream-port " + std::to_string(cli.block_stream_port) +
+                                 ": expected -1 (off), 0 (any free port) or a port"));
+  }
+  server_options.block_stream_port = cli.block_stream_port;
 
   // Signals are taken by a dedicated thread with sigwait(); block them in every thread that
   // gRPC starts from here on.
@@ -102,9 +108,13 @@ int run_cache_server(const CacheServerCli& cli) {
   Result<std::unique_ptr<PoolServer>> server = PoolServer::start(shared_store, server_options);
   if (!server.ok()) return fail(server.status());
   const std::string host = cli.listen.substr(0, cli.listen.rfind(':'));
-  std::printf("cache-server listening on %s:%d (DRAM %llu bytes%s)\n", host.c_str(),
+  const std::string data_path =
+      (*server)->block_stream_port() > 0
+          ? ", blocks on port " + std::to_string((*server)->block_stream_port())
+          : ", blocks over gRPC";
+  std::printf("cache-server listening on %s:%d (DRAM %llu bytes%s%s)\n", host.c_str(),
               (*server)->port(), static_cast<unsigned long long>(store_options.dram_bytes),
-              store_options.ssd_dir.empty() ? ", no SSD tier" : ", SSD tier");
+              store_options.ssd_dir.empty() ? ", no SSD tier" : ", SSD tier", data_path.c_str());
   std::fflush(stdout);
 
   PoolServer* server_ptr = server->get();
@@ -128,7 +138,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* sub = root.add_subcommand(
       "cache-server",
       "Run one member of the caching pool: a DRAM tier (LRU) over an optional SSD tier "
-      "(checksummed block files, recovered after a restart), served over gRPC. Clients list "
+      "(checksummed block files, recovered after a restart), served over gRPC (control) and a "
+      "block-stream TCP port (data). Clients list "
       "the members (--kv-pool HOST:PORT,...) and place blocks by consistent hashing.");
   auto cli = std::make_shared<CacheServerCli>();
   sub->add_option("--listen", cli->listen,
@@ -149,6 +160,11 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "namespace over its cap evicts its own least recently used blocks");
   sub->add_option("--max-block-bytes", cli->max_block,
                   "largest block a client may store (default 32M)");
+  sub->add_option("--block-stream-port", cli->block_stream_port,
+                  "port of the block-stream data path on the --listen host (blocks of gets and "
+                  "puts over plain TCP; gRPC advertises it): 0 any free port, -1 off (blocks go "
+                  "over gRPC)")
+      ->capture_default_str();
   sub->callback([cli] { set_command_exit_code(run_cache_server(*cli)); });
 });
 

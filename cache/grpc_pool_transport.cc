@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
+#include "cache/block_stream_client.h"
 #include "cache/pool.grpc.pb.h"
 #include "cache/wire_format.h"
 
@@ -49,6 +51,22 @@ class GrpcPoolTransport final : public PoolTransport {
   std::vector<BlockLookup> get(std::span<const PoolKey> keys, std::span<const BlockSink> sinks,
                                PoolDeadline deadline) override {
     PS_CHECK_EQ(keys.size(), sinks.size());
+    if (!keys.empty()) {
+      Result<std::shared_ptr<BlockStreamClient>> stream = block_stream(deadline);
+      if (!stream.ok()) {
+        return std::vector<BlockLookup>(keys.size(), BlockLookup::failed(stream.status()));
+      }
+      if (*stream != nullptr) {
+        std::vector<BlockLookup> out = (*stream)->get(keys, sinks, deadline);
+        if (std::any_of(out.begin(), out.end(), [](const BlockLookup& r) {
+              return r.kind == BlockLookup::Kind::kError &&
+                     r.error.code() == StatusCode::kUnavailable;
+            })) {
+          forget_block_stream();
+        }
+        return out;
+      }
+    }
     std::vector<BlockLookup> out(keys.size());
     std::vector<bool> answered(keys.size(), false);
     auto fail_unanswered = [&](const Status& status) {
@@ -122,6 +140,18 @@ class GrpcPoolTransport final : public PoolTransport {
     PS_CHECK_EQ(keys.size(), blocks.size());
     std::vector<Status> out(keys.size());
     if (keys.empty()) return out;
+    {
+      Result<std::shared_ptr<BlockStreamClient>> stream = block_stream(deadline);
+      if (!stream.ok()) return std::vector<Status>(keys.size(), stream.status());
+      if (*stream != nullptr) {
+        std::vector<Status> out = (*stream)->put(keys, blocks, deadline);
+        if (std::any_of(out.begin(), out.end(),
+                        [](const Status& st) { return st.code() == StatusCode::kUnavailable; })) {
+          forget_block_stream();
+        }
+        return out;
+      }
+    }
     auto fail_all = [&](const Status& status) {
       std::fill(out.begin(), out.end(), status);
       return out;
@@ -190,16 +220,44 @@ class GrpcPoolTransport final : public PoolTransport {
     return std::vector<bool>(reply.removed().begin(), reply.removed().end());
   }
 
-  Result<PoolStats> stats(PoolDeadline deadline) override {
+  Result<PoolStats> stats(PoolDeadline deadline) override { return stats_reply(deadline, nullptr); }
+
+ private:
+  // The member's block-stream client, or null to use gRPC. Asks the member (Stats) at the
+  // first call and again after the data path failed (a restarted member may listen on
+  // another block-stream port).
+  Result<std::shared_ptr<BlockStreamClient>> block_stream(PoolDeadline deadline) {
+    if (!options_.use_block_stream) return std::shared_ptr<BlockStreamClient>();
+    std::lock_guard<std::mutex> lock(stream_mutex_);
+    if (stream_probed_) return stream_;
+    uint32_t port = 0;
+    PS_ASSIGN_OR_RETURN(PoolStats ignored, stats_reply(deadline, &port));
+    (void)ignored;
+    stream_probed_ = true;
+    stream_.reset();
+    if (port > 0) {
+      std::string host = address_.substr(0, address_.rfind(':'));
+      if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+      stream_ = std::make_shared<BlockStreamClient>(host, static_cast<int>(port), address_);
+    }
+    return stream_;
+  }
+
+  void forget_block_stream() {
+    std::lock_guard<std::mutex> lock(stream_mutex_);
+    stream_probed_ = false;
+  }
+
+  Result<PoolStats> stats_reply(PoolDeadline deadline, uint32_t* block_stream_port) {
     PS_RETURN_IF_ERROR(ensure_connected(deadline));
     grpc::ClientContext context;
     context.set_deadline(to_system(deadline));
     wire::StatsReply reply;
     PS_RETURN_IF_ERROR(from_grpc(stub_->Stats(&context, wire::StatsRequest(), &reply), address_));
+    if (block_stream_port != nullptr) *block_stream_port = reply.block_stream_port();
     return from_wire(reply);
   }
 
- private:
   // Waits for a connection at most connect_timeout (and never past the call's deadline).
   Status ensure_connected(PoolDeadline deadline) {
     if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return ok_status();
@@ -215,6 +273,9 @@ class GrpcPoolTransport final : public PoolTransport {
   GrpcPoolTransportOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<wire::CachePool::Stub> stub_;
+  std::mutex stream_mutex_;
+  bool stream_probed_ = false;
+  std::shared_ptr<BlockStreamClient> stream_;
 };
 
 }  // namespace

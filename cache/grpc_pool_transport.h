@@ -1,5 +1,7 @@
 // GrpcPoolTransport: a pool member reached over gRPC (a `peerserve cache-server`). Get and
-// Put stream blocks in ~1 MiB chunks; every call carries its deadline.
+// Put go over the member's block-stream data path when it has one
+// (cache/block_stream_client.h), else stream blocks over gRPC in ~1 MiB chunks; every call
+// carries its deadline.
 //
 // Connecting is bounded separately by `connect_timeout`: a member whose port refuses or
 // does not answer fails fast with kUnavailable rather than using up the call's whole
@@ -19,6 +21,9 @@ namespace peerserve {
 
 struct GrpcPoolTransportOptions {
   std::chrono::milliseconds connect_timeout{500};
+  // Move Get/Put blocks over the member's block-stream port when it advertises one (learnt
+  // from its Stats reply at the first get or put); false: everything over gRPC.
+  bool use_block_stream = true;
 };
 
 // `address` is "host:port". Creating the transport does not connect yet.

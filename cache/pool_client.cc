@@ -42,7 +42,8 @@ Result<std::unique_ptr<PoolClient>> PoolClient::connect(std::string_view members
       return invalid_argument("cache pool member '" + address + "' listed twice");
     }
     transports.push_back(make_grpc_pool_transport(
-        address, GrpcPoolTransportOptions{.connect_timeout = options.connect_timeout}));
+        address, GrpcPoolTransportOptions{.connect_timeout = options.connect_timeout,
+                                          .use_block_stream = options.use_block_stream}));
     start = end + 1;
   }
   return create(std::move(transports), options);

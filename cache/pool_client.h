@@ -30,6 +30,8 @@ namespace peerserve {
 
 struct PoolClientOptions {
   std::chrono::milliseconds connect_timeout{300};  // per member, gRPC members only
+  // Blocks over the members' block-stream ports where they offer one (else over gRPC).
+  bool use_block_stream = true;
   std::chrono::milliseconds down_backoff_initial{250};
   std::chrono::milliseconds down_backoff_max{8000};
   int virtual_nodes = 160;

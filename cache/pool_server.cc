@@ -27,6 +27,7 @@ class PoolServer::Service final : public wire::CachePool::Service {
       : store_(std::move(store)), options_(options) {}
 
   uint64_t malformed() const { return malformed_.load(); }
+  void set_block_stream(const BlockStreamServer* server) { block_stream_ = server; }
 
   grpc::Status Get(grpc::ServerContext* context, const wire::GetRequest* request,
                    grpc::ServerWriter<wire::GetChunk>* writer) override {
@@ -135,7 +136,9 @@ class PoolServer::Service final : public wire::CachePool::Service {
   grpc::Status Stats(grpc::ServerContext*, const wire::StatsRequest*,
                      wire::StatsReply* reply) override {
     to_wire(store_->stats(), reply);
-    reply->set_malformed_requests(malformed_.load());
+    reply->set_malformed_requests(malformed_.load() +
+                                  (block_stream_ ? block_stream_->malformed_requests() : 0));
+    if (block_stream_) reply->set_block_stream_port(static_cast<uint32_t>(block_stream_->port()));
     return grpc::Status::OK;
   }
 
@@ -183,6 +186,7 @@ class PoolServer::Service final : public wire::CachePool::Service {
   std::shared_ptr<TieredBlockStore> store_;
   PoolServerOptions options_;
   std::atomic<uint64_t> malformed_{0};
+  const BlockStreamServer* block_stream_ = nullptr;
 };
 
 Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBlockStore> store,
@@ -191,7 +195,19 @@ Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBloc
     return invalid_argument("cache server: --listen '" + options.listen + "', expected HOST:PORT");
   }
   auto server = std::make_unique<PoolServer>(ConstructionKey{}, store);
+  if (options.block_stream_port >= 0) {
+    BlockStreamServerOptions stream;
+    stream.host = options.listen.substr(0, options.listen.rfind(':'));
+    if (stream.host.size() > 2 && stream.host.front() == '[') {
+      stream.host = stream.host.substr(1, stream.host.size() - 2);  // [::1] -> ::1
+    }
+    stream.port = options.block_stream_port;
+    stream.limits.max_keys = options.max_keys_per_request;
+    stream.limits.max_block_bytes = options.max_block_bytes;
+    PS_ASSIGN_OR_RETURN(server->block_stream_, BlockStreamServer::start(store, stream));
+  }
   server->service_ = std::make_unique<Service>(std::move(store), options);
+  server->service_->set_block_stream(server->block_stream_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
   builder.SetMaxReceiveMessageSize(cache_wire::kMaxMessageBytes);
@@ -216,6 +232,7 @@ PoolServer::~PoolServer() {
 }
 
 void PoolServer::shutdown(std::chrono::milliseconds grace) {
+  if (block_stream_) block_stream_->stop();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
 }
 
@@ -224,7 +241,7 @@ void PoolServer::wait() {
 }
 
 uint64_t PoolServer::malformed_requests() const {
-  return service_->malformed();
+  return service_->malformed() + (block_stream_ ? block_stream_->malformed_requests() : 0);
 }
 
 }  // namespace peerserve

@@ -6,9 +6,10 @@
 //   grpc probe  the cache server's Probe RPC: Get-shaped replies of the same blocks, built
 //               without the store (the ceiling of Get over this transport), measured in
 //               rounds alternating with the gets it bounds
-// Pools measured: the in-process pool (`--kv-pool local`), the pool over gRPC on loopback
-// (an in-process PoolServer on 127.0.0.1:0, or --server HOST:PORT), and the SSD tier
-// (DRAM too small to hold the batch, so every get reads a checksummed file).
+// Pools measured: the in-process pool (`--kv-pool local`), the pool on loopback (an
+// in-process PoolServer on 127.0.0.1:0, or --server HOST:PORT) with blocks over its
+// block-stream port (the default data path) and over gRPC, and the SSD tier (DRAM too small
+// to hold the batch, so every get reads a checksummed file).
 //
 // Every figure is the median of --repeats rounds of --iterations calls each; ratios use
 // the medians. GB/s = 1e9 bytes/s. The pool's copies are plain memcpy (no ISA-specific
@@ -253,9 +254,14 @@ int run(const BenchOptions& o) {
       std::exit(1);
     }
   };
-  auto remote = PoolClient::connect(address, {});
+  PoolClientOptions grpc_only;
+  grpc_only.use_block_stream = false;
+  auto remote = PoolClient::connect(address, grpc_only);
   if (!remote.ok()) return 1;
   const PoolFigures grpc = measure_pool(o, **remote, block_bytes, "bench", probe);
+  auto streamed = PoolClient::connect(address, {});
+  if (!streamed.ok()) return 1;
+  const PoolFigures stream = measure_pool(o, **streamed, block_bytes, "bench-stream");
   const double probe_one = grpc.ceiling_one;
   const double probe_batch = grpc.ceiling_batch;
 
@@ -289,11 +295,19 @@ int run(const BenchOptions& o) {
   };
   row("pool over gRPC", grpc, probe_one, probe_batch, "probe");
   std::printf("%-24s get %d / TCP loopback %5.2f\n", "", o.batch, grpc.get_batch / tcp_gbs);
+  std::printf("%-24s put 1 %7.3f  get 1 %7.3f  put %d %7.3f  get %d %7.3f GB/s\n",
+              "pool over block stream", stream.put_one, stream.get_one, o.batch, stream.put_batch,
+              o.batch, stream.get_batch);
+  std::printf("%-24s get %d / TCP loopback %5.2f   get %d / memcpy %5.2f\n", "", o.batch,
+              stream.get_batch / tcp_gbs, o.batch, stream.get_batch / memcpy_batch);
   row("pool in-process", in_process, memcpy_one, memcpy_batch, "memcpy");
   row("pool in-process, SSD", ssd_figures, memcpy_one, memcpy_batch, "memcpy");
-  std::printf("\ntarget: batched gets over gRPC >= 0.50 of the transport's bandwidth: %s (%.2f)\n",
-              grpc.get_batch >= 0.5 * probe_batch ? "met" : "NOT met",
-              grpc.get_batch / probe_batch);
+  std::printf(
+      "\ntarget: batched gets >= 0.50 of the transport's bandwidth (the default data path, the "
+      "block stream, against raw TCP loopback): %s (%.2f)\n",
+      stream.get_batch >= 0.5 * tcp_gbs ? "met" : "NOT met", stream.get_batch / tcp_gbs);
+  std::printf("(gRPC alone: %.2f of its own probe, %.2f of raw TCP)\n",
+              grpc.get_batch / probe_batch, grpc.get_batch / tcp_gbs);
   if (server) server->shutdown(milliseconds(100));
   return 0;
 }

@@ -1,6 +1,7 @@
-// The gRPC transport against an in-process PoolServer on a loopback ephemeral port: round
-// trips through PoolClient, a member that is not there, and malformed or truncated messages
-// (the server answers with an error and keeps serving).
+// The gRPC transport against an in-process PoolServer on a loopback ephemeral port, with
+// blocks over gRPC and over the block-stream data path: round trips through PoolClient, a
+// member that is not there, and malformed or truncated messages (the server answers with an
+// error and keeps serving).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -21,7 +22,9 @@ namespace wire = peerserve::cache::wire;
 
 constexpr milliseconds kTimeout{5000};
 
-class GrpcPoolTest : public ::testing::Test {
+// Parameter: whether the server offers the block-stream data path (true) or clients move
+// blocks over gRPC (false); every case runs both ways.
+class GrpcPoolTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     TieredBlockStoreOptions options;
@@ -32,6 +35,7 @@ class GrpcPoolTest : public ::testing::Test {
     PoolServerOptions server_options;
     server_options.max_keys_per_request = 1000;
     server_options.max_block_bytes = 1 << 20;
+    server_options.block_stream_port = GetParam() ? 0 : -1;
     auto server = PoolServer::start(store_, server_options);
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
@@ -75,7 +79,7 @@ class GrpcPoolTest : public ::testing::Test {
   std::string address_;
 };
 
-TEST_F(GrpcPoolTest, BatchRoundTripOfMiniPresetBlocks) {
+TEST_P(GrpcPoolTest, BatchRoundTripOfMiniPresetBlocks) {
   auto client = PoolClient::connect(address_, {});
   ASSERT_TRUE(client.ok());
   constexpr size_t kBlock = 46080;  // mini preset: 5 layers x 16 tokens x 288 x BF16
@@ -112,7 +116,7 @@ TEST_F(GrpcPoolTest, BatchRoundTripOfMiniPresetBlocks) {
   EXPECT_EQ(stats[0].stats->puts, 64u);
 }
 
-TEST_F(GrpcPoolTest, PerBlockErrorsComeBackPerBlock) {
+TEST_P(GrpcPoolTest, PerBlockErrorsComeBackPerBlock) {
   auto client = PoolClient::connect(address_, {});
   ASSERT_TRUE(client.ok());
   const std::vector<PoolKey> keys = {{"ok", 1}, {"bad tenant", 2}, {"ok", 3}};
@@ -132,7 +136,7 @@ TEST_F(GrpcPoolTest, PerBlockErrorsComeBackPerBlock) {
   EXPECT_GE(server_->malformed_requests(), 2u);
 }
 
-TEST_F(GrpcPoolTest, MalformedAndTruncatedMessagesAreErrors) {
+TEST_P(GrpcPoolTest, MalformedAndTruncatedMessagesAreErrors) {
   // Bytes that are not a protobuf message at all.
   grpc::Status garbage = send_raw_unary("/peerserve.cache.wire.CachePool/Exists",
                                         std::string("\xff\xff\xff\xff\xff\x0f garbage", 15));
@@ -161,7 +165,7 @@ TEST_F(GrpcPoolTest, MalformedAndTruncatedMessagesAreErrors) {
   EXPECT_TRUE(server_still_serves());
 }
 
-TEST_F(GrpcPoolTest, PutChunkWithUnpairedKeysIsRejected) {
+TEST_P(GrpcPoolTest, PutChunkWithUnpairedKeysIsRejected) {
   auto stub =
       wire::CachePool::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -180,13 +184,18 @@ TEST_F(GrpcPoolTest, PutChunkWithUnpairedKeysIsRejected) {
   EXPECT_TRUE(server_still_serves());
 }
 
-TEST_F(GrpcPoolTest, ProbeStreamsTheRequestedBytes) {
+TEST_P(GrpcPoolTest, ProbeStreamsTheRequestedBytes) {
   GrpcTransportProbe probe(address_);
   Result<uint64_t> got = probe.run(3 << 20, 46080, kTimeout);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_GE(*got, 3u << 20);
   EXPECT_FALSE(probe.run(1 << 20, 0, kTimeout).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(DataPaths, GrpcPoolTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("BlockStream") : std::string("Grpc");
+                         });
 
 TEST(GrpcPoolMemberDownTest, NothingListeningIsAMissWithinTheConnectTimeout) {
   // Bind and close a port so that nothing listens on it.

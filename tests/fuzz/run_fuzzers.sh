@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets with clang (a separate small build: the main build uses g++)
 # and runs each for a bounded time: the checkpoint header and config parsers, and the
 # parsers of untrusted text (chat template, tokenizer.json, OpenAI request bodies,
-# encode/decode, tool calls in model output). Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
+# encode/decode, tool calls in model output), and the cache server's block-stream requests. Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
 # large inputs generated below. Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
@@ -16,6 +16,10 @@ common=("$src/base/status.cc" "$src/base/check.cc" "$src/tensor/dtype.cc"
   "$src/tests/fuzz/safetensors_header_fuzzer.cc" "${common[@]}"
 "$clangxx" "${flags[@]}" -o model_config_fuzzer "$src/tests/fuzz/model_config_fuzzer.cc" \
   "$src/model/model_config.cc" "$src/model/checkpoint/tensor_layout.cc" "${common[@]}"
+
+"$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
+  "$src/tests/fuzz/block_stream_protocol_fuzzer.cc" "$src/cache/block_stream_protocol.cc" \
+  "$src/base/status.cc" "$src/base/check.cc"
 
 # Seeds: a valid two-tensor file and a valid config.
 rm -rf corpus_safetensors corpus_config
@@ -92,6 +96,22 @@ text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final
 ./tool_call_parser_fuzzer "${text_run[@]}" -max_len=65536 -dict="$src/tests/fuzz/tool_call.dict" \
   corpus_tool_call_parser
 
+rm -rf corpus_block_stream
+mkdir -p corpus_block_stream
+/usr/bin/python3 - <<'PY'
+import struct
+def request(op, keys):
+    table = b""
+    for tenant, h, size in keys:
+        table += bytes([len(tenant)]) + tenant + struct.pack("<Q", h)
+        if op == 2:
+            table += struct.pack("<Q", size)
+    return struct.pack("<IB3xII", 0x31425350, op, len(keys), len(table)) + table
+open("corpus_block_stream/get", "wb").write(request(1, [(b"kv", 1, 0), (b"tenant-b", 2**63, 0)]))
+open("corpus_block_stream/put", "wb").write(request(2, [(b"kv", 7, 46080)]))
+PY
+./block_stream_protocol_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
+  -print_final_stats=1 corpus_block_stream
 ./safetensors_header_fuzzer -max_total_time="$seconds" -max_len=2048 -timeout=10 \
   -dict="$src/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus_safetensors
 ./model_config_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=2048 -timeout=10 \

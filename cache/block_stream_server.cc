@@ -1,0 +1,211 @@
+#include "cache/block_stream_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "cache/socket_io.h"
+
+namespace peerserve {
+
+using namespace block_stream;  // NOLINT: the protocol's constants and helpers
+
+Result<std::unique_ptr<BlockStreamServer>> BlockStreamServer::start(
+    std::shared_ptr<TieredBlockStore> store, const BlockStreamServerOptions& options) {
+  const std::string where = options.host + ":" + std::to_string(options.port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(options.port);
+  if (::getaddrinfo(options.host.c_str(), port.c_str(), &hints, &found) != 0 || !found) {
+    return invalid_argument("block-stream server: cannot resolve " + where);
+  }
+  SocketFd fd(::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound = fd.valid() && ::bind(fd.get(), found->ai_addr, found->ai_addrlen) == 0 &&
+                     ::listen(fd.get(), 64) == 0;
+  ::freeaddrinfo(found);
+  if (!bound) {
+    return unavailable("block-stream server: cannot listen on " + where + ": " +
+                       std::strerror(errno));
+  }
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  std::unique_ptr<BlockStreamServer> server(new BlockStreamServer(std::move(store), options));
+  server->port_ =
+      ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                       : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  server->listen_fd_ = fd.release();
+  server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
+  return server;
+}
+
+BlockStreamServer::~BlockStreamServer() {
+  stop();
+}
+
+void BlockStreamServer::stop() {
+  if (stopping_.exchange(true)) return;
+  ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Connection& c : connections_) ::shutdown(c.fd, SHUT_RDWR);  // wakes poll()
+  for (Connection& c : connections_) {
+    if (c.thread.joinable()) c.thread.join();
+  }
+  connections_.clear();
+}
+
+void BlockStreamServer::accept_loop() {
+  while (!stopping_.load()) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_.load()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // EMFILE and the like
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Reap finished connections first.
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (it->done.load()) {
+        it->thread.join();
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (stopping_.load() || static_cast<int>(connections_.size()) >= options_.max_connections ||
+        !prepare_socket(fd).ok()) {
+      ::close(fd);
+      continue;
+    }
+    Connection& c = connections_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c] {
+      serve(c.fd);
+      ::close(c.fd);
+      c.done.store(true);
+    });
+  }
+}
+
+void BlockStreamServer::serve(int fd) {
+  std::string reply, block;
+  while (!stopping_.load() && serve_request(fd, reply, block)) {
+  }
+}
+
+bool BlockStreamServer::serve_request(int fd, std::string& reply, std::string& block) {
+  std::byte header_bytes[kHeaderBytes];
+  // Between requests the client may stay quiet up to the idle timeout.
+  if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,
+                  "block-stream header")
+           .ok()) {
+    return false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.io_timeout;
+  Result<RequestHeader> header = parse_header(header_bytes, options_.limits);
+  if (!header.ok()) {
+    ++malformed_;
+    return false;
+  }
+  std::vector<std::byte> table(header->table_bytes);
+  if (!read_exact(fd, table, deadline, "block-stream table").ok()) return false;
+  Result<std::vector<TableEntry>> entries = parse_table(*header, table);
+  if (!entries.ok()) {
+    ++malformed_;
+    return false;
+  }
+  reply.clear();
+  // Replies go out in pieces of about 1 MiB; a block's bytes go straight from `block`.
+  constexpr size_t kFlushBytes = 1 << 20;
+  auto flush = [&](bool more) {
+    const Status s = write_all(fd, as_bytes(reply), deadline, "block-stream reply", more);
+    reply.clear();
+    return s.ok();
+  };
+  if (header->op == kOpGet) {
+    for (const TableEntry& e : *entries) {
+      if (Status valid = validate_pool_key(e.key); !valid.ok()) {
+        ++malformed_;
+        append_u8(&reply, kError);
+        append_status(&reply, valid);
+        continue;
+      }
+      Result<bool> hit = store_->get(e.key, [&](size_t size) {
+        block.resize(size);
+        return std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), size);
+      });
+      if (!hit.ok()) {
+        append_u8(&reply, kError);
+        append_status(&reply, hit.status());
+      } else if (!*hit) {
+        append_u8(&reply, kMiss);
+      } else {
+        append_u8(&reply, kHit);
+        append_u64(&reply, block.size());
+        if (block.size() < 64 * 1024) {
+          reply += block;
+        } else {
+          if (!flush(true)) return false;
+          if (!write_all(fd, as_bytes(block), deadline, "block-stream reply", true).ok()) {
+            return false;
+          }
+        }
+      }
+      if (reply.size() >= kFlushBytes && !flush(true)) return false;
+    }
+    return flush(false);
+  }
+  for (const TableEntry& e : *entries) {
+    if (e.size > options_.limits.max_block_bytes) {
+      // Refused, but read past (within the deadline) so the next block lines up.
+      ++malformed_;
+      block.resize(64 * 1024);
+      for (uint64_t left = e.size; left > 0;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(left, block.size()));
+        if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), n),
+                        deadline, "block-stream put")
+                 .ok()) {
+          return false;
+        }
+        left -= n;
+      }
+      append_status(&reply, invalid_argument("block " + to_string(e.key) + " is " +
+                                             std::to_string(e.size) + " bytes, more than the " +
+                                             std::to_string(options_.limits.max_block_bytes) +
+                                             " a block may have"));
+      continue;
+    }
+    block.resize(e.size);
+    if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), e.size),
+                    deadline, "block-stream put")
+             .ok()) {
+      return false;
+    }
+    Status status = validate_pool_key(e.key);
+    if (!status.ok()) {
+      ++malformed_;
+    } else {
+      status = store_->put(e.key, std::span<const std::byte>(
+                                      reinterpret_cast<const std::byte*>(block.data()), e.size));
+    }
+    append_status(&reply, status);
+  }
+  return flush(false);
+}
+
+}  // namespace peerserve

@@ -1,0 +1,75 @@
+// BlockStreamServer: the cache server's bulk data path (cache/block_stream_protocol.h): Get
+// and Put of blocks over plain TCP, beside the gRPC service that stays the control path and
+// advertises this port (StatsReply.block_stream_port).
+//
+// A thread per connection (clients keep one connection per call in flight, so a handful per
+// engine) up to `max_connections`; more are closed at once. Everything a client sends is
+// checked before it touches the store (protocol limits, tenants, block sizes); a malformed
+// request closes its connection and is counted, never a crash. A connection idle longer
+// than `idle_timeout` between requests, or silent for `io_timeout` inside one, is closed.
+//
+// Thread-safety: stop() and the accessors from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "base/status.h"
+#include "cache/block_stream_protocol.h"
+#include "cache/tiered_block_store.h"
+
+namespace peerserve {
+
+struct BlockStreamServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port
+  block_stream::RequestLimits limits;
+  int max_connections = 256;
+  std::chrono::milliseconds idle_timeout{60000};
+  std::chrono::milliseconds io_timeout{30000};
+};
+
+class BlockStreamServer {
+ public:
+  // Errors: a host/port that cannot be bound (names it).
+  static Result<std::unique_ptr<BlockStreamServer>> start(std::shared_ptr<TieredBlockStore> store,
+                                                          const BlockStreamServerOptions& options);
+  ~BlockStreamServer();
+
+  int port() const { return port_; }
+  // Stops accepting, closes every connection and joins their threads.
+  void stop();
+  uint64_t malformed_requests() const { return malformed_.load(); }
+
+ private:
+  struct Connection {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  BlockStreamServer(std::shared_ptr<TieredBlockStore> store,
+                    const BlockStreamServerOptions& options)
+      : store_(std::move(store)), options_(options) {}
+  void accept_loop();
+  void serve(int fd);
+  // One request; false when the connection must close.
+  bool serve_request(int fd, std::string& scratch_reply, std::string& block);
+
+  std::shared_ptr<TieredBlockStore> store_;
+  const BlockStreamServerOptions options_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> malformed_{0};
+  std::mutex mutex_;
+  std::list<Connection> connections_;
+  std::thread acceptor_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,135 @@
+#include "cache/socket_io.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace peerserve {
+namespace {
+
+int remaining_ms(SocketDeadline deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return left.count() <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+// Waits for `events` on fd; false on timeout (errno-free), true when ready.
+Result<bool> wait_for(int fd, short events, SocketDeadline deadline) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    const int ms = remaining_ms(deadline);
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return unavailable(std::string("poll: ") + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+void SocketFd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Status prepare_socket(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return unavailable(std::string("fcntl: ") + std::strerror(errno));
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return ok_status();
+}
+
+Result<SocketFd> connect_tcp(const std::string& host, const std::string& port,
+                             SocketDeadline deadline) {
+  const std::string peer = host + ":" + port;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return unavailable(peer + ": cannot resolve: " + ::gai_strerror(rc));
+  }
+  Status last = unavailable(peer + ": no address");
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    SocketFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) continue;
+    if (Status s = prepare_socket(fd.get()); !s.ok()) {
+      last = s;
+      continue;
+    }
+    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      last = unavailable(peer + ": connect: " + std::strerror(errno));
+      continue;
+    }
+    Result<bool> ready = wait_for(fd.get(), POLLOUT, deadline);
+    if (!ready.ok() || !*ready) {
+      last = unavailable(peer + ": connect: no answer in time");
+      continue;
+    }
+    int error = 0;
+    socklen_t len = sizeof(error);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error != 0) {
+      last = unavailable(peer + ": connect: " + std::strerror(error));
+      continue;
+    }
+    ::freeaddrinfo(found);
+    return fd;
+  }
+  ::freeaddrinfo(found);
+  return last;
+}
+
+Status write_all(int fd, std::span<const std::byte> data, SocketDeadline deadline,
+                 const std::string& what, bool more) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | (more ? MSG_MORE : 0));
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      PS_ASSIGN_OR_RETURN(bool ready, wait_for(fd, POLLOUT, deadline));
+      if (!ready) return unavailable(what + ": the peer did not take the data in time");
+      continue;
+    }
+    return unavailable(what + ": " + (n < 0 ? std::strerror(errno) : "connection closed"));
+  }
+  return ok_status();
+}
+
+Status read_exact(int fd, std::span<std::byte> data, SocketDeadline deadline,
+                  const std::string& what) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::recv(fd, data.data() + done, data.size() - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return unavailable(what + ": connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      PS_ASSIGN_OR_RETURN(bool ready, wait_for(fd, POLLIN, deadline));
+      if (!ready) return unavailable(what + ": no answer in time");
+      continue;
+    }
+    return unavailable(what + ": " + std::strerror(errno));
+  }
+  return ok_status();
+}
+
+}  // namespace peerserve

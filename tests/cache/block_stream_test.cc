@@ -1,0 +1,237 @@
+// The block-stream data path (cache/block_stream_*): the protocol's parser against what the
+// encoder writes and against malformed input; the server against garbage, stalled clients
+// and oversized blocks (it keeps serving); the client against a silent member (an error by
+// the deadline), reuse of a connection the member closed, and blocks landing in the
+// caller's buffers.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cache/block_stream_client.h"
+#include "cache/block_stream_protocol.h"
+#include "cache/block_stream_server.h"
+#include "tests/cache/block_test_util.h"
+
+namespace peerserve {
+namespace {
+
+namespace bs = block_stream;
+using std::chrono::milliseconds;
+using testing::block_matches;
+using testing::make_block;
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return as_bytes(s);
+}
+
+TEST(BlockStreamProtocol, ParsesWhatItEncodes) {
+  const std::vector<PoolKey> keys = {{"kv", 1}, {"tenant-b", ~0ull}, {"", 7}};
+  const std::vector<uint64_t> sizes = {46080, 0, 12};
+  for (uint8_t op : {bs::kOpGet, bs::kOpPut}) {
+    const std::string wire = bs::encode_request(op, keys, sizes);
+    auto header = bs::parse_header(bytes_of(wire), {});
+    ASSERT_TRUE(header.ok()) << header.status().to_string();
+    EXPECT_EQ(header->op, op);
+    EXPECT_EQ(header->count, keys.size());
+    auto entries = bs::parse_table(*header, bytes_of(wire).subspan(bs::kHeaderBytes));
+    ASSERT_TRUE(entries.ok()) << entries.status().to_string();
+    ASSERT_EQ(entries->size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ((*entries)[i].key, keys[i]);
+      EXPECT_EQ((*entries)[i].size, op == bs::kOpPut ? sizes[i] : 0u);
+    }
+  }
+}
+
+TEST(BlockStreamProtocol, MalformedRequestsAreNamed) {
+  const std::vector<PoolKey> keys = {{"kv", 1}, {"kv", 2}};
+  const std::string good = bs::encode_request(bs::kOpGet, keys);
+  auto error_of = [](Result<bs::RequestHeader> r) {
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_NE(error_of(bs::parse_header(bytes_of(good.substr(0, 10)), {})).find("header"),
+            std::string::npos);
+  std::string bad_magic = good;
+  bad_magic[0] = 'X';
+  EXPECT_NE(error_of(bs::parse_header(bytes_of(bad_magic), {})).find("magic"), std::string::npos);
+  std::string bad_op = good;
+  bad_op[4] = 9;
+  EXPECT_NE(error_of(bs::parse_header(bytes_of(bad_op), {})).find("op 9"), std::string::npos);
+  bs::RequestLimits one_key;
+  one_key.max_keys = 1;
+  EXPECT_NE(error_of(bs::parse_header(bytes_of(good), one_key)).find("at most 1"),
+            std::string::npos);
+  std::string huge_table = good;
+  huge_table[15] = 0x7f;  // table_bytes far beyond what 2 entries can be
+  EXPECT_FALSE(bs::parse_header(bytes_of(huge_table), {}).ok());
+
+  auto header = bs::parse_header(bytes_of(good), {});
+  ASSERT_TRUE(header.ok());
+  const auto table = bytes_of(good).subspan(bs::kHeaderBytes);
+  EXPECT_FALSE(bs::parse_table(*header, table.first(table.size() - 1)).ok());  // cut off
+  bs::RequestHeader three = *header;
+  three.count = 3;
+  EXPECT_FALSE(bs::parse_table(three, table).ok());  // an entry missing
+  bs::RequestHeader one = *header;
+  one.count = 1;
+  EXPECT_FALSE(bs::parse_table(one, table).ok());  // bytes after the last entry
+  std::string long_tenant = good;
+  long_tenant[bs::kHeaderBytes] = static_cast<char>(200);  // tenant longer than the table
+  EXPECT_FALSE(bs::parse_table(*header, bytes_of(long_tenant).subspan(bs::kHeaderBytes)).ok());
+}
+
+class BlockStreamTest : public ::testing::Test {
+ protected:
+  void start(milliseconds idle = milliseconds(60000), milliseconds io = milliseconds(30000)) {
+    TieredBlockStoreOptions options;
+    options.dram_bytes = 64 << 20;
+    auto store = TieredBlockStore::open(options);
+    ASSERT_TRUE(store.ok());
+    store_ = std::shared_ptr<TieredBlockStore>(std::move(store).value());
+    BlockStreamServerOptions server_options;
+    server_options.limits.max_block_bytes = 1 << 20;
+    server_options.idle_timeout = idle;
+    server_options.io_timeout = io;
+    auto server = BlockStreamServer::start(store_, server_options);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    server_ = std::move(server).value();
+    client_ = std::make_unique<BlockStreamClient>("127.0.0.1", server_->port(), "test member");
+  }
+  PoolDeadline soon() const { return PoolClock::now() + milliseconds(5000); }
+
+  // Puts blocks 1..n of `size` bytes; expects every one stored.
+  void put_blocks(int n, size_t size) {
+    std::vector<PoolKey> keys;
+    std::vector<std::vector<std::byte>> blocks;
+    for (int i = 1; i <= n; ++i) {
+      keys.push_back({"kv", static_cast<BlockHash>(i)});
+      blocks.push_back(make_block(i, size));
+    }
+    std::vector<std::span<const std::byte>> views(blocks.begin(), blocks.end());
+    for (const Status& s : client_->put(keys, views, soon())) ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+
+  bool block_reads_back(BlockHash hash, size_t size) {
+    std::vector<std::byte> out(size);
+    const PoolKey key{"kv", hash};
+    const BlockSink sink = sink_into(out);
+    return client_->get({&key, 1}, {&sink, 1}, soon())[0].hit() && block_matches(out, hash);
+  }
+
+  // A raw connection to the server.
+  int raw_connection() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+  }
+
+  std::shared_ptr<TieredBlockStore> store_;
+  std::unique_ptr<BlockStreamServer> server_;
+  std::unique_ptr<BlockStreamClient> client_;
+};
+
+TEST_F(BlockStreamTest, BatchLandsInTheCallersBuffers) {
+  start();
+  put_blocks(64, 46080);
+  std::vector<PoolKey> keys;
+  std::vector<std::vector<std::byte>> out(65, std::vector<std::byte>(46080));
+  std::vector<BlockSink> sinks;
+  for (int i = 1; i <= 65; ++i) {
+    keys.push_back({"kv", static_cast<BlockHash>(i)});
+    sinks.push_back(sink_into(out[static_cast<size_t>(i - 1)]));
+  }
+  std::vector<BlockLookup> got = client_->get(keys, sinks, soon());
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(got[static_cast<size_t>(i)].hit()) << i;
+    EXPECT_TRUE(block_matches(out[static_cast<size_t>(i)], static_cast<uint64_t>(i + 1))) << i;
+  }
+  EXPECT_EQ(got[64].kind, BlockLookup::Kind::kMiss);
+  // A destination of the wrong size fails that block only; the stream stays in step.
+  std::vector<std::byte> small(100), right(46080);
+  std::vector<BlockSink> mixed = {sink_into(small), sink_into(right)};
+  std::vector<PoolKey> two = {keys[0], keys[1]};
+  got = client_->get(two, mixed, soon());
+  EXPECT_EQ(got[0].kind, BlockLookup::Kind::kError);
+  EXPECT_TRUE(got[1].hit());
+  EXPECT_TRUE(block_matches(right, 2));
+}
+
+TEST_F(BlockStreamTest, GarbageStallsAndOversizedBlocksLeaveTheServerServing) {
+  start(milliseconds(60000), milliseconds(300));
+  put_blocks(2, 1000);
+  // Not the protocol: the connection is closed, counted, and the server serves on.
+  int fd = raw_connection();
+  const std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+  char buf[16];
+  EXPECT_LE(::recv(fd, buf, sizeof(buf), 0), 0);  // closed (a reset: unread bytes were left)
+  ::close(fd);
+  EXPECT_GE(server_->malformed_requests(), 1u);
+  // Half a request, then silence: closed after the I/O timeout (300 ms here).
+  fd = raw_connection();
+  const std::string half = bs::encode_request(bs::kOpGet, std::vector<PoolKey>{{"kv", 1}});
+  ::send(fd, half.data(), half.size() - 3, MSG_NOSIGNAL);
+  EXPECT_EQ(::recv(fd, buf, sizeof(buf), 0), 0);
+  ::close(fd);
+  // A block over the limit is refused per block, the others are stored.
+  std::vector<PoolKey> keys = {{"kv", 10}, {"bad tenant", 11}, {"kv", 12}, {"kv", 13}};
+  std::vector<std::vector<std::byte>> blocks = {make_block(10, 10), make_block(11, 10),
+                                                make_block(12, 2 << 20), make_block(13, 10)};
+  std::vector<std::span<const std::byte>> views(blocks.begin(), blocks.end());
+  std::vector<Status> put = client_->put(keys, views, soon());
+  EXPECT_TRUE(put[0].ok());
+  EXPECT_EQ(put[1].code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(put[2].code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(put[2].message().find("a block may have"), std::string::npos) << put[2].message();
+  EXPECT_TRUE(put[3].ok());
+  EXPECT_TRUE(block_reads_back(13, 10));
+  EXPECT_TRUE(block_reads_back(1, 1000));
+}
+
+TEST_F(BlockStreamTest, KeptConnectionClosedByTheMemberIsRetriedOnce) {
+  start(milliseconds(200));
+  put_blocks(1, 500);
+  EXPECT_TRUE(block_reads_back(1, 500));
+  std::this_thread::sleep_for(milliseconds(500));  // the member closes the idle connection
+  EXPECT_TRUE(block_reads_back(1, 500));
+  put_blocks(1, 500);  // puts too
+}
+
+TEST(BlockStreamClientTest, SilentMemberIsAnErrorByTheDeadline) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::listen(listener, 4);  // accepts (the kernel does) and never answers
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  BlockStreamClient client("127.0.0.1", ntohs(addr.sin_port), "silent member");
+  std::vector<std::byte> out(100);
+  const PoolKey key{"kv", 1};
+  const BlockSink sink = sink_into(out);
+  const auto started = std::chrono::steady_clock::now();
+  BlockLookup r = client.get({&key, 1}, {&sink, 1}, PoolClock::now() + milliseconds(300))[0];
+  EXPECT_EQ(r.kind, BlockLookup::Kind::kError);
+  EXPECT_EQ(r.error.code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.error.message().find("silent member"), std::string::npos) << r.error.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));  // no hang
+  ::close(listener);
+  // Nothing listening any more: refused at once.
+  r = client.get({&key, 1}, {&sink, 1}, PoolClock::now() + milliseconds(300))[0];
+  EXPECT_EQ(r.error.code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace peerserve
