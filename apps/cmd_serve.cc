@@ -30,6 +30,7 @@
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
+#include "serve/pd_connection_map.h"
 #include "serve/prefill_dispatcher.h"
 #include "serve/prometheus_text.h"
 #include "tokenizer/tokenizer.h"
@@ -44,6 +45,7 @@ struct ServeCli {
   std::string served_model_name;
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
+  int max_prefill_chunk_tokens = 0;
   std::string kv_cache_memory = "512MiB";
   std::string api_key;
   int64_t max_model_len = 0;
@@ -274,6 +276,7 @@ int run_serve(const ServeCli& cli) {
     sched.max_model_len = kv_tokens;
   }
   sched.max_waiting_seqs = cli.max_waiting_requests;
+  sched.max_prefill_chunk_tokens = cli.max_prefill_chunk_tokens;  // validated by the scheduler
   sched.num_speculative_tokens = speculative->num_tokens;
   if (speculative->automatic) {
     std::fprintf(stderr, "speculative auto: measuring decode, verification and MTP steps ...\n");
@@ -342,6 +345,20 @@ int run_serve(const ServeCli& cli) {
                    u.c_str());
     }
     prefill = std::move(dispatcher).value();
+    if (session.distributed()) {
+      // Paper 000 §4.3.3: each decode DP rank (TP 1 here) pulls from its own prefill
+      // instance, so the ranks' transfers spread evenly over the prefill instances.
+      const Result<int> source =
+          prefill_source_rank({prefill->size(), 1, session.size()}, session.rank(), 0);
+      if (source.ok()) {
+        prefill->set_preferred(*source);
+        std::fprintf(stderr, "rank %d: prompts go first to prefill instance %d of %d (§4.3.3)\n",
+                     session.rank(), *source, prefill->size());
+      } else {
+        std::fprintf(stderr, "rank %d: no §4.3.3 mapping (%s); least-loaded prefill instance\n",
+                     session.rank(), source.status().message().c_str());
+      }
+    }
     engine_options.kv_pool_options.remote_prefill = [prefill](std::span<const TokenId> prompt) {
       return prefill->prefill(prompt);
     };
@@ -532,6 +549,14 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_option("--max-num-batched-tokens", cli->max_num_batched_tokens,
                   "Tokens per engine step at most (prefill chunks + decodes)")
+      ->capture_default_str();
+  sub->add_option("--max-prefill-chunk-tokens", cli->max_prefill_chunk_tokens,
+                  "Prompt tokens one sequence computes per step at most while others are "
+                  "running (0 = no cap besides --max-num-batched-tokens). A chunk's attention "
+                  "costs about as much as that many decodes, so a small cap (e.g. 4 on a "
+                  "--role decode instance, whose prompts arrive computed but for their last "
+                  "block) spreads a new request's tail over several steps")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sub->add_option("--kv-cache-memory", cli->kv_cache_memory,
                   "Bytes for the paged KV cache (K/M/G suffixes)")

@@ -39,6 +39,10 @@ Status SchedulerOptions::validate() const {
   if (max_model_len < 2) {
     return invalid_argument("max_model_len = " + std::to_string(max_model_len) + ", expected >= 2");
   }
+  if (max_prefill_chunk_tokens < 0) {
+    return invalid_argument("max_prefill_chunk_tokens = " +
+                            std::to_string(max_prefill_chunk_tokens) + ", expected >= 0");
+  }
   if (max_waiting_seqs < 1) {
     return invalid_argument("max_waiting_seqs = " + std::to_string(max_waiting_seqs) +
                             ", expected >= 1");
@@ -165,7 +169,8 @@ StepPlan Scheduler::schedule() {
   // sequence being grown, so nothing already in the plan is preempted.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
-    const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens,
+                                     capped_budget(budget, running_.size() > 1));
     PS_CHECK(num_new > 0) << "running sequence " << seq.spec.id << " has nothing to compute";
     const int64_t num_drafts = usable_drafts(seq, num_new, budget);
     bool preempted_self = false;
@@ -195,6 +200,11 @@ StepPlan Scheduler::schedule() {
   }
   in_step_ = !plan.empty();
   return plan;
+}
+
+int64_t Scheduler::capped_budget(int64_t budget, bool others_running) const {
+  if (options_.max_prefill_chunk_tokens <= 0 || !others_running) return budget;
+  return std::min<int64_t>(budget, options_.max_prefill_chunk_tokens);
 }
 
 bool Scheduler::grow_blocks(Sequence& seq, int64_t num_tokens) {
@@ -247,7 +257,8 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
     shared = pool_.match_prefix(lookup);
   }
   const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs;
-  const int64_t num_new = std::min(seq.num_tokens() - num_hit, budget);
+  const int64_t num_new =
+      std::min(seq.num_tokens() - num_hit, capped_budget(budget, !running_.empty()));
   seq.drafts.clear();
   seq.num_computed_tokens = num_hit;
   const int64_t need =

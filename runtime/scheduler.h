@@ -52,6 +52,12 @@ struct SchedulerOptions {
   int32_t max_num_batched_tokens = 2048;  // tokens per step at most. Default 2048.
   int64_t max_model_len = 4096;           // prompt + generated tokens at most. Default 4096.
   int32_t max_waiting_seqs = 4096;        // add() fails beyond this many waiting. Default 4096.
+  // Prompt tokens one sequence computes per step at most while other sequences are running
+  // (0 = only max_num_batched_tokens limits). Attention of a chunk costs like that many
+  // decodes, so a decode instance keeps its inter-token latency flat by admitting the
+  // uncached tail of a prompt a few tokens per step. Alone, a sequence is not capped.
+  // Default 0.
+  int32_t max_prefill_chunk_tokens = 0;
   BlockPoolOptions block_pool;
   // Root of the prefix-cache hash chains. Default kRootBlockHash (private to this engine);
   // an engine that shares blocks through a caching pool uses its KvNamespace::root_hash().
@@ -167,6 +173,8 @@ class Scheduler {
   int64_t usable_drafts(const Sequence& seq, int64_t num_new, int64_t budget) const;
   // Whether this step verifies and proposes drafts (speculative decoding on, batch small).
   bool drafting_step() const;
+  // `budget` lowered to max_prefill_chunk_tokens when it applies (other sequences run).
+  int64_t capped_budget(int64_t budget, bool others_running) const;
   // Admits the head of the waiting queue with up to `budget` tokens; false if it does not fit.
   bool try_admit(Sequence& seq, int64_t budget, StepPlan* plan);
   void preempt(Sequence& seq);

@@ -86,7 +86,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
           *exchange_,
           tried_.empty()
               ? router_error(503, "no decode instance is up: " + last_error, "no_backend")
-              : router_error(tried_.size() == 1 && saw_503_ ? 503 : 502,
+              : router_error(hard_failures_ == 0 && saw_503_ ? 503 : 502,
                              "no decode instance could take the request; last: " + last_error,
                              "backend_failed"));
       return finish();
@@ -199,6 +199,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
       return finish();
     }
     ctx_.backends->release(index, true, status.message());
+    ++hard_failures_;
     if (!header_seen) return try_next(status.message());  // nothing reached the client yet
     ctx_.broken.fetch_add(1);
     const ApiError error = router_error(
@@ -228,6 +229,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   bool retry_after_503_ = false, saw_503_ = false, streaming_ = false;
   bool overflow_ = false, ends_with_event_ = true, finished_ = false;
   int status_ = 0;
+  int hard_failures_ = 0;  // instances that failed (not just answered 503)
   std::string content_type_;
   std::string body_;
 };

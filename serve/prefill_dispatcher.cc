@@ -116,13 +116,22 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto now = std::chrono::steady_clock::now();
-      for (size_t k = 0; k < instances_.size(); ++k) {
+      auto usable = [&](size_t k) {
         const Instance& i = instances_[k];
-        if (i.excluded || i.down_until > now ||
-            std::find(tried.begin(), tried.end(), k) != tried.end()) {
-          continue;
+        return !i.excluded && i.down_until <= now &&
+               std::find(tried.begin(), tried.end(), k) == tried.end();
+      };
+      if (preferred_ >= 0 && static_cast<size_t>(preferred_) < instances_.size() &&
+          usable(static_cast<size_t>(preferred_))) {
+        pick = static_cast<size_t>(preferred_);
+      }
+      for (size_t k = 0; k < instances_.size() && pick == instances_.size(); ++k) {
+        if (!usable(k)) continue;
+        size_t best = k;
+        for (size_t j = k + 1; j < instances_.size(); ++j) {
+          if (usable(j) && instances_[j].in_flight < instances_[best].in_flight) best = j;
         }
-        if (pick == instances_.size() || i.in_flight < instances_[pick].in_flight) pick = k;
+        pick = best;
       }
       if (pick == instances_.size()) {
         ++counters_.failures;
@@ -174,6 +183,11 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
     if (!instances_[pick].excluded) mark_down(pick);
     last = status;
   }
+}
+
+void PrefillDispatcher::set_preferred(int index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  preferred_ = index;
 }
 
 PrefillDispatcherCounters PrefillDispatcher::counters() const {

@@ -6,7 +6,9 @@
 // them (runtime/kv_pool_connector.h); the decode instance computes the last prompt token
 // itself, so its first token is exactly what a single server would produce.
 //
-// Choice: the healthy instance with the fewest prefills in flight (ties: list order). A
+// Choice: the preferred instance when it is up (a decode DP rank's own prefill instance under
+// the §4.3.3 mapping, serve/pd_connection_map.h), else the healthy instance with the fewest
+// prefills in flight (ties: list order). A
 // failed call (refused, timed out, an error answer) marks the instance down for a back-off
 // (1 s doubling to 16 s) and the next instance is tried; when none is left the call fails
 // and the decode instance prefills locally.
@@ -46,6 +48,10 @@ class PrefillDispatcher {
                                                            std::string kv_identity,
                                                            std::chrono::milliseconds timeout);
 
+  // Tries instance `index` (list order) first whenever it is up; -1: no preference.
+  void set_preferred(int index);
+  int size() const { return static_cast<int>(instances_.size()); }
+
   // Handshakes with every instance now. InvalidArgument naming an instance whose KV namespace
   // differs; instances that do not answer are only reported in `unreachable` (they are tried
   // again when needed).
@@ -81,6 +87,7 @@ class PrefillDispatcher {
   const std::string kv_identity_;
   const std::chrono::milliseconds timeout_;
   PrefillDispatcherCounters counters_;
+  int preferred_ = -1;
 };
 
 }  // namespace peerserve

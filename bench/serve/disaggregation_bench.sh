@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Prefill/decode disaggregation on the `mini` test model (docs/disaggregation.md): 1P1D (a
-# cache-server, `serve --role prefill` pinned to core 0 and `serve --role decode` pinned to
-# core 1, one kernel thread each) against the all-in-one server on both cores, with
+# Prefill/decode disaggregation on the `mini` test model (docs/disaggregation.md): 1P1D
+# (`serve --role decode` alone on core 1; `serve --role prefill`, the cache-server, the router
+# and the bench client on core 0; one kernel thread per instance) against the all-in-one server on both cores, with
 # `peerserve bench` at concurrency 8 and 32, 1,024-token prompts, 128 output tokens.
 # Prints throughput, TTFT, TPOT and ITL p50/p99 (and ITL p99/p50) per setup.
 # Usage: bench/serve/disaggregation_bench.sh [BUILD_DIR] [OUT_DIR]   (NUM_PROMPTS, default 32)
@@ -24,9 +24,10 @@ wait_for() {  # log, marker
 common=(--model "$model" --served-model-name mini --max-num-seqs 64 --max-num-batched-tokens 2048
         --kv-cache-memory 1GiB --max-model-len 2048)
 
-bench() {  # name, port, concurrency
-  "$bin" bench --url "http://127.0.0.1:$2" --num-prompts "$prompts" --max-concurrency "$3" \
-    --input-len 1024 --output-len 128 --seed "$3" --no-progress --json "$out/$1-c$3.json" >/dev/null
+bench() {  # name, port, concurrency, [seed offset]: each run its own prompts (no pool hits)
+  $pin_client "$bin" bench --url "http://127.0.0.1:$2" --num-prompts "$prompts" \
+    --max-concurrency "$3" --input-len 1024 --output-len 128 --seed "$(( $3 + ${4:-0} ))" \
+    --no-progress --json "$out/$1-c$3.json" >/dev/null
   python3 - "$out/$1-c$3.json" "$1" "$3" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -38,11 +39,14 @@ print(f"{sys.argv[2]:<11} c={sys.argv[3]:<3} done {r['completed']}/{r['completed
 PY
 }
 
-# 1P1D.
+# 1P1D. Core 1 carries the decode instance alone; the prefill instance, the cache server,
+# the router and the bench client share core 0.
+pin_client="taskset -c 0"
 pool_port=$(free_port); prefill_port=$(free_port); decode_port=$(free_port)
-"$bin" cache-server --listen "127.0.0.1:$pool_port" --dram 4GiB >"$out/pool.log" 2>&1 &
+taskset -c 0 "$bin" cache-server --listen "127.0.0.1:$pool_port" --dram 4GiB >"$out/pool.log" 2>&1 &
 pids+=($!); wait_for "$out/pool.log" "listening on"
-taskset -c 0 "$bin" serve "${common[@]}" --port "$prefill_port" --threads 1 --role prefill \
+PREFILL_NICE=${PREFILL_NICE:-0}
+taskset -c 0 nice -n "$PREFILL_NICE" "$bin" serve "${common[@]}" --port "$prefill_port" --threads 1 --role prefill \
   --kv-pool "127.0.0.1:$pool_port" >"$out/prefill.log" 2>&1 &
 pids+=($!)
 taskset -c 1 "$bin" serve "${common[@]}" --port "$decode_port" --threads 1 --role decode \
@@ -50,9 +54,16 @@ taskset -c 1 "$bin" serve "${common[@]}" --port "$decode_port" --threads 1 --rol
 pids+=($!)
 wait_for "$out/prefill.log" "serving model"; wait_for "$out/decode.log" "serving model"
 for c in 8 32; do bench 1P1D "$decode_port" "$c"; done
+# The same through the router role (floating, like the cache server and the bench client).
+router_port=$(free_port)
+taskset -c 0 "$bin" serve --role router --decode "127.0.0.1:$decode_port" --port "$router_port" \
+  >"$out/router.log" 2>&1 &
+pids+=($!); wait_for "$out/router.log" "role router"
+for c in 8 32; do bench 1P1D+router "$router_port" "$c" 1000; done
 cleanup; pids=()
 
-# All-in-one on both cores.
+# All-in-one on both cores (the bench client floats).
+pin_client=""
 port=$(free_port)
 "$bin" serve "${common[@]}" --port "$port" --threads 2 >"$out/all.log" 2>&1 &
 pids+=($!); wait_for "$out/all.log" "serving model"

@@ -12,7 +12,9 @@ Checks (each a separate case, all run; exit 1 if any failed):
 - one request on EP=4 (three ranks idle) finishes;
 - bad input: --ep not dividing the experts, --ep different from the world size, --ep
   without mpirun: a clear error and a non-zero exit on every rank, no hang;
-- a rank killed mid-run: the others exit non-zero naming the lost rank within the timeout.
+- a rank killed mid-run: the others exit non-zero naming the lost rank within the timeout;
+- serve --ep 2 (API on rank 0, requests over both ranks); a decode instance with --ep 2 over
+  two prefill instances uses the §4.3.3 mapping (each rank its own prefill instance).
 """
 import json
 import os
@@ -394,6 +396,89 @@ def serve_lost_rank():
 
 case("serve --ep 2: a rank killed mid-run ends the job naming it, clients not hung",
      serve_lost_rank)
+
+def decode_ep2_over_two_prefill_instances():
+    """serve --role decode --ep 2 --prefill A,B: each DP rank sends its prompts to the
+    prefill instance the §4.3.3 mapping gives it (rank 0 -> A, rank 1 -> B), so both
+    prefill instances work; the tokens are the single process's."""
+    import threading
+    procs = []
+
+    def start(args, marker, stream="stderr"):
+        q = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        procs.append(q)
+        deadline = time.monotonic() + 60
+        source = q.stdout if stream == "stdout" else q.stderr
+        for line in source:
+            if marker in line:
+                for pipe in (q.stdout, q.stderr):  # keep draining: a full pipe would block it
+                    threading.Thread(target=pipe.read, daemon=True).start()
+                return q
+            assert time.monotonic() < deadline, f"{args[1]} not ready"
+        raise AssertionError(f"{args[:3]} exited before '{marker}'")
+    try:
+        pool_port = free_port()
+        start([BIN, "cache-server", "--listen", f"127.0.0.1:{pool_port}", "--dram", "256MiB"],
+              "listening on", "stdout")
+        pool = ["--kv-pool", f"127.0.0.1:{pool_port}"]
+        prefill_ports = [free_port(), free_port()]
+        for pp in prefill_ports:
+            start([BIN, "serve", "--model", shipped, "--port", str(pp), "--threads", "1",
+                   "--kv-cache-memory", "64MiB", "--role", "prefill", "--fp32"] + pool,
+                  "serving model")
+        port = free_port()
+        args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped,
+                "--port", str(port), "--ep", "2", "--threads", "1", "--kv-cache-memory",
+                "64MiB", "--role", "decode", "--prefill",
+                ",".join(f"127.0.0.1:{pp}" for pp in prefill_ports),
+                "--ep-dispatch-dtype", "fp32", "--fp32"] + pool
+        p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+        procs.append(p)
+        wait_ready(port, p)
+        filler = " the scheduler balances load across the processors of the machine" * 4
+        prompts = [f"{i}. Debian{filler}" for i in range(6)]
+        texts = {}
+
+        def run_job(prompt):
+            texts[prompt] = complete(port, prompt, 6)
+        threads = [threading.Thread(target=run_job, args=(q,)) for q in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        routed = metric(port, "peerserve:dp_rank_requests_total")
+        per_rank = {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
+        assert per_rank[0] >= 1 and per_rank[1] >= 1, f"requests per rank: {per_rank}"
+        for pp in prefill_ports:
+            prefilled = sum(metric(pp, "peerserve:prompt_tokens_total").values())
+            assert prefilled > 0, f"prefill instance {pp} computed no prompt: {per_rank}"
+        for prompt in prompts[:2]:
+            rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
+                                      "--max-tokens", "6", "--precision", "fp32", "--threads",
+                                      "1"])
+            assert rc == 0, err
+            assert texts[prompt] == single.rstrip("\n"), f"{texts[prompt]!r} != {single!r}"
+        ranks = rank_pids(p)
+        os.kill(ranks[0], signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert "prompts go first to prefill instance 0 of 2" in err and \
+            "prompts go first to prefill instance 1 of 2" in err, err[-1500:]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.send_signal(signal.SIGTERM)
+        for q in procs:
+            try:
+                q.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                q.kill()
+
+
+case("serve --role decode --ep 2: each rank prefills on its own instance (§4.3.3)",
+     decode_ep2_over_two_prefill_instances)
+
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))

@@ -162,6 +162,53 @@ TEST(SchedulerTest, ChunkedPrefillRespectsTheBudgetAndMixesDecodes) {
   EXPECT_EQ(s->stats().num_used_blocks, 0);
 }
 
+TEST(SchedulerTest, PrefillChunkCapAppliesOnlyBesideOtherSequences) {
+  SchedulerOptions o = small_options(128);
+  o.max_prefill_chunk_tokens = 4;
+  auto s = make(o);
+  FakeExecutor ex(128, 4, kVocab);
+  std::mt19937 rng(9);
+  // Alone, a prompt is not capped: all 10 tokens in one step.
+  const std::vector<TokenId> first = random_tokens(rng, 10);
+  ASSERT_TRUE(s->add(spec(1, first, 30, std::nullopt)).ok());
+  StepPlan p1 = s->schedule();
+  ASSERT_EQ(p1.chunks.size(), 1u);
+  EXPECT_EQ(p1.chunks[0].tokens.size(), 10u);
+  auto r1 = ex.execute(p1);
+  ASSERT_TRUE(r1.ok());
+  s->update(p1, *r1);
+  // Beside a running decode, an 11-token prompt goes in chunks of 4, 4, 3.
+  const std::vector<TokenId> second = random_tokens(rng, 11);
+  ASSERT_TRUE(s->add(spec(2, second, 3, std::nullopt)).ok());
+  std::vector<size_t> chunks;
+  std::map<SequenceId, std::vector<TokenId>> out;
+  while (chunks.empty() || chunks.back() == 4) {
+    StepPlan p = s->schedule();
+    ASSERT_EQ(p.chunks.size(), 2u);
+    EXPECT_EQ(p.chunks[0].tokens.size(), 1u);  // the decode is never held back
+    chunks.push_back(p.chunks[1].tokens.size());
+    auto r = ex.execute(p);
+    ASSERT_TRUE(r.ok());
+    for (const SequenceUpdate& u : s->update(p, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+    }
+  }
+  EXPECT_EQ(chunks, (std::vector<size_t>{4, 4, 3}));
+  // The outputs are those of a scheduler without the cap (chunking changes no token).
+  run_to_completion(*s, ex, &out);
+  SchedulerOptions plain_options = small_options(128);
+  auto plain = make(plain_options);
+  FakeExecutor plain_ex(128, 4, kVocab);
+  ASSERT_TRUE(plain->add(spec(1, first, 30, std::nullopt)).ok());
+  ASSERT_TRUE(plain->add(spec(2, second, 3, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> plain_out;
+  run_to_completion(*plain, plain_ex, &plain_out);
+  EXPECT_EQ(out[2], plain_out[2]);
+  SchedulerOptions bad = small_options(128);
+  bad.max_prefill_chunk_tokens = -1;
+  EXPECT_FALSE(Scheduler::create(bad).ok());
+}
+
 TEST(SchedulerTest, FirstComeFirstServedWithOneSlot) {
   SchedulerOptions o = small_options(64);
   o.max_num_seqs = 1;
