@@ -5,10 +5,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -24,6 +26,9 @@
 #include "apps/quantize_options.h"
 #include "apps/serve_router_role.h"
 #include "apps/speculative_options.h"
+#include "cache/model_cache.h"
+#include "cache/pool_client.h"
+#include "model/checkpoint_fingerprint.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
 #include "runtime/data_parallel_router.h"
@@ -72,6 +77,8 @@ struct ServeCli {
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
   std::string decode_instances;
+  std::string model_cache;
+  std::string model_cache_id;
   int router_connect_timeout_ms = 2000;
   int router_read_timeout_s = 300;
   int health_check_interval_ms = 1000;
@@ -126,10 +133,11 @@ int follow_leader(EpSession& session, Engine& engine, DataParallelRouter& router
 }
 
 int run_router(const ServeCli& cli) {
-  if (!cli.model_dir.empty() || !cli.prefill_instances.empty() || !cli.kv_pool.members.empty()) {
+  if (!cli.model_dir.empty() || !cli.prefill_instances.empty() || !cli.kv_pool.members.empty() ||
+      !cli.model_cache.empty()) {
     return fail(invalid_argument(
         "--role router loads no model and talks to decode instances only: drop --model, "
-        "--prefill and --kv-pool (give --prefill and --kv-pool to the decode instances)"));
+        "--model-cache, --prefill and --kv-pool (give them to the decode instances)"));
   }
   if (cli.port < 0 || cli.port > 65535) {
     return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
@@ -182,6 +190,35 @@ int run_serve(const ServeCli& cli) {
   Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
   if (!chat_template.ok()) return session.fail(chat_template.status(), true);
 
+  // Model caching (paper 000 §4.4.1): without the checkpoint here, fetch it from the pool;
+  // with it, publish it there after loading (below) for the engines that come later.
+  std::unique_ptr<PoolClient> model_cache;
+  std::string model_cache_id;
+  bool fetched_from_cache = false;
+  if (!cli.model_cache.empty()) {
+    if (session.distributed()) {
+      return session.fail(
+          invalid_argument("--model-cache with --ep is not supported yet (every rank would "
+                           "fetch into the same folder); fetch with one process first"),
+          true);
+    }
+    auto pool = PoolClient::connect(cli.model_cache, {});
+    if (!pool.ok()) return session.fail(pool.status().with_context("--model-cache"), true);
+    model_cache = std::move(pool).value();
+    model_cache_id =
+        cli.model_cache_id.empty() ? default_model_name(cli.model_dir) : cli.model_cache_id;
+    if (!std::filesystem::exists(std::filesystem::path(cli.model_dir) / "config.json")) {
+      std::fprintf(stderr, "model cache: %s has no checkpoint; fetching model '%s' from %s\n",
+                   cli.model_dir.c_str(), model_cache_id.c_str(), cli.model_cache.c_str());
+      auto fetched = fetch_model(*model_cache, model_cache_id, cli.model_dir);
+      if (!fetched.ok()) return session.fail(fetched.status(), true);
+      std::fprintf(stderr, "model cache: fetched %lld files (%.2f GB) in %.2f s (%.2f GB/s)\n",
+                   static_cast<long long>(fetched->files),
+                   static_cast<double>(fetched->bytes) / 1e9, fetched->seconds,
+                   static_cast<double>(fetched->bytes) / 1e9 / std::max(fetched->seconds, 1e-9));
+      fetched_from_cache = true;
+    }
+  }
   std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
@@ -194,6 +231,39 @@ int run_serve(const ServeCli& cli) {
       load_model_showing_progress(cli.model_dir, model_options);
   if (!model.ok()) return session.fail(model.status());
   const ModelConfig& config = (*model)->config();
+  std::thread model_publisher;
+  if (model_cache && !fetched_from_cache) {
+    model_publisher = std::thread([pool = model_cache.get(), id = model_cache_id,
+                                   dir = cli.model_dir] {
+      Result<std::string> fingerprint = checkpoint_fingerprint(dir);
+      if (!fingerprint.ok()) {
+        std::fprintf(stderr, "model cache: not published: %s\n",
+                     fingerprint.status().message().c_str());
+        return;
+      }
+      Result<std::string> cached = cached_model_fingerprint(*pool, id);
+      if (cached.ok() && *cached == *fingerprint) {
+        std::fprintf(stderr, "model cache: model '%s' is already in the pool\n", id.c_str());
+        return;
+      }
+      auto published = publish_model(*pool, id, dir, *fingerprint);
+      if (!published.ok()) {
+        std::fprintf(stderr, "model cache: publishing '%s' failed: %s\n", id.c_str(),
+                     published.status().message().c_str());
+        return;
+      }
+      std::fprintf(stderr, "model cache: published model '%s' (%lld files, %.2f GB) in %.2f s\n",
+                   id.c_str(), static_cast<long long>(published->files),
+                   static_cast<double>(published->bytes) / 1e9, published->seconds);
+    });
+  }
+  // Joined on every way out of run_serve.
+  struct JoinOnExit {
+    std::thread& t;
+    ~JoinOnExit() {
+      if (t.joinable()) t.join();
+    }
+  } join_publisher{model_publisher};
   if (Status s = session.install(**model, cli.max_num_batched_tokens); !s.ok()) {
     return session.fail(s);
   }
@@ -631,6 +701,13 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "With --role decode: a prefill call gives up after this long (then the next "
                   "instance, then a local prefill)")
       ->capture_default_str();
+  sub->add_option("--model-cache", cli->model_cache,
+                  "HOST:PORT,... of 'peerserve cache-server' members holding model weights: "
+                  "when --model DIR has no checkpoint, it is fetched from them into DIR; "
+                  "otherwise it is published there after loading, for later engines "
+                  "(docs/caching_pool.md)");
+  sub->add_option("--model-cache-id", cli->model_cache_id,
+                  "The model's name in the model cache (default: the --model folder's name)");
   sub->add_option("--decode", cli->decode_instances,
                   "With --role router: HOST:PORT,... of the instances requests go to ('serve "
                   "--role decode', or any peerserve server of the same model)");

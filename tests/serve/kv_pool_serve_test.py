@@ -167,11 +167,43 @@ def killed_pool_then_restarted():
     assert cached_d > 0, "no hit after the pool restarted on its SSD directory"
 
 
+def model_cache():
+    """serve --model-cache: engine E1 (checkpoint on disk) publishes it to a cache server;
+    E2, started on an empty folder, fetches it from there and answers the same tokens; a
+    model the pool does not hold is a clear error at start."""
+    import filecmp
+    weights_port = free_port()
+    cache_server_port = start([BIN, "cache-server", "--listen", f"127.0.0.1:{weights_port}",
+                               "--dram", "256MiB"], "listening on")
+    del cache_server_port
+    flags = ["--model-cache", f"127.0.0.1:{weights_port}", "--threads", "1",
+             "--kv-cache-memory", "64MiB"]
+    e1_port, e2_port = free_port(), free_port()
+    start([BIN, "serve", "--model", MODEL, "--port", str(e1_port)] + flags,
+          "model cache: published model 'peerserve-dsv3-tiny'")
+    fetched = os.path.join(SCRATCH, "fetched", "peerserve-dsv3-tiny")
+    shutil.rmtree(os.path.dirname(fetched), ignore_errors=True)
+    start([BIN, "serve", "--model", fetched, "--port", str(e2_port)] + flags, "serving model")
+    for name in sorted(os.listdir(MODEL)):
+        if os.path.isfile(os.path.join(MODEL, name)):
+            assert filecmp.cmp(os.path.join(MODEL, name), os.path.join(fetched, name),
+                               shallow=False), f"{name} differs after the fetch"
+    want, _, _ = complete(e1_port, PROMPT_B)
+    got, _, _ = complete(e2_port, PROMPT_B)
+    assert got == want, f"{got!r} != {want!r}"
+    p = subprocess.run([BIN, "serve", "--model", os.path.join(SCRATCH, "nothing-here"),
+                        "--model-cache-id", "no-such-model", "--port", str(free_port())] + flags,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "no model 'no-such-model'" in p.stderr, p.stderr[-800:]
+
+
 try:
     case("a prompt computed by engine A is a pool hit on engine B, same tokens",
          hit_on_another_engine)
     case("cache server killed: requests recompute, no hang; restarted: hits return",
          killed_pool_then_restarted)
+    case("model caching: an engine without the checkpoint loads it from the pool",
+         model_cache)
 finally:
     for p in children:
         if p.poll() is None:
