@@ -483,6 +483,13 @@ int run_serve(const ServeCli& cli) {
       return render_data_parallel_load(r->outstanding(), r->routed_total(), name);
     };
   }
+  if (prefill) {
+    // The decode role's per-link figures, next to whatever else this server reports.
+    server_options.extra_metrics = [prefill, other = server_options.extra_metrics,
+                                    name = server_options.served_model_name] {
+      return (other ? other() : std::string()) + prefill->render_metrics(name);
+    };
+  }
   EngineClient* client = router ? static_cast<EngineClient*>(router.get()) : engine->get();
   auto server = OpenAiServer::create(server_options, client, tokenizer.get());
   if (!server.ok()) return session.fail(server.status());

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "serve/http_client.h"
+#include "serve/prometheus_text.h"
 
 namespace peerserve {
 
@@ -143,6 +144,7 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
       model_name = instances_[pick].model_name;
       verified = instances_[pick].verified;
     }
+    const auto call_started = std::chrono::steady_clock::now();
     Status status = ok_status();
     if (!verified) {
       status = handshake(endpoint, &model_name);
@@ -166,6 +168,7 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
         // The request, not the instance: the others would refuse it too.
         std::lock_guard<std::mutex> lock(mutex_);
         --instances_[pick].in_flight;
+        ++instances_[pick].calls;
         ++counters_.failures;
         return invalid_argument("prefill instance " + endpoint + " refused the prompt (" +
                                 std::to_string(reply->status) + "): " + reply->body.substr(0, 300));
@@ -176,6 +179,10 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     --instances_[pick].in_flight;
+    ++instances_[pick].calls;
+    instances_[pick].seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - call_started).count();
+    if (!status.ok()) ++instances_[pick].failures;
     if (status.ok()) {
       instances_[pick].backoff = std::chrono::milliseconds(0);
       return ok_status();
@@ -195,14 +202,39 @@ PrefillDispatcherCounters PrefillDispatcher::counters() const {
   return counters_;
 }
 
-std::vector<std::pair<std::string, bool>> PrefillDispatcher::instances() const {
+std::vector<PrefillDispatcher::InstanceStats> PrefillDispatcher::instance_stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<std::pair<std::string, bool>> out;
+  std::vector<InstanceStats> out;
   const auto now = std::chrono::steady_clock::now();
   for (const Instance& i : instances_) {
-    out.emplace_back(i.endpoint, !i.excluded && i.down_until <= now);
+    out.push_back({i.endpoint, !i.excluded && i.down_until <= now, i.in_flight, i.calls, i.failures,
+                   i.seconds});
   }
   return out;
+}
+
+std::string PrefillDispatcher::render_metrics(const std::string& model_name) const {
+  const std::vector<InstanceStats> stats = instance_stats();
+  PrometheusText out;
+  auto family = [&](const char* name, const char* help, const char* type, auto value) {
+    out.family(name, help, type);
+    for (const InstanceStats& s : stats) {
+      out.sample(name, {{"model_name", model_name}, {"instance", s.endpoint}},
+                 static_cast<double>(value(s)));
+    }
+  };
+  family("peerserve:prefill_instance_up", "Whether the prefill instance is usable now.", "gauge",
+         [](const InstanceStats& s) { return s.up ? 1 : 0; });
+  family("peerserve:prefill_instance_in_flight", "Prefills in flight at the instance.", "gauge",
+         [](const InstanceStats& s) { return s.in_flight; });
+  family("peerserve:prefill_instance_calls_total", "Prefills sent to the instance.", "counter",
+         [](const InstanceStats& s) { return s.calls; });
+  family("peerserve:prefill_instance_failures_total",
+         "Prefills the instance failed (the next instance was tried).", "counter",
+         [](const InstanceStats& s) { return s.failures; });
+  family("peerserve:prefill_instance_seconds_total", "Time spent in prefill calls to it.",
+         "counter", [](const InstanceStats& s) { return s.seconds; });
+  return out.text();
 }
 
 }  // namespace peerserve

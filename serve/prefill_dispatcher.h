@@ -61,8 +61,18 @@ class PrefillDispatcher {
   Status prefill(std::span<const TokenId> prompt);
 
   PrefillDispatcherCounters counters() const;
-  // Per instance: "host:port" and whether it is usable now.
-  std::vector<std::pair<std::string, bool>> instances() const;
+
+  struct InstanceStats {
+    std::string endpoint;
+    bool up = false;  // usable now (not excluded, not backing off)
+    int in_flight = 0;
+    int64_t calls = 0;     // prefills sent there
+    int64_t failures = 0;  // of them, failed (then the next instance was tried)
+    double seconds = 0;    // time spent in its calls
+  };
+  std::vector<InstanceStats> instance_stats() const;
+  // Prometheus text of instance_stats(): the decode role's per-link figures.
+  std::string render_metrics(const std::string& model_name) const;
 
  private:
   struct Instance {
@@ -71,6 +81,8 @@ class PrefillDispatcher {
     bool verified = false;
     bool excluded = false;  // KV namespace mismatch
     int in_flight = 0;
+    int64_t calls = 0, failures = 0;
+    double seconds = 0;
     std::chrono::steady_clock::time_point down_until{};
     std::chrono::milliseconds backoff{0};
   };

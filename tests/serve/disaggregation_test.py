@@ -142,6 +142,10 @@ def same_as_all_in_one():
     failed = metric(decode_port, "peerserve:kv_pool_remote_prefill_failures_total")
     assert remote == len(REQUESTS), f"{remote} remote prefills for {len(REQUESTS)} prompts"
     assert failed == 0, f"{failed} remote prefills failed"
+    per_link = metric(decode_port, "peerserve:prefill_instance_calls_total")
+    assert per_link == len(REQUESTS), f"{per_link} calls on the prefill link"
+    assert metric(decode_port, "peerserve:prefill_instance_up") == 1
+    assert metric(decode_port, "peerserve:prefill_instance_seconds_total") > 0
     hits = metric(decode_port, "peerserve:kv_pool_hit_tokens_total")
     assert hits and hits > 0, f"decode loaded {hits} tokens from the pool"
 
