@@ -52,8 +52,8 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     for (auto& [name, value] : request.headers) request_.set(name, value);
     request_.body() = std::move(request.body);
     request_.prepare_payload();
-    // The caller bounds what it keeps. Not boost::none: Boost 1.81 compares a Content-Length
-    // with an empty optional as "larger than the limit".
+    // The caller bounds what it keeps. Not boost::none: Boost compares a Content-Length
+    // with an empty optional as "larger than the limit" (Debian 12 ships Boost 1.74).
     parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
   }
 
