@@ -31,11 +31,11 @@
 #include "model/checkpoint_fingerprint.h"
 #include "model/deepseek_model.h"
 #include "model/expert_load_recorder.h"
+#include "plan/analytic/connection_mapping.h"
 #include "runtime/data_parallel_router.h"
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
-#include "serve/pd_connection_map.h"
 #include "serve/prefill_dispatcher.h"
 #include "serve/prometheus_text.h"
 #include "tokenizer/tokenizer.h"
@@ -419,7 +419,7 @@ int run_serve(const ServeCli& cli) {
       // Paper 000 §4.3.3: each decode DP rank (TP 1 here) pulls from its own prefill
       // instance, so the ranks' transfers spread evenly over the prefill instances.
       const Result<int> source =
-          prefill_source_rank({prefill->size(), 1, session.size()}, session.rank(), 0);
+          plan::prefill_source_rank({prefill->size(), 1, session.size()}, 0, session.rank());
       if (source.ok()) {
         prefill->set_preferred(*source);
         std::fprintf(stderr, "rank %d: prompts go first to prefill instance %d of %d (§4.3.3)\n",

@@ -103,12 +103,15 @@ void BlockStreamServer::accept_loop() {
 }
 
 void BlockStreamServer::serve(int fd) {
+  // Buffers kept for the connection's life: no allocation per request once they have grown.
+  std::vector<std::byte> table;
   std::string reply, block;
-  while (!stopping_.load() && serve_request(fd, reply, block)) {
+  while (!stopping_.load() && serve_request(fd, table, reply, block)) {
   }
 }
 
-bool BlockStreamServer::serve_request(int fd, std::string& reply, std::string& block) {
+bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std::string& reply,
+                                      std::string& block) {
   std::byte header_bytes[kHeaderBytes];
   // Between requests the client may stay quiet up to the idle timeout.
   if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,
@@ -122,7 +125,7 @@ bool BlockStreamServer::serve_request(int fd, std::string& reply, std::string& b
     ++malformed_;
     return false;
   }
-  std::vector<std::byte> table(header->table_bytes);
+  table.resize(header->table_bytes);
   if (!read_exact(fd, table, deadline, "block-stream table").ok()) return false;
   Result<std::vector<TableEntry>> entries = parse_table(*header, table);
   if (!entries.ok()) {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/status.h"
 #include "cache/block_stream_protocol.h"
@@ -59,7 +60,7 @@ class BlockStreamServer {
   void accept_loop();
   void serve(int fd);
   // One request; false when the connection must close.
-  bool serve_request(int fd, std::string& scratch_reply, std::string& block);
+  bool serve_request(int fd, std::vector<std::byte>& table, std::string& reply, std::string& block);
 
   std::shared_ptr<TieredBlockStore> store_;
   const BlockStreamServerOptions options_;

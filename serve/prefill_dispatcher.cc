@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "serve/endpoint_list.h"
 #include "serve/http_client.h"
 #include "serve/prometheus_text.h"
 
@@ -15,24 +16,10 @@ using json = nlohmann::json;
 
 Result<std::unique_ptr<PrefillDispatcher>> PrefillDispatcher::create(
     const std::string& members, std::string kv_identity, std::chrono::milliseconds timeout) {
-  std::vector<Instance> instances;
-  size_t start = 0;
-  while (start <= members.size()) {
-    const size_t comma = std::min(members.find(',', start), members.size());
-    std::string endpoint = members.substr(start, comma - start);
-    const size_t colon = endpoint.rfind(':');
-    if (endpoint.empty() || colon == std::string::npos || colon == 0 ||
-        colon + 1 == endpoint.size()) {
-      return invalid_argument("--prefill '" + members + "': expected HOST:PORT[,HOST:PORT...]");
-    }
-    for (const Instance& i : instances) {
-      if (i.endpoint == endpoint) return invalid_argument("--prefill lists " + endpoint + " twice");
-    }
-    Instance instance;
-    instance.endpoint = std::move(endpoint);
-    instances.push_back(std::move(instance));
-    start = comma + 1;
-  }
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
+                      parse_endpoint_list(members, "--prefill"));
+  std::vector<Instance> instances(endpoints.size());
+  for (size_t k = 0; k < endpoints.size(); ++k) instances[k].endpoint = std::move(endpoints[k]);
   return std::unique_ptr<PrefillDispatcher>(
       new PrefillDispatcher(std::move(instances), std::move(kv_identity), timeout));
 }

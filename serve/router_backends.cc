@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "serve/endpoint_list.h"
 #include "serve/http_client.h"
 
 namespace peerserve {
@@ -14,22 +15,7 @@ using json = nlohmann::json;
 Result<std::unique_ptr<RouterBackends>> RouterBackends::create(const std::string& members,
                                                                std::chrono::milliseconds interval,
                                                                std::chrono::milliseconds timeout) {
-  std::vector<std::string> endpoints;
-  size_t start = 0;
-  while (start <= members.size()) {
-    const size_t comma = std::min(members.find(',', start), members.size());
-    std::string endpoint = members.substr(start, comma - start);
-    const size_t colon = endpoint.rfind(':');
-    if (endpoint.empty() || colon == std::string::npos || colon == 0 ||
-        colon + 1 == endpoint.size()) {
-      return invalid_argument("--decode '" + members + "': expected HOST:PORT[,HOST:PORT...]");
-    }
-    if (std::find(endpoints.begin(), endpoints.end(), endpoint) != endpoints.end()) {
-      return invalid_argument("--decode lists " + endpoint + " twice");
-    }
-    endpoints.push_back(std::move(endpoint));
-    start = comma + 1;
-  }
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints, parse_endpoint_list(members, "--decode"));
   if (interval.count() < 1 || timeout.count() < 1) {
     return invalid_argument("router health checks: interval and timeout must be >= 1 ms");
   }

@@ -24,6 +24,8 @@ import sys
 import time
 
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, os.path.join(SRC, "tests", "serve"))
+from serve_harness import stop_all  # noqa: E402  (the processes' teardown)
 os.makedirs(SCRATCH, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -294,12 +296,27 @@ def metric(port, name):
     return values
 
 
+def run_concurrently(fn, items):
+    """fn(item) for every item, each on its own thread; returns when all are done."""
+    import threading
+    threads = [threading.Thread(target=fn, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def requests_per_rank(port):
+    """{rank: requests rank 0 handed it}, from rank 0's /metrics."""
+    routed = metric(port, "peerserve:dp_rank_requests_total")
+    return {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
+
+
 def serve_ep2():
     """serve --ep 2: rank 0 answers the API and hands requests to both ranks (least loaded);
     concurrent requests (one prefilling a long prompt while others decode) give the single
     process's tokens; only rank 0 listens; an idle pause longer than the peer timeout does
     not break the lock-step; SIGTERM ends every rank with exit 0."""
-    import threading
     port = free_port()
     args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
             str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
@@ -314,13 +331,8 @@ def serve_ep2():
 
         def run_job(key):
             jobs[key] = complete(port, *key)
-        threads = [threading.Thread(target=run_job, args=(k,)) for k in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        routed = metric(port, "peerserve:dp_rank_requests_total")
-        per_rank = {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
+        run_concurrently(run_job, list(jobs))
+        per_rank = requests_per_rank(port)
         assert per_rank[0] >= 2 and per_rank[1] >= 2, f"requests per rank: {per_rank}"
         running = metric(port, "peerserve:dp_rank_running_sequences")
         assert all(v == 0 for v in running.values()), f"still running: {running}"
@@ -397,6 +409,7 @@ def serve_lost_rank():
 case("serve --ep 2: a rank killed mid-run ends the job naming it, clients not hung",
      serve_lost_rank)
 
+
 def decode_ep2_over_two_prefill_instances():
     """serve --role decode --ep 2 --prefill A,B: each DP rank sends its prompts to the
     prefill instance the §4.3.3 mapping gives it (rank 0 -> A, rank 1 -> B), so both
@@ -443,13 +456,8 @@ def decode_ep2_over_two_prefill_instances():
 
         def run_job(prompt):
             texts[prompt] = complete(port, prompt, 6)
-        threads = [threading.Thread(target=run_job, args=(q,)) for q in prompts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        routed = metric(port, "peerserve:dp_rank_requests_total")
-        per_rank = {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
+        run_concurrently(run_job, prompts)
+        per_rank = requests_per_rank(port)
         assert per_rank[0] >= 1 and per_rank[1] >= 1, f"requests per rank: {per_rank}"
         for pp in prefill_ports:
             prefilled = sum(metric(pp, "peerserve:prompt_tokens_total").values())
@@ -466,14 +474,7 @@ def decode_ep2_over_two_prefill_instances():
         assert "prompts go first to prefill instance 0 of 2" in err and \
             "prompts go first to prefill instance 1 of 2" in err, err[-1500:]
     finally:
-        for q in procs:
-            if q.poll() is None:
-                q.send_signal(signal.SIGTERM)
-        for q in procs:
-            try:
-                q.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                q.kill()
+        stop_all(procs)
 
 
 case("serve --role decode --ep 2: each rank prefills on its own instance (§4.3.3)",

@@ -22,6 +22,8 @@ import threading
 import time
 import urllib.request
 
+from serve_harness import stop_all  # same folder: the processes' teardown
+
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
 os.makedirs(SCRATCH, exist_ok=True)
@@ -187,14 +189,7 @@ try:
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
     case("prefill instance killed: the decode instance prefills locally", prefill_killed)
 finally:
-    for p in children:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in children:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all(children)
 
 print(f"{'all' if not failures else len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))

@@ -26,10 +26,11 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
 // A loopback listener; each accepted connection gets `behaviour` (run on its own thread,
-// which closes the socket after it returns).
+// which closes the socket after it returns), with the peer itself for linger().
 class FakePeer {
  public:
-  explicit FakePeer(std::function<void(int fd)> behaviour) : behaviour_(std::move(behaviour)) {
+  using Behaviour = std::function<void(int fd, const FakePeer& peer)>;
+  explicit FakePeer(Behaviour behaviour) : behaviour_(std::move(behaviour)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -44,7 +45,7 @@ class FakePeer {
         const int client = ::accept(fd_, nullptr, nullptr);
         if (client < 0) return;
         connections_.emplace_back([this, client] {
-          behaviour_(client);
+          behaviour_(client, *this);
           ::close(client);
         });
       }
@@ -58,10 +59,14 @@ class FakePeer {
     for (auto& t : connections_) t.join();
   }
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
-  bool stopping() const { return stopping_; }
+  // Sleeps up to `limit`, waking early once the peer is being torn down.
+  void linger(milliseconds limit) const {
+    const auto end = steady_clock::now() + limit;
+    while (steady_clock::now() < end && !stopping_) std::this_thread::sleep_for(milliseconds(10));
+  }
 
  private:
-  std::function<void(int)> behaviour_;
+  Behaviour behaviour_;
   int fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
@@ -84,11 +89,10 @@ void send_all(int fd, const std::string& data) {
   (void)::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
 }
 
-// Sleeps up to `limit`, waking early once the peer is being torn down.
-void linger(const FakePeer* peer, milliseconds limit) {
-  const auto end = steady_clock::now() + limit;
-  while (steady_clock::now() < end && !peer->stopping())
-    std::this_thread::sleep_for(milliseconds(10));
+// Reads the request, then says nothing (until the peer is torn down).
+void stay_silent(int fd, const FakePeer& peer) {
+  read_request(fd);
+  peer.linger(milliseconds(20000));
 }
 
 uint16_t closed_port() {
@@ -104,7 +108,7 @@ uint16_t closed_port() {
 }
 
 TEST(HttpCall, AnswersAndErrors) {
-  FakePeer ok([](int fd) {
+  FakePeer ok([](int fd, const FakePeer&) {
     read_request(fd);
     send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
   });
@@ -119,7 +123,7 @@ TEST(HttpCall, AnswersAndErrors) {
   EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("connect"), std::string::npos);
 
-  FakePeer garbage([](int fd) {
+  FakePeer garbage([](int fd, const FakePeer&) {
     read_request(fd);
     send_all(fd, "NOT HTTP AT ALL\r\n\r\n");
   });
@@ -127,7 +131,7 @@ TEST(HttpCall, AnswersAndErrors) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable);
 
-  FakePeer big([](int fd) {
+  FakePeer big([](int fd, const FakePeer&) {
     read_request(fd);
     send_all(fd, "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + std::string(100000, 'x'));
   });
@@ -141,12 +145,7 @@ TEST(HttpCall, AnswersAndErrors) {
 // The defect this guards against: a blocking Beast read has no deadline, so a peer that
 // accepts and then says nothing held the caller forever.
 TEST(HttpCall, SilentPeerTimesOut) {
-  FakePeer* self = nullptr;
-  FakePeer silent([&self](int fd) {
-    read_request(fd);
-    linger(self, milliseconds(20000));
-  });
-  self = &silent;
+  FakePeer silent(stay_silent);
   const auto start = steady_clock::now();
   auto reply = http_call(silent.endpoint(), "POST", "/v1/completions", "{}", milliseconds(300));
   const auto waited = steady_clock::now() - start;
@@ -207,17 +206,15 @@ UpstreamRequest post_to(const std::string& endpoint) {
 
 TEST(UpstreamClient, PassesAStreamOnAsItArrives) {
   std::atomic<bool> second_sent{false};
-  FakePeer* self = nullptr;
-  FakePeer peer([&](int fd) {
+  FakePeer peer([&](int fd, const FakePeer& self) {
     read_request(fd);
     send_all(fd,
              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
              "chunked\r\n\r\n9\r\ndata: a\n\n\r\n");
-    linger(self, milliseconds(300));  // the first event must arrive before the second exists
+    self.linger(milliseconds(300));  // the first event must arrive before the second exists
     second_sent = true;
     send_all(fd, "9\r\ndata: b\n\n\r\n0\r\n\r\n");
   });
-  self = &peer;
   UpstreamClient client;
   Recorder rec;
   std::atomic<bool> first_before_second{false};
@@ -250,12 +247,7 @@ TEST(UpstreamClient, FailuresNameTheStage) {
     EXPECT_FALSE(rec.header_seen);
   }
   {
-    FakePeer* self = nullptr;
-    FakePeer silent([&self](int fd) {
-      read_request(fd);
-      linger(self, milliseconds(20000));
-    });
-    self = &silent;
+    FakePeer silent(stay_silent);
     Recorder rec;
     UpstreamTimeouts timeouts;
     timeouts.read = milliseconds(300);
@@ -267,7 +259,7 @@ TEST(UpstreamClient, FailuresNameTheStage) {
         << rec.result.message();
   }
   {
-    FakePeer cut([](int fd) {
+    FakePeer cut([](int fd, const FakePeer&) {
       read_request(fd);
       send_all(fd,
                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
@@ -290,7 +282,7 @@ TEST(UpstreamClient, FailuresNameTheStage) {
 
 TEST(UpstreamClient, CancelClosesTheConnection) {
   std::atomic<bool> peer_saw_close{false};
-  FakePeer peer([&](int fd) {
+  FakePeer peer([&](int fd, const FakePeer&) {
     read_request(fd);
     send_all(fd,
              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
@@ -321,12 +313,7 @@ TEST(UpstreamClient, CancelClosesTheConnection) {
 }
 
 TEST(UpstreamClient, DestructionEndsCallsInFlight) {
-  FakePeer* self = nullptr;
-  FakePeer silent([&self](int fd) {
-    read_request(fd);
-    linger(self, milliseconds(20000));
-  });
-  self = &silent;
+  FakePeer silent(stay_silent);
   Recorder rec;
   {
     UpstreamClient client;

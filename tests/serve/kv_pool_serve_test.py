@@ -19,6 +19,8 @@ import sys
 import time
 import urllib.request
 
+from serve_harness import stop_all  # same folder: the processes' teardown
+
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
 failures = []
@@ -205,14 +207,7 @@ try:
     case("model caching: an engine without the checkpoint loads it from the pool",
          model_cache)
 finally:
-    for p in children:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in children:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all(children)
 
 print(f"{'all' if not failures else len(failures)} " +
       ("cases passed" if not failures else f"failed: {failures}"))

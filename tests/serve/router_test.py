@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_harness import case, exit_code, free_port, launch  # noqa: E402
+from serve_harness import case, exit_code, free_port, launch, stop_all  # noqa: E402
 
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
@@ -349,12 +349,5 @@ try:
     case("another model behind the router is refused; no instance up gives 503",
          refused_and_unavailable)
 finally:
-    for p in children:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in children:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all(children)
 sys.exit(exit_code())

@@ -55,3 +55,17 @@ def launch(cmd, ready="serving model", timeout=60, preexec_fn=None):
             return p, log
     p.kill()
     raise AssertionError(f"{cmd[0]} never became ready: {''.join(log)}")
+
+
+def stop_all(processes, seconds=20):
+    """SIGTERM to every process still running, then waits for each (SIGKILL after `seconds`)."""
+    import signal
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in processes:
+        try:
+            p.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

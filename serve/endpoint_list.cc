@@ -1,0 +1,28 @@
+#include "serve/endpoint_list.h"
+
+#include <algorithm>
+
+namespace peerserve {
+
+Result<std::vector<std::string>> parse_endpoint_list(const std::string& members,
+                                                     const std::string& flag) {
+  std::vector<std::string> endpoints;
+  size_t start = 0;
+  while (start <= members.size()) {
+    const size_t comma = std::min(members.find(',', start), members.size());
+    std::string endpoint = members.substr(start, comma - start);
+    const size_t colon = endpoint.rfind(':');
+    if (endpoint.empty() || colon == std::string::npos || colon == 0 ||
+        colon + 1 == endpoint.size()) {
+      return invalid_argument(flag + " '" + members + "': expected HOST:PORT[,HOST:PORT...]");
+    }
+    if (std::find(endpoints.begin(), endpoints.end(), endpoint) != endpoints.end()) {
+      return invalid_argument(flag + " lists " + endpoint + " twice");
+    }
+    endpoints.push_back(std::move(endpoint));
+    start = comma + 1;
+  }
+  return endpoints;
+}
+
+}  // namespace peerserve
