@@ -26,6 +26,7 @@
 #include "apps/quantize_options.h"
 #include "apps/serve_router_role.h"
 #include "apps/speculative_options.h"
+#include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
 #include "cache/pool_client.h"
 #include "model/checkpoint_fingerprint.h"
@@ -34,6 +35,7 @@
 #include "plan/analytic/connection_mapping.h"
 #include "runtime/data_parallel_router.h"
 #include "runtime/engine.h"
+#include "runtime/kv_handoff_receiver.h"
 #include "runtime/model_executor.h"
 #include "serve/openai_server.h"
 #include "serve/prefill_dispatcher.h"
@@ -76,6 +78,8 @@ struct ServeCli {
   std::string max_inflight_request = "256MiB";
   std::string prefill_instances;
   int prefill_timeout_ms = 120000;
+  int kv_handoff_port = 0;
+  std::string kv_handoff_host;
   std::string decode_instances;
   std::string model_cache;
   std::string model_cache_id;
@@ -395,6 +399,8 @@ int run_serve(const ServeCli& cli) {
     return session.fail(invalid_argument("--prefill is for --role decode"), true);
   }
   std::shared_ptr<PrefillDispatcher> prefill;
+  std::shared_ptr<KvHandoffReceiver> handoff;
+  std::unique_ptr<BlockStreamServer> handoff_server;  // outlives the engine's hand-offs
   if (cli.role == "decode") {
     if (cli.prefill_instances.empty()) {
       return session.fail(invalid_argument("--role decode needs --prefill HOST:PORT,..."), true);
@@ -429,10 +435,37 @@ int run_serve(const ServeCli& cli) {
                      session.rank(), source.status().message().c_str());
       }
     }
-    engine_options.kv_pool_options.remote_prefill = [prefill](std::span<const TokenId> prompt) {
-      return prefill->prefill(prompt);
+    engine_options.kv_pool_options.remote_prefill = [prefill](std::span<const TokenId> prompt,
+                                                              const KvPushTarget* push) {
+      return prefill->prefill(prompt, push);
     };
     engine_options.kv_pool_options.workers = 8;  // prefills in flight at once
+    if (cli.kv_handoff_port < -1 || cli.kv_handoff_port > 65535) {
+      return session.fail(invalid_argument("--kv-handoff-port " +
+                                           std::to_string(cli.kv_handoff_port) +
+                                           ": expected -1 (off), 0 (any free port) or a port"),
+                          true);
+    }
+    if (cli.kv_handoff_port >= 0) {
+      // The prefill instances push KV straight into the blocks reserved for it (§4.3.3).
+      handoff = std::make_shared<KvHandoffReceiver>();
+      BlockStreamServerOptions stream;
+      stream.host = cli.host;
+      // Under the distributed launcher every rank listens: give each its own port.
+      stream.port = cli.kv_handoff_port == 0 ? 0 : cli.kv_handoff_port + session.rank();
+      stream.io_timeout = std::chrono::milliseconds(10000);
+      auto listening = BlockStreamServer::start(handoff, stream);
+      if (!listening.ok()) return session.fail(listening.status(), true);
+      handoff_server = std::move(listening).value();
+      std::string host = cli.kv_handoff_host;
+      if (host.empty()) {
+        host = cli.host == "0.0.0.0" || cli.host == "::" ? "127.0.0.1" : cli.host;
+      }
+      if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
+      engine_options.kv_pool_options.handoff = handoff;
+      engine_options.kv_pool_options.handoff_endpoint =
+          host + ":" + std::to_string(handoff_server->port());
+    }
   }
   // Under expert parallelism every rank's engine steps whenever any rank has work
   // (data-parallel attention, experts shared by all), and rank 0 answers the API for all of
@@ -473,6 +506,7 @@ int run_serve(const ServeCli& cli) {
   server_options.limits.max_n = engine_options.max_n;
   server_options.tool_calling = tool_calling;
   server_options.allow_forced_output = cli.allow_forced_output;
+  server_options.accept_kv_push = cli.role == "prefill";
   if (expert_load) {
     server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
       return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);
@@ -506,7 +540,15 @@ int run_serve(const ServeCli& cli) {
     std::fprintf(stderr, "context caching through the %s\n", kv_pool_description.c_str());
   }
   if (cli.role == "prefill") {
-    std::fprintf(stderr, "role prefill: computes prompts for decode instances, KV to the pool\n");
+    std::fprintf(stderr,
+                 "role prefill: computes prompts for decode instances, pushes their KV to the "
+                 "instance that asked and stores it in the pool\n");
+  } else if (cli.role == "decode" && handoff_server) {
+    std::fprintf(stderr,
+                 "role decode: prompts missing from the pool are prefilled by %s, which push "
+                 "the KV into blocks reserved here (hand-off receiver on %s)\n",
+                 cli.prefill_instances.c_str(),
+                 engine_options.kv_pool_options.handoff_endpoint.c_str());
   } else if (cli.role == "decode") {
     std::fprintf(stderr,
                  "role decode: prompts missing from the pool are prefilled by %s, then read "
@@ -708,6 +750,15 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "With --role decode: a prefill call gives up after this long (then the next "
                   "instance, then a local prefill)")
       ->capture_default_str();
+  sub->add_option("--kv-handoff-port", cli->kv_handoff_port,
+                  "With --role decode: port where prefill instances push prompt KV straight "
+                  "into the blocks this instance reserved for it (0: any free port; under "
+                  "--ep, rank r listens on PORT + r; -1: no direct push, the KV comes through "
+                  "the pool)")
+      ->capture_default_str();
+  sub->add_option("--kv-handoff-host", cli->kv_handoff_host,
+                  "With --role decode: the address prefill instances reach the hand-off port "
+                  "at (default: --host, or 127.0.0.1 when --host is 0.0.0.0 or ::)");
   sub->add_option("--model-cache", cli->model_cache,
                   "HOST:PORT,... of 'peerserve cache-server' members holding model weights: "
                   "when --model DIR has no checkpoint, it is fetched from them into DIR; "

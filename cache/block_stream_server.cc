@@ -18,7 +18,7 @@ namespace peerserve {
 using namespace block_stream;  // NOLINT: the protocol's constants and helpers
 
 Result<std::unique_ptr<BlockStreamServer>> BlockStreamServer::start(
-    std::shared_ptr<TieredBlockStore> store, const BlockStreamServerOptions& options) {
+    std::shared_ptr<BlockStreamBackend> backend, const BlockStreamServerOptions& options) {
   const std::string where = options.host + ":" + std::to_string(options.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -42,7 +42,7 @@ Result<std::unique_ptr<BlockStreamServer>> BlockStreamServer::start(
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  std::unique_ptr<BlockStreamServer> server(new BlockStreamServer(std::move(store), options));
+  std::unique_ptr<BlockStreamServer> server(new BlockStreamServer(std::move(backend), options));
   server->port_ =
       ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                        : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
@@ -106,12 +106,13 @@ void BlockStreamServer::serve(int fd) {
   // Buffers kept for the connection's life: no allocation per request once they have grown.
   std::vector<std::byte> table;
   std::string reply, block;
-  while (!stopping_.load() && serve_request(fd, table, reply, block)) {
+  std::vector<std::byte> scratch;
+  while (!stopping_.load() && serve_request(fd, table, reply, block, scratch)) {
   }
 }
 
 bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std::string& reply,
-                                      std::string& block) {
+                                      std::string& block, std::vector<std::byte>& scratch) {
   std::byte header_bytes[kHeaderBytes];
   // Between requests the client may stay quiet up to the idle timeout.
   if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,
@@ -148,7 +149,7 @@ bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std
         append_status(&reply, valid);
         continue;
       }
-      Result<bool> hit = store_->get(e.key, [&](size_t size) {
+      Result<bool> hit = backend_->get(e.key, [&](size_t size) {
         block.resize(size);
         return std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), size);
       });
@@ -173,39 +174,44 @@ bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std
     }
     return flush(false);
   }
-  for (const TableEntry& e : *entries) {
-    if (e.size > options_.limits.max_block_bytes) {
-      // Refused, but read past (within the deadline) so the next block lines up.
-      ++malformed_;
-      block.resize(64 * 1024);
-      for (uint64_t left = e.size; left > 0;) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(left, block.size()));
-        if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), n),
-                        deadline, "block-stream put")
-                 .ok()) {
-          return false;
-        }
-        left -= n;
+  // A refused block is read past (within the deadline) so that the next one lines up.
+  auto skip = [&](uint64_t size) {
+    block.resize(64 * 1024);
+    for (uint64_t left = size; left > 0;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, block.size()));
+      if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), n),
+                      deadline, "block-stream put")
+               .ok()) {
+        return false;
       }
-      append_status(&reply, invalid_argument("block " + to_string(e.key) + " is " +
-                                             std::to_string(e.size) + " bytes, more than the " +
-                                             std::to_string(options_.limits.max_block_bytes) +
-                                             " a block may have"));
+      left -= n;
+    }
+    return true;
+  };
+  for (const TableEntry& e : *entries) {
+    Status refused = validate_pool_key(e.key);
+    if (refused.ok() && e.size > options_.limits.max_block_bytes) {
+      refused = invalid_argument("block " + to_string(e.key) + " is " + std::to_string(e.size) +
+                                 " bytes, more than the " +
+                                 std::to_string(options_.limits.max_block_bytes) +
+                                 " a block may have");
+    }
+    if (!refused.ok()) {
+      ++malformed_;
+      if (!skip(e.size)) return false;
+      append_status(&reply, refused);
       continue;
     }
-    block.resize(e.size);
-    if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), e.size),
-                    deadline, "block-stream put")
-             .ok()) {
-      return false;
+    Result<std::span<std::byte>> place =
+        backend_->begin_put(e.key, static_cast<size_t>(e.size), scratch);
+    if (!place.ok()) {
+      if (!skip(e.size)) return false;
+      append_status(&reply, place.status());
+      continue;
     }
-    Status status = validate_pool_key(e.key);
-    if (!status.ok()) {
-      ++malformed_;
-    } else {
-      status = store_->put(e.key, std::span<const std::byte>(
-                                      reinterpret_cast<const std::byte*>(block.data()), e.size));
-    }
+    const bool complete = read_exact(fd, *place, deadline, "block-stream put").ok();
+    const Status status = backend_->end_put(e.key, *place, complete);
+    if (!complete) return false;
     append_status(&reply, status);
   }
   return flush(false);

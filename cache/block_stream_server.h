@@ -1,4 +1,5 @@
-// BlockStreamServer: the cache server's bulk data path (cache/block_stream_protocol.h): Get
+// BlockStreamServer: the cache server's bulk data path (and a decode instance's KV hand-off
+// receiver, with another backend: cache/block_stream_backend.h) (cache/block_stream_protocol.h): Get
 // and Put of blocks over plain TCP, beside the gRPC service that stays the control path and
 // advertises this port (StatsReply.block_stream_port).
 //
@@ -23,7 +24,7 @@
 
 #include "base/status.h"
 #include "cache/block_stream_protocol.h"
-#include "cache/tiered_block_store.h"
+#include "cache/block_stream_backend.h"
 
 namespace peerserve {
 
@@ -39,8 +40,8 @@ struct BlockStreamServerOptions {
 class BlockStreamServer {
  public:
   // Errors: a host/port that cannot be bound (names it).
-  static Result<std::unique_ptr<BlockStreamServer>> start(std::shared_ptr<TieredBlockStore> store,
-                                                          const BlockStreamServerOptions& options);
+  static Result<std::unique_ptr<BlockStreamServer>> start(
+      std::shared_ptr<BlockStreamBackend> backend, const BlockStreamServerOptions& options);
   ~BlockStreamServer();
 
   int port() const { return port_; }
@@ -54,15 +55,16 @@ class BlockStreamServer {
     std::thread thread;
     std::atomic<bool> done{false};
   };
-  BlockStreamServer(std::shared_ptr<TieredBlockStore> store,
+  BlockStreamServer(std::shared_ptr<BlockStreamBackend> backend,
                     const BlockStreamServerOptions& options)
-      : store_(std::move(store)), options_(options) {}
+      : backend_(std::move(backend)), options_(options) {}
   void accept_loop();
   void serve(int fd);
   // One request; false when the connection must close.
-  bool serve_request(int fd, std::vector<std::byte>& table, std::string& reply, std::string& block);
+  bool serve_request(int fd, std::vector<std::byte>& table, std::string& reply, std::string& block,
+                     std::vector<std::byte>& scratch);
 
-  std::shared_ptr<TieredBlockStore> store_;
+  std::shared_ptr<BlockStreamBackend> backend_;
   const BlockStreamServerOptions options_;
   int listen_fd_ = -1;
   int port_ = 0;

@@ -111,6 +111,13 @@ int64_t Engine::default_max_tokens(int64_t num_prompt_tokens) const {
   return max_tokens_limit(options_.scheduler, num_prompt_tokens);
 }
 
+EngineMetricsSnapshot Engine::metrics() const {
+  EngineMetricsSnapshot m = metrics_.snapshot();
+  // The pool's figures as of now: pushes and writes finish after the step that made them.
+  if (connector_) m.kv_pool = connector_->counters();
+  return m;
+}
+
 Status Engine::validate(EngineRequest& request) const {
   GenerationParams& params = request.params;
   PS_RETURN_IF_ERROR(params.sampling.validate());
@@ -128,6 +135,9 @@ Status Engine::validate(EngineRequest& request) const {
                                 std::to_string(options_.vocab_size) + ")");
       }
     }
+  }
+  if (request.kv_push && !connector_) {
+    return invalid_argument("a KV push needs an engine with a KV caching pool (--kv-pool)");
   }
   for (TokenId t : params.stop_token_ids) {
     if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
@@ -243,9 +253,27 @@ void Engine::admit(Pending pending) {
     const int64_t local = scheduler_->cached_prefix_blocks(chain);
     if (local < static_cast<int64_t>(chain.size())) {
       const RequestId id = pending.id;
-      connector_->start_load(id, std::vector<BlockHash>(chain.begin() + local, chain.end()),
-                             prompt);
-      loading_.emplace(id, Loading{std::move(pending), std::move(chain), local});
+      std::vector<BlockHash> missing(chain.begin() + local, chain.end());
+      Loading loading{std::move(pending), std::move(chain), local, {}};
+      std::vector<std::span<std::byte>> destinations;
+      if (options_.kv_pool_options.handoff) {
+        // Direct: the blocks are reserved now and written in place by the connector (pool
+        // hits) or the hand-off receiver (a prefill instance's push); no staging copy.
+        loading.reservation = scheduler_->reserve_blocks(
+            std::span<const BlockHash>(loading.chain).first(static_cast<size_t>(local)),
+            static_cast<int64_t>(missing.size()));
+        for (BlockId block : loading.reservation.fresh) {
+          destinations.push_back(executor_->kv_block_memory(block));
+        }
+        missing.resize(destinations.size());
+        if (missing.empty()) {  // no free block to receive into: compute it here
+          admit_now(std::move(loading.pending));
+          return;
+        }
+      }
+      connector_->start_load(id, std::move(missing), loading.pending.request.prompt_tokens, local,
+                             std::move(destinations));
+      loading_.emplace(id, std::move(loading));
       return;
     }
   }
@@ -254,12 +282,25 @@ void Engine::admit(Pending pending) {
 
 void Engine::finish_loads() {
   for (KvPoolConnector::Loaded& loaded : connector_->take_loaded()) {
+    if (auto orphan = orphaned_reservations_.find(loaded.request);
+        orphan != orphaned_reservations_.end()) {
+      // Aborted while loading: nobody writes its blocks any more; free them.
+      (void)scheduler_->commit_reservation(orphan->second, {}, 0);
+      orphaned_reservations_.erase(orphan);
+      continue;
+    }
     auto it = loading_.find(loaded.request);
     if (it == loading_.end()) continue;  // aborted while loading
     Loading loading = std::move(it->second);
     loading_.erase(it);
     int64_t adopted = 0;
-    if (!loaded.blocks.empty()) {
+    if (!loading.reservation.fresh.empty()) {
+      std::span<const BlockHash> chain(loading.chain);
+      adopted = scheduler_->commit_reservation(
+          loading.reservation,
+          chain.subspan(static_cast<size_t>(loading.local_blocks), loading.reservation.fresh.size()),
+          loaded.landed);
+    } else if (!loaded.blocks.empty()) {
       std::span<const BlockHash> chain(loading.chain);
       adopted = scheduler_->adopt_blocks(
           chain.first(static_cast<size_t>(loading.local_blocks)),
@@ -289,6 +330,36 @@ void Engine::store_published_blocks() {
     blocks.push_back(std::move(bytes));
   }
   connector_->store(std::move(hashes), std::move(blocks));
+}
+
+void Engine::push_computed_prompts(const StepPlan& plan) {
+  const int32_t bs = options_.scheduler.block_pool.block_size;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    auto owner = owner_of_seq_.find(chunk.seq_id);
+    if (owner == owner_of_seq_.end() || owner->second.second != 0) continue;
+    LiveRequest& request = live_.at(owner->second.first);
+    if (!request.request.kv_push || request.kv_pushed) continue;
+    const std::vector<TokenId>& prompt = request.request.prompt_tokens;
+    const int64_t known = chunk.start_pos + static_cast<int64_t>(chunk.tokens.size()) -
+                          static_cast<int64_t>(chunk.drafts.size());
+    if (known < static_cast<int64_t>(prompt.size())) continue;  // prompt not done yet
+    request.kv_pushed = true;
+    // The blocks the decode instance reuses: full ones before the last prompt token.
+    std::vector<BlockHash> chain;
+    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain);
+    const size_t end = std::min({chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs),
+                                 chunk.block_table.size()});
+    const KvPushTarget& target = *request.request.kv_push;
+    std::vector<BlockHash> hashes;
+    std::vector<std::vector<std::byte>> blocks;
+    for (size_t i = static_cast<size_t>(target.first_block); i < end; ++i) {
+      std::vector<std::byte> bytes(connector_->block_bytes());
+      if (!executor_->read_kv_block(chunk.block_table[i], bytes).ok()) break;
+      hashes.push_back(chain[i]);
+      blocks.push_back(std::move(bytes));
+    }
+    if (!hashes.empty()) connector_->push(target, std::move(hashes), std::move(blocks));
+  }
 }
 
 void Engine::admit_now(Pending pending) {
@@ -378,7 +449,11 @@ void Engine::step(StepPlan plan) {
   }
   if (plan.empty()) return;  // a lock-step dummy step
   std::vector<SequenceUpdate> updates = scheduler_->update(plan, *result);
-  if (connector_) store_published_blocks();  // before the next step can reuse the blocks
+  if (connector_) {
+    // Before the next step can reuse the blocks.
+    store_published_blocks();
+    push_computed_prompts(plan);
+  }
   const double end = now();
   metrics_.update([&](EngineMetricsSnapshot& m) {
     ++m.steps_total;
@@ -548,8 +623,12 @@ void Engine::deliver(std::unordered_map<RequestId, RequestOutput>* outputs, doub
 
 void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
   if (auto loading = loading_.find(id); loading != loading_.end()) {
-    // Still waiting for its pool lookup: nothing is in the scheduler yet.
+    // Still waiting for its pool lookup: nothing is in the scheduler yet. Reserved blocks
+    // may still be written into; they are freed when the lookup comes back.
     Pending pending = std::move(loading->second.pending);
+    if (!loading->second.reservation.fresh.empty()) {
+      orphaned_reservations_.emplace(id, std::move(loading->second.reservation));
+    }
     loading_.erase(loading);
     RequestOutput out;
     out.request_id = id;

@@ -99,7 +99,7 @@ class Engine final : public EngineClient {
   // with the same options) checks them here first, so errors are answered at once.
   Status validate(EngineRequest& request) const;
   const EngineOptions& options() const override { return options_; }
-  EngineMetricsSnapshot metrics() const override { return metrics_.snapshot(); }
+  EngineMetricsSnapshot metrics() const override;
   bool running() const override { return running_.load(); }
 
  private:
@@ -121,6 +121,7 @@ class Engine final : public EngineClient {
     std::vector<Choice> choices;
     int32_t num_unfinished = 0;
     Usage usage;
+    bool kv_pushed = false;  // request.kv_push done
   };
   struct Pending {
     RequestId id;
@@ -133,6 +134,8 @@ class Engine final : public EngineClient {
     Pending pending;
     std::vector<BlockHash> chain;  // the prompt's full blocks that may be shared
     int64_t local_blocks = 0;      // of which cached locally when the lookup started
+    // Direct loads: the blocks the missing ones are written into (chain[local_blocks...]).
+    Scheduler::Reservation reservation;
   };
 
   Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
@@ -146,6 +149,9 @@ class Engine final : public EngineClient {
   void finish_loads();
   // Hands the blocks published by the last step to the pool.
   void store_published_blocks();
+  // Prefill role: pushes the KV of prompts the step completed to the decode instances that
+  // asked for it (EngineRequest::kv_push).
+  void push_computed_prompts(const StepPlan& plan);
   void step(StepPlan plan);
   // One iteration under EngineOptions::lockstep.
   void lockstep_step();
@@ -172,6 +178,8 @@ class Engine final : public EngineClient {
   std::unordered_map<RequestId, LiveRequest> live_;
   std::unique_ptr<KvPoolConnector> connector_;
   std::unordered_map<RequestId, Loading> loading_;
+  // Reservations of requests aborted while loading, freed when their loads come back.
+  std::unordered_map<RequestId, Scheduler::Reservation> orphaned_reservations_;
   std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
   SequenceId next_seq_id_ = 1;
   uint64_t seed_state_ = 0;

@@ -32,6 +32,10 @@ class Executor {
   virtual Status write_kv_block(int32_t /*block*/, std::span<const std::byte> /*bytes*/) {
     return unimplemented("this executor cannot import KV blocks");
   }
+  // The memory of a whole KV block (kv_block_bytes()), for KV that another thread writes in
+  // place while the block is reserved (a decode instance's hand-off receiver); empty when
+  // this executor cannot give it out. Asked on the engine thread; the memory stays put.
+  virtual std::span<std::byte> kv_block_memory(int32_t /*block*/) { return {}; }
 };
 
 }  // namespace peerserve

@@ -1,6 +1,7 @@
 #include "runtime/kv_pool_connector.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 namespace peerserve {
@@ -14,6 +15,7 @@ KvPoolConnector::KvPoolConnector(std::shared_ptr<KvBlockStore> store, size_t blo
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { run(); });
   }
+  pusher_ = std::thread([this] { run_pushes(); });
 }
 
 KvPoolConnector::~KvPoolConnector() {
@@ -22,19 +24,23 @@ KvPoolConnector::~KvPoolConnector() {
     stopping_ = true;
   }
   wake_.notify_all();
+  push_wake_.notify_all();
   for (std::thread& worker : workers_) worker.join();
+  pusher_.join();
   reap_stores(/*wait=*/true);  // each is bounded by the pool call's timeout
 }
 
 void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashes,
-                                 std::vector<TokenId> prompt) {
+                                 std::vector<TokenId> prompt, int64_t first_block,
+                                 std::vector<std::span<std::byte>> destinations) {
   if (static_cast<int64_t>(hashes.size()) > options_.max_blocks_per_load) {
     hashes.resize(static_cast<size_t>(options_.max_blocks_per_load));
   }
+  if (!destinations.empty()) destinations.resize(hashes.size());
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    jobs_.push_back(
-        Job{request, std::move(hashes), std::move(prompt), std::chrono::steady_clock::now()});
+    jobs_.push_back(Job{request, std::move(hashes), std::move(prompt), first_block,
+                        std::move(destinations), std::chrono::steady_clock::now()});
   }
   wake_.notify_one();
 }
@@ -58,33 +64,36 @@ void KvPoolConnector::run() {
     }
     Loaded loaded;
     loaded.request = job.request;
+    const bool direct = !job.destinations.empty();
     int64_t remote = 0, remote_failed = 0;
     double remote_seconds = 0;
+    size_t hits = 0;
     if (!job.hashes.empty()) {
-      std::vector<std::vector<std::byte>> buffers(job.hashes.size());
-      size_t hits = lookup(job.hashes, 0, &buffers);
+      std::vector<std::vector<std::byte>> buffers;
+      std::vector<std::span<std::byte>> places = job.destinations;
+      if (!direct) {
+        buffers.resize(job.hashes.size());
+        for (auto& b : buffers) {
+          b.resize(block_bytes_);
+          places.emplace_back(b);
+        }
+      }
+      hits = lookup(job.hashes, 0, places);
       if (hits < job.hashes.size() && options_.remote_prefill) {
-        // Disaggregated: another instance computes the prompt and stores its blocks in the
-        // pool; read the missing ones once they have landed (writes are asynchronous there).
         const auto started = std::chrono::steady_clock::now();
         remote = 1;
-        if (options_.remote_prefill(job.prompt).ok()) {
-          const auto deadline = std::chrono::steady_clock::now() + options_.handoff_wait;
-          auto pause = std::chrono::milliseconds(2);
-          while (true) {
-            hits = lookup(job.hashes, hits, &buffers);
-            if (hits == job.hashes.size() || std::chrono::steady_clock::now() >= deadline) break;
-            std::this_thread::sleep_for(pause);
-            pause = std::min(pause * 2, std::chrono::milliseconds(50));
-          }
-        } else {
-          remote_failed = 1;
-        }
+        bool failed = false;
+        hits = remote_prefill(job, hits, places, &failed);
+        remote_failed = failed ? 1 : 0;
         remote_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       }
-      buffers.resize(hits);
-      loaded.blocks = std::move(buffers);
+      if (direct) {
+        loaded.landed = static_cast<int64_t>(hits);
+      } else {
+        buffers.resize(hits);
+        loaded.blocks = std::move(buffers);
+      }
     }
     loaded.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - job.queued).count();
@@ -92,8 +101,8 @@ void KvPoolConnector::run() {
       std::lock_guard<std::mutex> lock(mutex_);
       ++counters_.loads;
       counters_.blocks_looked_up += static_cast<int64_t>(job.hashes.size());
-      counters_.blocks_hit += static_cast<int64_t>(loaded.blocks.size());
-      counters_.bytes_loaded += static_cast<int64_t>(loaded.blocks.size() * block_bytes_);
+      counters_.blocks_hit += static_cast<int64_t>(hits);
+      counters_.bytes_loaded += static_cast<int64_t>(hits * block_bytes_);
       counters_.load_seconds_total += loaded.seconds;
       counters_.remote_prefills += remote;
       counters_.remote_prefill_failures += remote_failed;
@@ -105,18 +114,62 @@ void KvPoolConnector::run() {
 }
 
 size_t KvPoolConnector::lookup(const std::vector<BlockHash>& hashes, size_t from,
-                               std::vector<std::vector<std::byte>>* buffers) {
+                               const std::vector<std::span<std::byte>>& places) {
   std::vector<PoolKey> keys;
   std::vector<BlockSink> sinks;
   for (size_t i = from; i < hashes.size(); ++i) {
-    (*buffers)[i].resize(block_bytes_);
     keys.push_back(PoolKey{options_.tenant, hashes[i]});
-    sinks.push_back(sink_into((*buffers)[i]));
+    sinks.push_back(sink_into(places[i]));
   }
   if (keys.empty()) return from;
   std::vector<BlockLookup> results = store_->get(keys, sinks, options_.timeout);
   size_t hits = from;
   while (hits - from < results.size() && results[hits - from].hit()) ++hits;
+  return hits;
+}
+
+size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
+                                       const std::vector<std::span<std::byte>>& places,
+                                       bool* failed) {
+  const auto started = std::chrono::steady_clock::now();
+  if (options_.handoff && !job.destinations.empty()) {
+    // Direct: the prefill instance pushes the missing blocks into the reserved KV blocks.
+    const std::string name = options_.handoff->open(
+        std::vector<BlockHash>(job.hashes.begin() + static_cast<std::ptrdiff_t>(hits),
+                               job.hashes.end()),
+        std::vector<std::span<std::byte>>(places.begin() + static_cast<std::ptrdiff_t>(hits),
+                                          places.end()));
+    const KvPushTarget target{options_.handoff_endpoint, name,
+                              job.first_block + static_cast<int64_t>(hits)};
+    const bool ok = options_.remote_prefill(job.prompt, &target).ok();
+    // The push starts before the prefill instance answers; it may still be in flight.
+    if (ok) {
+      (void)options_.handoff->wait(name, std::chrono::steady_clock::now() + options_.handoff_wait);
+    }
+    // After close() nobody writes these blocks; the ones not received are recomputed here.
+    const size_t landed = options_.handoff->close(name);
+    *failed = !ok;
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters_.handoff_blocks += static_cast<int64_t>(landed);
+    counters_.handoff_bytes += static_cast<int64_t>(landed * block_bytes_);
+    counters_.handoff_seconds_total +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return hits + landed;
+  }
+  // Through the pool: the prefill instance stores the blocks there; read the missing ones
+  // once they have landed (its writes are asynchronous).
+  if (!options_.remote_prefill(job.prompt, nullptr).ok()) {
+    *failed = true;
+    return hits;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.handoff_wait;
+  auto pause = std::chrono::milliseconds(2);
+  while (true) {
+    hits = lookup(job.hashes, hits, places);
+    if (hits == job.hashes.size() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
   return hits;
 }
 
@@ -133,6 +186,56 @@ void KvPoolConnector::store(std::vector<BlockHash> hashes,
   counters_.blocks_stored += static_cast<int64_t>(hashes.size());
   counters_.bytes_stored += bytes;
   pending_stores_.push_back(std::move(done));
+}
+
+void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
+                           std::vector<std::vector<std::byte>> blocks) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks)});
+  }
+  push_wake_.notify_one();
+}
+
+void KvPoolConnector::run_pushes() {
+  while (true) {
+    Push push;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      push_wake_.wait(lock, [&] { return stopping_ || !pushes_.empty(); });
+      if (pushes_.empty()) return;  // stopping, and everything queued was sent
+      push = std::move(pushes_.front());
+      pushes_.pop_front();
+    }
+    const std::string& endpoint = push.target.endpoint;
+    auto client = push_clients_.find(endpoint);
+    if (client == push_clients_.end()) {
+      // The endpoint was checked when the request was parsed; a bad one fails the sends.
+      const size_t colon = endpoint.rfind(':');
+      std::string host = endpoint.substr(0, colon);
+      if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+      const int port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
+      if (push_clients_.size() >= 64) push_clients_.clear();  // bounded: decode instances
+      client = push_clients_
+                   .emplace(endpoint, std::make_unique<BlockStreamClient>(
+                                          host, port, "decode instance " + endpoint))
+                   .first;
+    }
+    std::vector<PoolKey> keys;
+    std::vector<std::span<const std::byte>> spans;
+    for (size_t i = 0; i < push.hashes.size(); ++i) {
+      keys.push_back(PoolKey{push.target.transfer, push.hashes[i]});
+      spans.emplace_back(push.blocks[i]);
+    }
+    const std::vector<Status> sent = client->second->put(keys, spans, PoolClock::now() + options_.timeout);
+    int64_t accepted = 0;
+    for (const Status& s : sent) accepted += s.ok() ? 1 : 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.pushes;
+    counters_.push_blocks += accepted;
+    counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);
+    counters_.push_failures += static_cast<int64_t>(push.hashes.size()) - accepted;
+  }
 }
 
 void KvPoolConnector::reap_stores(bool wait) {

@@ -28,10 +28,13 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "cache/block_stream_client.h"
 #include "cache/kv_block_store.h"
 #include "kv/prefix_hash.h"
+#include "runtime/kv_handoff_receiver.h"
 #include "runtime/request.h"
 
 namespace peerserve {
@@ -46,10 +49,16 @@ struct KvPoolConnectorOptions {
   // have another instance compute the prompt (it stores the blocks in the pool), then read
   // them. Called on a worker thread; an error means "compute it here" (the request then
   // prefills locally). Default: none.
-  std::function<Status(std::span<const TokenId> prompt)> remote_prefill;
-  // After a remote prefill, how long to keep asking for blocks it has not stored yet (its
+  // `push` (null without a hand-off receiver) asks the prefill instance to push the blocks
+  // straight into this instance's reserved blocks instead.
+  std::function<Status(std::span<const TokenId> prompt, const KvPushTarget* push)> remote_prefill;
+  // After a remote prefill, how long to wait for blocks that have not arrived yet (pushes and
   // pool writes are asynchronous). Default 1 s.
   std::chrono::milliseconds handoff_wait{1000};
+  // Direct hand-off (the decode role): the receiver that the prefill instances push to, and
+  // its block-stream endpoint as they reach it (host:port). Needs loads with destinations.
+  std::shared_ptr<KvHandoffReceiver> handoff;
+  std::string handoff_endpoint;
 };
 
 struct KvPoolCounters {
@@ -64,14 +73,24 @@ struct KvPoolCounters {
   int64_t remote_prefills = 0;          // prompts handed to a prefill instance
   int64_t remote_prefill_failures = 0;  // of which failed (then prefilled here)
   double remote_prefill_seconds_total = 0;
+  int64_t pushes = 0;          // prefill role: hand-offs pushed to decode instances
+  int64_t push_blocks = 0;     // blocks they accepted
+  int64_t push_bytes = 0;
+  int64_t push_failures = 0;   // blocks refused or not delivered
+  int64_t handoff_blocks = 0;  // decode role: blocks pushed straight into KV blocks
+  int64_t handoff_bytes = 0;
+  double handoff_seconds_total = 0;  // from the prefill call to the last block received
 };
 
 class KvPoolConnector {
  public:
   struct Loaded {
     RequestId request = 0;
-    std::vector<std::vector<std::byte>> blocks;  // the leading hits, in chain order
-    double seconds = 0;                          // how long the lookup took
+    // The leading hits, in chain order: in `blocks` for a staged load, or written into the
+    // load's destinations (`landed` of them) for a direct one.
+    std::vector<std::vector<std::byte>> blocks;
+    int64_t landed = 0;
+    double seconds = 0;  // how long the lookup took
   };
 
   // `store` must outlive the connector. `on_loaded` wakes the engine (a load finished).
@@ -81,13 +100,20 @@ class KvPoolConnector {
   KvPoolConnector(const KvPoolConnector&) = delete;
   KvPoolConnector& operator=(const KvPoolConnector&) = delete;
 
-  // Queues a lookup of `hashes` (consecutive chain blocks) for `request`, whose prompt is
-  // `prompt` (used only for a remote prefill).
-  void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt);
+  // Queues a lookup of `hashes` (consecutive chain blocks, starting at block `first_block`
+  // of the prompt's chain) for `request`, whose prompt is `prompt` (used only for a remote
+  // prefill). With `destinations` (one per hash, memory nobody else touches until the load
+  // is taken back), blocks are written there (a direct load) instead of into buffers.
+  void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt,
+                  int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {});
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
   // Writes blocks[i] under hashes[i] in the background (best effort).
   void store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
+  // Prefill role: sends blocks[i] (hash hashes[i]) to a decode instance's hand-off receiver
+  // in the background, in order (the receiver keeps the leading run that arrived).
+  void push(KvPushTarget target, std::vector<BlockHash> hashes,
+            std::vector<std::vector<std::byte>> blocks);
 
   size_t block_bytes() const { return block_bytes_; }
   // Also collects the outcome of finished background writes.
@@ -98,13 +124,19 @@ class KvPoolConnector {
     RequestId request = 0;
     std::vector<BlockHash> hashes;
     std::vector<TokenId> prompt;
+    int64_t first_block = 0;
+    std::vector<std::span<std::byte>> destinations;  // empty: staged
     std::chrono::steady_clock::time_point queued;
   };
   void run();
-  // Reads hashes[from, end) into buffers[from, end); returns where the leading run of hits
-  // (counted from 0) ends.
+  // Reads hashes[from, end) from the pool into places[from, end); returns where the leading
+  // run of hits (counted from 0) ends.
   size_t lookup(const std::vector<BlockHash>& hashes, size_t from,
-                std::vector<std::vector<std::byte>>* buffers);
+                const std::vector<std::span<std::byte>>& places);
+  // Has a prefill instance compute the job's prompt and fills places[hits, end) with what it
+  // pushes (direct) or stores in the pool. Returns the new end of the leading run.
+  size_t remote_prefill(const Job& job, size_t hits, const std::vector<std::span<std::byte>>& places,
+                        bool* failed);
   void reap_stores(bool wait);
 
   std::shared_ptr<KvBlockStore> store_;
@@ -120,6 +152,18 @@ class KvPoolConnector {
   KvPoolCounters counters_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+
+  struct Push {
+    KvPushTarget target;
+    std::vector<BlockHash> hashes;
+    std::vector<std::vector<std::byte>> blocks;
+  };
+  void run_pushes();
+  std::deque<Push> pushes_;  // guarded by mutex_
+  std::condition_variable push_wake_;
+  // Clients per receiver endpoint (used by the pusher thread only).
+  std::unordered_map<std::string, std::unique_ptr<BlockStreamClient>> push_clients_;
+  std::thread pusher_;
 };
 
 }  // namespace peerserve

@@ -305,4 +305,9 @@ Status ModelExecutor::write_kv_block(int32_t block, std::span<const std::byte> b
   return ok_status();
 }
 
+std::span<std::byte> ModelExecutor::kv_block_memory(int32_t block) {
+  if (block < 0 || block >= cache_.num_blocks()) return {};
+  return cache_.mutable_block_bytes(block);
+}
+
 }  // namespace peerserve

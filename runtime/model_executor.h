@@ -54,6 +54,7 @@ class ModelExecutor final : public Executor {
   int64_t kv_block_tokens() const override { return cache_.layout().block_size; }
   Status read_kv_block(int32_t block, std::span<std::byte> out) const override;
   Status write_kv_block(int32_t block, std::span<const std::byte> bytes) override;
+  std::span<std::byte> kv_block_memory(int32_t block) override;
 
   // Times a decode step, a verification step (2 tokens per sequence) and the MTP layer (2
   // positions per sequence) for each batch size, with `context` tokens of context, median of

@@ -47,9 +47,19 @@ struct GenerationParams {
   bool skip_special_tokens = true;
 };
 
+// Direct KV hand-off (paper 000 §4.3.3), prefill side: once the prompt is computed, its full
+// blocks [first_block, (prompt tokens - 1) / block size) are pushed to a decode instance's
+// receiver (runtime/kv_handoff_receiver.h) under the transfer's name.
+struct KvPushTarget {
+  std::string endpoint;  // host:port of the receiver's block stream
+  std::string transfer;  // the name (pool tenant) of the transfer there
+  int64_t first_block = 0;
+};
+
 struct EngineRequest {
   std::vector<TokenId> prompt_tokens;
   GenerationParams params;
+  std::optional<KvPushTarget> kv_push = std::nullopt;
 };
 
 // New output of one choice since the previous RequestOutput.

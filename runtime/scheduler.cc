@@ -457,29 +457,47 @@ int64_t Scheduler::cached_prefix_blocks(std::span<const BlockHash> chain) const 
 int64_t Scheduler::adopt_blocks(std::span<const BlockHash> cached,
                                 std::span<const BlockHash> loaded,
                                 const std::function<bool(size_t, BlockId)>& fill) {
-  PS_CHECK(!in_step_) << "adopt_blocks() between schedule() and update()";
-  if (!pool_.prefix_caching_enabled() || loaded.empty()) return 0;
+  const Reservation reservation = reserve_blocks(cached, static_cast<int64_t>(loaded.size()));
+  int64_t filled = 0;
+  while (filled < static_cast<int64_t>(reservation.fresh.size()) &&
+         fill(static_cast<size_t>(filled), reservation.fresh[static_cast<size_t>(filled)])) {
+    ++filled;
+  }
+  return commit_reservation(reservation, loaded, filled);
+}
+
+Scheduler::Reservation Scheduler::reserve_blocks(std::span<const BlockHash> cached,
+                                                 int64_t count) {
+  PS_CHECK(!in_step_) << "reserve_blocks() between schedule() and update()";
+  Reservation reservation;
+  if (!pool_.prefix_caching_enabled() || count <= 0) return reservation;
   std::vector<BlockId> shared = pool_.match_prefix(cached);
-  if (shared.size() != cached.size()) return 0;  // the chain broke meanwhile
-  // Referencing the cached part keeps it from being evicted for the loaded blocks.
-  int64_t count = static_cast<int64_t>(loaded.size());
+  if (shared.size() != cached.size()) return reservation;  // the chain broke meanwhile
+  // Referencing the cached part keeps it from being evicted for the new blocks.
   auto plan = pool_.plan_allocation(shared, static_cast<int32_t>(count));
   if (!plan) {
     int64_t free_others = pool_.num_free_blocks();
     for (BlockId b : shared) free_others -= pool_.ref_count(b) == 0 ? 1 : 0;
     count = std::min<int64_t>(count, std::max<int64_t>(free_others, 0));
     plan = pool_.plan_allocation(shared, static_cast<int32_t>(count));
-    if (!plan || count == 0) return 0;
+    if (!plan || count == 0) return reservation;
   }
-  std::vector<BlockId> fresh = pool_.commit(*plan);
-  int64_t filled = 0;
-  while (filled < count && fill(static_cast<size_t>(filled), fresh[filled])) {
-    (void)pool_.publish(fresh[filled], loaded[filled]);
-    ++filled;
+  reservation.fresh = pool_.commit(*plan);
+  reservation.cached = std::move(shared);
+  return reservation;
+}
+
+int64_t Scheduler::commit_reservation(const Reservation& reservation,
+                                      std::span<const BlockHash> loaded, int64_t filled) {
+  PS_CHECK(!in_step_) << "commit_reservation() between schedule() and update()";
+  filled = std::min<int64_t>({filled, static_cast<int64_t>(reservation.fresh.size()),
+                              static_cast<int64_t>(loaded.size())});
+  for (int64_t i = 0; i < filled; ++i) {
+    (void)pool_.publish(reservation.fresh[static_cast<size_t>(i)], loaded[static_cast<size_t>(i)]);
   }
   // Release last-first (the prefix stays cached longest); unfilled blocks go first.
-  std::vector<BlockId> order(fresh.rbegin(), fresh.rend());
-  order.insert(order.end(), shared.rbegin(), shared.rend());
+  std::vector<BlockId> order(reservation.fresh.rbegin(), reservation.fresh.rend());
+  order.insert(order.end(), reservation.cached.rbegin(), reservation.cached.rend());
   pool_.release(order);
   return filled;
 }

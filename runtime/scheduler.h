@@ -151,6 +151,22 @@ class Scheduler {
   int64_t adopt_blocks(std::span<const BlockHash> cached, std::span<const BlockHash> loaded,
                        const std::function<bool(size_t, BlockId)>& fill);
 
+  // The same in two phases, for KV written by another thread meanwhile (a decode instance's
+  // hand-off receiver): reserve_blocks() takes up to `count` free blocks (as many as the free
+  // list allows, in order) and holds `cached` (a chain's leading part cached here now) so that
+  // it is not evicted; the blocks belong to nobody and no sequence reads them. Then
+  // commit_reservation() publishes fresh[i] under loaded[i] for i < filled (every one of them
+  // fully written) and releases everything. An empty reservation when `cached` is no longer
+  // cached as a whole. Neither between schedule() and update().
+  struct Reservation {
+    std::vector<BlockId> cached;
+    std::vector<BlockId> fresh;
+  };
+  Reservation reserve_blocks(std::span<const BlockHash> cached, int64_t count);
+  // Returns the number published.
+  int64_t commit_reservation(const Reservation& reservation, std::span<const BlockHash> loaded,
+                             int64_t filled);
+
   // A block newly published to the prefix cache, with whether it holds prompt tokens only.
   struct PublishedBlock {
     BlockId block = 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kv/kv_namespace.h"
+
 namespace peerserve {
 namespace {
 
@@ -539,6 +541,50 @@ std::optional<ApiError> check_message_tool_fields(const json& m, const std::stri
   return std::nullopt;
 }
 
+std::optional<ApiError> parse_kv_push(const json& push, CompletionRequest* out) {
+  const std::string name = "peerserve_kv_push";
+  if (!push.is_object()) return bad_field(name, "'" + name + "' must be an object");
+  if (out->prompts.size() != 1) {
+    return bad_field(name, "'" + name + "' needs exactly one prompt");
+  }
+  KvPushTarget target;
+  const auto endpoint = push.find("endpoint");
+  if (endpoint == push.end() || !endpoint->is_string()) {
+    return bad_field(name + ".endpoint", "'" + name + ".endpoint' must be a string HOST:PORT");
+  }
+  target.endpoint = endpoint->get<std::string>();
+  const size_t colon = target.endpoint.rfind(':');
+  const std::string port =
+      colon == std::string::npos ? std::string() : target.endpoint.substr(colon + 1);
+  const bool port_ok = !port.empty() && port.size() <= 5 &&
+                       std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                       std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+  if (target.endpoint.size() > 300 || colon == 0 || !port_ok) {
+    return bad_field(name + ".endpoint", "'" + name + ".endpoint' must be HOST:PORT, got '" +
+                                             target.endpoint.substr(0, 80) + "'");
+  }
+  const auto transfer = push.find("transfer");
+  if (transfer == push.end() || !transfer->is_string()) {
+    return bad_field(name + ".transfer", "'" + name + ".transfer' must be a string");
+  }
+  target.transfer = transfer->get<std::string>();
+  if (Status valid = validate_tenant_name(target.transfer); !valid.ok()) {
+    return bad_field(name + ".transfer", "'" + name + ".transfer': " + valid.message());
+  }
+  const auto first = push.find("first_block");
+  if (first != push.end()) {
+    if (!first->is_number_unsigned() ||
+        first->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+      return bad_field(name + ".first_block",
+                       "'" + name + ".first_block' must be an integer between 0 and " +
+                           std::to_string(std::numeric_limits<int32_t>::max()));
+    }
+    target.first_block = static_cast<int64_t>(first->get<uint64_t>());
+  }
+  out->kv_push = std::move(target);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(const json& body, const ApiLimits& limits,
@@ -601,6 +647,9 @@ std::optional<ApiError> parse_completion_request(const json& body, const ApiLimi
     return bad_field("prompt", "'prompt' has " + std::to_string(out->prompts.size()) +
                                    " prompts, at most " + std::to_string(limits.max_prompts) +
                                    " are allowed");
+  }
+  if (const json* push = f.get("peerserve_kv_push")) {
+    if (auto e = parse_kv_push(*push, out)) return e;
   }
   return std::nullopt;
 }

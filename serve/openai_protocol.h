@@ -61,6 +61,9 @@ struct CommonRequestFields {
 struct CompletionRequest : CommonRequestFields {
   // One entry per prompt: text or token ids.
   std::vector<std::variant<std::string, std::vector<TokenId>>> prompts;
+  // Prefill/decode hand-off (a decode instance asking a prefill instance; one prompt):
+  // "peerserve_kv_push": {"endpoint": "HOST:PORT", "transfer": NAME, "first_block": K}.
+  std::optional<KvPushTarget> kv_push;
 };
 
 // OpenAI's tool_choice: "none", "auto", "required" or {"type": "function", "function":

@@ -537,10 +537,20 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, *e);
   }
   if (auto e = check_model(ctx, completion.model)) return send_error(*exchange, *e);
+  if (completion.kv_push && !ctx.options.accept_kv_push) {
+    ApiError e;
+    e.message =
+        "'peerserve_kv_push' is for prefill instances (serve --role prefill); this server does "
+        "not push KV";
+    e.param = "peerserve_kv_push";
+    e.code = "unsupported_parameter";
+    return send_error(*exchange, e);
+  }
   std::vector<EngineRequest> requests;
   for (auto& prompt : completion.prompts) {
     EngineRequest r;
     r.params = completion.params;
+    r.kv_push = completion.kv_push;
     if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
       r.prompt_tokens = std::move(*ids);
     } else {

@@ -55,6 +55,9 @@ struct OpenAiServerOptions {
   // Testing hook: honour the request field peerserve_forced_output (the text the model is
   // made to produce). Never for production. Default off.
   bool allow_forced_output = false;
+  // Prefill role: honour peerserve_kv_push (compute the prompt, then push its KV blocks to
+  // the decode instance named there). Other roles refuse the field. Default off.
+  bool accept_kv_push = false;
 };
 
 class OpenAiServer {

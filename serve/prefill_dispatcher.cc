@@ -88,7 +88,7 @@ void PrefillDispatcher::mark_down(size_t index) {
   ++counters_.retries;
 }
 
-Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
+Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushTarget* push) {
   json ids = json::array();
   for (TokenId t : prompt) ids.push_back(t);
   std::vector<size_t> tried;
@@ -145,8 +145,13 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt) {
       }
     }
     if (status.ok()) {
-      const json body = {
+      json body = {
           {"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
+      if (push != nullptr) {
+        body["peerserve_kv_push"] = {{"endpoint", push->endpoint},
+                                     {"transfer", push->transfer},
+                                     {"first_block", push->first_block}};
+      }
       Result<HttpCallResult> reply =
           http_call(endpoint, "POST", "/v1/completions", body.dump(), timeout_);
       if (!reply.ok()) {

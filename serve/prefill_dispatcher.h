@@ -2,9 +2,11 @@
 // §4.3.3). A decode instance that misses a prompt's KV in the caching pool hands the prompt
 // to a prefill instance (`serve --role prefill`, an OpenAI server over the same pool): one
 // `POST /v1/completions` with the prompt's token ids and max_tokens 1. The prefill instance
-// computes the prompt and stores its full blocks in the pool, where the decode instance reads
-// them (runtime/kv_pool_connector.h); the decode instance computes the last prompt token
-// itself, so its first token is exactly what a single server would produce.
+// computes the prompt, pushes its full blocks straight into the blocks the decode instance
+// reserved for them (peerserve_kv_push; runtime/kv_handoff_receiver.h) and stores them in
+// the pool, where a decode instance without a receiver reads them
+// (runtime/kv_pool_connector.h); the decode instance computes the last prompt token itself,
+// so its first token is exactly what a single server would produce.
 //
 // Choice: the preferred instance when it is up (a decode DP rank's own prefill instance under
 // the §4.3.3 mapping, plan/analytic/connection_mapping.h), else the healthy instance with the fewest
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "runtime/request.h"
 #include "runtime/sampler.h"
 
 namespace peerserve {
@@ -57,8 +60,9 @@ class PrefillDispatcher {
   // again when needed).
   Status check(std::vector<std::string>* unreachable);
 
-  // Has a prefill instance compute `prompt`; see the class comment.
-  Status prefill(std::span<const TokenId> prompt);
+  // Has a prefill instance compute `prompt`; see the class comment. With `push`, the instance
+  // also pushes the prompt's KV blocks to that hand-off receiver (peerserve_kv_push).
+  Status prefill(std::span<const TokenId> prompt, const KvPushTarget* push = nullptr);
 
   PrefillDispatcherCounters counters() const;
 

@@ -97,7 +97,7 @@ class BlockStreamTest : public ::testing::Test {
     server_options.limits.max_block_bytes = 1 << 20;
     server_options.idle_timeout = idle;
     server_options.io_timeout = io;
-    auto server = BlockStreamServer::start(store_, server_options);
+    auto server = BlockStreamServer::start(tiered_block_stream_backend(store_), server_options);
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
     client_ = std::make_unique<BlockStreamClient>("127.0.0.1", server_->port(), "test member");

@@ -14,8 +14,10 @@
 #include <mutex>
 #include <thread>
 
+#include "cache/block_stream_server.h"
 #include "cache/pool_client.h"
 #include "runtime/engine.h"
+#include "runtime/kv_handoff_receiver.h"
 #include "tests/runtime/fake_executor.h"
 
 namespace peerserve {
@@ -71,7 +73,9 @@ std::shared_ptr<KvBlockStore> local_pool() {
 std::unique_ptr<Engine> make_engine(
     std::shared_ptr<KvBlockStore> pool, BlockHash root,
     testing::FakeExecutor** executor_out = nullptr,
-    std::function<Status(std::span<const TokenId>)> remote_prefill = {}) {
+    std::function<Status(std::span<const TokenId>, const KvPushTarget*)> remote_prefill = {},
+    std::shared_ptr<KvHandoffReceiver> handoff = nullptr, std::string handoff_endpoint = {},
+    std::chrono::milliseconds handoff_wait = std::chrono::milliseconds(1000)) {
   EngineOptions options;
   options.scheduler.max_num_seqs = 8;
   options.scheduler.max_num_batched_tokens = 64;
@@ -84,6 +88,9 @@ std::unique_ptr<Engine> make_engine(
   options.kv_pool_options.tenant = "test";
   options.kv_pool_options.remote_prefill = std::move(remote_prefill);
   options.kv_pool_options.workers = 2;
+  options.kv_pool_options.handoff = std::move(handoff);
+  options.kv_pool_options.handoff_endpoint = std::move(handoff_endpoint);
+  options.kv_pool_options.handoff_wait = handoff_wait;
   auto executor = std::make_unique<testing::FakeExecutor>(96, kBlock, kVocab);
   if (executor_out) *executor_out = executor.get();
   auto engine = Engine::create(options, std::move(executor), nullptr);
@@ -272,7 +279,8 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   auto prefill = make_engine(pool, root);
   std::atomic<int> remote_calls{0};
   std::atomic<bool> fail_remote{false};
-  auto remote = [&](std::span<const TokenId> prompt) -> Status {
+  auto remote = [&](std::span<const TokenId> prompt, const KvPushTarget* push) -> Status {
+    EXPECT_EQ(push, nullptr);  // no hand-off receiver: through the pool
     ++remote_calls;
     if (fail_remote) return unavailable("prefill instance down");
     Collector c;
@@ -304,6 +312,140 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   EXPECT_EQ(tokens_of(out2), reference_generate(other, 4, kVocab, std::nullopt));
   EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 0);
   EXPECT_EQ(decode->metrics().kv_pool.remote_prefill_failures, 1);
+}
+
+// The decode role with a hand-off receiver (paper 000 §4.3.3): the prefill engine pushes the
+// prompt's blocks over the block stream straight into the blocks the decode engine reserved.
+// The two engines use separate pools, so the blocks can only arrive by the push.
+class DirectHandoff {
+ public:
+  explicit DirectHandoff(std::chrono::milliseconds handoff_wait = std::chrono::milliseconds(1000))
+      : root_(root_block_hash("direct")), prefill_(make_engine(local_pool(), root_)) {
+    receiver_ = std::make_shared<KvHandoffReceiver>();
+    auto server = BlockStreamServer::start(receiver_, BlockStreamServerOptions{});
+    PS_CHECK(server.ok()) << server.status().to_string();
+    server_ = std::move(server).value();
+    auto remote = [this](std::span<const TokenId> prompt, const KvPushTarget* push) -> Status {
+      ++calls;
+      if (delay.count() > 0) std::this_thread::sleep_for(delay);
+      if (fail) return unavailable("prefill instance down");
+      EngineRequest request{std::vector<TokenId>(prompt.begin(), prompt.end()), greedy(1)};
+      EXPECT_NE(push, nullptr);
+      if (push != nullptr && !withhold_push) request.kv_push = *push;
+      Collector c;
+      auto id = prefill_->submit(std::move(request), c.sink());
+      if (!id.ok()) return id.status();
+      return c.wait(*id).empty() ? unavailable("prefill timed out") : ok_status();
+    };
+    decode_ = make_engine(local_pool(), root_, nullptr, remote, receiver_,
+                          "127.0.0.1:" + std::to_string(server_->port()), handoff_wait);
+  }
+  ~DirectHandoff() {
+    decode_.reset();  // its loads close their transfers first
+    server_->stop();
+  }
+
+  std::atomic<int> calls{0};
+  std::atomic<bool> fail{false};
+  std::atomic<bool> withhold_push{false};  // the prefill answers but pushes nothing
+  std::chrono::milliseconds delay{0};
+  Engine& decode() { return *decode_; }
+  Engine& prefill() { return *prefill_; }
+  KvHandoffReceiver& receiver() { return *receiver_; }
+
+ private:
+  BlockHash root_;
+  std::unique_ptr<Engine> prefill_;
+  std::shared_ptr<KvHandoffReceiver> receiver_;
+  std::unique_ptr<BlockStreamServer> server_;
+  std::unique_ptr<Engine> decode_;
+};
+
+TEST(EngineKvPoolTest, RemotePrefillPushesKvStraightIntoReservedBlocks) {
+  DirectHandoff setup;
+  Collector collector;
+  const auto prompt = long_prompt(9);
+  auto id = setup.decode().submit({prompt, greedy(6)}, collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
+  EXPECT_EQ(setup.calls.load(), 1);
+  EXPECT_EQ(out.back().usage.cached_prompt_tokens, 40);  // all 10 shareable blocks pushed
+  auto m = metrics_when(setup.decode(),
+                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  EXPECT_EQ(m.kv_pool.handoff_blocks, 10);
+  EXPECT_EQ(m.kv_pool_hit_tokens, 40);
+  EXPECT_EQ(m.scheduler.num_used_blocks, 0);  // reservations released into the prefix cache
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 10);
+  EXPECT_EQ(setup.receiver().counters().transfers_complete, 1);
+  auto p = metrics_when(setup.prefill(), [](const auto& s) { return s.kv_pool.pushes >= 1; });
+  EXPECT_EQ(p.kv_pool.pushes, 1);
+  EXPECT_EQ(p.kv_pool.push_blocks, 10);
+  EXPECT_EQ(p.kv_pool.push_failures, 0);
+
+  // A prompt sharing the first 5 blocks: only the other 5 are reserved and pushed.
+  auto shared = prompt;
+  for (size_t i = 20; i < shared.size(); ++i) shared[i] = static_cast<TokenId>((shared[i] + 7) % kVocab);
+  auto id2 = setup.decode().submit({shared, greedy(3)}, collector.sink());
+  auto out2 = collector.wait(*id2);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(tokens_of(out2), reference_generate(shared, 3, kVocab, std::nullopt));
+  EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 40);
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 15);
+}
+
+TEST(EngineKvPoolTest, MissingOrFailedPushIsComputedLocallyAndFreesTheReservation) {
+  DirectHandoff setup(std::chrono::milliseconds(200));
+  Collector collector;
+  // The prefill instance answers but never pushes: the decode engine waits handoff_wait,
+  // then computes the prompt itself.
+  setup.withhold_push = true;
+  const auto prompt = long_prompt(11);
+  auto id = setup.decode().submit({prompt, greedy(4)}, collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 4, kVocab, std::nullopt));
+  EXPECT_EQ(out.back().usage.cached_prompt_tokens, 0);
+  // A prefill instance that fails: the same, counted as a failure.
+  setup.withhold_push = false;
+  setup.fail = true;
+  const auto other = long_prompt(12);
+  auto id2 = setup.decode().submit({other, greedy(4)}, collector.sink());
+  auto out2 = collector.wait(*id2);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(tokens_of(out2), reference_generate(other, 4, kVocab, std::nullopt));
+  auto m = metrics_when(setup.decode(),
+                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  EXPECT_EQ(m.kv_pool.remote_prefill_failures, 1);
+  EXPECT_EQ(m.kv_pool.handoff_blocks, 0);
+  EXPECT_EQ(m.scheduler.num_used_blocks, 0);  // nothing reserved is left behind
+  EXPECT_EQ(setup.receiver().counters().transfers, 2);
+}
+
+TEST(EngineKvPoolTest, AbortWhileTheHandoffRunsFreesTheReservedBlocksAfterwards) {
+  DirectHandoff setup;
+  setup.delay = std::chrono::milliseconds(300);
+  Collector collector;
+  auto id = setup.decode().submit({long_prompt(13), greedy(4)}, collector.sink());
+  ASSERT_TRUE(id.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The blocks are reserved while the prefill runs...
+  EXPECT_EQ(setup.decode().metrics().scheduler.num_used_blocks, 10);
+  setup.decode().abort(*id);
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.back().choices.back().finish_reason, FinishReason::kAbort);
+  // ...and stay reserved until the transfer is closed, then go back to the free list.
+  auto m = metrics_when(setup.decode(), [&](const auto& s) {
+    return s.scheduler.num_used_blocks == 0 && setup.receiver().counters().transfers_complete == 1;
+  });
+  EXPECT_EQ(m.scheduler.num_used_blocks, 0);
+  // The engine still works, and the pushed-then-abandoned blocks were not published.
+  const auto prompt = long_prompt(13);
+  auto again = setup.decode().submit({prompt, greedy(4)}, collector.sink());
+  auto out2 = collector.wait(*again);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(tokens_of(out2), reference_generate(prompt, 4, kVocab, std::nullopt));
 }
 
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {

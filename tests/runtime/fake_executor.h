@@ -192,6 +192,12 @@ class FakeExecutor final : public Executor {
     return ok_status();
   }
 
+  std::span<std::byte> kv_block_memory(int32_t block) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (block < 0 || slot(block, 0) + block_size_ > slots_.size()) return {};
+    return {reinterpret_cast<std::byte*>(&slots_[slot(block, 0)]), kv_block_bytes()};
+  }
+
   int64_t num_steps() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return num_steps_;
