@@ -201,6 +201,25 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
                 static_cast<double>(p.remote_prefill_failures));
     out.counter("peerserve:kv_pool_remote_prefill_seconds_total",
                 "Time spent waiting for remote prefills.", labels, p.remote_prefill_seconds_total);
+    out.counter("peerserve:kv_handoff_blocks_total",
+                "KV blocks prefill instances pushed straight into blocks reserved here "
+                "(--role decode).",
+                labels, static_cast<double>(p.handoff_blocks));
+    out.counter("peerserve:kv_handoff_bytes_total", "Bytes of those blocks.", labels,
+                static_cast<double>(p.handoff_bytes));
+    out.counter("peerserve:kv_handoff_seconds_total",
+                "Time from asking a prefill instance to the last pushed block received.", labels,
+                p.handoff_seconds_total);
+    out.counter("peerserve:kv_push_total",
+                "Prompt KV hand-offs pushed to decode instances (--role prefill).", labels,
+                static_cast<double>(p.pushes));
+    out.counter("peerserve:kv_push_blocks_total", "KV blocks decode instances accepted.", labels,
+                static_cast<double>(p.push_blocks));
+    out.counter("peerserve:kv_push_bytes_total", "Bytes of those blocks.", labels,
+                static_cast<double>(p.push_bytes));
+    out.counter("peerserve:kv_push_failures_total",
+                "Pushed KV blocks refused or not delivered (the decode instance computes them).",
+                labels, static_cast<double>(p.push_failures));
     out.histogram("peerserve:kv_pool_load_seconds",
                   "Time a request waited for its caching-pool lookup.", labels,
                   m.kv_pool_load_latency);

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 from serve_harness import stop_all  # same folder: the processes' teardown
@@ -149,7 +150,25 @@ def same_as_all_in_one():
     assert metric(decode_port, "peerserve:prefill_instance_up") == 1
     assert metric(decode_port, "peerserve:prefill_instance_seconds_total") > 0
     hits = metric(decode_port, "peerserve:kv_pool_hit_tokens_total")
-    assert hits and hits > 0, f"decode loaded {hits} tokens from the pool"
+    assert hits and hits > 0, f"decode reused {hits} handed-over tokens"
+    # The KV came by the direct push into reserved blocks, not through the pool.
+    received = metric(decode_port, "peerserve:kv_handoff_blocks_total")
+    pushed = metric(prefill_port, "peerserve:kv_push_blocks_total")
+    assert received and received * 16 == hits, f"{received} blocks pushed for {hits} tokens"
+    assert pushed == received, f"prefill pushed {pushed} blocks, decode received {received}"
+    assert metric(prefill_port, "peerserve:kv_push_failures_total") == 0
+
+
+def push_refused_outside_prefill_role():
+    body = {"model": "peerserve-dsv3-tiny", "prompt": [1, 2, 3], "max_tokens": 1,
+            "peerserve_kv_push": {"endpoint": "127.0.0.1:9", "transfer": "handoff-x-1"}}
+    try:
+        post(ref_port, "/v1/completions", body)
+    except urllib.error.HTTPError as e:
+        error = json.load(e)["error"]
+        assert e.code == 400 and error["param"] == "peerserve_kv_push", error
+        return
+    raise AssertionError("an all-in-one server accepted peerserve_kv_push")
 
 
 def mismatched_pair_refused():
@@ -186,6 +205,8 @@ def prefill_killed():
 try:
     case("prefill + decode give the all-in-one server's tokens (completions, chat, streams)",
          same_as_all_in_one)
+    case("only a prefill instance pushes KV (peerserve_kv_push elsewhere is a 400)",
+         push_refused_outside_prefill_role)
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
     case("prefill instance killed: the decode instance prefills locally", prefill_killed)
 finally:

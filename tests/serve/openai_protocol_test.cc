@@ -115,6 +115,57 @@ TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
   EXPECT_NE(e->message.find("JSON object"), std::string::npos);
 }
 
+TEST(OpenAiProtocolTest, KvPushTargetIsParsedAndChecked) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": [1, 2, 3], "peerserve_kv_push": {"endpoint": "10.0.0.7:4100",
+          "transfer": "handoff-ab12-7", "first_block": 3}})",
+      &r));
+  ASSERT_TRUE(r.kv_push.has_value());
+  EXPECT_EQ(r.kv_push->endpoint, "10.0.0.7:4100");
+  EXPECT_EQ(r.kv_push->transfer, "handoff-ab12-7");
+  EXPECT_EQ(r.kv_push->first_block, 3);
+  CompletionRequest none;
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1]})", &none));
+  EXPECT_FALSE(none.kv_push.has_value());
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt": [1], "peerserve_kv_push": 5})", "peerserve_kv_push"},
+      {R"({"prompt": [[1], [2]], "peerserve_kv_push": {"endpoint": "h:1", "transfer": "t"}})",
+       "peerserve_kv_push"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"transfer": "t"}})", "peerserve_kv_push.endpoint"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h", "transfer": "t"}})",
+       "peerserve_kv_push.endpoint"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:0", "transfer": "t"}})",
+       "peerserve_kv_push.endpoint"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:99999", "transfer": "t"}})",
+       "peerserve_kv_push.endpoint"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": ":80", "transfer": "t"}})",
+       "peerserve_kv_push.endpoint"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80", "transfer": "a/b"}})",
+       "peerserve_kv_push.transfer"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80"}})",
+       "peerserve_kv_push.transfer"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80", "transfer": "t",
+          "first_block": -1}})",
+       "peerserve_kv_push.first_block"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80", "transfer": "t",
+          "first_block": 1e12}})",
+       "peerserve_kv_push.first_block"},
+  };
+  for (const Case& c : cases) {
+    CompletionRequest bad;
+    auto e = parse_completion(c.body, &bad);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400) << c.body;
+    ASSERT_TRUE(e->param.has_value()) << c.body;
+    EXPECT_EQ(*e->param, c.param) << c.body << " -> " << e->message;
+  }
+}
+
 TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
   ChatRequest r;
   auto e = parse_chat(R"({"messages": [
