@@ -738,8 +738,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_option("--role", cli->role,
                   "all: everything in this process; prefill: compute prompts for decode "
-                  "instances (their KV goes to the pool); decode: have --prefill instances "
-                  "compute prompts missing from the pool, then generate (both need --kv-pool); "
+                  "instances (their KV is pushed into the decode instance's reserved blocks "
+                  "and stored in the pool); decode: have --prefill instances compute prompts "
+                  "missing from the pool, then generate (both need --kv-pool); "
                   "router: no model, the OpenAI front end over --decode instances (least "
                   "loaded, health-checked; docs/disaggregation.md)")
       ->check(CLI::IsMember({"all", "prefill", "decode", "router"}))

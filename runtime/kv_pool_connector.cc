@@ -227,7 +227,9 @@ void KvPoolConnector::run_pushes() {
       keys.push_back(PoolKey{push.target.transfer, push.hashes[i]});
       spans.emplace_back(push.blocks[i]);
     }
-    const std::vector<Status> sent = client->second->put(keys, spans, PoolClock::now() + options_.timeout);
+    const auto started = PoolClock::now();
+    const std::vector<Status> sent = client->second->put(keys, spans, started + options_.timeout);
+    const double seconds = std::chrono::duration<double>(PoolClock::now() - started).count();
     int64_t accepted = 0;
     for (const Status& s : sent) accepted += s.ok() ? 1 : 0;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -235,6 +237,7 @@ void KvPoolConnector::run_pushes() {
     counters_.push_blocks += accepted;
     counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);
     counters_.push_failures += static_cast<int64_t>(push.hashes.size()) - accepted;
+    counters_.push_seconds_total += seconds;
   }
 }
 

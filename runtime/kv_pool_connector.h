@@ -77,6 +77,7 @@ struct KvPoolCounters {
   int64_t push_blocks = 0;     // blocks they accepted
   int64_t push_bytes = 0;
   int64_t push_failures = 0;   // blocks refused or not delivered
+  double push_seconds_total = 0;  // time in the pushes' block-stream calls
   int64_t handoff_blocks = 0;  // decode role: blocks pushed straight into KV blocks
   int64_t handoff_bytes = 0;
   double handoff_seconds_total = 0;  // from the prefill call to the last block received

@@ -217,6 +217,9 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
                 static_cast<double>(p.push_blocks));
     out.counter("peerserve:kv_push_bytes_total", "Bytes of those blocks.", labels,
                 static_cast<double>(p.push_bytes));
+    out.counter("peerserve:kv_push_seconds_total",
+                "Time spent sending them (block-stream calls to decode instances).", labels,
+                p.push_seconds_total);
     out.counter("peerserve:kv_push_failures_total",
                 "Pushed KV blocks refused or not delivered (the decode instance computes them).",
                 labels, static_cast<double>(p.push_failures));

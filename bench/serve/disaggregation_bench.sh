@@ -60,7 +60,26 @@ taskset -c 0 "$bin" serve --role router --decode "127.0.0.1:$decode_port" --port
   >"$out/router.log" 2>&1 &
 pids+=($!); wait_for "$out/router.log" "role router"
 for c in 8 32; do bench 1P1D+router "$router_port" "$c" 1000; done
+# The KV hand-off of those runs: what the prefill instance pushed straight into the decode
+# instance's reserved blocks, against raw TCP loopback measured right after (same machine).
+scrape() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m"({|$)" {print $2; exit}'; }
+pushes=$(scrape "$prefill_port" peerserve:kv_push_total)
+push_bytes=$(scrape "$prefill_port" peerserve:kv_push_bytes_total)
+push_seconds=$(scrape "$prefill_port" peerserve:kv_push_seconds_total)
+push_failures=$(scrape "$prefill_port" peerserve:kv_push_failures_total)
+received=$(scrape "$decode_port" peerserve:kv_handoff_bytes_total)
 cleanup; pids=()
+tcp=$("$build/bench/cache/peerserve_bench_cache_pool" --repeats 3 | awk '/TCP loopback, 1 MiB/ {print $(NF-1)}')
+python3 - "$pushes" "$push_bytes" "$push_seconds" "$push_failures" "$received" "$tcp" <<'PY'
+import sys
+pushes, nbytes, seconds, failures, received, tcp = map(float, sys.argv[1:])
+per = nbytes / pushes
+gbs = nbytes / seconds / 1e9
+print(f"KV hand-off: {pushes:.0f} pushes, {per / 1e6:.2f} MB and {seconds / pushes * 1e3:.2f} ms "
+      f"per request, {gbs:.2f} GB/s = {gbs / tcp:.2f}x raw TCP loopback ({tcp:.2f} GB/s); "
+      f"{failures:.0f} blocks refused; decode received {received / 1e6:.1f} of "
+      f"{nbytes / 1e6:.1f} MB pushed")
+PY
 
 # All-in-one on both cores (the bench client floats).
 pin_client=""

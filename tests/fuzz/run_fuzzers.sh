@@ -45,7 +45,8 @@ PY
 mkdir -p objects
 text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
               "$src/serve/openai_protocol.cc" "$src/serve/tool_call_parser.cc"
-              "$src/base/status.cc" "$src/base/check.cc")
+              "$src/kv/kv_namespace.cc" "$src/kv/kv_layout.cc" "$src/kv/prefix_hash.cc"
+              "$src/tensor/dtype.cc" "$src/base/status.cc" "$src/base/check.cc")
 objects=()
 pids=()
 max_jobs=$(nproc)
