@@ -254,25 +254,36 @@ void Engine::admit(Pending pending) {
     if (local < static_cast<int64_t>(chain.size())) {
       const RequestId id = pending.id;
       std::vector<BlockHash> missing(chain.begin() + local, chain.end());
-      Loading loading{std::move(pending), std::move(chain), local, {}};
+      const size_t full = missing.size();
+      // The partial block after the full ones comes along when one sequence will use it.
+      const bool want_tail = (prompt.size() - 1) % static_cast<size_t>(bs) != 0 &&
+                             pending.request.params.n == 1;
+      Loading loading{std::move(pending), std::move(chain), local, {}, {}};
       std::vector<std::span<std::byte>> destinations;
+      std::span<std::byte> tail_destination;
       if (options_.kv_pool_options.handoff) {
         // Direct: the blocks are reserved now and written in place by the connector (pool
         // hits) or the hand-off receiver (a prefill instance's push); no staging copy.
         loading.reservation = scheduler_->reserve_blocks(
             std::span<const BlockHash>(loading.chain).first(static_cast<size_t>(local)),
-            static_cast<int64_t>(missing.size()));
+            static_cast<int64_t>(full) + (want_tail ? 1 : 0));
+        if (want_tail && loading.reservation.fresh.size() == full + 1) {
+          loading.tail_block = loading.reservation.fresh.back();
+          loading.reservation.fresh.pop_back();
+          tail_destination = executor_->kv_block_memory(*loading.tail_block);
+        }
         for (BlockId block : loading.reservation.fresh) {
           destinations.push_back(executor_->kv_block_memory(block));
         }
         missing.resize(destinations.size());
         if (missing.empty()) {  // no free block to receive into: compute it here
+          release_reserved_tail(loading);
           admit_now(std::move(loading.pending));
           return;
         }
       }
       connector_->start_load(id, std::move(missing), loading.pending.request.prompt_tokens, local,
-                             std::move(destinations));
+                             std::move(destinations), tail_destination);
       loading_.emplace(id, std::move(loading));
       return;
     }
@@ -284,6 +295,7 @@ void Engine::finish_loads() {
   for (KvPoolConnector::Loaded& loaded : connector_->take_loaded()) {
     if (auto orphan = orphaned_reservations_.find(loaded.request);
         orphan != orphaned_reservations_.end()) {
+      // (Its tail block, if any, is part of it.)
       // Aborted while loading: nobody writes its blocks any more; free them.
       (void)scheduler_->commit_reservation(orphan->second, {}, 0);
       orphaned_reservations_.erase(orphan);
@@ -296,10 +308,17 @@ void Engine::finish_loads() {
     int64_t adopted = 0;
     if (!loading.reservation.fresh.empty()) {
       std::span<const BlockHash> chain(loading.chain);
+      const auto num_full = static_cast<int64_t>(loading.reservation.fresh.size());
       adopted = scheduler_->commit_reservation(
           loading.reservation,
           chain.subspan(static_cast<size_t>(loading.local_blocks), loading.reservation.fresh.size()),
           loaded.landed);
+      // The pushed partial block is the sequence's, if everything before it arrived too.
+      if (loading.tail_block && loaded.tail_landed && adopted == num_full) {
+        loading.pending.prefilled_tail = loading.tail_block;
+        loading.tail_block.reset();
+      }
+      release_reserved_tail(loading);
     } else if (!loaded.blocks.empty()) {
       std::span<const BlockHash> chain(loading.chain);
       adopted = scheduler_->adopt_blocks(
@@ -316,6 +335,12 @@ void Engine::finish_loads() {
     });
     admit_now(std::move(loading.pending));
   }
+}
+
+void Engine::release_reserved_tail(Loading& loading) {
+  if (!loading.tail_block) return;
+  (void)scheduler_->commit_reservation({{}, {*loading.tail_block}}, {}, 0);
+  loading.tail_block.reset();
 }
 
 void Engine::store_published_blocks() {
@@ -352,11 +377,25 @@ void Engine::push_computed_prompts(const StepPlan& plan) {
     const KvPushTarget& target = *request.request.kv_push;
     std::vector<BlockHash> hashes;
     std::vector<std::vector<std::byte>> blocks;
+    bool complete = true;
     for (size_t i = static_cast<size_t>(target.first_block); i < end; ++i) {
       std::vector<std::byte> bytes(connector_->block_bytes());
-      if (!executor_->read_kv_block(chunk.block_table[i], bytes).ok()) break;
+      if (!executor_->read_kv_block(chunk.block_table[i], bytes).ok()) {
+        complete = false;
+        break;
+      }
       hashes.push_back(chain[i]);
       blocks.push_back(std::move(bytes));
+    }
+    // The partial block holding the prompt's last full-block remainder.
+    const size_t tail = (prompt.size() - 1) / static_cast<size_t>(bs);
+    if (target.tail && complete && (prompt.size() - 1) % static_cast<size_t>(bs) != 0 &&
+        tail < chunk.block_table.size()) {
+      std::vector<std::byte> bytes(connector_->block_bytes());
+      if (executor_->read_kv_block(chunk.block_table[tail], bytes).ok()) {
+        hashes.push_back(kPrefilledTailHash);
+        blocks.push_back(std::move(bytes));
+      }
     }
     if (!hashes.empty()) connector_->push(target, std::move(hashes), std::move(blocks));
   }
@@ -382,6 +421,12 @@ void Engine::admit_now(Pending pending) {
     spec.seed = base_seed + static_cast<uint64_t>(i);
     spec.stop_token_ids = params.stop_token_ids;
     if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
+    if (i == 0 && pending.prefilled_tail) {
+      spec.prefilled_tail_block = pending.prefilled_tail;
+      spec.prefilled_tail_tokens = static_cast<int32_t>(
+          (spec.prompt_tokens.size() - 1) % static_cast<size_t>(options_.scheduler.block_pool.block_size));
+      pending.prefilled_tail.reset();  // the scheduler owns it now, whatever add() says
+    }
     if (spec.sampling.min_tokens > 0) {
       // Until min_tokens are out, the tokens that would end the choice cannot be drawn.
       spec.sampling.suppressed_until_min_tokens = spec.stop_token_ids;
@@ -627,7 +672,9 @@ void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
     // may still be written into; they are freed when the lookup comes back.
     Pending pending = std::move(loading->second.pending);
     if (!loading->second.reservation.fresh.empty()) {
-      orphaned_reservations_.emplace(id, std::move(loading->second.reservation));
+      Scheduler::Reservation& reserved = loading->second.reservation;
+      if (loading->second.tail_block) reserved.fresh.push_back(*loading->second.tail_block);
+      orphaned_reservations_.emplace(id, std::move(reserved));
     }
     loading_.erase(loading);
     RequestOutput out;

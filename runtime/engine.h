@@ -128,14 +128,18 @@ class Engine final : public EngineClient {
     EngineRequest request;
     OutputSink sink;
     double arrival_time;
+    // A pushed partial prompt block for choice 0 (SequenceSpec::prefilled_tail_block).
+    std::optional<BlockId> prefilled_tail = std::nullopt;
   };
   // A request waiting for its pool lookup before it is admitted.
   struct Loading {
     Pending pending;
     std::vector<BlockHash> chain;  // the prompt's full blocks that may be shared
     int64_t local_blocks = 0;      // of which cached locally when the lookup started
-    // Direct loads: the blocks the missing ones are written into (chain[local_blocks...]).
+    // Direct loads: the blocks the missing ones are written into (chain[local_blocks...]),
+    // and a block for the prompt's partial last block, if a prefill instance is to push it.
     Scheduler::Reservation reservation;
+    std::optional<BlockId> tail_block;
   };
 
   Engine(const EngineOptions& options, std::unique_ptr<Scheduler> scheduler,
@@ -149,6 +153,8 @@ class Engine final : public EngineClient {
   void finish_loads();
   // Hands the blocks published by the last step to the pool.
   void store_published_blocks();
+  // Frees loading.tail_block, if still held.
+  void release_reserved_tail(Loading& loading);
   // Prefill role: pushes the KV of prompts the step completed to the decode instances that
   // asked for it (EngineRequest::kv_push).
   void push_computed_prompts(const StepPlan& plan);

@@ -32,7 +32,8 @@ KvPoolConnector::~KvPoolConnector() {
 
 void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashes,
                                  std::vector<TokenId> prompt, int64_t first_block,
-                                 std::vector<std::span<std::byte>> destinations) {
+                                 std::vector<std::span<std::byte>> destinations,
+                                 std::span<std::byte> tail_destination) {
   if (static_cast<int64_t>(hashes.size()) > options_.max_blocks_per_load) {
     hashes.resize(static_cast<size_t>(options_.max_blocks_per_load));
   }
@@ -40,7 +41,8 @@ void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashe
   {
     std::lock_guard<std::mutex> lock(mutex_);
     jobs_.push_back(Job{request, std::move(hashes), std::move(prompt), first_block,
-                        std::move(destinations), std::chrono::steady_clock::now()});
+                        std::move(destinations), tail_destination,
+                        std::chrono::steady_clock::now()});
   }
   wake_.notify_one();
 }
@@ -83,7 +85,7 @@ void KvPoolConnector::run() {
         const auto started = std::chrono::steady_clock::now();
         remote = 1;
         bool failed = false;
-        hits = remote_prefill(job, hits, places, &failed);
+        hits = remote_prefill(job, hits, places, &failed, &loaded.tail_landed);
         remote_failed = failed ? 1 : 0;
         remote_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -130,24 +132,32 @@ size_t KvPoolConnector::lookup(const std::vector<BlockHash>& hashes, size_t from
 
 size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
                                        const std::vector<std::span<std::byte>>& places,
-                                       bool* failed) {
+                                       bool* failed, bool* tail_landed) {
   const auto started = std::chrono::steady_clock::now();
   if (options_.handoff && !job.destinations.empty()) {
-    // Direct: the prefill instance pushes the missing blocks into the reserved KV blocks.
-    const std::string name = options_.handoff->open(
-        std::vector<BlockHash>(job.hashes.begin() + static_cast<std::ptrdiff_t>(hits),
-                               job.hashes.end()),
-        std::vector<std::span<std::byte>>(places.begin() + static_cast<std::ptrdiff_t>(hits),
-                                          places.end()));
+    // Direct: the prefill instance pushes the missing blocks into the reserved KV blocks
+    // (the partial block last, so it counts only when everything before it arrived).
+    std::vector<BlockHash> expected(job.hashes.begin() + static_cast<std::ptrdiff_t>(hits),
+                                    job.hashes.end());
+    std::vector<std::span<std::byte>> into(places.begin() + static_cast<std::ptrdiff_t>(hits),
+                                           places.end());
+    const size_t num_full = expected.size();
+    if (!job.tail.empty()) {
+      expected.push_back(kPrefilledTailHash);
+      into.push_back(job.tail);
+    }
+    const std::string name = options_.handoff->open(std::move(expected), std::move(into));
     const KvPushTarget target{options_.handoff_endpoint, name,
-                              job.first_block + static_cast<int64_t>(hits)};
+                              job.first_block + static_cast<int64_t>(hits), !job.tail.empty()};
     const bool ok = options_.remote_prefill(job.prompt, &target).ok();
     // The push starts before the prefill instance answers; it may still be in flight.
     if (ok) {
       (void)options_.handoff->wait(name, std::chrono::steady_clock::now() + options_.handoff_wait);
     }
     // After close() nobody writes these blocks; the ones not received are recomputed here.
-    const size_t landed = options_.handoff->close(name);
+    size_t landed = options_.handoff->close(name);
+    *tail_landed = !job.tail.empty() && landed == num_full + 1;
+    landed = std::min(landed, num_full);
     *failed = !ok;
     std::lock_guard<std::mutex> lock(mutex_);
     counters_.handoff_blocks += static_cast<int64_t>(landed);

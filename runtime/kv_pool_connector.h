@@ -91,7 +91,8 @@ class KvPoolConnector {
     // load's destinations (`landed` of them) for a direct one.
     std::vector<std::vector<std::byte>> blocks;
     int64_t landed = 0;
-    double seconds = 0;  // how long the lookup took
+    bool tail_landed = false;  // the prompt's partial block arrived in its destination
+    double seconds = 0;        // how long the lookup took
   };
 
   // `store` must outlive the connector. `on_loaded` wakes the engine (a load finished).
@@ -104,9 +105,12 @@ class KvPoolConnector {
   // Queues a lookup of `hashes` (consecutive chain blocks, starting at block `first_block`
   // of the prompt's chain) for `request`, whose prompt is `prompt` (used only for a remote
   // prefill). With `destinations` (one per hash, memory nobody else touches until the load
-  // is taken back), blocks are written there (a direct load) instead of into buffers.
+  // is taken back), blocks are written there (a direct load) instead of into buffers; a
+  // prefill instance then also pushes the prompt's partial block into `tail_destination`
+  // when there is one.
   void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt,
-                  int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {});
+                  int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {},
+                  std::span<std::byte> tail_destination = {});
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
   // Writes blocks[i] under hashes[i] in the background (best effort).
@@ -127,6 +131,7 @@ class KvPoolConnector {
     std::vector<TokenId> prompt;
     int64_t first_block = 0;
     std::vector<std::span<std::byte>> destinations;  // empty: staged
+    std::span<std::byte> tail;                       // empty: none
     std::chrono::steady_clock::time_point queued;
   };
   void run();
@@ -137,7 +142,7 @@ class KvPoolConnector {
   // Has a prefill instance compute the job's prompt and fills places[hits, end) with what it
   // pushes (direct) or stores in the pool. Returns the new end of the leading run.
   size_t remote_prefill(const Job& job, size_t hits, const std::vector<std::span<std::byte>>& places,
-                        bool* failed);
+                        bool* failed, bool* tail_landed);
   void reap_stores(bool wait);
 
   std::shared_ptr<KvBlockStore> store_;

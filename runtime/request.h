@@ -54,7 +54,14 @@ struct KvPushTarget {
   std::string endpoint;  // host:port of the receiver's block stream
   std::string transfer;  // the name (pool tenant) of the transfer there
   int64_t first_block = 0;
+  // Also push the partial block after them (prompt tokens - 1 not a multiple of the block
+  // size), under kPrefilledTailHash.
+  bool tail = false;
 };
+
+// The key a prompt's partial last block is pushed under (full blocks go under their chain
+// hashes; within one transfer nothing else uses this value).
+inline constexpr uint64_t kPrefilledTailHash = 0;
 
 struct EngineRequest {
   std::vector<TokenId> prompt_tokens;

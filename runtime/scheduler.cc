@@ -112,12 +112,27 @@ Scheduler::Scheduler(const SchedulerOptions& options, BlockPool pool)
     : options_(options), pool_(std::move(pool)) {}
 
 Status Scheduler::add(SequenceSpec spec) {
-  PS_RETURN_IF_ERROR(check_sequence_fits(options_, static_cast<int64_t>(spec.prompt_tokens.size()),
-                                         spec.max_tokens));
+  if (spec.prefilled_tail_block) {
+    // Ours from here on: released on every error below, or if it does not fit the prompt.
+    const int64_t bs = pool_.block_size();
+    const int64_t n = static_cast<int64_t>(spec.prompt_tokens.size());
+    if (n < 1 || spec.prefilled_tail_tokens < 1 || spec.prefilled_tail_tokens != (n - 1) % bs ||
+        !pool_.prefix_caching_enabled()) {
+      drop_prefilled_tail(spec);
+    }
+  }
+  if (Status fits = check_sequence_fits(options_, static_cast<int64_t>(spec.prompt_tokens.size()),
+                                        spec.max_tokens);
+      !fits.ok()) {
+    drop_prefilled_tail(spec);
+    return fits;
+  }
   if (sequences_.count(spec.id)) {
+    drop_prefilled_tail(spec);
     return invalid_argument("sequence id " + std::to_string(spec.id) + " is already queued");
   }
   if (static_cast<int32_t>(waiting_.size()) >= options_.max_waiting_seqs) {
+    drop_prefilled_tail(spec);
     return resource_exhausted("the waiting queue is full (" +
                               std::to_string(options_.max_waiting_seqs) +
                               " requests); retry later");
@@ -256,21 +271,37 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
                                       std::min(max_hit_blocks, seq.block_hashes.size()));
     shared = pool_.match_prefix(lookup);
   }
-  const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs;
+  // A prefilled partial block continues the prompt's full blocks only if all of them hit.
+  int64_t tail_tokens = 0;
+  if (seq.spec.prefilled_tail_block) {
+    const bool usable = !seq.admitted_once && seq.num_tokens() == seq.num_prompt_tokens() &&
+                        static_cast<int64_t>(shared.size()) == (seq.num_tokens() - 1) / bs;
+    if (usable) {
+      tail_tokens = seq.spec.prefilled_tail_tokens;
+    } else {
+      drop_prefilled_tail(seq.spec);
+    }
+  }
+  const int64_t num_shared = static_cast<int64_t>(shared.size()) + (tail_tokens > 0 ? 1 : 0);
+  const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs + tail_tokens;
   const int64_t num_new =
       std::min(seq.num_tokens() - num_hit, capped_budget(budget, !running_.empty()));
   seq.drafts.clear();
   seq.num_computed_tokens = num_hit;
-  const int64_t need =
-      blocks_for(tokens_to_cover(seq, num_new, 0), bs) - static_cast<int64_t>(shared.size());
+  const int64_t need = blocks_for(tokens_to_cover(seq, num_new, 0), bs) - num_shared;
   auto allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
   if (!allocation) {
-    seq.num_computed_tokens = 0;  // still waiting, with no KV
+    seq.num_computed_tokens = 0;  // still waiting, with no KV (a prefilled tail kept)
     return false;
   }
   std::vector<BlockId> fresh = pool_.commit(*allocation);
 
   seq.block_table = std::move(shared);
+  if (tail_tokens > 0) {
+    seq.block_table.push_back(*seq.spec.prefilled_tail_block);  // its reference moves here
+    seq.spec.prefilled_tail_block.reset();
+    seq.spec.prefilled_tail_tokens = 0;
+  }
   seq.block_table.insert(seq.block_table.end(), fresh.begin(), fresh.end());
   seq.num_computed_tokens = num_hit;
   seq.num_published_blocks = num_hit / bs;
@@ -402,6 +433,14 @@ void Scheduler::publish_computed_blocks(Sequence& seq) {
   seq.num_published_blocks = std::max(seq.num_published_blocks, num_full);
 }
 
+void Scheduler::drop_prefilled_tail(SequenceSpec& spec) {
+  if (!spec.prefilled_tail_block) return;
+  const BlockId block = *spec.prefilled_tail_block;
+  pool_.release({&block, 1});
+  spec.prefilled_tail_block.reset();
+  spec.prefilled_tail_tokens = 0;
+}
+
 void Scheduler::release_blocks(Sequence& seq) {
   // Last block first: the tail of the free list is reused last, so the prefix stays cached
   // longest.
@@ -425,6 +464,7 @@ void Scheduler::preempt(Sequence& seq) {
 
 void Scheduler::remove(Sequence& seq, FinishReason reason) {
   release_blocks(seq);
+  drop_prefilled_tail(seq.spec);
   if (seq.status == SequenceStatus::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), &seq));
   } else if (seq.status == SequenceStatus::kWaiting) {

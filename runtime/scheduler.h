@@ -195,6 +195,8 @@ class Scheduler {
   bool try_admit(Sequence& seq, int64_t budget, StepPlan* plan);
   void preempt(Sequence& seq);
   void release_blocks(Sequence& seq);
+  // Releases spec.prefilled_tail_block, if any.
+  void drop_prefilled_tail(SequenceSpec& spec);
   void publish_computed_blocks(Sequence& seq);
   void add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan);
   void remove(Sequence& seq, FinishReason reason);

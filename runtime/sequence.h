@@ -26,6 +26,13 @@ struct SequenceSpec {
   uint64_t seed = 0;  // resolved seed for the sampler
   std::vector<TokenId> stop_token_ids;
   std::optional<TokenId> eos_token_id;  // nullopt: never stop on EOS (ignore_eos)
+  // A KV block that already holds prompt tokens [F * block_size, F * block_size +
+  // prefilled_tail_tokens), F = (prompt tokens - 1) / block_size: the partial block a prefill
+  // instance pushed (runtime/kv_handoff_receiver.h). The caller holds one reference on it and
+  // hands it to the scheduler with add(), which uses it at the first admission when the F
+  // full blocks before it are all cached, and otherwise releases it.
+  std::optional<BlockId> prefilled_tail_block;
+  int32_t prefilled_tail_tokens = 0;
 };
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };

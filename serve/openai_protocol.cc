@@ -581,6 +581,13 @@ std::optional<ApiError> parse_kv_push(const json& push, CompletionRequest* out) 
     }
     target.first_block = static_cast<int64_t>(first->get<uint64_t>());
   }
+  const auto tail = push.find("tail");
+  if (tail != push.end()) {
+    if (!tail->is_boolean()) {
+      return bad_field(name + ".tail", "'" + name + ".tail' must be a boolean");
+    }
+    target.tail = tail->get<bool>();
+  }
   out->kv_push = std::move(target);
   return std::nullopt;
 }

@@ -62,7 +62,8 @@ struct CompletionRequest : CommonRequestFields {
   // One entry per prompt: text or token ids.
   std::vector<std::variant<std::string, std::vector<TokenId>>> prompts;
   // Prefill/decode hand-off (a decode instance asking a prefill instance; one prompt):
-  // "peerserve_kv_push": {"endpoint": "HOST:PORT", "transfer": NAME, "first_block": K}.
+  // "peerserve_kv_push": {"endpoint": "HOST:PORT", "transfer": NAME, "first_block": K,
+  // "tail": BOOL}.
   std::optional<KvPushTarget> kv_push;
 };
 

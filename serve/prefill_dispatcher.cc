@@ -150,7 +150,8 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
       if (push != nullptr) {
         body["peerserve_kv_push"] = {{"endpoint", push->endpoint},
                                      {"transfer", push->transfer},
-                                     {"first_block", push->first_block}};
+                                     {"first_block", push->first_block},
+                                     {"tail", push->tail}};
       }
       Result<HttpCallResult> reply =
           http_call(endpoint, "POST", "/v1/completions", body.dump(), timeout_);

@@ -394,6 +394,35 @@ TEST(EngineKvPoolTest, RemotePrefillPushesKvStraightIntoReservedBlocks) {
   EXPECT_EQ(setup.receiver().counters().blocks_received, 15);
 }
 
+TEST(EngineKvPoolTest, ThePartialLastBlockIsPushedTooSoOnlyTheLastTokenIsComputedHere) {
+  DirectHandoff setup;
+  Collector collector;
+  auto prompt = long_prompt(14);
+  prompt.push_back(3);
+  prompt.push_back(4);  // 43 tokens: 10 full blocks, then 2 tokens before the last one
+  auto id = setup.decode().submit({prompt, greedy(6)}, collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
+  EXPECT_EQ(out.back().usage.cached_prompt_tokens, 42);
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 11);
+  auto m = metrics_when(setup.decode(),
+                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  EXPECT_EQ(m.kv_pool.handoff_blocks, 10);  // full blocks (the partial one is not counted)
+  EXPECT_EQ(m.scheduler.num_used_blocks, 0);
+  // With n = 2 the partial block is not pushed (both choices would write into it).
+  GenerationParams two = greedy(3);
+  two.n = 2;
+  auto other = long_prompt(15);
+  other.push_back(5);
+  other.push_back(6);
+  auto id2 = setup.decode().submit({other, two}, collector.sink());
+  auto out2 = collector.wait(*id2);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 40);
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 21);
+}
+
 TEST(EngineKvPoolTest, MissingOrFailedPushIsComputedLocallyAndFreesTheReservation) {
   DirectHandoff setup(std::chrono::milliseconds(200));
   Collector collector;

@@ -305,6 +305,70 @@ TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
   EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
 }
 
+// A prefill instance's pushed partial block (SequenceSpec::prefilled_tail_block): used only
+// at the first admission right after all the prompt's full blocks, otherwise released;
+// never leaked.
+TEST(SchedulerTest, PrefilledTailBlockIsUsedOnlyAfterAllItsFullBlocks) {
+  auto s = make(small_options(32));
+  FakeExecutor ex(32, 4, kVocab);
+  std::mt19937 rng(5);
+  const std::vector<TokenId> prompt = random_tokens(rng, 10);  // 2 full blocks + 1 token
+  const auto want = reference_generate(prompt, 5, kVocab, std::nullopt);
+  auto tail_block = [&](bool right) {
+    // A reserved block holding the prompt's 9th token (wrong KV when !right).
+    const Scheduler::Reservation r = s->reserve_blocks({}, 1);
+    EXPECT_EQ(r.fresh.size(), 1u);
+    std::vector<int32_t> slots(4, -1);
+    slots[0] = right ? prompt[8] : (prompt[8] + 1) % kVocab;
+    EXPECT_TRUE(ex.write_kv_block(r.fresh[0], std::as_bytes(std::span<const int32_t>(slots))).ok());
+    return r.fresh[0];
+  };
+  auto with_tail = [&](SequenceId id, BlockId block, int32_t tokens = 1) {
+    SequenceSpec sp = spec(id, prompt, 5, std::nullopt);
+    sp.prefilled_tail_block = block;
+    sp.prefilled_tail_tokens = tokens;
+    return sp;
+  };
+  std::map<SequenceId, std::vector<TokenId>> out;
+  // Nothing cached before it: the block is released and the whole prompt computed.
+  ASSERT_TRUE(s->add(with_tail(1, tail_block(false))).ok());
+  StepPlan p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].start_pos, 0);
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  for (const auto& u : s->update(p, *r)) {
+    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+  }
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(out[1], want);
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+  // Both full blocks cached now: the tail is taken and only the last token is computed.
+  ASSERT_TRUE(s->add(with_tail(2, tail_block(true))).ok());
+  p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].start_pos, 9);
+  EXPECT_EQ(p.chunks[0].tokens.size(), 1u);
+  r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  for (const auto& u : s->update(p, *r)) {
+    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+    EXPECT_EQ(u.num_cached_prompt_tokens, 9);
+  }
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(out[2], want);  // the fake's KV is the tokens: a wrong tail would show here
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+  // A tail whose token count does not fit the prompt is released at add(); one finished while
+  // waiting, at finish().
+  ASSERT_TRUE(s->add(with_tail(3, tail_block(true), 2)).ok());
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(out[3], want);
+  ASSERT_TRUE(s->add(with_tail(4, tail_block(true))).ok());
+  EXPECT_EQ(s->stats().num_used_blocks, 1);
+  s->finish(4, FinishReason::kAbort);
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
 TEST(SchedulerTest, PublishesOnlyBlocksWhoseKvIsComputed) {
   SchedulerOptions o = small_options(64);
   o.max_num_batched_tokens = 6;

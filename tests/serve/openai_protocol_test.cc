@@ -119,12 +119,13 @@ TEST(OpenAiProtocolTest, KvPushTargetIsParsedAndChecked) {
   CompletionRequest r;
   ASSERT_FALSE(parse_completion(
       R"({"prompt": [1, 2, 3], "peerserve_kv_push": {"endpoint": "10.0.0.7:4100",
-          "transfer": "handoff-ab12-7", "first_block": 3}})",
+          "transfer": "handoff-ab12-7", "first_block": 3, "tail": true}})",
       &r));
   ASSERT_TRUE(r.kv_push.has_value());
   EXPECT_EQ(r.kv_push->endpoint, "10.0.0.7:4100");
   EXPECT_EQ(r.kv_push->transfer, "handoff-ab12-7");
   EXPECT_EQ(r.kv_push->first_block, 3);
+  EXPECT_TRUE(r.kv_push->tail);
   CompletionRequest none;
   ASSERT_FALSE(parse_completion(R"({"prompt": [1]})", &none));
   EXPECT_FALSE(none.kv_push.has_value());
@@ -155,6 +156,9 @@ TEST(OpenAiProtocolTest, KvPushTargetIsParsedAndChecked) {
       {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80", "transfer": "t",
           "first_block": 1e12}})",
        "peerserve_kv_push.first_block"},
+      {R"({"prompt": [1], "peerserve_kv_push": {"endpoint": "h:80", "transfer": "t",
+          "tail": 1}})",
+       "peerserve_kv_push.tail"},
   };
   for (const Case& c : cases) {
     CompletionRequest bad;
