@@ -495,9 +495,9 @@ void Engine::step(StepPlan plan) {
   if (plan.empty()) return;  // a lock-step dummy step
   std::vector<SequenceUpdate> updates = scheduler_->update(plan, *result);
   if (connector_) {
-    // Before the next step can reuse the blocks.
-    store_published_blocks();
+    // Before the next step can reuse the blocks; the push first (a decode instance waits).
     push_computed_prompts(plan);
+    store_published_blocks();
   }
   const double end = now();
   metrics_.update([&](EngineMetricsSnapshot& m) {

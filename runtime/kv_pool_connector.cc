@@ -186,6 +186,19 @@ size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
 void KvPoolConnector::store(std::vector<BlockHash> hashes,
                             std::vector<std::vector<std::byte>> blocks) {
   if (hashes.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pushing_ || !pushes_.empty()) {
+      pushes_.push_back(Push{{}, std::move(hashes), std::move(blocks), /*store_only=*/true});
+      push_wake_.notify_one();
+      return;
+    }
+  }
+  start_store(std::move(hashes), std::move(blocks));
+}
+
+void KvPoolConnector::start_store(std::vector<BlockHash> hashes,
+                                  std::vector<std::vector<std::byte>> blocks) {
   std::vector<PoolKey> keys;
   keys.reserve(hashes.size());
   for (BlockHash h : hashes) keys.push_back(PoolKey{options_.tenant, h});
@@ -216,6 +229,11 @@ void KvPoolConnector::run_pushes() {
       if (pushes_.empty()) return;  // stopping, and everything queued was sent
       push = std::move(pushes_.front());
       pushes_.pop_front();
+      pushing_ = !push.store_only;
+    }
+    if (push.store_only) {
+      start_store(std::move(push.hashes), std::move(push.blocks));
+      continue;
     }
     const std::string& endpoint = push.target.endpoint;
     auto client = push_clients_.find(endpoint);
@@ -243,6 +261,7 @@ void KvPoolConnector::run_pushes() {
     int64_t accepted = 0;
     for (const Status& s : sent) accepted += s.ok() ? 1 : 0;
     std::lock_guard<std::mutex> lock(mutex_);
+    pushing_ = false;
     ++counters_.pushes;
     counters_.push_blocks += accepted;
     counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);

@@ -113,7 +113,9 @@ class KvPoolConnector {
                   std::span<std::byte> tail_destination = {});
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
-  // Writes blocks[i] under hashes[i] in the background (best effort).
+  // Writes blocks[i] under hashes[i] in the background (best effort). Behind a pending push
+  // it waits for the push to finish: a decode instance waits for the push, nobody waits for
+  // the store, and on a shared core the two would slow each other down.
   void store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
   // Prefill role: sends blocks[i] (hash hashes[i]) to a decode instance's hand-off receiver
   // in the background, in order (the receiver keeps the leading run that arrived).
@@ -163,9 +165,13 @@ class KvPoolConnector {
     KvPushTarget target;
     std::vector<BlockHash> hashes;
     std::vector<std::vector<std::byte>> blocks;
+    bool store_only = false;  // a pool store queued behind pushes (see store())
   };
   void run_pushes();
+  // Hands blocks to the pool's background writes now.
+  void start_store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
   std::deque<Push> pushes_;  // guarded by mutex_
+  bool pushing_ = false;     // guarded by mutex_
   std::condition_variable push_wake_;
   // Clients per receiver endpoint (used by the pusher thread only).
   std::unordered_map<std::string, std::unique_ptr<BlockStreamClient>> push_clients_;

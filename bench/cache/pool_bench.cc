@@ -6,7 +6,8 @@
 //   grpc probe  the cache server's Probe RPC: Get-shaped replies of the same blocks, built
 //               without the store (the ceiling of Get over this transport), measured in
 //               rounds alternating with the gets it bounds
-// Pools measured: the in-process pool (`--kv-pool local`), the pool on loopback (an
+// Also the prefill->decode KV hand-off: blocks pushed over the block stream into a decode
+// instance's hand-off receiver (reserved KV memory). Pools measured: the in-process pool (`--kv-pool local`), the pool on loopback (an
 // in-process PoolServer on 127.0.0.1:0, or --server HOST:PORT) with blocks over its
 // block-stream port (the default data path) and over gRPC, and the SSD tier (DRAM too small
 // to hold the batch, so every get reads a checksummed file).
@@ -33,10 +34,13 @@
 #include <utility>
 #include <vector>
 
+#include "cache/block_stream_client.h"
+#include "cache/block_stream_server.h"
 #include "cache/grpc_pool_transport.h"
 #include "cache/pool_client.h"
 #include "cache/pool_server.h"
 #include "kv/kv_layout.h"
+#include "runtime/kv_handoff_receiver.h"
 
 namespace peerserve {
 namespace {
@@ -280,6 +284,42 @@ int run(const BenchOptions& o) {
   const PoolFigures ssd_figures = measure_pool(o, **ssd, block_bytes, "bench");
   std::filesystem::remove_all(ssd_dir);
 
+  // The prefill->decode hand-off (runtime/kv_handoff_receiver.h): a transfer of `batch` blocks
+  // (a 1,024-token mini prompt) opened, pushed over the block stream into reserved KV memory,
+  // closed — per call, as a decode instance does per request. The KV memory is touched once
+  // first, as a running instance's is.
+  double handoff_gbs = 0;
+  {
+    auto receiver = std::make_shared<KvHandoffReceiver>();
+    auto listening = BlockStreamServer::start(receiver, {});
+    if (!listening.ok()) return 1;
+    std::vector<std::byte> kv(block_bytes * static_cast<size_t>(o.batch), std::byte{1});
+    std::vector<std::vector<std::byte>> blocks(o.batch, std::vector<std::byte>(block_bytes));
+    std::vector<std::span<const std::byte>> views(blocks.begin(), blocks.end());
+    std::vector<BlockHash> hashes;
+    std::vector<std::span<std::byte>> places;
+    for (int b = 0; b < o.batch; ++b) {
+      hashes.push_back(0x2000 + static_cast<uint64_t>(b));
+      places.emplace_back(kv.data() + block_bytes * static_cast<size_t>(b), block_bytes);
+    }
+    BlockStreamClient pusher("127.0.0.1", (*listening)->port(), "hand-off receiver");
+    handoff_gbs = measure_gbs(o, block_bytes * o.batch, [&] {
+      const std::string name = receiver->open(hashes, places);
+      std::vector<PoolKey> keys;
+      for (BlockHash h : hashes) keys.push_back({name, h});
+      for (const Status& st : pusher.put(keys, views, Clock::now() + timeout)) {
+        if (!st.ok()) {
+          std::fprintf(stderr, "push failed: %s\n", st.to_string().c_str());
+          std::exit(1);
+        }
+      }
+      if (receiver->close(name) != hashes.size()) {
+        std::fprintf(stderr, "hand-off incomplete\n");
+        std::exit(1);
+      }
+    });
+  }
+
   std::printf("ceilings (same run)\n");
   std::printf("  memcpy, 1 block                    %7.2f GB/s\n", memcpy_one);
   std::printf("  memcpy, %d blocks                  %7.2f GB/s\n", o.batch, memcpy_batch);
@@ -300,6 +340,8 @@ int run(const BenchOptions& o) {
               o.batch, stream.get_batch);
   std::printf("%-24s get %d / TCP loopback %5.2f   get %d / memcpy %5.2f\n", "", o.batch,
               stream.get_batch / tcp_gbs, o.batch, stream.get_batch / memcpy_batch);
+  std::printf("%-24s push %d %7.3f GB/s = %.2f of TCP loopback (open, push, close per call)\n",
+              "prefill->decode hand-off", o.batch, handoff_gbs, handoff_gbs / tcp_gbs);
   row("pool in-process", in_process, memcpy_one, memcpy_batch, "memcpy");
   row("pool in-process, SSD", ssd_figures, memcpy_one, memcpy_batch, "memcpy");
   std::printf(

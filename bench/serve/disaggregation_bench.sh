@@ -60,25 +60,35 @@ taskset -c 0 "$bin" serve --role router --decode "127.0.0.1:$decode_port" --port
   >"$out/router.log" 2>&1 &
 pids+=($!); wait_for "$out/router.log" "role router"
 for c in 8 32; do bench 1P1D+router "$router_port" "$c" 1000; done
-# The KV hand-off of those runs: what the prefill instance pushed straight into the decode
-# instance's reserved blocks, against raw TCP loopback measured right after (same machine).
+# The KV hand-off: what the prefill instance pushed straight into the decode instance's
+# reserved blocks (bytes, time in the push calls), under the load above and alone (one request
+# at a time, 8 prompts: the instances idle while the push runs), against raw TCP loopback
+# measured right after (same machine).
 scrape() { curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^"m"({|$)" {print $2; exit}'; }
-pushes=$(scrape "$prefill_port" peerserve:kv_push_total)
-push_bytes=$(scrape "$prefill_port" peerserve:kv_push_bytes_total)
-push_seconds=$(scrape "$prefill_port" peerserve:kv_push_seconds_total)
-push_failures=$(scrape "$prefill_port" peerserve:kv_push_failures_total)
-received=$(scrape "$decode_port" peerserve:kv_handoff_bytes_total)
+handoff_figures() {
+  echo "$(scrape "$prefill_port" peerserve:kv_push_total) $(scrape "$prefill_port" peerserve:kv_push_bytes_total)" \
+       "$(scrape "$prefill_port" peerserve:kv_push_seconds_total) $(scrape "$prefill_port" peerserve:kv_push_failures_total)" \
+       "$(scrape "$decode_port" peerserve:kv_handoff_bytes_total)"
+}
+loaded=$(handoff_figures)
+prompts=8 bench 1P1D-alone "$decode_port" 1 2000 >/dev/null
+alone=$(handoff_figures)
 cleanup; pids=()
 tcp=$("$build/bench/cache/peerserve_bench_cache_pool" --repeats 3 | awk '/TCP loopback, 1 MiB/ {print $(NF-1)}')
-python3 - "$pushes" "$push_bytes" "$push_seconds" "$push_failures" "$received" "$tcp" <<'PY'
+python3 - "$loaded" "$alone" "$tcp" <<'PY'
 import sys
-pushes, nbytes, seconds, failures, received, tcp = map(float, sys.argv[1:])
-per = nbytes / pushes
-gbs = nbytes / seconds / 1e9
-print(f"KV hand-off: {pushes:.0f} pushes, {per / 1e6:.2f} MB and {seconds / pushes * 1e3:.2f} ms "
-      f"per request, {gbs:.2f} GB/s = {gbs / tcp:.2f}x raw TCP loopback ({tcp:.2f} GB/s); "
-      f"{failures:.0f} blocks refused; decode received {received / 1e6:.1f} of "
-      f"{nbytes / 1e6:.1f} MB pushed")
+loaded = [float(x) for x in sys.argv[1].split()]
+alone = [float(x) for x in sys.argv[2].split()]
+tcp = float(sys.argv[3])
+def report(name, f):
+    pushes, nbytes, seconds, failures, received = f
+    gbs = nbytes / seconds / 1e9
+    print(f"KV hand-off {name}: {pushes:.0f} pushes, {nbytes / pushes / 1e6:.2f} MB and "
+          f"{seconds / pushes * 1e3:.2f} ms per request, {gbs:.2f} GB/s = {gbs / tcp:.2f}x raw TCP "
+          f"loopback ({tcp:.2f} GB/s); {failures:.0f} blocks refused; decode received "
+          f"{received / 1e6:.1f} MB in full blocks")
+report("under load (c=8, 32)", loaded)
+report("alone (c=1)", [a - b for a, b in zip(alone, loaded)])
 PY
 
 # All-in-one on both cores (the bench client floats).
