@@ -295,8 +295,8 @@ void Engine::finish_loads() {
   for (KvPoolConnector::Loaded& loaded : connector_->take_loaded()) {
     if (auto orphan = orphaned_reservations_.find(loaded.request);
         orphan != orphaned_reservations_.end()) {
-      // (Its tail block, if any, is part of it.)
-      // Aborted while loading: nobody writes its blocks any more; free them.
+      // Aborted while loading: nobody writes its blocks (its tail block among them) any
+      // more; free them.
       (void)scheduler_->commit_reservation(orphan->second, {}, 0);
       orphaned_reservations_.erase(orphan);
       continue;

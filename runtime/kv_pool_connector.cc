@@ -215,6 +215,12 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
                            std::vector<std::vector<std::byte>> blocks) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // Bounded: behind a slow or dead decode instance the queue would hold every prompt's KV.
+    // A push dropped here is recomputed by the decode instance after its wait.
+    if (pushes_.size() >= kMaxQueuedPushes) {
+      counters_.push_failures += static_cast<int64_t>(hashes.size());
+      return;
+    }
     pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks)});
   }
   push_wake_.notify_one();

@@ -170,6 +170,7 @@ class KvPoolConnector {
   void run_pushes();
   // Hands blocks to the pool's background writes now.
   void start_store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
+  static constexpr size_t kMaxQueuedPushes = 64;
   std::deque<Push> pushes_;  // guarded by mutex_
   bool pushing_ = false;     // guarded by mutex_
   std::condition_variable push_wake_;

@@ -117,6 +117,7 @@ struct RequestRecord {
   double ttft = -1;
   double end = 0;
   std::vector<double> itls;
+  std::vector<double> tbts;  // per token: a chunk's gap over the tokens it carries
   int64_t input_tokens = 0;
   int64_t output_tokens = 0;
   int64_t cached_tokens = 0;
@@ -147,6 +148,8 @@ class StreamedRequest : public std::enable_shared_from_this<StreamedRequest> {
   std::function<uint64_t(uint64_t, beast::string_view, beast::error_code&)> on_chunk_;
   std::string sse_;
   double last_token_time_ = 0;
+  int64_t counted_tokens_ = 0;  // completion tokens seen in the running usage
+  double last_count_time_ = 0;
   bool saw_done_ = false;
   bool finished_ = false;
   std::string stream_error_;
@@ -216,7 +219,7 @@ class BenchRun {
                  {"temperature", 0.0},
                  {"ignore_eos", true},
                  {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+                 {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
     records_[i].start = now();
     records_[i].input_tokens = static_cast<int64_t>(prompts_[i].size());
     ++in_flight_;
@@ -228,7 +231,7 @@ class BenchRun {
     BenchReport r;
     r.duration_s = duration;
     r.max_in_flight = max_in_flight_;
-    std::vector<double> ttfts, tpots, itls, e2els;
+    std::vector<double> ttfts, tpots, itls, tbts, e2els;
     for (const RequestRecord& rec : records_) {
       if (!rec.ok) {
         ++r.failed;
@@ -247,6 +250,7 @@ class BenchRun {
       e2els.push_back(e2el * 1e3);
       if (rec.output_tokens > 1) tpots.push_back(tpot * 1e3);
       for (double x : rec.itls) itls.push_back(x * 1e3);
+      for (double x : rec.tbts) tbts.push_back(x * 1e3);
       const bool good = (!options_.slo_ttft_ms || ttft * 1e3 <= *options_.slo_ttft_ms) &&
                         (!options_.slo_tpot_ms || tpot * 1e3 <= *options_.slo_tpot_ms) &&
                         (!options_.slo_e2el_ms || e2el * 1e3 <= *options_.slo_e2el_ms);
@@ -267,6 +271,7 @@ class BenchRun {
     r.ttft = summarize(ttfts);
     r.tpot = summarize(tpots);
     r.itl = summarize(itls);
+    r.tbt = summarize(tbts);
     r.e2el = summarize(e2els);
     if (duration > 0) {
       r.request_throughput = r.completed / duration;
@@ -403,6 +408,17 @@ void StreamedRequest::consume_events(double now) {
     if (chunk.contains("usage") && chunk["usage"].is_object()) {
       const json& u = chunk["usage"];
       rec.output_tokens = u.value("completion_tokens", int64_t{0});
+      if (rec.output_tokens > counted_tokens_) {
+        // The tokens this chunk brought share its gap (the first ones are in TTFT instead).
+        if (counted_tokens_ > 0) {
+          const int64_t added = rec.output_tokens - counted_tokens_;
+          for (int64_t k = 0; k < added; ++k) {
+            rec.tbts.push_back((now - last_count_time_) / static_cast<double>(added));
+          }
+        }
+        counted_tokens_ = rec.output_tokens;
+        last_count_time_ = now;
+      }
       rec.input_tokens = u.value("prompt_tokens", rec.input_tokens);
       if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
         rec.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", int64_t{0});
@@ -500,6 +516,7 @@ nlohmann::json BenchReport::to_json(const BenchOptions& options) const {
           {"ttft", summary(ttft)},
           {"tpot", summary(tpot)},
           {"itl", summary(itl)},
+          {"tbt", summary(tbt)},
           {"e2el", summary(e2el)}};
 }
 
@@ -534,6 +551,7 @@ std::string BenchReport::to_text(const BenchOptions& options) const {
   block("Time to First Token", "TTFT", ttft);
   block("Time per Output Token (excl. 1st token)", "TPOT", tpot);
   block("Inter-token Latency", "ITL", itl);
+  if (tbt.count > 0) block("Time Between Tokens (per token)", "TBT", tbt);
   block("End-to-end Latency", "E2EL", e2el);
   out += "==================================================\n";
   for (const std::string& e : first_errors) out += "error: " + e + "\n";

@@ -241,13 +241,19 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       f.fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
     } else if (!so->is_object()) {
       f.fail("stream_options", "'stream_options' must be an object, got " + type_name(*so));
-    } else if (auto it = so->find("include_usage"); it != so->end() && !it->is_null()) {
-      if (!it->is_boolean()) {
-        f.fail("stream_options",
-               "'stream_options.include_usage' must be a boolean, got " + type_name(*it));
-      } else {
-        out->include_usage = it->get<bool>();
-      }
+    } else {
+      auto flag = [&](const char* key, bool* value) {
+        auto it = so->find(key);
+        if (it == so->end() || it->is_null()) return;
+        if (!it->is_boolean()) {
+          f.fail("stream_options", "'stream_options." + std::string(key) +
+                                       "' must be a boolean, got " + type_name(*it));
+        } else {
+          *value = it->get<bool>();
+        }
+      };
+      flag("include_usage", &out->include_usage);
+      flag("continuous_usage_stats", &out->continuous_usage);
     }
   }
   if (const json* bias = f.get("logit_bias"); bias && !f.error) {

@@ -56,6 +56,9 @@ struct CommonRequestFields {
   GenerationParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM's extension): usage (running totals) in every
+  // chunk, so a client can count the tokens behind each chunk.
+  bool continuous_usage = false;
 };
 
 struct CompletionRequest : CommonRequestFields {

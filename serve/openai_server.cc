@@ -114,6 +114,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         chat_(chat),
         stream_(fields.stream),
         include_usage_(fields.include_usage),
+        continuous_usage_(fields.continuous_usage),
         n_(fields.params.n),
         want_logprobs_(fields.params.sampling.want_logprobs),
         top_logprobs_(top_logprobs),
@@ -246,7 +247,11 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                   {"created", created_},
                   {"model", ctx_->options.served_model_name},
                   {"choices", std::move(choices)}};
-    if (include_usage_) chunk["usage"] = nullptr;
+    if (continuous_usage_) {
+      chunk["usage"] = usage_json(total_usage());
+    } else if (include_usage_) {
+      chunk["usage"] = nullptr;
+    }
     return chunk;
   }
 
@@ -395,6 +400,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const bool chat_;
   const bool stream_;
   const bool include_usage_;
+  const bool continuous_usage_;
   const int32_t n_;
   const bool want_logprobs_;
   const int32_t top_logprobs_;

@@ -161,6 +161,21 @@ def same_as_all_in_one():
     assert metric(prefill_port, "peerserve:kv_push_failures_total") == 0
 
 
+def continuous_usage_in_every_chunk():
+    body = {"model": "peerserve-dsv3-tiny", "prompt": "Count. " + LONG, "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"continuous_usage_stats": True}}
+    req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    counts = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                counts.append(json.loads(line[6:])["usage"]["completion_tokens"])
+    assert counts and counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 12, counts
+
+
 def push_refused_outside_prefill_role():
     body = {"model": "peerserve-dsv3-tiny", "prompt": [1, 2, 3], "max_tokens": 1,
             "peerserve_kv_push": {"endpoint": "127.0.0.1:9", "transfer": "handoff-x-1"}}
@@ -207,6 +222,8 @@ def prefill_killed():
 try:
     case("prefill + decode give the all-in-one server's tokens (completions, chat, streams)",
          same_as_all_in_one)
+    case("stream_options.continuous_usage_stats: running usage in every chunk",
+         continuous_usage_in_every_chunk)
     case("only a prefill instance pushes KV (peerserve_kv_push elsewhere is a 400)",
          push_refused_outside_prefill_role)
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)

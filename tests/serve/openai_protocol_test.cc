@@ -43,6 +43,17 @@ TEST(OpenAiProtocolTest, CompletionFieldsAreParsed) {
   EXPECT_EQ(p.sampling.top_logprobs, 3);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
+  EXPECT_FALSE(r.continuous_usage);
+  CompletionRequest running;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
+      &running));
+  EXPECT_TRUE(running.continuous_usage);
+  CompletionRequest bad;
+  auto refused = parse_completion(
+      R"({"prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": 1}})", &bad);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->param, "stream_options");
 }
 
 TEST(OpenAiProtocolTest, PromptForms) {
