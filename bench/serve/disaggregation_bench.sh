@@ -3,7 +3,10 @@
 # (`serve --role decode` alone on core 1; `serve --role prefill`, the cache-server, the router
 # and the bench client on core 0; one kernel thread per instance) against the all-in-one server on both cores, with
 # `peerserve bench` at concurrency 8 and 32, 1,024-token prompts, 128 output tokens.
-# Prints throughput, TTFT, TPOT and ITL p50/p99 (and ITL p99/p50) per setup.
+# Prints throughput, TTFT, TPOT, ITL p50/p99 (gaps between chunks with text, as vLLM's bench)
+# and TBT p50/p99 (per token: each chunk's gap over the tokens it carries; the random mini
+# model's tokens often hold their text back, part of a UTF-8 character, which merges two
+# chunk gaps into one ITL sample of ~2 steps) per setup.
 # Usage: bench/serve/disaggregation_bench.sh [BUILD_DIR] [OUT_DIR]   (NUM_PROMPTS, default 32)
 set -euo pipefail
 build=${1:-build}
@@ -32,10 +35,12 @@ bench() {  # name, port, concurrency, [seed offset]: each run its own prompts (n
 import json, sys
 r = json.load(open(sys.argv[1]))
 itl50, itl99 = r["itl"]["p50_ms"], r["itl"]["p99_ms"]
+tbt50, tbt99 = r["tbt"]["p50_ms"], r["tbt"]["p99_ms"]
 print(f"{sys.argv[2]:<11} c={sys.argv[3]:<3} done {r['completed']}/{r['completed'] + r['failed']}  "
       f"out tok/s {r['output_throughput']:7.1f}  TTFT p50 {r['ttft']['p50_ms']:8.1f} ms  "
       f"TPOT p50 {r['tpot']['p50_ms']:6.1f} ms  ITL p50 {itl50:6.1f} p99 {itl99:7.1f} ms  "
-      f"(p99/p50 {itl99 / itl50:5.2f})")
+      f"(p99/p50 {itl99 / itl50:5.2f})  TBT p50 {tbt50:6.1f} p99 {tbt99:7.1f} ms "
+      f"(p99/p50 {tbt99 / tbt50:5.2f})")
 PY
 }
 

@@ -85,7 +85,28 @@ class CacheServerProcess {
   void kill_hard() { stop(SIGKILL); }
   // SIGTERM, then the exit status (or -1).
   int terminate() { return stop(SIGTERM); }
-  void pause() { ::kill(pid_, SIGSTOP); }
+  // SIGSTOP, then waits until the kernel reports every thread stopped: the signal is
+  // asynchronous, and a thread running on another core may still answer a request meanwhile.
+  void pause() {
+    ::kill(pid_, SIGSTOP);
+    auto all_stopped = [&] {
+      std::error_code ec;
+      for (const auto& task : std::filesystem::directory_iterator(
+               "/proc/" + std::to_string(pid_) + "/task", ec)) {
+        std::ifstream in(task.path() / "stat");
+        std::string line;
+        std::getline(in, line);
+        const size_t close = line.rfind(')');  // the state follows the command name
+        if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T') {
+          return false;
+        }
+      }
+      return !ec;
+    };
+    for (int i = 0; i < 2000 && !all_stopped(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   void resume() { ::kill(pid_, SIGCONT); }
 
  private:
