@@ -88,7 +88,10 @@ int run_bench_command(BenchCli cli) {
 const bool kRegistered = register_command([](CLI::App& root) {
   auto* sub = root.add_subcommand("bench",
                                   "Benchmark an OpenAI-compatible server (streamed "
-                                  "completions, synthetic prompts)");
+                                  "completions, synthetic prompts): throughput, TTFT, TPOT, "
+                                  "ITL (gaps between chunks with text, as vLLM's bench), TBT "
+                                  "(per token, from stream_options.continuous_usage_stats "
+                                  "where the server supports it), end-to-end latency");
   auto cli = std::make_shared<BenchCli>();
   BenchOptions& o = cli->options;
   sub->add_option("--url", o.url, "Server base URL (http://host:port)")->capture_default_str();
@@ -113,6 +116,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--goodput", cli->goodput, "SLOs for goodput: ttft:MS tpot:MS e2el:MS");
   sub->add_option("--json", cli->json_path, "Also write the results as JSON to this file");
   sub->add_flag("--no-progress", cli->no_progress, "No progress bar");
+  sub->add_flag_function("--no-continuous-usage", [o = &o](int64_t) { o->continuous_usage = false; },
+                "Do not ask for stream_options.continuous_usage_stats (for servers that refuse "
+                "it; then no TBT is reported)");
   sub->callback([cli] { set_command_exit_code(run_bench_command(*cli)); });
 });
 

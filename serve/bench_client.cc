@@ -219,7 +219,8 @@ class BenchRun {
                  {"temperature", 0.0},
                  {"ignore_eos", true},
                  {"stream", true},
-                 {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+                 {"stream_options", {{"include_usage", true}}}};
+    if (options_.continuous_usage) body["stream_options"]["continuous_usage_stats"] = true;
     records_[i].start = now();
     records_[i].input_tokens = static_cast<int64_t>(prompts_[i].size());
     ++in_flight_;

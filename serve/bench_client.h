@@ -35,6 +35,9 @@ struct BenchOptions {
   int32_t output_len = 128;
   double prefix_share = 0.0;  // fraction of input_len shared by every prompt, in [0, 1]
   uint64_t seed = 0;
+  // Ask for stream_options.continuous_usage_stats (running usage in every chunk) to time
+  // each token (TBT). Off for servers that refuse the field.
+  bool continuous_usage = true;
   // Prompt token ids are drawn uniformly from [token_low, token_high).
   int32_t token_low = 10;
   int32_t token_high = 250;
