@@ -116,9 +116,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--goodput", cli->goodput, "SLOs for goodput: ttft:MS tpot:MS e2el:MS");
   sub->add_option("--json", cli->json_path, "Also write the results as JSON to this file");
   sub->add_flag("--no-progress", cli->no_progress, "No progress bar");
-  sub->add_flag_function("--no-continuous-usage", [o = &o](int64_t) { o->continuous_usage = false; },
-                "Do not ask for stream_options.continuous_usage_stats (for servers that refuse "
-                "it; then no TBT is reported)");
+  sub->add_flag_function(
+      "--no-continuous-usage", [o = &o](int64_t) { o->continuous_usage = false; },
+      "Do not ask for stream_options.continuous_usage_stats (for servers that refuse "
+      "it; then no TBT is reported)");
   sub->callback([cli] { set_command_exit_code(run_bench_command(*cli)); });
 });
 

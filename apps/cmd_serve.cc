@@ -441,10 +441,10 @@ int run_serve(const ServeCli& cli) {
     };
     engine_options.kv_pool_options.workers = 8;  // prefills in flight at once
     if (cli.kv_handoff_port < -1 || cli.kv_handoff_port > 65535) {
-      return session.fail(invalid_argument("--kv-handoff-port " +
-                                           std::to_string(cli.kv_handoff_port) +
-                                           ": expected -1 (off), 0 (any free port) or a port"),
-                          true);
+      return session.fail(
+          invalid_argument("--kv-handoff-port " + std::to_string(cli.kv_handoff_port) +
+                           ": expected -1 (off), 0 (any free port) or a port"),
+          true);
     }
     if (cli.kv_handoff_port >= 0) {
       // The prefill instances push KV straight into the blocks reserved for it (§4.3.3).

@@ -191,10 +191,9 @@ bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std
   for (const TableEntry& e : *entries) {
     Status refused = validate_pool_key(e.key);
     if (refused.ok() && e.size > options_.limits.max_block_bytes) {
-      refused = invalid_argument("block " + to_string(e.key) + " is " + std::to_string(e.size) +
-                                 " bytes, more than the " +
-                                 std::to_string(options_.limits.max_block_bytes) +
-                                 " a block may have");
+      refused = invalid_argument(
+          "block " + to_string(e.key) + " is " + std::to_string(e.size) + " bytes, more than the " +
+          std::to_string(options_.limits.max_block_bytes) + " a block may have");
     }
     if (!refused.ok()) {
       ++malformed_;

@@ -1,6 +1,6 @@
 // BlockStreamServer: the cache server's bulk data path (and a decode instance's KV hand-off
-// receiver, with another backend: cache/block_stream_backend.h) (cache/block_stream_protocol.h): Get
-// and Put of blocks over plain TCP, beside the gRPC service that stays the control path and
+// receiver, with another backend: cache/block_stream_backend.h) (cache/block_stream_protocol.h):
+// Get and Put of blocks over plain TCP, beside the gRPC service that stays the control path and
 // advertises this port (StatsReply.block_stream_port).
 //
 // A thread per connection (clients keep one connection per call in flight, so a handful per
@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "base/status.h"
-#include "cache/block_stream_protocol.h"
 #include "cache/block_stream_backend.h"
+#include "cache/block_stream_protocol.h"
 
 namespace peerserve {
 

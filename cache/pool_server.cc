@@ -204,7 +204,8 @@ Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBloc
     stream.port = options.block_stream_port;
     stream.limits.max_keys = options.max_keys_per_request;
     stream.limits.max_block_bytes = options.max_block_bytes;
-    PS_ASSIGN_OR_RETURN(server->block_stream_, BlockStreamServer::start(tiered_block_stream_backend(store), stream));
+    PS_ASSIGN_OR_RETURN(server->block_stream_,
+                        BlockStreamServer::start(tiered_block_stream_backend(store), stream));
   }
   server->service_ = std::make_unique<Service>(std::move(store), options);
   server->service_->set_block_stream(server->block_stream_.get());

@@ -256,8 +256,8 @@ void Engine::admit(Pending pending) {
       std::vector<BlockHash> missing(chain.begin() + local, chain.end());
       const size_t full = missing.size();
       // The partial block after the full ones comes along when one sequence will use it.
-      const bool want_tail = (prompt.size() - 1) % static_cast<size_t>(bs) != 0 &&
-                             pending.request.params.n == 1;
+      const bool want_tail =
+          (prompt.size() - 1) % static_cast<size_t>(bs) != 0 && pending.request.params.n == 1;
       Loading loading{std::move(pending), std::move(chain), local, {}, {}};
       std::vector<std::span<std::byte>> destinations;
       std::span<std::byte> tail_destination;
@@ -309,10 +309,11 @@ void Engine::finish_loads() {
     if (!loading.reservation.fresh.empty()) {
       std::span<const BlockHash> chain(loading.chain);
       const auto num_full = static_cast<int64_t>(loading.reservation.fresh.size());
-      adopted = scheduler_->commit_reservation(
-          loading.reservation,
-          chain.subspan(static_cast<size_t>(loading.local_blocks), loading.reservation.fresh.size()),
-          loaded.landed);
+      adopted =
+          scheduler_->commit_reservation(loading.reservation,
+                                         chain.subspan(static_cast<size_t>(loading.local_blocks),
+                                                       loading.reservation.fresh.size()),
+                                         loaded.landed);
       // The pushed partial block is the sequence's, if everything before it arrived too.
       if (loading.tail_block && loaded.tail_landed && adopted == num_full) {
         loading.pending.prefilled_tail = loading.tail_block;
@@ -372,8 +373,8 @@ void Engine::push_computed_prompts(const StepPlan& plan) {
     // The blocks the decode instance reuses: full ones before the last prompt token.
     std::vector<BlockHash> chain;
     extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain);
-    const size_t end = std::min({chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs),
-                                 chunk.block_table.size()});
+    const size_t end = std::min(
+        {chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs), chunk.block_table.size()});
     const KvPushTarget& target = *request.request.kv_push;
     std::vector<BlockHash> hashes;
     std::vector<std::vector<std::byte>> blocks;
@@ -423,8 +424,9 @@ void Engine::admit_now(Pending pending) {
     if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
     if (i == 0 && pending.prefilled_tail) {
       spec.prefilled_tail_block = pending.prefilled_tail;
-      spec.prefilled_tail_tokens = static_cast<int32_t>(
-          (spec.prompt_tokens.size() - 1) % static_cast<size_t>(options_.scheduler.block_pool.block_size));
+      spec.prefilled_tail_tokens =
+          static_cast<int32_t>((spec.prompt_tokens.size() - 1) %
+                               static_cast<size_t>(options_.scheduler.block_pool.block_size));
       pending.prefilled_tail.reset();  // the scheduler owns it now, whatever add() says
     }
     if (spec.sampling.min_tokens > 0) {

@@ -90,8 +90,8 @@ Result<std::span<std::byte>> KvHandoffReceiver::begin_put(const PoolKey& key, si
   const size_t i = at->second;
   if (size != t.destinations[i].size()) {
     ++counters_.blocks_refused;
-    return invalid_argument("KV hand-off block " + to_string(key) + " is " +
-                            std::to_string(size) + " bytes; this instance's KV blocks are " +
+    return invalid_argument("KV hand-off block " + to_string(key) + " is " + std::to_string(size) +
+                            " bytes; this instance's KV blocks are " +
                             std::to_string(t.destinations[i].size()));
   }
   if (t.state[i] != BlockState::kEmpty) {

@@ -73,12 +73,12 @@ struct KvPoolCounters {
   int64_t remote_prefills = 0;          // prompts handed to a prefill instance
   int64_t remote_prefill_failures = 0;  // of which failed (then prefilled here)
   double remote_prefill_seconds_total = 0;
-  int64_t pushes = 0;          // prefill role: hand-offs pushed to decode instances
-  int64_t push_blocks = 0;     // blocks they accepted
+  int64_t pushes = 0;       // prefill role: hand-offs pushed to decode instances
+  int64_t push_blocks = 0;  // blocks they accepted
   int64_t push_bytes = 0;
-  int64_t push_failures = 0;   // blocks refused or not delivered
+  int64_t push_failures = 0;      // blocks refused or not delivered
   double push_seconds_total = 0;  // time in the pushes' block-stream calls
-  int64_t handoff_blocks = 0;  // decode role: blocks pushed straight into KV blocks
+  int64_t handoff_blocks = 0;     // decode role: blocks pushed straight into KV blocks
   int64_t handoff_bytes = 0;
   double handoff_seconds_total = 0;  // from the prefill call to the last block received
 };
@@ -143,8 +143,9 @@ class KvPoolConnector {
                 const std::vector<std::span<std::byte>>& places);
   // Has a prefill instance compute the job's prompt and fills places[hits, end) with what it
   // pushes (direct) or stores in the pool. Returns the new end of the leading run.
-  size_t remote_prefill(const Job& job, size_t hits, const std::vector<std::span<std::byte>>& places,
-                        bool* failed, bool* tail_landed);
+  size_t remote_prefill(const Job& job, size_t hits,
+                        const std::vector<std::span<std::byte>>& places, bool* failed,
+                        bool* tail_landed);
   void reap_stores(bool wait);
 
   std::shared_ptr<KvBlockStore> store_;

@@ -506,8 +506,7 @@ int64_t Scheduler::adopt_blocks(std::span<const BlockHash> cached,
   return commit_reservation(reservation, loaded, filled);
 }
 
-Scheduler::Reservation Scheduler::reserve_blocks(std::span<const BlockHash> cached,
-                                                 int64_t count) {
+Scheduler::Reservation Scheduler::reserve_blocks(std::span<const BlockHash> cached, int64_t count) {
   PS_CHECK(!in_step_) << "reserve_blocks() between schedule() and update()";
   Reservation reservation;
   if (!pool_.prefix_caching_enabled() || count <= 0) return reservation;

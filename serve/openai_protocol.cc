@@ -562,9 +562,10 @@ std::optional<ApiError> parse_kv_push(const json& push, CompletionRequest* out) 
   const size_t colon = target.endpoint.rfind(':');
   const std::string port =
       colon == std::string::npos ? std::string() : target.endpoint.substr(colon + 1);
-  const bool port_ok = !port.empty() && port.size() <= 5 &&
-                       std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-                       std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+  const bool port_ok =
+      !port.empty() && port.size() <= 5 &&
+      std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      std::stoi(port) >= 1 && std::stoi(port) <= 65535;
   if (target.endpoint.size() > 300 || colon == 0 || !port_ok) {
     return bad_field(name + ".endpoint", "'" + name + ".endpoint' must be HOST:PORT, got '" +
                                              target.endpoint.substr(0, 80) + "'");

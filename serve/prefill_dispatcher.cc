@@ -145,8 +145,7 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
       }
     }
     if (status.ok()) {
-      json body = {
-          {"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
+      json body = {{"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
       if (push != nullptr) {
         body["peerserve_kv_push"] = {{"endpoint", push->endpoint},
                                      {"transfer", push->transfer},

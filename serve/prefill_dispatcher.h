@@ -9,11 +9,10 @@
 // so its first token is exactly what a single server would produce.
 //
 // Choice: the preferred instance when it is up (a decode DP rank's own prefill instance under
-// the §4.3.3 mapping, plan/analytic/connection_mapping.h), else the healthy instance with the fewest
-// prefills in flight (ties: list order). A
-// failed call (refused, timed out, an error answer) marks the instance down for a back-off
-// (1 s doubling to 16 s) and the next instance is tried; when none is left the call fails
-// and the decode instance prefills locally.
+// the §4.3.3 mapping, plan/analytic/connection_mapping.h), else the healthy instance with the
+// fewest prefills in flight (ties: list order). A failed call (refused, timed out, an error answer)
+// marks the instance down for a back-off (1 s doubling to 16 s) and the next instance is tried;
+// when none is left the call fails and the decode instance prefills locally.
 //
 // Handshake: before its first use, each instance's /v1/models card must report the same KV
 // namespace identity (tenant, model id, KV layout: layers, widths, block size, dtype, layout

@@ -7,10 +7,10 @@
 //               without the store (the ceiling of Get over this transport), measured in
 //               rounds alternating with the gets it bounds
 // Also the prefill->decode KV hand-off: blocks pushed over the block stream into a decode
-// instance's hand-off receiver (reserved KV memory). Pools measured: the in-process pool (`--kv-pool local`), the pool on loopback (an
-// in-process PoolServer on 127.0.0.1:0, or --server HOST:PORT) with blocks over its
-// block-stream port (the default data path) and over gRPC, and the SSD tier (DRAM too small
-// to hold the batch, so every get reads a checksummed file).
+// instance's hand-off receiver (reserved KV memory). Pools measured: the in-process pool
+// (`--kv-pool local`), the pool on loopback (an in-process PoolServer on 127.0.0.1:0, or --server
+// HOST:PORT) with blocks over its block-stream port (the default data path) and over gRPC, and the
+// SSD tier (DRAM too small to hold the batch, so every get reads a checksummed file).
 //
 // Every figure is the median of --repeats rounds of --iterations calls each; ratios use
 // the medians. GB/s = 1e9 bytes/s. The pool's copies are plain memcpy (no ISA-specific

@@ -91,8 +91,8 @@ class CacheServerProcess {
     ::kill(pid_, SIGSTOP);
     auto all_stopped = [&] {
       std::error_code ec;
-      for (const auto& task : std::filesystem::directory_iterator(
-               "/proc/" + std::to_string(pid_) + "/task", ec)) {
+      for (const auto& task :
+           std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec)) {
         std::ifstream in(task.path() / "stat");
         std::string line;
         std::getline(in, line);

@@ -371,8 +371,8 @@ TEST(EngineKvPoolTest, RemotePrefillPushesKvStraightIntoReservedBlocks) {
   EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
   EXPECT_EQ(setup.calls.load(), 1);
   EXPECT_EQ(out.back().usage.cached_prompt_tokens, 40);  // all 10 shareable blocks pushed
-  auto m = metrics_when(setup.decode(),
-                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  auto m =
+      metrics_when(setup.decode(), [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
   EXPECT_EQ(m.kv_pool.handoff_blocks, 10);
   EXPECT_EQ(m.kv_pool_hit_tokens, 40);
   EXPECT_EQ(m.scheduler.num_used_blocks, 0);  // reservations released into the prefix cache
@@ -385,7 +385,8 @@ TEST(EngineKvPoolTest, RemotePrefillPushesKvStraightIntoReservedBlocks) {
 
   // A prompt sharing the first 5 blocks: only the other 5 are reserved and pushed.
   auto shared = prompt;
-  for (size_t i = 20; i < shared.size(); ++i) shared[i] = static_cast<TokenId>((shared[i] + 7) % kVocab);
+  for (size_t i = 20; i < shared.size(); ++i)
+    shared[i] = static_cast<TokenId>((shared[i] + 7) % kVocab);
   auto id2 = setup.decode().submit({shared, greedy(3)}, collector.sink());
   auto out2 = collector.wait(*id2);
   ASSERT_FALSE(out2.empty());
@@ -406,8 +407,8 @@ TEST(EngineKvPoolTest, ThePartialLastBlockIsPushedTooSoOnlyTheLastTokenIsCompute
   EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
   EXPECT_EQ(out.back().usage.cached_prompt_tokens, 42);
   EXPECT_EQ(setup.receiver().counters().blocks_received, 11);
-  auto m = metrics_when(setup.decode(),
-                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  auto m =
+      metrics_when(setup.decode(), [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
   EXPECT_EQ(m.kv_pool.handoff_blocks, 10);  // full blocks (the partial one is not counted)
   EXPECT_EQ(m.scheduler.num_used_blocks, 0);
   // With n = 2 the partial block is not pushed (both choices would write into it).
@@ -443,8 +444,8 @@ TEST(EngineKvPoolTest, MissingOrFailedPushIsComputedLocallyAndFreesTheReservatio
   auto out2 = collector.wait(*id2);
   ASSERT_FALSE(out2.empty());
   EXPECT_EQ(tokens_of(out2), reference_generate(other, 4, kVocab, std::nullopt));
-  auto m = metrics_when(setup.decode(),
-                        [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
+  auto m =
+      metrics_when(setup.decode(), [](const auto& s) { return s.scheduler.num_used_blocks == 0; });
   EXPECT_EQ(m.kv_pool.remote_prefill_failures, 1);
   EXPECT_EQ(m.kv_pool.handoff_blocks, 0);
   EXPECT_EQ(m.scheduler.num_used_blocks, 0);  // nothing reserved is left behind
