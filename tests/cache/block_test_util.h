@@ -1,6 +1,11 @@
-// Helpers for caching-pool tests: deterministic block contents and a scratch folder.
+// Helpers for caching-pool tests: deterministic block contents, a scratch folder and a raw
+// loopback connection.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -24,6 +29,23 @@ inline std::vector<std::byte> make_block(uint64_t seed, size_t size) {
     out[i] = static_cast<std::byte>(x);
   }
   return out;
+}
+
+// A plain TCP connection to 127.0.0.1:`port` (reads time out after 10 s), for speaking a
+// protocol by hand; -1 when the connect fails.
+inline int loopback_connection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
 }
 
 inline bool block_matches(const std::vector<std::byte>& block, uint64_t seed) {

@@ -4,9 +4,7 @@
 // a block still being received, so the memory can be reused safely after it.
 #include "runtime/kv_handoff_receiver.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_protocol.h"
 #include "cache/block_stream_server.h"
+#include "tests/cache/block_test_util.h"
 
 namespace peerserve {
 namespace {
@@ -28,12 +27,10 @@ using std::chrono::milliseconds;
 constexpr size_t kBlockBytes = 4096;
 
 std::vector<std::byte> pattern(uint64_t seed, size_t size = kBlockBytes) {
-  std::vector<std::byte> b(size);
-  for (size_t i = 0; i < size; ++i) b[i] = static_cast<std::byte>((seed * 131 + i * 7) & 0xff);
-  return b;
+  return testing::make_block(seed, size);
 }
 
-class KvHandoffReceiverTest : public testing::Test {
+class KvHandoffReceiverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     receiver_ = std::make_shared<KvHandoffReceiver>();
@@ -70,12 +67,8 @@ class KvHandoffReceiverTest : public testing::Test {
   }
 
   int raw_connection() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = testing::loopback_connection(server_->port());
+    EXPECT_GE(fd, 0);
     return fd;
   }
 
