@@ -6,9 +6,7 @@
 namespace peerserve {
 namespace {
 
-std::string random_nonce() {
-  std::random_device device;
-  const uint64_t value = (static_cast<uint64_t>(device()) << 32) ^ device();
+std::string hex64(uint64_t value) {
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
   return text;
@@ -16,7 +14,7 @@ std::string random_nonce() {
 
 }  // namespace
 
-KvHandoffReceiver::KvHandoffReceiver() : nonce_(random_nonce()) {}
+KvHandoffReceiver::KvHandoffReceiver() = default;
 
 std::string KvHandoffReceiver::open(std::vector<BlockHash> hashes,
                                     std::vector<std::span<std::byte>> destinations) {
@@ -27,7 +25,11 @@ std::string KvHandoffReceiver::open(std::vector<BlockHash> hashes,
   t.destinations = std::move(destinations);
   t.state.assign(t.destinations.size(), BlockState::kEmpty);
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string name = "handoff-" + nonce_ + "-" + std::to_string(next_++);
+  // 128 bits from the system's random source: a peer that saw transfer names cannot guess
+  // the next one.
+  auto draw = [&] { return (static_cast<uint64_t>(entropy_()) << 32) | entropy_(); };
+  const uint64_t high = draw();
+  std::string name = "handoff-" + hex64(high) + hex64(draw());
   transfers_.emplace(name, std::move(t));
   ++counters_.transfers;
   return name;

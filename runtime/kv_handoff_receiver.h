@@ -5,8 +5,9 @@
 // this backend). Each pushed block is read from the socket straight into its reserved KV
 // block — no staging buffer, no engine-thread copy.
 //
-// A transfer is named by a fresh tenant ("handoff-<instance nonce>-<n>"), so a push can only
-// land in the transfer it was meant for; blocks are matched by hash within it. Two-phase:
+// A transfer is named by a fresh tenant ("handoff-" and 128 random bits), so a push can only
+// land in the transfer it was meant for and a peer cannot guess another transfer's name;
+// blocks are matched by hash within it. Two-phase:
 // a block counts only once all its bytes arrived (a prefill instance dying mid-block leaves
 // it not received), and close() returns only when nobody writes into the transfer's blocks
 // any more, so the caller may then publish the received ones and free the rest.
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <random>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -73,11 +75,10 @@ class KvHandoffReceiver final : public BlockStreamBackend {
   };
   static size_t leading_done(const Transfer& t);
 
-  const std::string nonce_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::unordered_map<std::string, Transfer> transfers_;
-  uint64_t next_ = 0;
+  std::random_device entropy_;  // guarded by mutex_
   KvHandoffCounters counters_;
 };
 

@@ -16,6 +16,7 @@
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_protocol.h"
 #include "cache/block_stream_server.h"
+#include "kv/kv_namespace.h"
 #include "tests/cache/block_test_util.h"
 
 namespace peerserve {
@@ -90,6 +91,14 @@ TEST_F(KvHandoffReceiverTest, BlocksLandInTheirTransfersDestinations) {
   EXPECT_EQ(c.blocks_received, 3);
   EXPECT_EQ(c.bytes_received, static_cast<int64_t>(3 * kBlockBytes));
   EXPECT_EQ(c.transfers_complete, 1);
+  // Names are valid pool tenants and carry 128 random bits each (no counter to guess).
+  const std::string b = open(1), d = open(1);
+  EXPECT_TRUE(validate_tenant_name(b).ok()) << b;
+  EXPECT_EQ(b.size(), std::string("handoff-").size() + 32);
+  EXPECT_NE(b.substr(8, 16), d.substr(8, 16));
+  EXPECT_NE(b.substr(24), d.substr(24));
+  receiver_->close(b);
+  receiver_->close(d);
 }
 
 TEST_F(KvHandoffReceiverTest, WhatDoesNotBelongToAnOpenTransferIsRefused) {
