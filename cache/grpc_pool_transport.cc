@@ -9,6 +9,7 @@
 
 #include "cache/block_stream_client.h"
 #include "cache/pool.grpc.pb.h"
+#include "cache/socket_io.h"
 #include "cache/wire_format.h"
 
 namespace peerserve {
@@ -236,9 +237,8 @@ class GrpcPoolTransport final : public PoolTransport {
     stream_probed_ = true;
     stream_.reset();
     if (port > 0) {
-      std::string host = address_.substr(0, address_.rfind(':'));
-      if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-      stream_ = std::make_shared<BlockStreamClient>(host, static_cast<int>(port), address_);
+      stream_ = std::make_shared<BlockStreamClient>(endpoint_host(address_), static_cast<int>(port),
+                                                    address_);
     }
     return stream_;
   }

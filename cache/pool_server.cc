@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cache/pool.grpc.pb.h"
+#include "cache/socket_io.h"
 #include "cache/wire_format.h"
 
 namespace peerserve {
@@ -197,10 +198,7 @@ Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBloc
   auto server = std::make_unique<PoolServer>(ConstructionKey{}, store);
   if (options.block_stream_port >= 0) {
     BlockStreamServerOptions stream;
-    stream.host = options.listen.substr(0, options.listen.rfind(':'));
-    if (stream.host.size() > 2 && stream.host.front() == '[') {
-      stream.host = stream.host.substr(1, stream.host.size() - 2);  // [::1] -> ::1
-    }
+    stream.host = endpoint_host(options.listen);
     stream.port = options.block_stream_port;
     stream.limits.max_keys = options.max_keys_per_request;
     stream.limits.max_block_bytes = options.max_block_bytes;

@@ -132,4 +132,23 @@ Status read_exact(int fd, std::span<std::byte> data, SocketDeadline deadline,
   return ok_status();
 }
 
+std::string endpoint_host(const std::string& endpoint) {
+  std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+int endpoint_port(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return 0;
+  const std::string digits = endpoint.substr(colon + 1);
+  if (digits.empty() || digits.size() > 5 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  return std::stoi(digits);
+}
+
 }  // namespace peerserve

@@ -60,6 +60,11 @@ Status write_all(int fd, std::span<const std::byte> data, SocketDeadline deadlin
 Status read_exact(int fd, std::span<std::byte> data, SocketDeadline deadline,
                   const std::string& what);
 
+// The parts of "HOST:PORT" as socket calls take them: the host without IPv6 brackets
+// ("[::1]:80" -> "::1"), and the port (0 when there is none or it is not a number).
+std::string endpoint_host(const std::string& endpoint);
+int endpoint_port(const std::string& endpoint);
+
 inline std::span<const std::byte> as_bytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
 }

@@ -1,8 +1,9 @@
 #include "runtime/kv_pool_connector.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
+
+#include "cache/socket_io.h"
 
 namespace peerserve {
 
@@ -245,14 +246,11 @@ void KvPoolConnector::run_pushes() {
     auto client = push_clients_.find(endpoint);
     if (client == push_clients_.end()) {
       // The endpoint was checked when the request was parsed; a bad one fails the sends.
-      const size_t colon = endpoint.rfind(':');
-      std::string host = endpoint.substr(0, colon);
-      if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-      const int port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
       if (push_clients_.size() >= 64) push_clients_.clear();  // bounded: decode instances
       client = push_clients_
                    .emplace(endpoint, std::make_unique<BlockStreamClient>(
-                                          host, port, "decode instance " + endpoint))
+                                          endpoint_host(endpoint), endpoint_port(endpoint),
+                                          "decode instance " + endpoint))
                    .first;
     }
     std::vector<PoolKey> keys;
