@@ -72,6 +72,24 @@ void axpy(float alpha, const bf16* x, float* y, int64_t n) {
   internal::active_kernel_table().axpy_bf16(alpha, bits(x), y, n);
 }
 
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const float* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
+  if (rows <= 0 || tokens <= 0 || dim <= 0) return;
+  PS_CHECK(p_stride >= tokens || rows == 1);
+  PS_CHECK(o_stride >= dim || rows == 1);
+  internal::active_kernel_table().weighted_rows_f32(p, p_stride, rows, v, v_stride, tokens, o,
+                                                    o_stride, dim);
+}
+
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const bf16* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
+  if (rows <= 0 || tokens <= 0 || dim <= 0) return;
+  PS_CHECK(p_stride >= tokens || rows == 1);
+  PS_CHECK(o_stride >= dim || rows == 1);
+  internal::active_kernel_table().weighted_rows_bf16(p, p_stride, rows, bits(v), v_stride, tokens,
+                                                     o, o_stride, dim);
+}
+
 void scale(float alpha, float* x, int64_t n) {
   if (n <= 0) return;
   internal::active_kernel_table().scale(alpha, x, n);

@@ -16,6 +16,15 @@ float dot(const float* a, const bf16* b, int64_t n);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 void axpy(float alpha, const bf16* x, float* y, int64_t n);
 
+// Attention-weighted sums of rows: o[r, d] += sum_{j < tokens} p[r, j] * v[j, d] for r < rows,
+// d < dim (row r of p at p + r * p_stride, of v at v + j * v_stride, of o at o + r * o_stride).
+// Bit for bit the same as axpy(p[r, j], v[j], o[r]) for j in order, r in any order: each v row
+// is read once for all rows of p.
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const float* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim);
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const bf16* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim);
+
 // x[i] *= alpha
 void scale(float alpha, float* x, int64_t n);
 

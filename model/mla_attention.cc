@@ -239,59 +239,75 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
                 rope * sizeof(float));
   }
 
-  // {num_rows, heads, lora}: attention-weighted sums of the cached latents.
+  // {num_rows, heads, lora}: attention-weighted sums of the cached latents. Every head of a
+  // query reads the same latents, so a work item takes a group of heads and reads each cache
+  // block once for all of them (scores as one product with a row per head, sums as
+  // weighted_rows). Groups are sized so that a small batch still gives every thread work;
+  // the bits do not depend on the grouping (each element is summed in one fixed order).
   s.o_lat.assign(num_rows * heads * lora, 0.0f);
   const bool bf16_cache = layout.dtype == DType::kBF16;
-  const size_t elem = dtype_size(layout.dtype);
-  const int64_t items = static_cast<int64_t>(chunks.size()) * heads;
-  ctx.pool->parallel_for(items, [&](int64_t item0, int64_t item1) {
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  const int64_t threads = ctx.pool->num_threads();
+  const int64_t groups_per_chunk =
+      std::clamp<int64_t>((2 * threads + num_chunks - 1) / num_chunks, 1, heads);
+  const int64_t group_heads = (heads + groups_per_chunk - 1) / groups_per_chunk;
+  const int64_t groups = (heads + group_heads - 1) / group_heads;
+  ctx.pool->parallel_for(num_chunks * groups, [&](int64_t item0, int64_t item1) {
     std::vector<float> scores;
     for (int64_t item = item0; item < item1; ++item) {
-      const int64_t c = item / heads, h = item % heads;
+      const int64_t c = item / groups, h0 = (item % groups) * group_heads;
+      const int64_t hg = std::min(heads, h0 + group_heads) - h0;
       const StepChunk& chunk = *chunks[c];
       const int64_t context = chunk.context(), n = chunk.num_tokens;
-      const float* q = s.q_full.data() + (first_row[c] * heads + h) * width;
-      scores.resize(n * context);
-      for (int64_t b = 0; b * block_size < context; ++b) {
-        const int64_t tokens = std::min(block_size, context - b * block_size);
-        const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
-        if (bf16_cache) {
-          kernels::MatmulBf16Args sa;
-          sa.x = q;
-          sa.x_stride = heads * width;
-          sa.w = reinterpret_cast<const bf16*>(block);
-          sa.y = scores.data() + b * block_size;
-          sa.y_stride = context;
-          sa.m = n;
-          sa.n = tokens;
-          sa.k = width;
-          kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
-        } else {
-          kernels::MatmulF32Args sa;
-          sa.x = q;
-          sa.x_stride = heads * width;
-          sa.w = reinterpret_cast<const float*>(block);
-          sa.y = scores.data() + b * block_size;
-          sa.y_stride = context;
-          sa.m = n;
-          sa.n = tokens;
-          sa.k = width;
-          kernels::matmul_f32(sa, nullptr);
-        }
-      }
+      scores.resize(n * hg * context);  // [query, head of the group, key]
       for (int64_t r = 0; r < n; ++r) {
+        const float* q = s.q_full.data() + ((first_row[c] + r) * heads + h0) * width;
+        float* p = scores.data() + r * hg * context;
         const int64_t visible = chunk.start_pos + r + 1;  // causal
-        float* p = scores.data() + r * context;
-        kernels::scale(scale_, p, visible);
-        kernels::softmax(p, visible);
-        float* o = s.o_lat.data() + ((first_row[c] + r) * heads + h) * lora;
-        for (int64_t j = 0; j < visible; ++j) {
-          const std::byte* entry = cache.layer_block(kv_layer, chunk.block_table[j / block_size]) +
-                                   static_cast<size_t>((j % block_size) * width) * elem;
+        for (int64_t b = 0; b * block_size < visible; ++b) {
+          const int64_t tokens = std::min(block_size, visible - b * block_size);
+          const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
           if (bf16_cache) {
-            kernels::axpy(p[j], reinterpret_cast<const bf16*>(entry), o, lora);
+            kernels::MatmulBf16Args sa;
+            sa.x = q;
+            sa.x_stride = width;
+            sa.w = reinterpret_cast<const bf16*>(block);
+            sa.y = p + b * block_size;
+            sa.y_stride = context;
+            sa.m = hg;
+            sa.n = tokens;
+            sa.k = width;
+            kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
           } else {
-            kernels::axpy(p[j], reinterpret_cast<const float*>(entry), o, lora);
+            kernels::MatmulF32Args sa;
+            sa.x = q;
+            sa.x_stride = width;
+            sa.w = reinterpret_cast<const float*>(block);
+            sa.y = p + b * block_size;
+            sa.y_stride = context;
+            sa.m = hg;
+            sa.n = tokens;
+            sa.k = width;
+            kernels::matmul_f32(sa, nullptr);
+          }
+        }
+        for (int64_t hh = 0; hh < hg; ++hh) {
+          float* row = p + hh * context;
+          kernels::scale(scale_, row, visible);
+          kernels::softmax(row, visible);
+        }
+        float* o = s.o_lat.data() + ((first_row[c] + r) * heads + h0) * lora;
+        for (int64_t b = 0; b * block_size < visible; ++b) {
+          const int64_t tokens = std::min(block_size, visible - b * block_size);
+          const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
+          if (bf16_cache) {
+            kernels::weighted_rows(p + b * block_size, context, hg,
+                                   reinterpret_cast<const bf16*>(block), width, tokens, o, lora,
+                                   lora);
+          } else {
+            kernels::weighted_rows(p + b * block_size, context, hg,
+                                   reinterpret_cast<const float*>(block), width, tokens, o, lora,
+                                   lora);
           }
         }
       }

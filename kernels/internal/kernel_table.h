@@ -103,6 +103,15 @@ struct KernelTable {
   void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n) = nullptr;
   void (*axpy_bf16)(float alpha, const uint16_t* x, float* y, int64_t n) = nullptr;
   void (*scale)(float alpha, float* x, int64_t n) = nullptr;
+  // o[r * o_stride + d] += sum_{j < tokens} p[r * p_stride + j] * v[j * v_stride + d] for
+  // r < rows, d < dim; each element summed in j order, one multiply-add per term, so the
+  // result is bit for bit that of axpy calls in j order.
+  void (*weighted_rows_f32)(const float* p, int64_t p_stride, int64_t rows, const float* v,
+                            int64_t v_stride, int64_t tokens, float* o, int64_t o_stride,
+                            int64_t dim) = nullptr;
+  void (*weighted_rows_bf16)(const float* p, int64_t p_stride, int64_t rows, const uint16_t* v,
+                             int64_t v_stride, int64_t tokens, float* o, int64_t o_stride,
+                             int64_t dim) = nullptr;
 
   // One row: out = x * inv_rms * weight.
   void (*rmsnorm_f32)(const float* x, const float* weight, float* out, int64_t dim,

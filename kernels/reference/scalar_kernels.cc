@@ -56,6 +56,15 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * widen(x[i]);
 }
 
+template <typename X>
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const X* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
+  for (int64_t j = 0; j < tokens; ++j) {
+    for (int64_t r = 0; r < rows; ++r)
+      axpy(p[r * p_stride + j], v + j * v_stride, o + r * o_stride, dim);
+  }
+}
+
 void scale(float alpha, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
@@ -107,6 +116,8 @@ KernelTable make_scalar_table() {
   t.dot_bf16 = &dot<uint16_t>;
   t.axpy_f32 = &axpy<float>;
   t.axpy_bf16 = &axpy<uint16_t>;
+  t.weighted_rows_f32 = &weighted_rows<float>;
+  t.weighted_rows_bf16 = &weighted_rows<uint16_t>;
   t.scale = &scale;
   t.rmsnorm_f32 = &rmsnorm<float>;
   t.rmsnorm_bf16 = &rmsnorm<uint16_t>;

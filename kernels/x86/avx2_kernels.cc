@@ -2,6 +2,7 @@
 // internal/kernel_table.h for why nothing here calls inline code from other headers.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/internal/kernel_table.h"
@@ -138,6 +139,66 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
   }
 }
 
+// One block of weighted_rows: NR rows x NV vectors of 8 columns, the last vector `last` wide.
+template <int NR, int NV, typename X>
+void weighted_rows_block(const float* p, int64_t p_stride, const X* v, int64_t v_stride,
+                         int64_t tokens, float* o, int64_t o_stride, int last) {
+  __m256 acc[NR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NV - 1; ++c) acc[r][c] = _mm256_loadu_ps(o + r * o_stride + 8 * c);
+    acc[r][NV - 1] = load_part(o + r * o_stride + 8 * (NV - 1), last);
+  }
+  for (int64_t j = 0; j < tokens; ++j) {
+    __m256 x[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV - 1; ++c) x[c] = load_f(v + j * v_stride + 8 * c);
+    x[NV - 1] = last == 8 ? load_f(v + j * v_stride + 8 * (NV - 1))
+                          : load_part(v + j * v_stride + 8 * (NV - 1), last);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m256 a = _mm256_set1_ps(p[r * p_stride + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(a, x[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < NV - 1; ++c) _mm256_storeu_ps(o + r * o_stride + 8 * c, acc[r][c]);
+    store_part(o + r * o_stride + 8 * (NV - 1), acc[r][NV - 1], last);
+  }
+}
+
+template <int NV, typename X>
+void weighted_rows_columns(const float* p, int64_t p_stride, int64_t rows, const X* v,
+                           int64_t v_stride, int64_t tokens, float* o, int64_t o_stride, int last) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    weighted_rows_block<4, NV>(p + r * p_stride, p_stride, v, v_stride, tokens, o + r * o_stride,
+                               o_stride, last);
+  }
+  for (; r < rows; ++r) {
+    weighted_rows_block<1, NV>(p + r * p_stride, p_stride, v, v_stride, tokens, o + r * o_stride,
+                               o_stride, last);
+  }
+}
+
+// o[r, :] += sum_j p[r, j] v[j, :], each element in j order with one fma per term (= axpy calls).
+template <typename X>
+void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const X* v, int64_t v_stride,
+                   int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
+  int64_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    weighted_rows_columns<2>(p, p_stride, rows, v + d, v_stride, tokens, o + d, o_stride, 8);
+  }
+  for (; d < dim; d += 8) {
+    weighted_rows_columns<1>(p, p_stride, rows, v + d, v_stride, tokens, o + d, o_stride,
+                             static_cast<int>(std::min<int64_t>(8, dim - d)));
+  }
+}
+
 void scale(float alpha, float* x, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;
@@ -245,6 +306,8 @@ KernelTable make_avx2_table() {
   t.dot_bf16 = &dot<uint16_t>;
   t.axpy_f32 = &axpy<float>;
   t.axpy_bf16 = &axpy<uint16_t>;
+  t.weighted_rows_f32 = &weighted_rows<float>;
+  t.weighted_rows_bf16 = &weighted_rows<uint16_t>;
   t.scale = &scale;
   t.rmsnorm_f32 = &rmsnorm<float>;
   t.rmsnorm_bf16 = &rmsnorm<uint16_t>;

@@ -143,6 +143,63 @@ TEST(VectorOps, AxpyAndScale) {
   }
 }
 
+// weighted_rows against a double reference (a chain of `tokens` multiply-adds per element)
+// and bit for bit against the axpy calls it replaces; strides leave gaps that must stay
+// untouched. Shapes cover the register blocks' row and column tails.
+TEST(VectorOps, WeightedRowsMatchAxpyChainAndReference) {
+  Random rng(61);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (const int64_t rows : {1, 3, 4, 5, 16}) {
+      for (const int64_t dim : {1, 7, 8, 16, 24, 63, 64, 65, 256}) {
+        for (const int64_t tokens : {1, 5, 16}) {
+          const int64_t p_stride = tokens + 3, v_stride = dim + 5, o_stride = dim + 2;
+          const std::vector<float> p = rng.floats(static_cast<size_t>(rows * p_stride));
+          const std::vector<float> v = rng.floats(static_cast<size_t>(tokens * v_stride));
+          const std::vector<bf16> vb = rng.bf16s(static_cast<size_t>(tokens * v_stride));
+          const std::vector<float> o0 = rng.floats(static_cast<size_t>(rows * o_stride));
+          std::vector<float> o = o0, ob = o0, chain = o0, chain_b = o0;
+          weighted_rows(p.data(), p_stride, rows, v.data(), v_stride, tokens, o.data(), o_stride,
+                        dim);
+          weighted_rows(p.data(), p_stride, rows, vb.data(), v_stride, tokens, ob.data(), o_stride,
+                        dim);
+          for (int64_t j = 0; j < tokens; ++j) {
+            for (int64_t r = 0; r < rows; ++r) {
+              axpy(p[r * p_stride + j], v.data() + j * v_stride, chain.data() + r * o_stride, dim);
+              axpy(p[r * p_stride + j], vb.data() + j * v_stride, chain_b.data() + r * o_stride,
+                   dim);
+            }
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t d = 0; d < o_stride; ++d) {
+              const int64_t i = r * o_stride + d;
+              ASSERT_EQ(bits_of(o[i]), bits_of(chain[i])) << rows << " " << dim << " " << tokens;
+              ASSERT_EQ(bits_of(ob[i]), bits_of(chain_b[i]));
+              if (d >= dim) {
+                ASSERT_EQ(bits_of(o[i]), bits_of(o0[i]));  // the gap is not written
+                ASSERT_EQ(bits_of(ob[i]), bits_of(o0[i]));
+                continue;
+              }
+              double ref = o0[i], mag = std::fabs(o0[i]), ref_b = o0[i], mag_b = std::fabs(o0[i]);
+              for (int64_t j = 0; j < tokens; ++j) {
+                const double pj = p[r * p_stride + j];
+                ref += pj * v[j * v_stride + d];
+                mag += std::fabs(pj * v[j * v_stride + d]);
+                ref_b += pj * bf16_to_float(vb[j * v_stride + d]);
+                mag_b += std::fabs(pj * bf16_to_float(vb[j * v_stride + d]));
+              }
+              // A chain of `tokens` multiply-adds: at most two roundings each.
+              ASSERT_NEAR(o[i], ref, 2.0 * static_cast<double>(tokens) * kUnitRoundoff * mag);
+              ASSERT_NEAR(ob[i], ref_b, 2.0 * static_cast<double>(tokens) * kUnitRoundoff * mag_b);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(RmsNorm, MatchesDoubleReferenceWithBothWeightTypes) {
   Random rng(7);
   for (IsaLevel level : levels_to_test()) {
