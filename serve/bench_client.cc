@@ -390,15 +390,11 @@ void StreamedRequest::consume_events(double now) {
       stream_error_ = "error event: " + chunk["error"].dump();
       continue;
     }
-    bool has_text = false;
-    if (chunk.contains("choices") && chunk["choices"].is_array()) {
-      for (const json& c : chunk["choices"]) {
-        if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) {
-          has_text = true;
-        }
-      }
-    }
-    if (has_text) {
+    // As vLLM's benchmark: every chunk with a choice counts, its text may be empty (a token
+    // whose text the server holds back); the usage-only chunk at the end does not.
+    const bool has_choice =
+        chunk.contains("choices") && chunk["choices"].is_array() && !chunk["choices"].empty();
+    if (has_choice) {
       if (rec.ttft < 0) {
         rec.ttft = now - rec.start;
       } else {

@@ -68,9 +68,9 @@ struct BenchReport {
   double total_token_throughput = 0;  // (input + output) tokens / s
   double goodput = 0;                 // requests meeting every SLO / s
   int32_t good_requests = 0;
-  // itl: gaps between chunks that carry text (as vLLM's benchmark counts them; a token whose
-  // text is held back, e.g. part of a UTF-8 character, merges two gaps). tbt: per token, each
-  // chunk's gap spread over the tokens it carries (from the server's running usage).
+  // itl: gaps between chunks that carry a choice, whether or not its text is empty (as vLLM's
+  // benchmark counts them). tbt: per token, each chunk's gap spread over the tokens it
+  // carries (from the server's running usage; differs from itl when a chunk carries several).
   LatencySummary ttft, tpot, itl, tbt, e2el;
   int32_t max_in_flight = 0;
 

@@ -8,7 +8,8 @@ Cases (all run; exit 1 if any failed):
   tokens);
 - a prefill instance whose KV namespace differs (another block size) is refused at start
   with a clear error, never a hang;
-- the prefill instance killed: the decode instance still answers (it prefills locally).
+- the prefill instance killed: the decode instance still answers (it prefills locally);
+- streaming sends a chunk per step, with empty text where the text is held back.
 Usage: disaggregation_test.py PEERSERVE_BINARY SOURCE_DIR SCRATCH_DIR
 """
 import json
@@ -103,6 +104,13 @@ def post(port, route, body, timeout=120):
         return c.get("text") if "text" in c else c["message"]["content"], cached
 
 
+def post_json(port, route, body, timeout=120):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
 def metric(port, name):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -176,6 +184,33 @@ def continuous_usage_in_every_chunk():
     assert counts and counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 12, counts
 
 
+def held_back_text_still_streams_a_chunk_per_step():
+    # The text of the last tokens is held back (it could be the start of the stop string, which
+    # never completes): each of those steps still streams a chunk, with empty text, as vLLM does.
+    body = {"model": "peerserve-dsv3-tiny", "prompt": "Count. " + LONG, "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    full = post_json(ref_port, "/v1/completions", body)["choices"][0]
+    text, offsets = full["text"], full["logprobs"]["text_offset"]
+    assert len(offsets) == 12 and text[offsets[-4]:], (text, offsets)
+    body.pop("logprobs")
+    body.update({"stream": True, "stop": [text[offsets[-4]:] + "\u0001"],
+                 "stream_options": {"continuous_usage_stats": True}})
+    req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    texts, counts = [], []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk["choices"]:
+                    texts.append(chunk["choices"][0]["text"])
+                    counts.append(chunk["usage"]["completion_tokens"])
+    assert counts == list(range(1, 13)), f"one chunk per token expected, got counts {counts}"
+    assert "".join(texts) == text, f"{''.join(texts)!r} != {text!r}"
+    assert "" in texts[-4:-1], f"no held-back step in {texts}"
+
+
 def push_refused_outside_prefill_role():
     body = {"model": "peerserve-dsv3-tiny", "prompt": [1, 2, 3], "max_tokens": 1,
             "peerserve_kv_push": {"endpoint": "127.0.0.1:9", "transfer": "handoff-x-1"}}
@@ -224,6 +259,8 @@ try:
          same_as_all_in_one)
     case("stream_options.continuous_usage_stats: running usage in every chunk",
          continuous_usage_in_every_chunk)
+    case("a step whose text is held back still streams its chunk (empty text)",
+         held_back_text_still_streams_a_chunk_per_step)
     case("only a prefill instance pushes KV (peerserve_kv_push elsewhere is a 400)",
          push_refused_outside_prefill_role)
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
