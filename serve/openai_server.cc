@@ -300,9 +300,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       // possible stop string) still gets its chunk, with empty text, as vLLM sends it: a
       // client sees one chunk per step and measures the gaps between steps. Tool-call
       // parsing holds text back on purpose and sends nothing until it can.
-      const bool has_content = c.tools ? !tool_delta.empty() || has_logprobs
-                                       : !delta.text.empty() || has_logprobs ||
-                                             !delta.token_ids.empty();
+      const bool has_content =
+          c.tools ? !tool_delta.empty() || has_logprobs
+                  : !delta.text.empty() || has_logprobs || !delta.token_ids.empty();
       if (!has_content && !delta.finish_reason) continue;
       json choice = {{"index", index}, {"logprobs", logprobs_json(delta.logprobs, offset)}};
       if (chat_ && c.tools) {
