@@ -64,6 +64,7 @@ struct ServeCli {
   bool fp32 = false;
   uint64_t seed = 0;
   int microbatches = 1;
+  std::string microbatch_split = "measured";
   EpCli ep;
   QuantizeCli quantize;
   SpeculativeCli speculative;
@@ -316,6 +317,8 @@ int run_serve(const ServeCli& cli) {
   executor_options.num_blocks = num_blocks;
   executor_options.kv_dtype = kv_dtype;
   executor_options.microbatches = cli.microbatches;
+  executor_options.microbatch_split =
+      cli.microbatch_split == "always" ? MicrobatchSplit::kAlways : MicrobatchSplit::kMeasured;
   const Result<SpeculativeSetting> speculative =
       resolve_speculative_options(cli.speculative, (*model)->has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
@@ -472,10 +475,18 @@ int run_serve(const ServeCli& cli) {
   // them: the router hands each request to the least loaded rank over the same agreement.
   std::unique_ptr<DataParallelRouter> router;
   if (session.distributed()) {
+    // Each agreement also carries the leader's microbatch plan, which every rank follows.
     router = std::make_unique<DataParallelRouter>(
         session.rank(), session.size(),
-        [&session, m = model->get()](int64_t rows, bool stop, std::span<const std::byte> mail) {
-          return session.agree_and_rebalance(*m, rows, stop, mail);
+        [&session, m = model->get(), pipeline = (*executor)->pipeline()](
+            int64_t rows, bool stop,
+            std::span<const std::byte> mail) -> Result<dist::StepAgreement> {
+          PS_ASSIGN_OR_RETURN(
+              dist::StepAgreement a,
+              session.agree_and_rebalance(*m, rows, stop, mail,
+                                          pipeline != nullptr ? pipeline->proposal() : 0));
+          if (pipeline != nullptr) pipeline->follow_agreement(a.leader_proposal, a.tokens);
+          return a;
         });
     engine_options.lockstep = [r = router.get()](int64_t rows) { return r->lockstep(rows); };
   }
@@ -698,6 +709,13 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "1, or 2 for the two-microbatch pipeline (one microbatch computes while the "
                   "other's expert exchange is in flight; docs/forward_stages.md)")
       ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
+  sub->add_option("--microbatch-split", cli->microbatch_split,
+                  "With --microbatches 2, which steps run as two microbatches: measured (each "
+                  "step size runs the way it measured faster, so the pipeline is never slower "
+                  "than one microbatch beyond a little exploration; under --ep rank 0's "
+                  "measurements decide for all ranks) or always")
+      ->check(CLI::IsMember({"measured", "always"}))
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);

@@ -198,23 +198,25 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
 }
 
 Result<dist::StepAgreement> EpSession::agree(int64_t rows, bool stop,
-                                             std::span<const std::byte> mail) {
+                                             std::span<const std::byte> mail, uint64_t proposal) {
   if (!distributed()) {
     dist::StepAgreement a;
     a.step = rows > 0;
     a.stop = stop;
     a.tokens = rows;
+    a.leader_proposal = proposal;
     a.ranks_with_work = rows > 0 ? 1 : 0;
     if (!mail.empty()) a.mail.emplace_back(mail.begin(), mail.end());
     return a;
   }
-  return impl_->coordinator->agree(rows, stop, mail);
+  return impl_->coordinator->agree(rows, stop, mail, proposal);
 }
 
 Result<dist::StepAgreement> EpSession::agree_and_rebalance(DeepseekModel& model, int64_t rows,
                                                            bool stop,
-                                                           std::span<const std::byte> mail) {
-  PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows, stop, mail));
+                                                           std::span<const std::byte> mail,
+                                                           uint64_t proposal) {
+  PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows, stop, mail, proposal));
   if (distributed()) PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
   return a;
 }

@@ -72,12 +72,13 @@ class EpSession {
   // The lock-step agreement; see dist/step_coordinator.h. Inert session: {step = rows > 0}.
   // `mail` reaches every rank (see StepCoordinator); an inert session returns it as its own.
   Result<dist::StepAgreement> agree(int64_t rows, bool stop = false,
-                                    std::span<const std::byte> mail = {});
+                                    std::span<const std::byte> mail = {}, uint64_t proposal = 0);
   // agree(), then the expert rebalance when this step is due for one (--eplb-interval);
   // between steps, on the thread that drives the model.
   Result<dist::StepAgreement> agree_and_rebalance(DeepseekModel& model, int64_t rows,
                                                   bool stop = false,
-                                                  std::span<const std::byte> mail = {});
+                                                  std::span<const std::byte> mail = {},
+                                                  uint64_t proposal = 0);
   // Leader: runs one forward in lock-step (agree, then forward).
   Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks, LatentKvCache& cache,
                  ForwardState& state, ForwardOutput* out);

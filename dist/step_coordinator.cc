@@ -7,15 +7,15 @@
 namespace peerserve::dist {
 
 Result<StepAgreement> StepCoordinator::agree(int64_t tokens, bool stop,
-                                             std::span<const std::byte> mail) {
+                                             std::span<const std::byte> mail, uint64_t proposal) {
   if (mail.size() > kMaxMailBytes) {
     return invalid_argument("step mail of " + std::to_string(mail.size()) +
                             " bytes is over the limit of " + std::to_string(kMaxMailBytes));
   }
-  // Per rank: has work, tokens, stop, mail length.
-  constexpr size_t kFields = 4;
+  // Per rank: has work, tokens, stop, mail length, proposal.
+  constexpr size_t kFields = 5;
   const int64_t mine[kFields] = {tokens > 0 ? 1 : 0, tokens, stop ? 1 : 0,
-                                 static_cast<int64_t>(mail.size())};
+                                 static_cast<int64_t>(mail.size()), static_cast<int64_t>(proposal)};
   const int size = comm_->size();
   std::vector<int64_t>& all = numbers_;  // reused: an agreement without mail allocates nothing
   all.resize(kFields * static_cast<size_t>(size));
@@ -49,6 +49,7 @@ Result<StepAgreement> StepCoordinator::agree(int64_t tokens, bool stop,
       agreement.mail[static_cast<size_t>(r)].assign(begin, begin + length);
     }
   }
+  agreement.leader_proposal = static_cast<uint64_t>(all[4]);
   agreement.step = agreement.ranks_with_work > 0;
   agreement.step_index = steps_;
   if (agreement.step) ++steps_;

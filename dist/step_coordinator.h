@@ -9,7 +9,7 @@
 //
 // An agreement can carry mail: each rank may post bytes, and every rank receives every
 // rank's bytes of that agreement (the data-parallel front end sends requests to the ranks
-// and gets their outputs back this way). Without mail an agreement is one allgather of four
+// and gets their outputs back this way). Without mail an agreement is one allgather of five
 // numbers per rank; with mail, one more allgather of the longest letter, padded.
 //
 // Thread-safety: the thread that owns the Communicator.
@@ -32,6 +32,9 @@ struct StepAgreement {
   int64_t ranks_with_work = 0;
   int64_t tokens = 0;      // rows all ranks bring to this step, summed
   int64_t step_index = 0;  // steps agreed so far (the same on every rank)
+  // Rank 0's `proposal` to this agreement: a decision every rank follows (the microbatch
+  // plan of runtime/microbatch_policy.h).
+  uint64_t leader_proposal = 0;
   // mail[r]: the bytes rank r posted to this agreement (empty when it posted none, or when
   // no rank posted any: then mail is empty altogether).
   std::vector<std::vector<std::byte>> mail;
@@ -46,9 +49,10 @@ class StepCoordinator {
 
   // Called by every rank once per loop iteration: `tokens` is the rows this rank would run
   // (0 when idle), `stop` asks the whole group to end, `mail` goes to every rank (at most
-  // kMaxMailBytes; more is InvalidArgument on this rank, before any communication).
+  // kMaxMailBytes; more is InvalidArgument on this rank, before any communication),
+  // `proposal` counts only from rank 0 (StepAgreement::leader_proposal).
   Result<StepAgreement> agree(int64_t tokens, bool stop = false,
-                              std::span<const std::byte> mail = {});
+                              std::span<const std::byte> mail = {}, uint64_t proposal = 0);
 
   static constexpr size_t kMaxMailBytes = size_t{256} << 20;
 

@@ -1,5 +1,6 @@
 #include "runtime/microbatch_pipeline.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <utility>
 
@@ -39,21 +40,56 @@ size_t microbatch_split_point(std::span<const SequenceChunk> chunks) {
   return best;
 }
 
-MicrobatchPipeline::MicrobatchPipeline(DeepseekModel* model) : model_(model) {
+MicrobatchPipeline::MicrobatchPipeline(DeepseekModel* model, MicrobatchSplit split)
+    : model_(model), split_policy_(split) {
   for (int slot = 0; slot < 2; ++slot) states_[slot] = model_->new_forward_state(slot);
+}
+
+uint64_t MicrobatchPipeline::proposal() const {
+  return split_policy_ == MicrobatchSplit::kAlways ? ~uint64_t{0} : policy_.plan();
+}
+
+void MicrobatchPipeline::follow_agreement(uint64_t leader_proposal, int64_t group_tokens) {
+  agreed_ = true;
+  agreed_plan_ = leader_proposal;
+  agreed_tokens_ = group_tokens;
 }
 
 Status MicrobatchPipeline::forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache,
                                    ForwardOutput* out) {
   ++stats_.steps;
-  const size_t split = microbatch_split_point(chunks);
+  int64_t rows = 0;
+  for (const SequenceChunk& c : chunks) rows += static_cast<int64_t>(c.tokens.size());
+  // The step's size and plan: the group's under lock-step, else this engine's own.
   // With a collective expert backend every rank runs both microbatches, one possibly empty,
-  // so that the ranks' exchanges pair up slot by slot.
+  // so that the ranks' exchanges pair up slot by slot; whether they split at all is the
+  // agreed plan's, the same on every rank (without an agreement: always, as every rank does).
   const bool collective = model_->expert_backend()->collective();
-  if (split == chunks.size() && !collective) {
-    return model_->forward(chunks, cache, *states_[0], out);
+  const int64_t tokens = agreed_ ? agreed_tokens_ : rows;
+  const uint64_t plan = agreed_ ? agreed_plan_ : collective ? ~uint64_t{0} : proposal();
+  agreed_ = false;
+  const bool wanted = (plan >> MicrobatchPolicy::bucket_of(tokens)) & 1;
+
+  const size_t split = microbatch_split_point(chunks);
+  const bool can_split = split < chunks.size() || collective;
+  const auto start = std::chrono::steady_clock::now();
+  Status status;
+  if (can_split && wanted) {
+    ++stats_.split_steps;
+    status = forward_split(chunks, split, cache, out);
+  } else {
+    if (can_split) ++stats_.whole_steps;
+    status = model_->forward(chunks, cache, *states_[0], out);
   }
-  ++stats_.split_steps;
+  if (status.ok() && can_split) {
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    policy_.record(tokens, wanted, seconds.count());
+  }
+  return status;
+}
+
+Status MicrobatchPipeline::forward_split(std::span<const SequenceChunk> chunks, size_t split,
+                                         LatentKvCache& cache, ForwardOutput* out) {
   // The whole step is checked first (two halves writing one block pass each half's check).
   PS_RETURN_IF_ERROR(model_->validate_forward(chunks, cache));
   PS_RETURN_IF_ERROR(model_->begin_forward(*states_[0], chunks.first(split), cache));

@@ -18,6 +18,13 @@
 // single-microbatch forward bitwise, because every row's value is independent of the rows it shares
 // a batch with.
 //
+// When to split (MicrobatchSplit): kMeasured (the default) splits the steps whose size the
+// MicrobatchPolicy measured to run faster split, so that the pipeline is never slower than
+// one microbatch beyond its exploration; kAlways splits every step it can. Under lock-step
+// (a collective backend) every rank must split the same steps: the caller posts proposal()
+// to the group's agreement and hands the leader's proposal and the group's token count to
+// follow_agreement() before each forward.
+//
 // Thread-safety: one forward at a time (the engine thread).
 #pragma once
 
@@ -28,12 +35,16 @@
 #include "base/status.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
+#include "runtime/microbatch_policy.h"
 
 namespace peerserve {
+
+enum class MicrobatchSplit : uint8_t { kMeasured, kAlways };
 
 struct MicrobatchStats {
   int64_t steps = 0;          // forward calls
   int64_t split_steps = 0;    // of which ran as two microbatches
+  int64_t whole_steps = 0;    // of which the policy ran as one (though they could split)
   int64_t switches = 0;       // times the driver moved to the other microbatch
   int64_t waits_avoided = 0;  // switches made because the next stage would have waited
 };
@@ -41,19 +52,36 @@ struct MicrobatchStats {
 class MicrobatchPipeline {
  public:
   // The model must outlive the pipeline.
-  explicit MicrobatchPipeline(DeepseekModel* model);
+  explicit MicrobatchPipeline(DeepseekModel* model,
+                              MicrobatchSplit split = MicrobatchSplit::kMeasured);
+
+  // Lock-step: what this rank proposes for the next step (MicrobatchPolicy::plan()), and the
+  // group's agreement on it (the leader's proposal, the rows all ranks bring). The next
+  // forward follows it; without one, forward() decides from its own rows.
+  uint64_t proposal() const;
+  void follow_agreement(uint64_t leader_proposal, int64_t group_tokens);
 
   // One step, as two microbatches when the chunks can be split. Same contract and errors
   // as DeepseekModel::forward; out's rows are in chunk order.
   Status forward(std::span<const SequenceChunk> chunks, LatentKvCache& cache, ForwardOutput* out);
 
   const MicrobatchStats& stats() const { return stats_; }
+  const MicrobatchPolicy& policy() const { return policy_; }
 
  private:
   // Runs both states to kDone, interleaving by the policy above.
   Status drive();
 
+  // Runs the step as two microbatches (split < chunks.size(), or an empty second one).
+  Status forward_split(std::span<const SequenceChunk> chunks, size_t split, LatentKvCache& cache,
+                       ForwardOutput* out);
+
   DeepseekModel* model_;
+  MicrobatchSplit split_policy_;
+  MicrobatchPolicy policy_;
+  bool agreed_ = false;  // follow_agreement() was called for the next forward
+  uint64_t agreed_plan_ = 0;
+  int64_t agreed_tokens_ = 0;
   std::unique_ptr<ForwardState> states_[2];
   ForwardOutput outputs_[2];
   MicrobatchStats stats_;

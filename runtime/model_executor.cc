@@ -47,8 +47,7 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());
   PS_ASSIGN_OR_RETURN(LatentKvCache cache, LatentKvCache::create(layout, options.num_blocks));
-  return std::unique_ptr<ModelExecutor>(new ModelExecutor(
-      model, std::move(cache), options.microbatches, options.num_speculative_tokens));
+  return std::unique_ptr<ModelExecutor>(new ModelExecutor(model, std::move(cache), options));
 }
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {

@@ -34,6 +34,8 @@ struct ModelExecutorOptions {
   // 1: each step is one forward; 2: the two-microbatch pipeline (microbatch_pipeline.h).
   // Default 1.
   int microbatches = 1;
+  // With two: which steps split (measured per step size, or all; microbatch_pipeline.h).
+  MicrobatchSplit microbatch_split = MicrobatchSplit::kMeasured;
   // Speculative decoding with the model's MTP layer: drafts per sequence and step (0 = off;
   // the scheduler must be configured with the same number). Needs a model with its MTP
   // layer loaded, one microbatch and a local expert backend. Default 0.
@@ -67,15 +69,19 @@ class ModelExecutor final : public Executor {
   const LatentKvCache& kv_cache() const { return cache_; }
   // Null with one microbatch.
   const MicrobatchPipeline* pipeline() const { return pipeline_.get(); }
+  // Lock-step callers post its proposal to, and hand it, each agreement (the pointer stays
+  // valid for the executor's life).
+  MicrobatchPipeline* pipeline() { return pipeline_.get(); }
 
  private:
-  ModelExecutor(DeepseekModel* model, LatentKvCache cache, int microbatches,
-                int32_t num_speculative_tokens)
+  ModelExecutor(DeepseekModel* model, LatentKvCache cache, const ModelExecutorOptions& options)
       : model_(model),
         cache_(std::move(cache)),
-        num_speculative_tokens_(num_speculative_tokens),
+        num_speculative_tokens_(options.num_speculative_tokens),
         state_(model->new_forward_state()),
-        pipeline_(microbatches == 2 ? std::make_unique<MicrobatchPipeline>(model) : nullptr) {}
+        pipeline_(options.microbatches == 2
+                      ? std::make_unique<MicrobatchPipeline>(model, options.microbatch_split)
+                      : nullptr) {}
 
   // Steps 2-4 of a speculative step, after the main forward into output_.
   Status speculate(const StepPlan& plan, StepResult* result);

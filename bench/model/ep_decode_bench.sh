@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decode throughput on the mini preset: one process (2 threads) against expert parallelism
-# over 2 processes (1 thread each), each with and without the two-microbatch pipeline, at
+# over 2 processes (1 thread each), each with one microbatch, with the two-microbatch pipeline
+# under its measured split (the default) and with every step split, at
 # batch 1, 16 and 64 (paper 000 Figure 20's shape). The four configurations run in
 # interleaved rounds, so that a busy machine slows them alike; the table shows medians
 # over rounds of each run's median, and each EP figure as a ratio of the single process
@@ -16,11 +17,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [[ -f $model/config.json ]] || "$build/apps/peerserve" make-test-model --preset mini --out "$model" >&2
 common=(--model "$model" --batches 1,16,64 --context 64 --steps 16 --runs 3)
 out=$(mktemp -d)
+# mb1: one microbatch; mb2: --microbatches 2 with the measured split (the default);
+# mb2always: every step split (the pipeline's own cost or gain).
 for ((r = 0; r < rounds; r++)); do
-  for mb in 1 2; do
-    "$bin" "${common[@]}" --threads 2 --microbatches $mb >>"$out/single_mb$mb"
-    mpirun -np 2 --oversubscribe "$bin" "${common[@]}" --threads 1 --ep 2 --microbatches $mb \
-      >>"$out/ep2_mb$mb"
+  for cfg in mb1 mb2 mb2always; do
+    case $cfg in
+      mb1) flags=(--microbatches 1) ;;
+      mb2) flags=(--microbatches 2 --microbatch-split measured) ;;
+      mb2always) flags=(--microbatches 2 --microbatch-split always) ;;
+    esac
+    "$bin" "${common[@]}" --threads 2 "${flags[@]}" >>"$out/single_$cfg"
+    mpirun -np 2 --oversubscribe "$bin" "${common[@]}" --threads 1 --ep 2 "${flags[@]}" \
+      >>"$out/ep2_$cfg"
   done
 done
 python3 - "$out" <<'PY'
@@ -33,12 +41,18 @@ def rates(name):
         if m:
             by_batch.setdefault(int(m.group(1)), []).append(float(m.group(2)))
     return {b: statistics.median(v) for b, v in by_batch.items()}
-single = {mb: rates(f"single_mb{mb}") for mb in (1, 2)}
-ep = {mb: rates(f"ep2_mb{mb}") for mb in (1, 2)}
-print("| batch | 1 proc x 2 thr | 1 proc, 2 microbatches | EP=2 x 1 thr | EP=2, 2 microbatches | EP=2 / 1 proc | EP=2 mb2 / EP=2 mb1 |")
-print("|---|---|---|---|---|---|---|")
-for b in sorted(single[1]):
-    print(f"| {b} | {single[1][b]:.1f} | {single[2][b]:.1f} | {ep[1][b]:.1f} | {ep[2][b]:.1f} | "
-          f"{ep[1][b] / single[1][b]:.2f}x | {ep[2][b] / ep[1][b]:.2f}x |")
+cfgs = ("mb1", "mb2", "mb2always")
+single = {c: rates(f"single_{c}") for c in cfgs}
+ep = {c: rates(f"ep2_{c}") for c in cfgs}
+print("tokens/s; mb2 = --microbatches 2 (measured split, the default), always = every step split")
+print("| batch | 1 proc x 2 thr | 1 proc mb2 | 1 proc always | EP=2 x 1 thr | EP=2 mb2 | EP=2 always "
+      "| EP=2 / 1 proc | mb2 / mb1 (1 proc) | mb2 / mb1 (EP=2) | always / mb1 (EP=2) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for b in sorted(single["mb1"]):
+    s, e = single, ep
+    print(f"| {b} | {s['mb1'][b]:.1f} | {s['mb2'][b]:.1f} | {s['mb2always'][b]:.1f} | "
+          f"{e['mb1'][b]:.1f} | {e['mb2'][b]:.1f} | {e['mb2always'][b]:.1f} | "
+          f"{e['mb1'][b] / s['mb1'][b]:.2f}x | {s['mb2'][b] / s['mb1'][b]:.2f}x | "
+          f"{e['mb2'][b] / e['mb1'][b]:.2f}x | {e['mb2always'][b] / e['mb1'][b]:.2f}x |")
 PY
 rm -rf "$out"

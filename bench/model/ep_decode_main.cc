@@ -1,7 +1,8 @@
 // Decode throughput with and without expert parallelism and the two-microbatch pipeline
 // (the shape of paper 000 Figure 20, at this machine's scale). One process:
 //
-//   peerserve_bench_ep_decode --model DIR --threads 2 --batches 1,16,64 [--microbatches 2]
+//   peerserve_bench_ep_decode --model DIR --threads 2 --batches 1,16,64 [--microbatches 2
+//                             [--microbatch-split measured|always]]
 //
 // or EP ranks, each owning batch/N of the sequences (data-parallel attention) and 1/N of
 // the routed experts:
@@ -38,6 +39,7 @@ struct Args {
   int64_t steps = 16;
   int runs = 3;
   int microbatches = 1;
+  std::string split = "measured";  // with two microbatches: MicrobatchSplit
   EpCli ep;
 };
 
@@ -63,6 +65,8 @@ bool parse(int argc, char** argv, Args* args) {
       args->runs = std::atoi(value().c_str());
     } else if (flag == "--microbatches") {
       args->microbatches = std::atoi(value().c_str());
+    } else if (flag == "--microbatch-split") {
+      args->split = value();
     } else if (flag == "--ep") {
       args->ep.ep = std::atoi(value().c_str());
     } else if (flag == "--ep-dispatch-dtype") {
@@ -70,7 +74,8 @@ bool parse(int argc, char** argv, Args* args) {
     } else {
       std::fprintf(stderr,
                    "usage: peerserve_bench_ep_decode --model DIR [--threads T] [--batches 1,16,64] "
-                   "[--context 64] [--steps 16] [--runs 3] [--microbatches 1|2] [--ep N "
+                   "[--context 64] [--steps 16] [--runs 3] [--microbatches 1|2] "
+                   "[--microbatch-split measured|always] [--ep N "
                    "[--ep-dispatch-dtype int8|bf16|fp32]]\n");
       return false;
     }
@@ -79,7 +84,8 @@ bool parse(int argc, char** argv, Args* args) {
     if (b < 1) return false;
   }
   return !args->model_dir.empty() && (args->microbatches == 1 || args->microbatches == 2) &&
-         args->context >= 1 && args->steps >= 1 && args->runs >= 1;
+         (args->split == "measured" || args->split == "always") && args->context >= 1 &&
+         args->steps >= 1 && args->runs >= 1;
 }
 
 int64_t my_share(int64_t batch, int rank, int ranks) {
@@ -111,7 +117,9 @@ Result<double> decode_tokens_per_second(const Args& args, EpSession& session, De
       chunks[s].start_pos = start;
       chunks[s].block_table = blocks[s];
     }
-    PS_RETURN_IF_ERROR(session.agree(mine * n).status());
+    PS_ASSIGN_OR_RETURN(dist::StepAgreement agreement,
+                        session.agree(mine * n, false, {}, pipeline ? pipeline->proposal() : 0));
+    if (pipeline) pipeline->follow_agreement(agreement.leader_proposal, agreement.tokens);
     return pipeline ? pipeline->forward(chunks, cache, &out)
                     : model.forward(chunks, cache, *state, &out);
   };
@@ -146,7 +154,10 @@ int run(int argc, char** argv) {
   }
   if (Status s = session.install(model, max_rows); !s.ok()) return session.fail(s);
   std::unique_ptr<MicrobatchPipeline> pipeline;
-  if (args.microbatches == 2) pipeline = std::make_unique<MicrobatchPipeline>(&model);
+  if (args.microbatches == 2) {
+    pipeline = std::make_unique<MicrobatchPipeline>(
+        &model, args.split == "always" ? MicrobatchSplit::kAlways : MicrobatchSplit::kMeasured);
+  }
 
   for (int64_t batch : args.batches) {
     std::vector<double> rates;
@@ -159,9 +170,9 @@ int run(int argc, char** argv) {
     if (session.leader()) {
       std::printf(
           "decode batch %lld: %.1f tok/s (median of %d; ep %d, threads %d, microbatches "
-          "%d, dispatch %s)\n",
+          "%d%s, dispatch %s)\n",
           static_cast<long long>(batch), rates[rates.size() / 2], args.runs, session.size(),
-          args.threads, args.microbatches,
+          args.threads, args.microbatches, args.microbatches == 2 ? (" " + args.split).c_str() : "",
           session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
       std::fflush(stdout);
     }

@@ -120,6 +120,32 @@ TEST(StepCoordinatorTest, MailReachesEveryRank) {
   }
 }
 
+// Every rank receives rank 0's proposal (the microbatch plan every rank follows), whatever
+// the others proposed.
+TEST(StepCoordinatorTest, EveryRankGetsTheLeadersProposal) {
+  constexpr int kRanks = 3;
+  InProcessGroup group(kRanks);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < kRanks; ++r) comms.push_back(group.communicator(r));
+  std::vector<std::vector<uint64_t>> seen(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      StepCoordinator coordinator(comms[r].get(), milliseconds(5000));
+      for (uint64_t i = 0; i < 3; ++i) {
+        const uint64_t proposal = (i << 60) | (uint64_t{1} << (10 + r)) | 1;  // high bits too
+        auto agreement = coordinator.agree(1, false, {}, proposal);
+        if (agreement.ok()) seen[r].push_back(agreement->leader_proposal);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(seen[r].size(), 3u) << "rank " << r;
+    for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(seen[r][i], (i << 60) | (uint64_t{1} << 10) | 1);
+  }
+}
+
 TEST(StepCoordinatorTest, OversizedMailIsRefusedBeforeCommunicating) {
   InProcessGroup group(1);
   auto comm = group.communicator(0);

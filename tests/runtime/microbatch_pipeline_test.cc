@@ -173,7 +173,7 @@ TEST_F(MicrobatchPipelineTest, EqualsOneBatchBitwiseAndInterleavesTheExchanges) 
   ASSERT_TRUE(model_->forward(chunks_, *cache_, &one).ok());
   logger_->log.clear();
 
-  MicrobatchPipeline pipeline(model_.get());
+  MicrobatchPipeline pipeline(model_.get(), MicrobatchSplit::kAlways);
   ForwardOutput two;
   ASSERT_TRUE(pipeline.forward(chunks_, *cache_, &two).ok());
   EXPECT_TRUE(same_output(one, two));
@@ -196,7 +196,7 @@ TEST_F(MicrobatchPipelineTest, SwitchesToTheOtherMicrobatchWhenAnExchangeIsNotRe
   ForwardOutput one;
   ASSERT_TRUE(model_->forward(chunks_, *cache_, &one).ok());
   logger_->not_ready_per_call = 1;
-  MicrobatchPipeline pipeline(model_.get());
+  MicrobatchPipeline pipeline(model_.get(), MicrobatchSplit::kAlways);
   ForwardOutput two;
   ASSERT_TRUE(pipeline.forward(chunks_, *cache_, &two).ok());
   EXPECT_TRUE(same_output(one, two));
@@ -225,7 +225,7 @@ TEST_F(MicrobatchPipelineTest, CollectiveBackendRunsAnEmptySecondMicrobatch) {
 
 TEST_F(MicrobatchPipelineTest, AFailedExchangeFailsTheStepAndTheNextStepWorks) {
   make_step();
-  MicrobatchPipeline pipeline(model_.get());
+  MicrobatchPipeline pipeline(model_.get(), MicrobatchSplit::kAlways);
   ForwardOutput out;
   logger_->fail = true;
   const Status s = pipeline.forward(chunks_, *cache_, &out);
@@ -241,12 +241,65 @@ TEST_F(MicrobatchPipelineTest, TwoMicrobatchesWritingOneBlockAreRefused) {
   make_step();
   chunks_[3].block_table = blocks_[0];  // the fourth sequence writes the first's block 2
   chunks_[3].start_pos = 8;
-  MicrobatchPipeline pipeline(model_.get());
+  MicrobatchPipeline pipeline(model_.get(), MicrobatchSplit::kAlways);
   ForwardOutput out;
   EXPECT_EQ(pipeline.forward(chunks_, *cache_, &out).code(), StatusCode::kInvalidArgument);
   // Nothing was left half-way: the next step runs.
   make_step();
   EXPECT_TRUE(pipeline.forward(chunks_, *cache_, &out).ok());
+}
+
+}  // namespace
+}  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// The measured policy, by the agreement a lock-step caller hands over: the leader's plan
+// decides for the group's step size, split or whole, with the same rows either way; a
+// collective backend without an agreement splits (every rank does the same).
+TEST_F(MicrobatchPipelineTest, FollowsTheAgreedPlanForTheGroupsStepSize) {
+  make_step();
+  ForwardOutput one;
+  ASSERT_TRUE(model_->forward(chunks_, *cache_, &one).ok());
+  MicrobatchPipeline pipeline(model_.get());
+  const int64_t group_tokens = 1000;  // other ranks bring most of the step
+  const int bucket = MicrobatchPolicy::bucket_of(group_tokens);
+  ForwardOutput out;
+  pipeline.follow_agreement(uint64_t{1} << bucket, group_tokens);
+  ASSERT_TRUE(pipeline.forward(chunks_, *cache_, &out).ok());
+  EXPECT_TRUE(same_output(one, out));
+  EXPECT_EQ(pipeline.stats().split_steps, 1);
+  pipeline.follow_agreement(~(uint64_t{1} << bucket), group_tokens);
+  ASSERT_TRUE(pipeline.forward(chunks_, *cache_, &out).ok());
+  EXPECT_TRUE(same_output(one, out));
+  EXPECT_EQ(pipeline.stats().split_steps, 1);
+  EXPECT_EQ(pipeline.stats().whole_steps, 1);
+  // Both timings went to the group size's bucket.
+  EXPECT_EQ(pipeline.policy().samples(bucket, true), 1);
+  EXPECT_EQ(pipeline.policy().samples(bucket, false), 1);
+
+  logger_->is_collective = true;
+  ASSERT_TRUE(pipeline.forward(chunks_, *cache_, &out).ok());
+  EXPECT_EQ(pipeline.stats().split_steps, 2);
+  EXPECT_TRUE(same_output(one, out));
+}
+
+// Without an agreement and with a local backend the pipeline asks its own policy: it tries
+// both ways first, and `always` splits every step.
+TEST_F(MicrobatchPipelineTest, MeasuredPolicyTriesBothWaysFirst) {
+  make_step();
+  MicrobatchPipeline measured(model_.get());
+  MicrobatchPipeline always(model_.get(), MicrobatchSplit::kAlways);
+  ForwardOutput out;
+  for (int i = 0; i < 2 * MicrobatchPolicy::kWarmupSamples; ++i) {
+    ASSERT_TRUE(measured.forward(chunks_, *cache_, &out).ok());
+    ASSERT_TRUE(always.forward(chunks_, *cache_, &out).ok());
+  }
+  EXPECT_EQ(measured.stats().split_steps, MicrobatchPolicy::kWarmupSamples);
+  EXPECT_EQ(measured.stats().whole_steps, MicrobatchPolicy::kWarmupSamples);
+  EXPECT_EQ(always.stats().split_steps, 2 * MicrobatchPolicy::kWarmupSamples);
+  EXPECT_EQ(always.stats().whole_steps, 0);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ struct RunConfig {
   int32_t block_size = 4;
   bool prefix_caching = true;
   int microbatches = 1;
+  MicrobatchSplit microbatch_split = MicrobatchSplit::kAlways;
 };
 
 struct RunResult {
@@ -71,6 +72,7 @@ class ModelEngineTest : public ::testing::Test {
     ex.num_blocks = config.num_blocks;
     ex.kv_dtype = DType::kF32;
     ex.microbatches = config.microbatches;
+    ex.microbatch_split = config.microbatch_split;
     auto executor = ModelExecutor::create(model_.get(), ex);
     EXPECT_TRUE(executor.ok()) << executor.status().to_string();
     EngineOptions eo;
@@ -179,10 +181,14 @@ TEST_F(ModelEngineTest, TwoMicrobatchesGiveTheSameTokensAsOne) {
   two_tight.num_blocks = 20;  // preemption under the pipeline too
   RunResult squeezed = run(two_tight, requests, /*sequential=*/false);
   EXPECT_GT(squeezed.metrics.scheduler.num_preemptions, 0);
+  RunConfig measured = two;  // the default policy: some steps split, some not
+  measured.microbatch_split = MicrobatchSplit::kMeasured;
+  RunResult chosen = run(measured, requests, /*sequential=*/false);
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_EQ(reference.tokens[i].size(), 14u);
     EXPECT_EQ(pipelined.tokens[i], reference.tokens[i]) << "request " << i;
     EXPECT_EQ(squeezed.tokens[i], reference.tokens[i]) << "request " << i;
+    EXPECT_EQ(chosen.tokens[i], reference.tokens[i]) << "request " << i;
   }
 }
 
