@@ -9,7 +9,8 @@
 //
 //   peerserve_bench_model [--model DIR] [--runs 5] [--threads 0] [--prompt 512]
 //                         [--context 128] [--steps 16] [--cpu-time]
-//                         [--profile-decode STEPS [--profile-batch B]]
+//                         [--profile-decode STEPS [--profile-batch B]] [--quantize int8]
+//                         [--isa scalar|avx2|avx512|avx512_vnni|avx512_bf16]
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini.
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "kernels/cpu_features.h"
 #include "bench/model/mini_model.h"
 #include "model/checkpoint/test_model.h"
 #include "model/deepseek_model.h"
@@ -50,9 +52,16 @@ class CountingBackend final : public ExpertBackend {
 };
 
 // Weight bytes and multiply-accumulates of the model, from its config (bf16 matrices,
-// fp32 norms and routers, as DeepseekModel holds them).
+// fp32 norms and routers, as DeepseekModel holds them; with --quantize int8 one byte per
+// weight of the INT8 matrices: everything but kv_b and the LM head, per-channel scales not
+// counted, < 0.5% here).
 struct ModelCost {
   const ModelConfig& c;
+  bool int8 = false;
+  double matrix_bytes() const { return int8 ? 1.0 : 2.0; }
+  int64_t kv_b_params() const {
+    return c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+  }
   int64_t attention_params() const {
     const int64_t h = c.num_attention_heads;
     int64_t q = c.q_lora_rank
@@ -71,12 +80,15 @@ struct ModelCost {
   // Bytes read per decode step, except routed experts (counted per step) and the KV.
   double fixed_bytes() const {
     const int64_t moe = num_moe_layers(), dense = c.num_hidden_layers - moe;
-    double params = static_cast<double>(
-        c.num_hidden_layers * attention_params() + dense * 3 * c.hidden_size * c.intermediate_size +
-        moe * c.n_shared_experts * expert_params() + c.vocab_size * c.hidden_size);
+    const double quantizable = static_cast<double>(
+        c.num_hidden_layers * (attention_params() - kv_b_params()) +
+        dense * 3 * c.hidden_size * c.intermediate_size + moe * c.n_shared_experts * expert_params());
+    const double bf16_params =
+        static_cast<double>(c.num_hidden_layers * kv_b_params() + c.vocab_size * c.hidden_size);
     const double router_bytes = 4.0 * moe * c.n_routed_experts * c.hidden_size;
-    return 2.0 * params + router_bytes;
+    return matrix_bytes() * quantizable + 2.0 * bf16_params + router_bytes;
   }
+  double expert_bytes() const { return matrix_bytes() * static_cast<double>(expert_params()); }
   // Multiply-accumulates of a prefill of n tokens from position 0 (logits of the last
   // token only), in the plain attention form the model uses for it.
   double prefill_macs(int64_t n) const {
@@ -106,6 +118,7 @@ struct Args {
   // oversubscribed machine this leaves out the time the process was not running.
   bool cpu_time = false;
   bool int8 = false;  // --quantize int8: W8A8 weights (docs/quantization.md)
+  std::string isa;    // --isa LEVEL: force a lower kernel level (e.g. avx2 on an AVX-512 CPU)
 };
 
 Args parse_args(int argc, char** argv) {
@@ -141,6 +154,8 @@ Args parse_args(int argc, char** argv) {
       a.profile_batch = std::stoll(value);
     else if (key == "--quantize" && (value == "int8" || value == "none"))
       a.int8 = value == "int8";
+    else if (key == "--isa")
+      a.isa = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       std::exit(2);
@@ -178,7 +193,7 @@ int run(const Args& args) {
   const ModelConfig& c = model.config();
   auto counting = std::make_shared<CountingBackend>(model.expert_backend());
   model.set_expert_backend(counting);
-  const ModelCost cost{c};
+  const ModelCost cost{c, args.int8};
 
   if (args.profile_decode > 0) {
     const KvLayout layout = model.kv_layout(16, DType::kBF16);
@@ -284,7 +299,7 @@ int run(const Args& args) {
       const bench::Stopwatch watch(clock);
       PS_RETURN_IF_ERROR(model.forward(chunks, cache, *state, &out));
       times.push_back(watch.seconds());
-      bytes.push_back(cost.fixed_bytes() + 2.0 * cost.expert_params() * counting->expert_loads);
+      bytes.push_back(cost.fixed_bytes() + cost.expert_bytes() * counting->expert_loads);
       result.kv_bytes = static_cast<double>(batch) * (args.context + step + 1) *
                         c.num_hidden_layers * layout.token_width() * 2.0;
     }
@@ -352,5 +367,19 @@ int run(const Args& args) {
 }  // namespace peerserve
 
 int main(int argc, char** argv) {
-  return peerserve::run(peerserve::parse_args(argc, argv));
+  const peerserve::Args args = peerserve::parse_args(argc, argv);
+  if (!args.isa.empty()) {
+    // Every kernel (ceilings included) runs at this level, e.g. the AVX2 paths on an AVX-512
+    // machine; refused when the CPU lacks it.
+    bool known = false;
+    for (peerserve::kernels::IsaLevel level : peerserve::kernels::supported_isa_levels()) {
+      if (peerserve::kernels::isa_level_name(level) != args.isa) continue;
+      known = peerserve::kernels::force_isa_level(level).ok();
+    }
+    if (!known) {
+      std::fprintf(stderr, "--isa %s: not a level this CPU supports\n", args.isa.c_str());
+      return 2;
+    }
+  }
+  return peerserve::run(args);
 }

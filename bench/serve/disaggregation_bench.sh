@@ -3,11 +3,12 @@
 # (`serve --role decode` alone on core 1; `serve --role prefill`, the cache-server, the router
 # and the bench client on core 0; one kernel thread per instance) against the all-in-one server on both cores, with
 # `peerserve bench` at concurrency 8 and 32, 1,024-token prompts, 128 output tokens.
-# Prints throughput, TTFT, TPOT, ITL p50/p99 (gaps between chunks with text, as vLLM's bench)
-# and TBT p50/p99 (per token: each chunk's gap over the tokens it carries; the random mini
-# model's tokens often hold their text back, part of a UTF-8 character, which merges two
-# chunk gaps into one ITL sample of ~2 steps) per setup.
-# Usage: bench/serve/disaggregation_bench.sh [BUILD_DIR] [OUT_DIR]   (NUM_PROMPTS, default 32)
+# Prints throughput, TTFT, TPOT, ITL p50/p99 (gaps between stream chunks, as vLLM's bench;
+# the server sends one per step, with empty text where the text is held back) and TBT
+# p50/p99 (per token: each chunk's gap over the tokens it carries) per setup.
+# Usage: bench/serve/disaggregation_bench.sh [BUILD_DIR] [OUT_DIR]   (NUM_PROMPTS, default 32;
+# PREFILL_NICE=19 runs the prefill instance at low priority, so that the router and the bench
+# client that share its core are not delayed behind prefill computation, as on separate hosts)
 set -euo pipefail
 build=${1:-build}
 out=${2:-/tmp/peerserve_disaggregation_bench}
