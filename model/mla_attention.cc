@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "base/check.h"
 #include "kernels/bf16_convert.h"
@@ -267,28 +268,28 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
         for (int64_t b = 0; b * block_size < visible; ++b) {
           const int64_t tokens = std::min(block_size, visible - b * block_size);
           const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
+          // The block's rows as keys, in the cache's dtype.
+          auto scores_of = [&](auto key_type) {
+            using Key = decltype(key_type);
+            kernels::MatmulArgs<Key> sa;
+            sa.x = q;
+            sa.x_stride = width;
+            sa.w = reinterpret_cast<const Key*>(block);
+            sa.y = p + b * block_size;
+            sa.y_stride = context;
+            sa.m = hg;
+            sa.n = tokens;
+            sa.k = width;
+            if constexpr (std::is_same_v<Key, bf16>) {
+              kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
+            } else {
+              kernels::matmul_f32(sa, nullptr);
+            }
+          };
           if (bf16_cache) {
-            kernels::MatmulBf16Args sa;
-            sa.x = q;
-            sa.x_stride = width;
-            sa.w = reinterpret_cast<const bf16*>(block);
-            sa.y = p + b * block_size;
-            sa.y_stride = context;
-            sa.m = hg;
-            sa.n = tokens;
-            sa.k = width;
-            kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
+            scores_of(bf16{});
           } else {
-            kernels::MatmulF32Args sa;
-            sa.x = q;
-            sa.x_stride = width;
-            sa.w = reinterpret_cast<const float*>(block);
-            sa.y = p + b * block_size;
-            sa.y_stride = context;
-            sa.m = hg;
-            sa.n = tokens;
-            sa.k = width;
-            kernels::matmul_f32(sa, nullptr);
+            scores_of(float{});
           }
         }
         for (int64_t hh = 0; hh < hg; ++hh) {
@@ -300,14 +301,14 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
         for (int64_t b = 0; b * block_size < visible; ++b) {
           const int64_t tokens = std::min(block_size, visible - b * block_size);
           const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
+          auto sum_into = [&](const auto* latents) {
+            kernels::weighted_rows(p + b * block_size, context, hg, latents, width, tokens, o, lora,
+                                   lora);
+          };
           if (bf16_cache) {
-            kernels::weighted_rows(p + b * block_size, context, hg,
-                                   reinterpret_cast<const bf16*>(block), width, tokens, o, lora,
-                                   lora);
+            sum_into(reinterpret_cast<const bf16*>(block));
           } else {
-            kernels::weighted_rows(p + b * block_size, context, hg,
-                                   reinterpret_cast<const float*>(block), width, tokens, o, lora,
-                                   lora);
+            sum_into(reinterpret_cast<const float*>(block));
           }
         }
       }
