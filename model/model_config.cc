@@ -386,10 +386,11 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source) {
   json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
-    // Parse again with exceptions to get the position of the error for the message.
+    // Parse again with exceptions to get the position of the error for the message (any
+    // json::exception: a number too large for a double is out_of_range, not parse_error).
     try {
       [[maybe_unused]] const json reparsed = json::parse(json_text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       return invalid_argument(source + ": not valid JSON: " + e.what());
     }
     return invalid_argument(source + ": not valid JSON");

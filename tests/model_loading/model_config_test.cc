@@ -233,6 +233,9 @@ TEST(ModelConfigTest, RejectsBadJson) {
   EXPECT_NE(s.message().find("x/config.json: not valid JSON"), std::string::npos) << s.message();
   EXPECT_FALSE(parse_model_config("[1, 2]", "x").ok());
   EXPECT_FALSE(parse_model_config("", "x").ok());
+  // A number beyond a double: nlohmann's out_of_range, not parse_error (found by the fuzzer).
+  const Status huge = parse_model_config("{\"hidden_size\": 9E999999999}", "x").status();
+  EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument) << huge.message();
 }
 
 TEST(ModelConfigTest, MissingFileIsNotFound) {
