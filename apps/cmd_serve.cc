@@ -138,17 +138,17 @@ int follow_leader(EpSession& session, Engine& engine, DataParallelRouter& router
 }
 
 int run_router(const ServeCli& cli) {
-  if (!cli.model_dir.empty() || !cli.prefill_instances.empty() || !cli.kv_pool.members.empty() ||
-      !cli.model_cache.empty()) {
+  if (!cli.model_dir.empty() || !cli.kv_pool.members.empty() || !cli.model_cache.empty()) {
     return fail(invalid_argument(
-        "--role router loads no model and talks to decode instances only: drop --model, "
-        "--model-cache, --prefill and --kv-pool (give them to the decode instances)"));
+        "--role router loads no model and uses no pool: drop --model, --model-cache and "
+        "--kv-pool (give them to the decode instances)"));
   }
   if (cli.port < 0 || cli.port > 65535) {
     return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
   }
   RouterRoleOptions options;
   options.decode_instances = cli.decode_instances;
+  options.prefill_instances = cli.prefill_instances;
   options.http.host = cli.host;
   options.http.port = static_cast<uint16_t>(cli.port);
   options.http.max_body_bytes = cli.max_body_bytes;
@@ -438,10 +438,9 @@ int run_serve(const ServeCli& cli) {
                      session.rank(), source.status().message().c_str());
       }
     }
-    engine_options.kv_pool_options.remote_prefill = [prefill](std::span<const TokenId> prompt,
-                                                              const KvPushTarget* push) {
-      return prefill->prefill(prompt, push);
-    };
+    engine_options.kv_pool_options.remote_prefill =
+        [prefill](std::span<const TokenId> prompt, const KvPushTarget* push,
+                  const std::string& hint) { return prefill->prefill(prompt, push, hint); };
     engine_options.kv_pool_options.workers = 8;  // prefills in flight at once
     if (cli.kv_handoff_port < -1 || cli.kv_handoff_port > 65535) {
       return session.fail(
@@ -764,7 +763,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->check(CLI::IsMember({"all", "prefill", "decode", "router"}))
       ->capture_default_str();
   sub->add_option("--prefill", cli->prefill_instances,
-                  "With --role decode: HOST:PORT,... of 'serve --role prefill' instances");
+                  "With --role decode: HOST:PORT,... of 'serve --role prefill' instances. With "
+                  "--role router: the same instances, health-checked by the router, which "
+                  "names the least loaded in each request for the decode instance to try first "
+                  "(it must be in that decode instance's own --prefill list)");
   sub->add_option("--prefill-timeout-ms", cli->prefill_timeout_ms,
                   "With --role decode: a prefill call gives up after this long (then the next "
                   "instance, then a local prefill)")

@@ -38,11 +38,29 @@ int run_router_role(const RouterRoleOptions& options) {
                                          std::min(interval, std::chrono::milliseconds(2000)));
   if (!backends.ok()) return fail(backends.status());
   std::shared_ptr<RouterBackends> shared = std::move(backends).value();
+  std::shared_ptr<RouterBackends> prefill;
+  if (!options.prefill_instances.empty()) {
+    auto created = RouterBackends::create(options.prefill_instances, interval,
+                                          std::min(interval, std::chrono::milliseconds(2000)),
+                                          "prefill instance", "--prefill");
+    if (!created.ok()) return fail(created.status());
+    prefill = std::move(created).value();
+    prefill->share_identity_with(shared.get());  // same model and KV namespace as the decoders
+  }
   std::vector<std::string> unreachable;
   if (Status s = shared->check(&unreachable); !s.ok()) return fail(s);
   for (const std::string& u : unreachable) {
     std::fprintf(stderr, "warning: decode instance %s is not up yet; it joins when it is\n",
                  u.c_str());
+  }
+  if (prefill) {
+    unreachable.clear();
+    if (Status s = prefill->check(&unreachable); !s.ok()) return fail(s);
+    for (const std::string& u : unreachable) {
+      std::fprintf(stderr, "warning: prefill instance %s is not up yet; it joins when it is\n",
+                   u.c_str());
+    }
+    prefill->start();
   }
   shared->start();
 
@@ -51,7 +69,7 @@ int run_router_role(const RouterRoleOptions& options) {
   router_options.api_key = options.api_key;
   router_options.timeouts.connect = std::chrono::milliseconds(options.connect_timeout_ms);
   router_options.timeouts.read = std::chrono::seconds(options.read_timeout_s);
-  auto router = OpenAiRouter::create(router_options, shared);
+  auto router = OpenAiRouter::create(router_options, shared, prefill);
   if (!router.ok()) return fail(router.status());
   std::fprintf(stderr,
                "role router: OpenAI API on http://%s:%u over %d decode instance%s (%s), health "
@@ -59,6 +77,13 @@ int run_router_role(const RouterRoleOptions& options) {
                options.http.host.c_str(), static_cast<unsigned>((*router)->port()), shared->size(),
                shared->size() == 1 ? "" : "s", options.decode_instances.c_str(),
                options.health_interval_ms);
+  if (prefill) {
+    std::fprintf(stderr,
+                 "role router: suggests the least loaded of %d prefill instance%s (%s) to the "
+                 "decode instances\n",
+                 prefill->size(), prefill->size() == 1 ? "" : "s",
+                 options.prefill_instances.c_str());
+  }
   std::fflush(stderr);
 
   OpenAiRouter* raw = router->get();

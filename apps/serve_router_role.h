@@ -10,7 +10,8 @@
 namespace peerserve {
 
 struct RouterRoleOptions {
-  std::string decode_instances;  // "host:port,..."
+  std::string decode_instances;   // "host:port,..."
+  std::string prefill_instances;  // "host:port,..." suggested to the decode instances, or ""
   HttpServerOptions http;
   std::optional<std::string> api_key;
   int connect_timeout_ms = 2000;

@@ -283,7 +283,8 @@ void Engine::admit(Pending pending) {
         }
       }
       connector_->start_load(id, std::move(missing), loading.pending.request.prompt_tokens, local,
-                             std::move(destinations), tail_destination);
+                             std::move(destinations), tail_destination,
+                             loading.pending.request.prefill_hint);
       loading_.emplace(id, std::move(loading));
       return;
     }

@@ -51,7 +51,10 @@ struct KvPoolConnectorOptions {
   // prefills locally). Default: none.
   // `push` (null without a hand-off receiver) asks the prefill instance to push the blocks
   // straight into this instance's reserved blocks instead.
-  std::function<Status(std::span<const TokenId> prompt, const KvPushTarget* push)> remote_prefill;
+  // `hint`: the request's preferred prefill instance (EngineRequest::prefill_hint), may be empty.
+  std::function<Status(std::span<const TokenId> prompt, const KvPushTarget* push,
+                       const std::string& hint)>
+      remote_prefill;
   // After a remote prefill, how long to wait for blocks that have not arrived yet (pushes and
   // pool writes are asynchronous). Default 1 s.
   std::chrono::milliseconds handoff_wait{1000};
@@ -110,7 +113,7 @@ class KvPoolConnector {
   // when there is one.
   void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt,
                   int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {},
-                  std::span<std::byte> tail_destination = {});
+                  std::span<std::byte> tail_destination = {}, std::string prefill_hint = {});
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
   // Writes blocks[i] under hashes[i] in the background (best effort). Behind a pending push
@@ -135,6 +138,7 @@ class KvPoolConnector {
     std::vector<std::span<std::byte>> destinations;  // empty: staged
     std::span<std::byte> tail;                       // empty: none
     std::chrono::steady_clock::time_point queued;
+    std::string prefill_hint;
   };
   void run();
   // Reads hashes[from, end) from the pool into places[from, end); returns where the leading

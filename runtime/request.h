@@ -67,6 +67,9 @@ struct EngineRequest {
   std::vector<TokenId> prompt_tokens;
   GenerationParams params;
   std::optional<KvPushTarget> kv_push = std::nullopt;
+  // A decode instance's preferred prefill instance for this prompt (the router's choice,
+  // "host:port"); empty: its own choice. See KvPoolConnectorOptions::remote_prefill.
+  std::string prefill_hint = {};
 };
 
 // New output of one choice since the previous RequestOutput.

@@ -86,6 +86,7 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   out.put_bool(p.ignore_eos);
   out.put<int32_t>(p.n);
   out.put_bool(p.skip_special_tokens);
+  out.put_string(request.prefill_hint);
 }
 
 Result<EngineRequest> decode_request(ByteReader& in) {
@@ -101,6 +102,7 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   p.ignore_eos = in.get_bool();
   p.n = in.get<int32_t>();
   p.skip_special_tokens = in.get_bool();
+  request.prefill_hint = in.get_string();
   if (!in.ok()) return data_loss("engine request message is truncated or corrupt");
   return request;
 }

@@ -146,6 +146,13 @@ class Fields {
 
 void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFields* out) {
   out->model = f.string("model");
+  if (auto hint = f.string("peerserve_prefill")) {
+    if (hint->empty() || hint->size() > 300) {
+      f.fail("peerserve_prefill", "'peerserve_prefill' must be a HOST:PORT of 1 to 300 characters");
+    } else {
+      out->prefill_hint = std::move(*hint);
+    }
+  }
   GenerationParams& p = out->params;
   SamplingParams& s = p.sampling;
   if (auto v = f.number("temperature", 0.0, 2.0)) s.temperature = static_cast<float>(*v);

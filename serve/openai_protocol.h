@@ -59,6 +59,10 @@ struct CommonRequestFields {
   // stream_options.continuous_usage_stats (vLLM's extension): usage (running totals) in every
   // chunk, so a client can count the tokens behind each chunk.
   bool continuous_usage = false;
+  // "peerserve_prefill": "HOST:PORT", set by a router (serve --role router --prefill): the
+  // prefill instance it chose for this request. A decode instance uses it only when it is one
+  // of its own --prefill instances; elsewhere it is ignored.
+  std::string prefill_hint;
 };
 
 struct CompletionRequest : CommonRequestFields {

@@ -1,8 +1,11 @@
 #include "serve/openai_router.h"
 
+#include <atomic>
 #include <mutex>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "serve/bearer_auth.h"
 #include "serve/openai_protocol.h"
@@ -10,11 +13,14 @@
 
 namespace peerserve {
 
+using json = nlohmann::json;
+
 constexpr const char* kJson = "application/json";
 
 struct OpenAiRouter::Context {
   OpenAiRouterOptions options;
   std::shared_ptr<RouterBackends> backends;
+  std::shared_ptr<RouterBackends> prefill;  // null without --prefill
   std::unique_ptr<UpstreamClient> upstream;
   HttpServer* http = nullptr;
   std::atomic<bool> draining{false};
@@ -42,9 +48,14 @@ ApiError router_error(int status, std::string message, std::string code) {
 // One client request and its way through the instances.
 class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
  public:
+  // `prefill`: the prefill instance suggested in the request (its slot in ctx.prefill is
+  // held until the decode instance's answer starts), or -1.
   ProxiedRequest(OpenAiRouter::Context& ctx, UpstreamRequest request,
-                 std::shared_ptr<HttpExchange> exchange)
-      : ctx_(ctx), request_(std::move(request)), exchange_(std::move(exchange)) {}
+                 std::shared_ptr<HttpExchange> exchange, int prefill)
+      : ctx_(ctx),
+        request_(std::move(request)),
+        exchange_(std::move(exchange)),
+        prefill_(prefill) {}
 
   void start() {
     ctx_.active.fetch_add(1);
@@ -69,7 +80,14 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   void finish() {
     if (finished_) return;
     finished_ = true;
+    release_prefill();
     ctx_.active.fetch_sub(1);
+  }
+
+  // The prompt has been prefilled once the decode instance answers (or it never will be).
+  void release_prefill() {
+    const int index = prefill_.exchange(-1);
+    if (index >= 0) ctx_.prefill->release(index, false, "");
   }
 
   // Sends the request to the next instance not tried yet (on the caller's thread: the HTTP
@@ -137,6 +155,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   }
 
   void on_data(std::string data) {
+    release_prefill();
     if (retry_after_503_ || overflow_) return;
     if (streaming_) {
       ends_with_event_ = data.size() >= 2 ? data.compare(data.size() - 2, 2, "\n\n") == 0
@@ -228,6 +247,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   int current_ = -1;
   bool retry_after_503_ = false, saw_503_ = false, streaming_ = false;
   bool overflow_ = false, ends_with_event_ = true, finished_ = false;
+  std::atomic<int> prefill_;
   int status_ = 0;
   int hard_failures_ = 0;  // instances that failed (not just answered 503)
   std::string content_type_;
@@ -242,14 +262,30 @@ void proxy(OpenAiRouter::Context& ctx, const HttpRequest& request,
   UpstreamRequest upstream;
   upstream.method = method;
   upstream.target = request.target;
+  int prefill = -1;
   if (method == "POST") {
     upstream.body = request.body;
     upstream.headers.emplace_back("Content-Type", kJson);
+    // With --prefill: suggest the least-loaded prefill instance that is up to the decode
+    // instance (it honours only instances of its own --prefill list). A body that is not a
+    // JSON object goes as it came (the decode instance answers its error).
+    const std::string path = request.path();
+    if (ctx.prefill && (path == "/v1/completions" || path == "/v1/chat/completions")) {
+      json body;
+      const bool parsed = !parse_json_body(request.body, ApiLimits{}, &body).has_value();
+      if (parsed && body.is_object() && !body.contains("peerserve_prefill")) {
+        prefill = ctx.prefill->acquire({});
+        if (prefill >= 0) {
+          body["peerserve_prefill"] = ctx.prefill->endpoint(prefill);
+          upstream.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+        }
+      }
+    }
   }
   if (const std::string* auth = request.header("authorization")) {
     upstream.headers.emplace_back("Authorization", *auth);
   }
-  std::make_shared<ProxiedRequest>(ctx, std::move(upstream), std::move(exchange))->start();
+  std::make_shared<ProxiedRequest>(ctx, std::move(upstream), std::move(exchange), prefill)->start();
 }
 
 std::string render_router_metrics(const OpenAiRouter::Context& ctx) {
@@ -277,6 +313,24 @@ std::string render_router_metrics(const OpenAiRouter::Context& ctx) {
   for (const auto& s : stats) {
     out.sample("peerserve:router_backend_failures_total", {{"backend", s.endpoint}},
                static_cast<double>(s.failures));
+  }
+  if (ctx.prefill) {
+    const std::vector<RouterBackendStats> prefill = ctx.prefill->stats();
+    out.family("peerserve:router_prefill_up", "Whether the prefill instance is suggested", "gauge");
+    for (const auto& s : prefill)
+      out.sample("peerserve:router_prefill_up", {{"instance", s.endpoint}}, s.up);
+    out.family("peerserve:router_prefill_in_flight",
+               "Requests suggested to the prefill instance whose answer has not started", "gauge");
+    for (const auto& s : prefill) {
+      out.sample("peerserve:router_prefill_in_flight", {{"instance", s.endpoint}},
+                 static_cast<double>(s.in_flight));
+    }
+    out.family("peerserve:router_prefill_requests_total",
+               "Requests the router suggested the prefill instance for", "counter");
+    for (const auto& s : prefill) {
+      out.sample("peerserve:router_prefill_requests_total", {{"instance", s.endpoint}},
+                 static_cast<double>(s.requests));
+    }
   }
   out.counter("peerserve:router_retries_total", "Requests moved to another decode instance", {},
               static_cast<double>(ctx.retries.load()));
@@ -351,11 +405,13 @@ void route(OpenAiRouter::Context& ctx, HttpRequest request,
 }  // namespace
 
 Result<std::unique_ptr<OpenAiRouter>> OpenAiRouter::create(
-    const OpenAiRouterOptions& options, std::shared_ptr<RouterBackends> backends) {
+    const OpenAiRouterOptions& options, std::shared_ptr<RouterBackends> backends,
+    std::shared_ptr<RouterBackends> prefill) {
   if (!backends) return invalid_argument("router: no decode instances");
   auto context = std::make_shared<Context>();
   context->options = options;
   context->backends = std::move(backends);
+  context->prefill = std::move(prefill);
   context->upstream = std::make_unique<UpstreamClient>();
   Context* raw = context.get();
   PS_ASSIGN_OR_RETURN(

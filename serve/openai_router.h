@@ -11,8 +11,13 @@
 // 502 naming the instance. A client that goes away closes the connection to the instance,
 // which aborts the request there and frees its KV.
 //
-// GET /health: 200 while some instance is up; /metrics: per-instance state, requests in
-// flight and failures, retries.
+// With --prefill the router also health-checks the prefill instances and names the least
+// loaded one in each completion/chat request ("peerserve_prefill"); the decode instance tries
+// it first if it is one of its own --prefill instances (the decode instance still schedules
+// the prefill itself, §4.3.3; a prefill instance that fails is its fallback's business).
+//
+// GET /health: 200 while some decode instance is up; /metrics: per-instance state, requests in
+// flight and failures, retries, and the prefill instances' state and suggestions.
 #pragma once
 
 #include <atomic>
@@ -39,9 +44,13 @@ struct OpenAiRouterOptions {
 
 class OpenAiRouter {
  public:
-  // `backends` must be checked (and started) by the caller; the router shares it.
+  // `backends` must be checked (and started) by the caller; the router shares it. `prefill`
+  // (may be null): prefill instances the router suggests to the decode instances, the least
+  // loaded that is up, as "peerserve_prefill" in completion and chat requests (load: requests
+  // whose answer has not started yet).
   static Result<std::unique_ptr<OpenAiRouter>> create(const OpenAiRouterOptions& options,
-                                                      std::shared_ptr<RouterBackends> backends);
+                                                      std::shared_ptr<RouterBackends> backends,
+                                                      std::shared_ptr<RouterBackends> prefill = {});
   ~OpenAiRouter();
 
   uint16_t port() const;

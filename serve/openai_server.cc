@@ -532,6 +532,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   std::vector<EngineRequest> requests(1);
   requests[0].prompt_tokens = std::move(prompt);
   requests[0].params = chat.params;
+  requests[0].prefill_hint = chat.prefill_hint;
   start_on_strand(call, exchange, std::move(requests));
 }
 
@@ -562,6 +563,7 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     EngineRequest r;
     r.params = completion.params;
     r.kv_push = completion.kv_push;
+    r.prefill_hint = completion.prefill_hint;
     if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
       r.prompt_tokens = std::move(*ids);
     } else {

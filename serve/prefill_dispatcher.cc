@@ -88,7 +88,8 @@ void PrefillDispatcher::mark_down(size_t index) {
   ++counters_.retries;
 }
 
-Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushTarget* push) {
+Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushTarget* push,
+                                  const std::string& hint) {
   json ids = json::array();
   for (TokenId t : prompt) ids.push_back(t);
   std::vector<size_t> tried;
@@ -109,7 +110,11 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
         return !i.excluded && i.down_until <= now &&
                std::find(tried.begin(), tried.end(), k) == tried.end();
       };
-      if (preferred_ >= 0 && static_cast<size_t>(preferred_) < instances_.size() &&
+      for (size_t k = 0; k < instances_.size() && !hint.empty(); ++k) {
+        if (instances_[k].endpoint == hint && usable(k)) pick = k;
+      }
+      if (pick == instances_.size() && preferred_ >= 0 &&
+          static_cast<size_t>(preferred_) < instances_.size() &&
           usable(static_cast<size_t>(preferred_))) {
         pick = static_cast<size_t>(preferred_);
       }

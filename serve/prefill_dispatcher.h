@@ -8,8 +8,10 @@
 // (runtime/kv_pool_connector.h); the decode instance computes the last prompt token itself,
 // so its first token is exactly what a single server would produce.
 //
-// Choice: the preferred instance when it is up (a decode DP rank's own prefill instance under
-// the §4.3.3 mapping, plan/analytic/connection_mapping.h), else the healthy instance with the
+// Choice: the request's hint when it names one of the instances and that one is up (the
+// router's load-aware choice, `serve --role router --prefill`), else the preferred instance
+// when it is up (a decode DP rank's own prefill instance under the §4.3.3 mapping,
+// plan/analytic/connection_mapping.h), else the healthy instance with the
 // fewest prefills in flight (ties: list order). A failed call (refused, timed out, an error answer)
 // marks the instance down for a back-off (1 s doubling to 16 s) and the next instance is tried;
 // when none is left the call fails and the decode instance prefills locally.
@@ -61,7 +63,11 @@ class PrefillDispatcher {
 
   // Has a prefill instance compute `prompt`; see the class comment. With `push`, the instance
   // also pushes the prompt's KV blocks to that hand-off receiver (peerserve_kv_push).
-  Status prefill(std::span<const TokenId> prompt, const KvPushTarget* push = nullptr);
+  // `hint` ("host:port", a router's choice): tried first when it is one of this dispatcher's
+  // instances and up, before the preferred one; any other value is ignored (a request cannot
+  // make this instance call a host it was not configured with).
+  Status prefill(std::span<const TokenId> prompt, const KvPushTarget* push = nullptr,
+                 const std::string& hint = {});
 
   PrefillDispatcherCounters counters() const;
 

@@ -14,22 +14,35 @@ using json = nlohmann::json;
 
 Result<std::unique_ptr<RouterBackends>> RouterBackends::create(const std::string& members,
                                                                std::chrono::milliseconds interval,
-                                                               std::chrono::milliseconds timeout) {
-  PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints, parse_endpoint_list(members, "--decode"));
+                                                               std::chrono::milliseconds timeout,
+                                                               std::string role,
+                                                               const std::string& flag) {
+  PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints, parse_endpoint_list(members, flag));
   if (interval.count() < 1 || timeout.count() < 1) {
     return invalid_argument("router health checks: interval and timeout must be >= 1 ms");
   }
   return std::unique_ptr<RouterBackends>(
-      new RouterBackends(std::move(endpoints), interval, timeout));
+      new RouterBackends(std::move(endpoints), interval, timeout, std::move(role)));
 }
 
 RouterBackends::RouterBackends(std::vector<std::string> endpoints,
                                std::chrono::milliseconds interval,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout, std::string role)
     : endpoints_(std::move(endpoints)),
       interval_(interval),
       timeout_(timeout),
+      role_(std::move(role)),
       states_(endpoints_.size()) {}
+
+void RouterBackends::share_identity_with(RouterBackends* other) {
+  peer_ = other;
+  other->peer_ = this;
+}
+
+std::pair<std::string, std::string> RouterBackends::identity() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {identity_, identity_source_};
+}
 
 RouterBackends::~RouterBackends() {
   {
@@ -65,13 +78,20 @@ Status RouterBackends::probe(size_t index) {
       model["peerserve"]["kv_namespace"].is_string()) {
     identity += " | KV namespace " + model["peerserve"]["kv_namespace"].get<std::string>();
   }
+  // The other set's identity, read before taking this set's lock (never both at once).
+  const auto [peer_identity, peer_source] =
+      peer_ != nullptr ? peer_->identity() : std::pair<std::string, std::string>{};
   std::lock_guard<std::mutex> lock(mutex_);
+  if (identity_.empty() && !peer_identity.empty()) {
+    identity_ = peer_identity;
+    identity_source_ = peer_source;
+  }
   if (identity_.empty()) {
     identity_ = identity;
     identity_source_ = endpoint;
   } else if (identity != identity_) {
     states_[index].mismatched = true;
-    return invalid_argument("decode instance " + endpoint + " serves '" + identity + "', but " +
+    return invalid_argument(role_ + " " + endpoint + " serves '" + identity + "', but " +
                             identity_source_ + " serves '" + identity_ +
                             "' (every instance behind a router must serve the same model)");
   }
@@ -84,7 +104,7 @@ void RouterBackends::set_up(size_t index, bool up, const std::string& why) {
   State& s = states_[index];
   if (s.mismatched) up = false;
   if (s.up != up) {
-    std::fprintf(stderr, "router: decode instance %s is %s%s%s\n", endpoints_[index].c_str(),
+    std::fprintf(stderr, "router: %s %s is %s%s%s\n", role_.c_str(), endpoints_[index].c_str(),
                  up ? "up" : "down", why.empty() ? "" : ": ", why.c_str());
     std::fflush(stderr);
   }

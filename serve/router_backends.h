@@ -1,4 +1,5 @@
-// RouterBackends: the decode instances behind `serve --role router`, their health and load.
+// RouterBackends: the decode instances behind `serve --role router`, their health and load
+// (and, in a second set, the prefill instances the router suggests to them).
 //
 // Choice is stateless and load-aware: the instance that is up with the fewest requests the
 // router has in flight there (ties: the one chosen least recently), never one already tried
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -38,10 +40,14 @@ struct RouterBackendStats {
 
 class RouterBackends {
  public:
-  // `members`: "host:port,host:port,..." (InvalidArgument when malformed or repeated).
+  // `members`: "host:port,host:port,..." (InvalidArgument when malformed or repeated);
+  // `role` names them in errors and logs ("decode instance", "prefill instance"), `flag` is
+  // the option they came from.
   static Result<std::unique_ptr<RouterBackends>> create(const std::string& members,
                                                         std::chrono::milliseconds interval,
-                                                        std::chrono::milliseconds timeout);
+                                                        std::chrono::milliseconds timeout,
+                                                        std::string role = "decode instance",
+                                                        const std::string& flag = "--decode");
   ~RouterBackends();
 
   // Checks every instance now (health and card). InvalidArgument naming two instances that
@@ -50,6 +56,10 @@ class RouterBackends {
   Status check(std::vector<std::string>* unreachable);
   // Starts the periodic health checks.
   void start();
+  // Another set whose instances must serve the same model and KV namespace as these (the
+  // prefill instances of the decode instances' router): the first card either set sees is
+  // the one both compare against. Before check(); `other` must outlive this set.
+  void share_identity_with(RouterBackends* other);
 
   // An instance that is up, not in `tried`, with the fewest requests in flight; its in-flight
   // count is raised (pair with release()). -1 when there is none.
@@ -71,14 +81,19 @@ class RouterBackends {
     uint64_t last_chosen = 0;
   };
   RouterBackends(std::vector<std::string> endpoints, std::chrono::milliseconds interval,
-                 std::chrono::milliseconds timeout);
+                 std::chrono::milliseconds timeout, std::string role);
   // One health check (and the card comparison when not verified yet). Not under mutex_.
   Status probe(size_t index);
   void set_up(size_t index, bool up, const std::string& why);
   void health_loop();
 
+  // The identity both sets compare against, and where it was first seen ("" when not yet).
+  std::pair<std::string, std::string> identity() const;
+
   const std::vector<std::string> endpoints_;
   const std::chrono::milliseconds interval_, timeout_;
+  const std::string role_;
+  RouterBackends* peer_ = nullptr;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<State> states_;

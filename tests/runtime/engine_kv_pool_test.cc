@@ -73,7 +73,8 @@ std::shared_ptr<KvBlockStore> local_pool() {
 std::unique_ptr<Engine> make_engine(
     std::shared_ptr<KvBlockStore> pool, BlockHash root,
     testing::FakeExecutor** executor_out = nullptr,
-    std::function<Status(std::span<const TokenId>, const KvPushTarget*)> remote_prefill = {},
+    std::function<Status(std::span<const TokenId>, const KvPushTarget*, const std::string&)>
+        remote_prefill = {},
     std::shared_ptr<KvHandoffReceiver> handoff = nullptr, std::string handoff_endpoint = {},
     std::chrono::milliseconds handoff_wait = std::chrono::milliseconds(1000)) {
   EngineOptions options;
@@ -279,8 +280,11 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   auto prefill = make_engine(pool, root);
   std::atomic<int> remote_calls{0};
   std::atomic<bool> fail_remote{false};
-  auto remote = [&](std::span<const TokenId> prompt, const KvPushTarget* push) -> Status {
+  std::string last_hint;  // what the request said about its prefill instance
+  auto remote = [&](std::span<const TokenId> prompt, const KvPushTarget* push,
+                    const std::string& hint) -> Status {
     EXPECT_EQ(push, nullptr);  // no hand-off receiver: through the pool
+    last_hint = hint;
     ++remote_calls;
     if (fail_remote) return unavailable("prefill instance down");
     Collector c;
@@ -297,6 +301,7 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   ASSERT_FALSE(out.empty());
   EXPECT_EQ(tokens_of(out), reference_generate(prompt, 6, kVocab, std::nullopt));
   EXPECT_EQ(remote_calls.load(), 1);
+  EXPECT_EQ(last_hint, "");
   EXPECT_EQ(out.back().usage.cached_prompt_tokens, 40);  // every shareable block handed over
   auto m = decode->metrics();
   EXPECT_EQ(m.kv_pool.remote_prefills, 1);
@@ -306,12 +311,15 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   // A failing prefill instance: the decode instance computes the prompt itself.
   fail_remote = true;
   const auto other = long_prompt(8);
-  auto id2 = decode->submit({other, greedy(4)}, collector.sink());
+  EngineRequest hinted{other, greedy(4)};
+  hinted.prefill_hint = "10.0.0.7:8100";  // a router's choice reaches the remote prefill call
+  auto id2 = decode->submit(hinted, collector.sink());
   auto out2 = collector.wait(*id2);
   ASSERT_FALSE(out2.empty());
   EXPECT_EQ(tokens_of(out2), reference_generate(other, 4, kVocab, std::nullopt));
   EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 0);
   EXPECT_EQ(decode->metrics().kv_pool.remote_prefill_failures, 1);
+  EXPECT_EQ(last_hint, "10.0.0.7:8100");
 }
 
 // The decode role with a hand-off receiver (paper 000 §4.3.3): the prefill engine pushes the
@@ -325,7 +333,8 @@ class DirectHandoff {
     auto server = BlockStreamServer::start(receiver_, BlockStreamServerOptions{});
     PS_CHECK(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
-    auto remote = [this](std::span<const TokenId> prompt, const KvPushTarget* push) -> Status {
+    auto remote = [this](std::span<const TokenId> prompt, const KvPushTarget* push,
+                         const std::string& /*hint*/) -> Status {
       ++calls;
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
       if (fail) return unavailable("prefill instance down");

@@ -33,6 +33,7 @@ EngineRequest full_request() {
   r.params.ignore_eos = true;
   r.params.n = 3;
   r.params.skip_special_tokens = false;
+  r.prefill_hint = "127.0.0.1:8101";
   return r;
 }
 
@@ -100,6 +101,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_TRUE(decoded->params.ignore_eos);
   EXPECT_EQ(decoded->params.n, 3);
   EXPECT_FALSE(decoded->params.skip_special_tokens);
+  EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");
 
   // Unset optionals stay unset.
   EngineRequest plain;

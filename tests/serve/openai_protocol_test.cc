@@ -181,6 +181,28 @@ TEST(OpenAiProtocolTest, KvPushTargetIsParsedAndChecked) {
   }
 }
 
+// A router's prefill suggestion: kept as given (the decode instance checks it against its
+// own list), refused when it is not a string of sensible length.
+TEST(OpenAiProtocolTest, PrefillHintIsParsedAndChecked) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1], "peerserve_prefill": "10.0.0.1:8001"})", &r));
+  EXPECT_EQ(r.prefill_hint, "10.0.0.1:8001");
+  CompletionRequest none;
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1]})", &none));
+  EXPECT_EQ(none.prefill_hint, "");
+  const std::string too_long =
+      R"({"prompt": [1], "peerserve_prefill": ")" + std::string(301, 'h') + R"("})";
+  for (const std::string& body :
+       {std::string(R"({"prompt": [1], "peerserve_prefill": 5})"),
+        std::string(R"({"prompt": [1], "peerserve_prefill": ""})"), too_long}) {
+    CompletionRequest bad;
+    auto e = parse_completion(body, &bad);
+    ASSERT_TRUE(e.has_value()) << body;
+    ASSERT_TRUE(e->param.has_value());
+    EXPECT_EQ(*e->param, "peerserve_prefill");
+  }
+}
+
 TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
   ChatRequest r;
   auto e = parse_chat(R"({"messages": [

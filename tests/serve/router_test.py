@@ -12,7 +12,10 @@ Cases (all run; exit 1 if any failed):
   requests go to the survivor; the instance rejoins when it is back;
 - malformed replies, a reply cut off mid-stream, a silent instance: clear errors (502), the
   router keeps serving;
-- an instance serving another model is refused at start; no instance up: 503.
+- an instance serving another model is refused at start; no instance up: 503;
+- `--prefill` on the router: each request names the least loaded prefill instance, the
+  decode instance calls it (and ignores a name outside its own list); a prefill instance of
+  another model is refused at start.
 Usage: router_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import http.server
@@ -337,6 +340,51 @@ def refused_and_unavailable():
     assert lone.wait(timeout=20) == 0
 
 
+def labelled(port, name, endpoint):
+    """The value of metric `name` whose labels include instance="endpoint" (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") and f'instance="{endpoint}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def router_suggests_prefill_instances():
+    # A second prefill instance; a decode instance that knows both; a router with --prefill.
+    p2_port, d3_port, r2_port = free_port(), free_port(), free_port()
+    serve(p2_port, "--role", "prefill", *pool_flags)
+    both = f"127.0.0.1:{prefill_port},127.0.0.1:{p2_port}"
+    serve(d3_port, "--role", "decode", "--prefill", both, *pool_flags)
+    _, log = router(r2_port, [d3_port], "--prefill", both)
+    assert any("prefill instance" in line for line in log), "".join(log)[-800:]
+    endpoints = [f"127.0.0.1:{prefill_port}", f"127.0.0.1:{p2_port}"]
+    for i in range(4):  # one at a time: the router alternates between the idle instances
+        body = {"model": NAME, "prompt": f"Request {i} about routing. " + LONG, "max_tokens": 6,
+                "temperature": 0}
+        assert post(r2_port, "/v1/completions", body) == post(ref_port, "/v1/completions", body)
+    for e in endpoints:
+        suggested = labelled(r2_port, "peerserve:router_prefill_requests_total", e)
+        called = labelled(d3_port, "peerserve:prefill_instance_calls_total", e)
+        assert suggested == 2, f"router suggested {e} {suggested} times, expected 2"
+        assert called == 2, f"the decode instance called {e} {called} times, expected 2"
+    # A suggestion the decode instance was not configured with is ignored (no call there).
+    body = {"model": NAME, "prompt": "Another prompt, never seen. " + LONG, "max_tokens": 6,
+            "temperature": 0, "peerserve_prefill": "127.0.0.1:9"}
+    assert post(d3_port, "/v1/completions", body) == post(ref_port, "/v1/completions", body)
+    assert sum(labelled(d3_port, "peerserve:prefill_instance_calls_total", e)
+               for e in endpoints) == 5
+    # A prefill instance of another model behind the router is refused at start.
+    other_port = free_port()
+    other = serve(other_port, model=os.path.join(SRC, "models", "peerserve-dsv3-smoke"))
+    p = subprocess.run([BIN, "serve", "--role", "router", "--port", str(free_port()), "--decode",
+                        f"127.0.0.1:{d3_port}", "--prefill", f"127.0.0.1:{other_port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "prefill instance" in p.stderr and "same model" in p.stderr, \
+        f"mixed models: {p.stderr[-600:]}"
+    other.send_signal(signal.SIGTERM)
+    other.wait(timeout=20)
+
+
 try:
     case("router + prefill + decode give the all-in-one server's tokens", same_as_all_in_one)
     case("256 concurrent streams through the router all end, with the right tokens",
@@ -348,6 +396,8 @@ try:
          misbehaving_instance)
     case("another model behind the router is refused; no instance up gives 503",
          refused_and_unavailable)
+    case("router --prefill: it suggests the least loaded prefill instance, the decode "
+         "instance uses it (only its own)", router_suggests_prefill_instances)
 finally:
     stop_all(children)
 sys.exit(exit_code())
