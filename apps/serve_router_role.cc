@@ -111,6 +111,9 @@ int run_router_role(const RouterRoleOptions& options) {
   (*router)->run();
   signal_waiter.join();
   router->reset();
+  // Both health loops end before either set goes (each may read the other's identity).
+  if (prefill) prefill->stop();
+  shared->stop();
   return 0;
 }
 

@@ -45,6 +45,10 @@ std::pair<std::string, std::string> RouterBackends::identity() const {
 }
 
 RouterBackends::~RouterBackends() {
+  stop();
+}
+
+void RouterBackends::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

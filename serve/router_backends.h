@@ -54,8 +54,10 @@ class RouterBackends {
   // serve different models; instances that do not answer go to `unreachable` (they join
   // when they do).
   Status check(std::vector<std::string>* unreachable);
-  // Starts the periodic health checks.
+  // Starts the periodic health checks; stop() ends them (the destructor too). Sets that share
+  // an identity must all be stopped before either is destroyed.
   void start();
+  void stop();
   // Another set whose instances must serve the same model and KV namespace as these (the
   // prefill instances of the decode instances' router): the first card either set sees is
   // the one both compare against. Before check(); `other` must outlive this set.
