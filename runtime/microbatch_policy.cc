@@ -16,7 +16,7 @@ bool MicrobatchPolicy::choose(const Bucket& b) {
     return b.split.samples < b.whole.samples;
   }
   const bool faster_is_split = b.split.average < b.whole.average;
-  const bool explore = b.steps % kExploreEvery == kExploreEvery - 1;
+  const bool explore = b.steps() % kExploreEvery == kExploreEvery - 1;
   return explore ? !faster_is_split : faster_is_split;
 }
 
@@ -35,7 +35,6 @@ void MicrobatchPolicy::record(int64_t tokens, bool split, double seconds) {
   const double per_token = seconds / static_cast<double>(tokens);
   m.average = m.samples == 0 ? per_token : m.average + kSmoothing * (per_token - m.average);
   ++m.samples;
-  ++b.steps;
 }
 
 }  // namespace peerserve

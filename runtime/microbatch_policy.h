@@ -52,7 +52,7 @@ class MicrobatchPolicy {
   };
   struct Bucket {
     Mode whole, split;
-    int64_t steps = 0;
+    int64_t steps() const { return whole.samples + split.samples; }
   };
   const Mode& mode(int bucket, bool split) const {
     return split ? buckets_[static_cast<size_t>(bucket)].split

@@ -290,47 +290,38 @@ void proxy(OpenAiRouter::Context& ctx, const HttpRequest& request,
 
 std::string render_router_metrics(const OpenAiRouter::Context& ctx) {
   PrometheusText out;
+  // One family: a sample per instance of `stats`, labelled `label`.
+  auto per_instance = [&out](const std::vector<RouterBackendStats>& stats, const char* name,
+                             const char* help, const char* type, const char* label, auto value) {
+    out.family(name, help, type);
+    for (const RouterBackendStats& s : stats) {
+      out.sample(name, {{label, s.endpoint}}, static_cast<double>(value(s)));
+    }
+  };
   const std::vector<RouterBackendStats> stats = ctx.backends->stats();
-  out.family("peerserve:router_backend_up", "Whether the decode instance is in the rotation",
-             "gauge");
-  for (const auto& s : stats)
-    out.sample("peerserve:router_backend_up", {{"backend", s.endpoint}}, s.up);
-  out.family("peerserve:router_backend_requests_in_flight",
-             "Requests the router has open at the decode instance", "gauge");
-  for (const auto& s : stats) {
-    out.sample("peerserve:router_backend_requests_in_flight", {{"backend", s.endpoint}},
-               static_cast<double>(s.in_flight));
-  }
-  out.family("peerserve:router_backend_requests_total", "Requests sent to the decode instance",
-             "counter");
-  for (const auto& s : stats) {
-    out.sample("peerserve:router_backend_requests_total", {{"backend", s.endpoint}},
-               static_cast<double>(s.requests));
-  }
-  out.family("peerserve:router_backend_failures_total",
-             "Requests the decode instance failed (refused, reset, timed out, malformed)",
-             "counter");
-  for (const auto& s : stats) {
-    out.sample("peerserve:router_backend_failures_total", {{"backend", s.endpoint}},
-               static_cast<double>(s.failures));
-  }
+  per_instance(stats, "peerserve:router_backend_up",
+               "Whether the decode instance is in the rotation", "gauge", "backend",
+               [](const RouterBackendStats& s) { return s.up; });
+  per_instance(stats, "peerserve:router_backend_requests_in_flight",
+               "Requests the router has open at the decode instance", "gauge", "backend",
+               [](const RouterBackendStats& s) { return s.in_flight; });
+  per_instance(stats, "peerserve:router_backend_requests_total",
+               "Requests sent to the decode instance", "counter", "backend",
+               [](const RouterBackendStats& s) { return s.requests; });
+  per_instance(stats, "peerserve:router_backend_failures_total",
+               "Requests the decode instance failed (refused, reset, timed out, malformed)",
+               "counter", "backend", [](const RouterBackendStats& s) { return s.failures; });
   if (ctx.prefill) {
     const std::vector<RouterBackendStats> prefill = ctx.prefill->stats();
-    out.family("peerserve:router_prefill_up", "Whether the prefill instance is suggested", "gauge");
-    for (const auto& s : prefill)
-      out.sample("peerserve:router_prefill_up", {{"instance", s.endpoint}}, s.up);
-    out.family("peerserve:router_prefill_in_flight",
-               "Requests suggested to the prefill instance whose answer has not started", "gauge");
-    for (const auto& s : prefill) {
-      out.sample("peerserve:router_prefill_in_flight", {{"instance", s.endpoint}},
-                 static_cast<double>(s.in_flight));
-    }
-    out.family("peerserve:router_prefill_requests_total",
-               "Requests the router suggested the prefill instance for", "counter");
-    for (const auto& s : prefill) {
-      out.sample("peerserve:router_prefill_requests_total", {{"instance", s.endpoint}},
-                 static_cast<double>(s.requests));
-    }
+    per_instance(prefill, "peerserve:router_prefill_up",
+                 "Whether the prefill instance is suggested", "gauge", "instance",
+                 [](const RouterBackendStats& s) { return s.up; });
+    per_instance(prefill, "peerserve:router_prefill_in_flight",
+                 "Requests suggested to the prefill instance whose answer has not started", "gauge",
+                 "instance", [](const RouterBackendStats& s) { return s.in_flight; });
+    per_instance(prefill, "peerserve:router_prefill_requests_total",
+                 "Requests the router suggested the prefill instance for", "counter", "instance",
+                 [](const RouterBackendStats& s) { return s.requests; });
   }
   out.counter("peerserve:router_retries_total", "Requests moved to another decode instance", {},
               static_cast<double>(ctx.retries.load()));
