@@ -92,6 +92,20 @@ int run_quantize(const QuantizeCli& cli) {
                      std::sqrt(g.error / g.reference), g.mean_clip);
       }
     }
+    if (pipeline->compensate) {
+      double before = 0, after = 0;
+      int64_t weights = 0;
+      for (const CalibrationGroupReport& g : transforms.groups) {
+        before += g.compensation_before;
+        after += g.compensation_after;
+        weights += g.compensated_weights;
+      }
+      std::fprintf(stderr,
+                   "error compensation: kept for %lld weights; held-out sample error %.4e -> "
+                   "%.4e (%+.2f%%)\n",
+                   static_cast<long long>(weights), before, after,
+                   before > 0 ? 100.0 * (after - before) / before : 0.0);
+    }
     std::fprintf(stderr,
                  "pipeline %s over %zu groups: sample output error (relative) rtn %.4e, after "
                  "smoothing %.4e, final %.4e; %zu norms smoothed, %zu weights clipped\n",
@@ -157,10 +171,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "Calibration steps: rtn (round to nearest, no calibration), smooth "
                   "(SmoothQuant, alpha 0.5, power-of-two scales folded into the RMSNorm and "
                   "router), search (smoothing with alpha searched per norm group), clip "
-                  "(per-row clipping ratio searched), smooth+clip, search+clip, full "
-                  "(= search+clip). Default: full with --calib, else rtn")
-      ->check(
-          CLI::IsMember({"rtn", "smooth", "search", "clip", "smooth+clip", "search+clip", "full"}));
+                  "(per-row clipping ratio searched), compensate (error compensation: the mean "
+                  "output error per row, added back, where it lowers held-out error), or "
+                  "steps joined by '+' (smooth+clip, search+clip, full+compensate, ...); full "
+                  "= search+clip. Default: full with --calib, else rtn");
   sub->add_option("--calib-tokens", cli->calib_tokens,
                   "At most this many calibration tokens (windows of 256)")
       ->check(CLI::PositiveNumber)

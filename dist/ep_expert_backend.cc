@@ -193,6 +193,10 @@ Status EpExpertBackend::compute(Call& call) {
     }
     kernels::grouped_gate_up_silu_int8(gate_up_int8_, options_.pool);
     kernels::grouped_matmul_int8(down_int8_, options_.pool);
+    for (int64_t e = 0; e < num_local; ++e) {
+      const int64_t m = first_row_[e + 1] - first_row_[e];
+      add_int8_compensation(experts[e].down, m, down_.data() + first_row_[e] * hidden);
+    }
   } else {
     PS_RETURN_IF_ERROR(compute_bf16(experts, rows, inter));
   }

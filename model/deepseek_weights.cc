@@ -22,7 +22,7 @@ class WeightReader {
   // A BF16 matrix (I8 and FP8 weights dequantized): for weights not used as one GEMM.
   Result<LinearWeight> matrix(const std::string& name, int64_t rows, int64_t cols) {
     PS_ASSIGN_OR_RETURN(WeightTensor t, checkpoint_.get_bf16(name, {rows, cols}));
-    return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr};
+    return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr, nullptr};
   }
   // A GEMM weight: stored I8, it is packed for the INT8 kernels as is (no BF16 form).
   Result<LinearWeight> gemm_weight(const std::string& name, int64_t rows, int64_t cols) {
@@ -31,8 +31,11 @@ class WeightReader {
     auto packed = kernels::PackedInt8Matrix::pack(int8_view(t));
     if (!packed.ok())
       return packed.status().with_context(checkpoint_.dir() + ": tensor '" + name + "'");
-    LinearWeight w{nullptr, rows, cols, nullptr, nullptr};
+    LinearWeight w{nullptr, rows, cols, nullptr, nullptr, nullptr};
     w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    if (!t.compensation.empty()) {
+      w.int8_compensation = std::make_shared<const std::vector<float>>(std::move(t.compensation));
+    }
     checkpoint_.release_pages(name);  // the packed copy is what the kernels read
     return w;
   }
@@ -66,14 +69,19 @@ Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t 
     // Stored INT8: only the fused gate/up form the kernels read is built.
     PS_ASSIGN_OR_RETURN(Int8WeightTensor g, r.int8(gate, inter, hidden));
     PS_ASSIGN_OR_RETURN(Int8WeightTensor u, r.int8(up, inter, hidden));
+    if (!g.compensation.empty() || !u.compensation.empty()) {
+      // It would have to enter before the fused SiLU (kernels/matmul_int8.h).
+      return unimplemented(gate + " / " + up +
+                           ": an error compensation on gate/up projections is not supported");
+    }
     auto packed = kernels::PackedInt8Matrix::pack_gate_up(WeightReader::int8_view(g),
                                                           WeightReader::int8_view(u));
     if (!packed.ok()) return packed.status().with_context(gate + " / " + up);
     w.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
     r.release(gate);
     r.release(up);
-    w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
-    w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr};
+    w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr};
+    w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr};
   } else {
     PS_ASSIGN_OR_RETURN(w.gate, r.gemm_weight(gate, inter, hidden));
     PS_ASSIGN_OR_RETURN(w.up, r.gemm_weight(up, inter, hidden));
@@ -207,12 +215,28 @@ bool same_int8_stored(Checkpoint& checkpoint, const std::string& a, const std::s
     const Result<WeightTensor> tx = checkpoint.get_raw(x), ty = checkpoint.get_raw(y);
     return tx.ok() && ty.ok() && std::memcmp(tx->data, ty->data, tx->nbytes()) == 0;
   };
+  const auto same_compensation = [&] {
+    const std::string ca = int8_compensation_name(a), cb = int8_compensation_name(b);
+    const bool has_a = checkpoint.info(ca).ok(), has_b = checkpoint.info(cb).ok();
+    return has_a == has_b && (!has_a || bytes_equal(ca, cb));
+  };
   const Result<CheckpointTensorInfo> info = checkpoint.info(a);
   return info.ok() && info->dtype == DType::kI8 && bytes_equal(a, b) &&
-         bytes_equal(int8_scale_name(a), int8_scale_name(b));
+         bytes_equal(int8_scale_name(a), int8_scale_name(b)) && same_compensation();
 }
 
 }  // namespace
+
+void add_int8_compensation(const LinearWeight& w, int64_t m, float* y, int64_t y_stride) {
+  if (!w.int8_compensation) return;
+  const float* b = w.int8_compensation->data();
+  const int64_t n = static_cast<int64_t>(w.int8_compensation->size());
+  if (y_stride == 0) y_stride = n;
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = y + i * y_stride;
+    for (int64_t j = 0; j < n; ++j) row[j] += b[j];
+  }
+}
 
 Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer,
                                               const RoutedExpertSelector& select) {

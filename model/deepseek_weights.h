@@ -30,7 +30,14 @@ struct LinearWeight {
   int64_t cols = 0;
   std::shared_ptr<const void> storage;
   std::shared_ptr<const kernels::PackedInt8Matrix> int8;
+  // With int8: the error compensation added to each output row (INT8 checkpoints written with
+  // `--pipeline ...+compensate`, docs/quantization.md), or null.
+  std::shared_ptr<const std::vector<float>> int8_compensation;
 };
+
+// y[i, :] += w.int8_compensation for the m rows of a product with w (y_stride 0: w.rows);
+// nothing without a compensation. Call it after the INT8 product.
+void add_int8_compensation(const LinearWeight& w, int64_t m, float* y, int64_t y_stride = 0);
 
 struct MlpWeights {   // down(silu(gate(x)) * up(x))
   LinearWeight gate;  // [inter, hidden]

@@ -30,6 +30,7 @@ void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWe
     args.m = m;
     args.accumulate = accumulate;
     kernels::matmul_int8(args, ctx.pool);
+    add_int8_compensation(w, m, y, y_stride);
     return;
   }
   if (LinearInputRecorder* r = g_recorder.load(std::memory_order_relaxed)) {
@@ -79,7 +80,12 @@ void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> pr
     }
   }
   if (!bf16.empty()) kernels::grouped_matmul_bf16(bf16, ctx.precision, ctx.pool);
-  if (!int8.empty()) kernels::grouped_matmul_int8(int8, ctx.pool);
+  if (!int8.empty()) {
+    kernels::grouped_matmul_int8(int8, ctx.pool);
+    for (const LinearProblem& p : problems) {
+      if (p.w->int8) add_int8_compensation(*p.w, p.m, p.y, p.y_stride);
+    }
+  }
 }
 
 }  // namespace peerserve

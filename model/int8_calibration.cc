@@ -231,6 +231,49 @@ double choose_clipping(const Member& m, const float* s, std::vector<float>* rati
   return e;
 }
 
+// The error compensation of one weight (see the header), given its smoothing s and clipping
+// ratios (either may be null). Sums the odd sample rows' squared error without and with the
+// compensation estimated on the even rows into *before and *after; returns the compensation
+// estimated on every row.
+std::vector<float> estimate_compensation(const Member& m, const float* s,
+                                         const std::vector<float>* ratios, double* before,
+                                         double* after, ThreadPool& pool) {
+  const int64_t n = m.n();
+  std::vector<float> compensation(m.rows, 0.0f);
+  std::vector<double> row_before(m.rows, 0.0), row_after(m.rows, 0.0);
+  if (n < 2) return compensation;
+  const std::vector<float> xq = fake_quantize_input(m, s);
+  pool.parallel_for(m.rows, [&](int64_t begin, int64_t end) {
+    std::vector<float> wq(m.cols);
+    std::vector<double> d(n);
+    for (int64_t r = begin; r < end; ++r) {
+      fake_quantize_rows(m.w.data() + r * m.cols, 1, m.cols, s,
+                         ratios != nullptr ? ratios->data() + r : nullptr, wq.data());
+      double even = 0, all = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        d[i] = m.reference[i * m.rows + r] - double{dot(xq.data() + i * m.cols, wq.data(), m.cols)};
+        all += d[i];
+        if (i % 2 == 0) even += d[i];
+      }
+      const double even_mean = even / static_cast<double>((n + 1) / 2);
+      for (int64_t i = 1; i < n; i += 2) {
+        row_before[r] += d[i] * d[i];
+        row_after[r] += (d[i] - even_mean) * (d[i] - even_mean);
+      }
+      compensation[r] = static_cast<float>(all / static_cast<double>(n));
+    }
+  });
+  for (int64_t r = 0; r < m.rows; ++r) {
+    *before += row_before[r];
+    *after += row_after[r];
+  }
+  return compensation;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 struct GroupSpec {
   std::string name;    // the norm (without ".weight") or the weight
   std::string norm;    // norm weight name; empty: no smoothing (clip only)
@@ -266,14 +309,26 @@ float quantize_int8_row_clipped(const float* w, int64_t k, float ratio, int8_t* 
 Result<Int8PipelineOptions> parse_int8_pipeline(const std::string& name) {
   Int8PipelineOptions o;
   if (name == "rtn") return o;
-  if (name == "smooth" || name == "smooth+clip") o.smooth = true;
-  if (name == "search" || name == "search+clip" || name == "full") o.scale_search = true;
-  if (name == "clip" || name == "smooth+clip" || name == "search+clip" || name == "full") {
-    o.clip = true;
-  }
-  if (!o.any()) {
-    return invalid_argument("unknown --pipeline '" + name +
-                            "' (rtn, smooth, search, clip, smooth+clip, search+clip, full)");
+  for (size_t begin = 0; begin <= name.size();) {
+    const size_t end = std::min(name.find('+', begin), name.size());
+    const std::string step = name.substr(begin, end - begin);
+    if (step == "smooth") {
+      o.smooth = true;
+    } else if (step == "search") {
+      o.scale_search = true;
+    } else if (step == "clip") {
+      o.clip = true;
+    } else if (step == "compensate") {
+      o.compensate = true;
+    } else if (step == "full") {
+      o.scale_search = o.clip = true;
+    } else {
+      return invalid_argument("unknown --pipeline '" + name + "'" +
+                              (step.empty() ? "" : " (step '" + step + "')") +
+                              ": rtn, or steps joined by '+': smooth, search, clip, compensate, "
+                              "full (= search+clip); e.g. full+compensate");
+    }
+    begin = end + 1;
   }
   return o;
 }
@@ -403,7 +458,7 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
   }
   const bool smoothing = !alphas.empty();
   for (const GroupSpec& g : groups) {
-    if (g.norm.empty() && !options.pipeline.clip) continue;
+    if (g.norm.empty() && !options.pipeline.clip && !options.pipeline.compensate) continue;
     std::vector<Member> members;
     bool any_sample = false;
     for (const auto& [name, x] : g.members) {
@@ -460,21 +515,42 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
       if (!g.router.empty()) result.column_scale[g.router] = chosen;
       for (const Member& m : members) result.column_scale[m.name] = chosen;
     }
+    std::vector<std::vector<float>> member_ratios(members.size());
     if (options.pipeline.clip) {
       report.error = 0;
       double ratio_sum = 0;
       int64_t ratio_rows = 0;
-      for (const Member& m : members) {
-        std::vector<float> ratios;
+      for (size_t i = 0; i < members.size(); ++i) {
+        const Member& m = members[i];
+        std::vector<float>& ratios = member_ratios[i];
         report.error += choose_clipping(m, chosen ? chosen->data() : nullptr, &ratios, pool);
         if (m.n() == 0) continue;
         for (float r : ratios) ratio_sum += r;
         ratio_rows += m.rows;
         if (std::any_of(ratios.begin(), ratios.end(), [](float r) { return r != 1.0f; })) {
-          result.row_clip[m.name] = std::move(ratios);
+          result.row_clip[m.name] = ratios;
         }
       }
       report.mean_clip = ratio_rows > 0 ? ratio_sum / ratio_rows : 1.0;
+    }
+    if (options.pipeline.compensate) {
+      for (size_t i = 0; i < members.size(); ++i) {
+        const Member& m = members[i];
+        if (ends_with(m.name, "gate_proj.weight") || ends_with(m.name, "up_proj.weight")) continue;
+        double before = 0, after = 0;
+        std::vector<float> compensation =
+            estimate_compensation(m, chosen ? chosen->data() : nullptr,
+                                  member_ratios[i].empty() ? nullptr : &member_ratios[i], &before,
+                                  &after, pool);
+        report.compensation_before += before;
+        if (after < before) {
+          report.compensation_after += after;
+          ++report.compensated_weights;
+          result.compensation[m.name] = std::move(compensation);
+        } else {
+          report.compensation_after += before;
+        }
+      }
     }
     result.groups.push_back(std::move(report));
   }

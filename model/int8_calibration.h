@@ -16,12 +16,18 @@
 //  - scale search (paper eq. 3): the same s with a searched on 0, 0.1, ..., 1 per group.
 //  - clipping (eq. 4): per output row, the range clipped to c * absmax, c in 1, 0.95, ...,
 //    0.75.
+//  - error compensation: per output row of a weight, the mean over the sample of
+//    W X - Q(W s) Qa(X / s) (the systematic part of the quantization error, e.g. from inputs
+//    with a non-zero mean), stored with the weight and added to its product's output. It is
+//    estimated on the even sample rows and kept for a weight only where it lowers the error
+//    on the odd rows (then re-estimated on all of them). Not for gate/up projections, whose
+//    outputs go through the fused SiLU (kernels/matmul_int8.h).
 // Every choice minimizes the objective sum ||Q(W s) Qa(X / s) - W X||^2 over the group's
 // weights and their sampled inputs (Q: per-output-channel RTN; Qa: per-token absmax/127 as
 // the kernels), and the untransformed choice (s = 1, c = 1) is always a candidate, so no step
 // ever raises a group's objective over round to nearest.
 //
-// Not built: error compensation. Not calibrated: the MTP layer (the forward does not run it),
+// Not calibrated: the MTP layer (the forward does not run it),
 // dense-layer gate/up (their BF16 product in DeepseekModel::run_mlp has no recording hook; the
 // group stays round to nearest), an lm_head tied to the embeddings. Needs a BF16 source (the
 // recorder identifies weights by their checkpoint view).
@@ -42,10 +48,12 @@ struct Int8PipelineOptions {
   bool smooth = false;        // SmoothQuant with a = 0.5 (kept per group only where it helps)
   bool scale_search = false;  // a searched per group (includes 0.5 and no smoothing)
   bool clip = false;          // per-row clipping ratio searched
-  bool any() const { return smooth || scale_search || clip; }
+  bool compensate = false;    // error compensation where it lowers held-out error
+  bool any() const { return smooth || scale_search || clip || compensate; }
 };
 
-// Parses rtn | smooth | search | clip | smooth+clip | search+clip | full (= search+clip).
+// Parses rtn, or steps joined by '+': smooth, search, clip, compensate, full (= search+clip);
+// e.g. "full+compensate".
 Result<Int8PipelineOptions> parse_int8_pipeline(const std::string& name);
 
 struct CalibrationOptions {
@@ -70,6 +78,11 @@ struct CalibrationGroupReport {
   double error = 0;           // final (after clipping too)
   float alpha = -1;           // chosen smoothing exponent; -1: no smoothing
   double mean_clip = 1;       // mean clipping ratio over the rows
+  // Error compensation, on the odd sample rows of the weights that can take one: the error
+  // without and with it (estimated on the even rows), and the weights that keep it.
+  double compensation_before = 0;
+  double compensation_after = 0;
+  int64_t compensated_weights = 0;
 };
 
 // What write_int8_checkpoint applies (by tensor name).
@@ -80,6 +93,8 @@ struct Int8Transforms {
   std::map<std::string, std::shared_ptr<const std::vector<float>>> norm_divisor;
   // Per-row clipping ratio of a quantized weight (scale = ratio * absmax / 127).
   std::map<std::string, std::vector<float>> row_clip;
+  // Per-row error compensation of a quantized weight (written as "<name>_compensation").
+  std::map<std::string, std::vector<float>> compensation;
   std::vector<CalibrationGroupReport> groups;
   int64_t tokens = 0;  // calibration tokens run
 };

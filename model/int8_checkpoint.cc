@@ -135,6 +135,16 @@ Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned
                      DType::kF32,
                      {rows, 1},
                      to_bytes(scales.data(), scales.size())});
+      if (transforms != nullptr) {
+        if (auto it = transforms->compensation.find(spec.name);
+            it != transforms->compensation.end()) {
+          if (static_cast<int64_t>(it->second.size()) != rows) {
+            return internal_error(spec.name + ": the error compensation does not match its rows");
+          }
+          out.push_back({int8_compensation_name(spec.name), DType::kF32, {rows},
+                         to_bytes(it->second.data(), it->second.size())});
+        }
+      }
       return out;
     }
     case Planned::Kind::kToBf16: {
@@ -206,7 +216,9 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
       ++summary.kept_tensors;
     } else if (quantize) {
       p.kind = Planned::Kind::kQuantize;
-      p.bytes_out = n + 4 * static_cast<uint64_t>(spec.shape[0]);
+      const bool compensated =
+          options.transforms != nullptr && options.transforms->compensation.count(spec.name) > 0;
+      p.bytes_out = n + (compensated ? 8 : 4) * static_cast<uint64_t>(spec.shape[0]);
       ++summary.quantized_tensors;
     } else {
       p.kind = info.dtype == DType::kF8E4M3 ? Planned::Kind::kToBf16 : Planned::Kind::kCopy;

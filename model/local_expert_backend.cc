@@ -155,6 +155,11 @@ Status LocalExpertBackend::compute(Call& call_base) {
     }
     kernels::grouped_gate_up_silu_int8(gate_up, pool_);
     kernels::grouped_matmul_int8(down, pool_);
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
+      add_int8_compensation(call.experts[e].down, m,
+                            call.down.data() + call.first_slot[e] * hidden);
+    }
     call.computed = true;
     return ok_status();
   }

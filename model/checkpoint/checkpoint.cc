@@ -216,6 +216,32 @@ struct Checkpoint::Impl {
     }
     return out;
   }
+  // The error compensation of an I8 weight ("<name>_compensation", F32 [rows] or [rows, 1]),
+  // or an empty vector when it has none.
+  Result<std::vector<float>> int8_compensation(const TensorEntry& weight) const {
+    const std::string name = int8_compensation_name(weight.name);
+    const TensorEntry* c = find(name);
+    if (c == nullptr) return std::vector<float>{};
+    const int64_t rows = weight.info->shape.empty() ? 0 : weight.info->shape[0];
+    const std::vector<int64_t>& shape = c->info->shape;
+    if (!(shape == std::vector<int64_t>{rows} || shape == std::vector<int64_t>{rows, 1})) {
+      return invalid_argument(file_of(*c) + ": tensor '" + name + "' has shape " +
+                              shape_string(shape) + ", expected [" + std::to_string(rows) +
+                              "] (one value per row of " + shape_string(weight.info->shape) + ")");
+    }
+    if (c->info->dtype != DType::kF32) {
+      return invalid_argument(file_of(*c) + ": tensor '" + name + "' has dtype " +
+                              std::string(dtype_name(c->info->dtype)) + ", expected F32");
+    }
+    std::vector<float> out = copy_elements<float>(bytes_of(*c));
+    for (size_t r = 0; r < out.size(); ++r) {
+      if (!std::isfinite(out[r])) {
+        return invalid_argument(file_of(*c) + ": tensor '" + name + "' row " + std::to_string(r) +
+                                " is not finite");
+      }
+    }
+    return out;
+  }
 
   // Converts any float dtype to BF16 into owned memory.
   Result<std::shared_ptr<std::vector<bf16>>> convert_to_bf16(const TensorEntry& e) {
@@ -247,6 +273,11 @@ struct Checkpoint::Impl {
         break;
       }
       case DType::kI8: {
+        if (find(int8_compensation_name(e.name)) != nullptr) {
+          return unimplemented(file_of(e) + ": tensor '" + e.name +
+                               "' carries an error compensation, which a dequantized (BF16) "
+                               "use of the weight cannot apply");
+        }
         PS_ASSIGN_OR_RETURN(std::vector<float> scales, int8_scales(e));
         const auto* q = reinterpret_cast<const int8_t*>(bytes.data());
         const int64_t cols = e.info->shape[1];
@@ -414,7 +445,8 @@ Result<WeightTensor> Checkpoint::get_raw(std::string_view name) {
 }
 
 void Checkpoint::release_pages(std::string_view name) const {
-  for (const std::string& n : {std::string(name), int8_scale_name(std::string(name))}) {
+  for (const std::string& n : {std::string(name), int8_scale_name(std::string(name)),
+                               int8_compensation_name(std::string(name))}) {
     const TensorEntry* e = impl_->find(n);
     if (e == nullptr) continue;
     const SafetensorsFile& shard = impl_->shards[e->shard];
@@ -434,6 +466,8 @@ Result<Int8WeightTensor> Checkpoint::get_int8(std::string_view name,
   }
   Int8WeightTensor t;
   PS_ASSIGN_OR_RETURN(t.scales, impl_->int8_scales(*e));
+  PS_ASSIGN_OR_RETURN(t.compensation, impl_->int8_compensation(*e));
+  if (!t.compensation.empty()) impl_->mark_used(*impl_->find(int8_compensation_name(e->name)));
   t.values = reinterpret_cast<const int8_t*>(impl_->bytes_of(*e).data());
   t.rows = e->info->shape[0];
   t.cols = e->info->shape[1];
@@ -525,6 +559,8 @@ Status Checkpoint::validate_layout() const {
     } else if (dtype == DType::kI8 && is_int8_storable(spec.role)) {
       PS_RETURN_IF_ERROR(im.int8_scales(*e).status());
       expected.insert(int8_scale_name(spec.name));
+      PS_ASSIGN_OR_RETURN(std::vector<float> compensation, im.int8_compensation(*e));
+      if (!compensation.empty()) expected.insert(int8_compensation_name(spec.name));
     } else if (!float_type) {
       return invalid_argument(im.file_of(*e) + ": tensor '" + spec.name + "' has dtype " +
                               std::string(dtype_name(dtype)) + ", expected F32, BF16 or F16" +

@@ -65,6 +65,7 @@ struct Int8WeightTensor {
   int64_t cols = 0;
   std::vector<float> scales;  // [rows]
   std::shared_ptr<const void> storage;
+  std::vector<float> compensation;  // [rows] added to the product's output, or empty: none
 };
 
 // Where a tensor lives and how it is stored.
@@ -108,8 +109,9 @@ class Checkpoint {
   Result<std::vector<float>> get_f32(std::string_view name,
                                      const std::vector<int64_t>& expected_shape);
   // An I8 weight and its "<name>_scale" ([rows, 1] or [rows]; F32, BF16 or F16, finite,
-  // >= 0). Marks both used. Errors name the tensor: not I8, shape mismatch, scale missing or
-  // misshaped.
+  // >= 0), and its "<name>_compensation" when present (F32 [rows], finite). Marks them used.
+  // Errors name the tensor: not I8, shape mismatch, scale missing or misshaped, a misshaped
+  // or non-F32 compensation.
   Result<Int8WeightTensor> get_int8(std::string_view name,
                                     const std::vector<int64_t>& expected_shape);
   // The process no longer needs the stored bytes of `name` (and of its scale companion)

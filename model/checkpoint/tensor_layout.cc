@@ -90,6 +90,10 @@ std::string int8_scale_name(const std::string& weight_name) {
   return weight_name + "_scale";
 }
 
+std::string int8_compensation_name(const std::string& weight_name) {
+  return weight_name + "_compensation";
+}
+
 std::string fp8_scale_inv_name(const std::string& weight_name) {
   return weight_name + "_scale_inv";
 }

@@ -39,6 +39,9 @@ std::string fp8_scale_inv_name(const std::string& weight_name);
 // INT8 (W8A8) checkpoints store quantized weights as I8 + "<name>_scale" [out, 1] (the
 // compressed-tensors naming): "...up_proj.weight" -> "...up_proj.weight_scale".
 std::string int8_scale_name(const std::string& weight_name);
+// An I8 GEMM weight may also carry an error compensation "<name>_compensation" (F32 [out]):
+// added to the product's output rows (docs/quantization.md, "Error compensation").
+std::string int8_compensation_name(const std::string& weight_name);
 // Roles whose weights may be stored INT8: linear layers and the output head (a GEMM each);
 // embeddings too (gathered rows, dequantized at load).
 inline bool is_int8_storable(TensorRole role) {

@@ -38,6 +38,7 @@ std::vector<float> reference_output(const RandomMoe& moe, const RoutedTokens& to
 }
 
 struct Scenario {
+  const RandomMoe* moe = nullptr;  // null: test_moe()
   int ranks = 2;
   DispatchDtype dtype = DispatchDtype::kFp32;
   kernels::ActivationPrecision precision = kernels::ActivationPrecision::kFp32;
@@ -94,7 +95,7 @@ void compare(const std::vector<float>& out, const std::vector<float>& ref, int64
 }
 
 std::vector<RankResult> run_scenario(const Scenario& s) {
-  const RandomMoe& moe = test_moe();
+  const RandomMoe& moe = s.moe != nullptr ? *s.moe : test_moe();
   Result<ExpertPlacement> placement = s.placement(moe, s.ranks);
   PS_CHECK(placement.ok()) << placement.status().to_string();
   InProcessGroup group(s.ranks);
@@ -204,6 +205,20 @@ TEST(EpExpertBackend, PutPathIsBitwiseToo) {
   s.ranks = 4;
   s.direct_stores = false;
   s.interleave_microbatches = true;
+  expect_bitwise(run_scenario(s));
+}
+
+// W8A8 experts whose down projections carry an error compensation (INT8 checkpoints written
+// with `--pipeline ...+compensate`): the ranks add it as the single process does.
+TEST(EpExpertBackend, Int8ExpertsWithErrorCompensationAreBitwiseToo) {
+  static const RandomMoe moe = [] {
+    RandomMoe m(/*hidden=*/96, /*inter=*/40, /*experts=*/16, /*top_k=*/4, /*layers=*/{1, 2},
+                /*seed=*/5);
+    m.add_int8(/*compensation=*/true, /*seed=*/9);
+    return m;
+  }();
+  Scenario s;
+  s.moe = &moe;
   expect_bitwise(run_scenario(s));
 }
 

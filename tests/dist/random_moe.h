@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dist/expert_placement.h"
+#include "kernels/int8_matrix.h"
 #include "model/deepseek_weights.h"
 #include "model/expert_backend.h"
 #include "tensor/float_convert.h"
@@ -40,7 +41,7 @@ struct RandomMoe {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
       for (bf16& v : *data) v = float_to_bf16(scale * normal(rng));
       storage.push_back(data);
-      return LinearWeight{data->data(), rows, cols, data, nullptr};
+      return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr};
     };
     for (int layer : moe_layers) {
       for (int e = 0; e < num_experts; ++e) {
@@ -49,6 +50,30 @@ struct RandomMoe {
         w.up = matrix(inter, hidden);
         w.down = matrix(hidden, inter);
         experts[layer].push_back(w);
+      }
+    }
+  }
+
+  // Adds every expert's INT8 forms (the fused gate/up and down, round to nearest), and with
+  // `compensation` a random error compensation on each down projection.
+  void add_int8(bool compensation, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    for (int layer : moe_layers) {
+      for (MlpWeights& w : experts[layer]) {
+        auto gate_up = kernels::PackedInt8Matrix::quantize_gate_up(
+            {w.gate.data, w.gate.rows, w.gate.cols, 0}, {w.up.data, w.up.rows, w.up.cols, 0});
+        auto down = kernels::PackedInt8Matrix::quantize(
+            kernels::MatrixView<bf16>{w.down.data, w.down.rows, w.down.cols, 0});
+        PS_CHECK(gate_up.ok() && down.ok());
+        w.gate_up_int8 =
+            std::make_shared<const kernels::PackedInt8Matrix>(std::move(gate_up).value());
+        w.down.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(down).value());
+        if (compensation) {
+          auto c = std::make_shared<std::vector<float>>(w.down.rows);
+          for (float& v : *c) v = normal(rng);
+          w.down.int8_compensation = std::move(c);
+        }
       }
     }
   }

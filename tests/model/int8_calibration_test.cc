@@ -86,7 +86,66 @@ TEST(Int8CalibrationTest, PipelineNames) {
   EXPECT_TRUE(parse_int8_pipeline("full")->scale_search);
   EXPECT_TRUE(parse_int8_pipeline("full")->clip);
   EXPECT_FALSE(parse_int8_pipeline("clip")->scale_search);
+  EXPECT_FALSE(parse_int8_pipeline("full")->compensate);
+  auto all = parse_int8_pipeline("full+compensate");
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->scale_search && all->clip && all->compensate && !all->smooth);
+  auto sc = parse_int8_pipeline("smooth+clip");
+  ASSERT_TRUE(sc.ok());
+  EXPECT_TRUE(sc->smooth && sc->clip && !sc->scale_search && !sc->compensate);
+  EXPECT_TRUE(parse_int8_pipeline("compensate")->compensate);
   EXPECT_FALSE(parse_int8_pipeline("awq").ok());
+  for (const char* bad : {"", "full+", "+clip", "clip++smooth", "rtn+clip", "clip+awq"}) {
+    auto r = parse_int8_pipeline(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("compensate"), std::string::npos);
+    }
+  }
+}
+
+// Error compensation: kept only for weights whose held-out sample error it lowers, never on
+// gate/up (fused SiLU), one value per output row; the checkpoint stores exactly those and
+// loads.
+TEST(Int8CalibrationTest, ErrorCompensationIsKeptWhereItPaysAndStored) {
+  const Int8Transforms t = calibrated("compensate");
+  ASSERT_FALSE(t.compensation.empty());
+  int64_t kept = 0;
+  double before = 0, after = 0;
+  for (const CalibrationGroupReport& g : t.groups) {
+    EXPECT_LE(g.compensation_after, g.compensation_before) << g.name;
+    kept += g.compensated_weights;
+    before += g.compensation_before;
+    after += g.compensation_after;
+  }
+  EXPECT_EQ(kept, static_cast<int64_t>(t.compensation.size()));
+  EXPECT_LT(after, before);
+  auto source = Checkpoint::open(tiny_checkpoint_dir());
+  ASSERT_TRUE(source.ok());
+  for (const auto& [name, c] : t.compensation) {
+    EXPECT_FALSE(name.ends_with("gate_proj.weight") || name.ends_with("up_proj.weight")) << name;
+    auto info = source->info(name);
+    ASSERT_TRUE(info.ok()) << name;
+    EXPECT_EQ(static_cast<int64_t>(c.size()), info->shape[0]) << name;
+  }
+  const std::string out = write(t, "int8_compensated", /*quantize=*/true);
+  auto ckpt = Checkpoint::open(out);
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_TRUE(ckpt->validate_layout().ok()) << ckpt->validate_layout().to_string();
+  int64_t stored = 0;
+  for (const std::string& name : ckpt->tensor_names()) {
+    if (!name.ends_with("_compensation")) continue;
+    ++stored;
+    const std::string weight = name.substr(0, name.size() - std::string("_compensation").size());
+    ASSERT_TRUE(t.compensation.contains(weight)) << name;
+    auto q = ckpt->get_int8(weight, ckpt->info(weight)->shape);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    EXPECT_EQ(q->compensation, t.compensation.at(weight)) << name;
+  }
+  EXPECT_EQ(stored, static_cast<int64_t>(t.compensation.size()));
+  auto model = load_model(out, bf16_options());
+  const std::vector<float> logits = sequence_logits(*model, test_tokens(9, model->config().vocab_size, 4));
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 TEST(Int8CalibrationTest, ClippedQuantizationAtRatioOneIsRoundToNearest) {

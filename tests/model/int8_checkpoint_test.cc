@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -122,6 +123,77 @@ TEST(Int8CheckpointTest, LoadsLikeLoadTimeQuantization) {
   }
 }
 
+std::vector<float> random_values(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// An error compensation (Int8Transforms::compensation, `--pipeline ...+compensate`) is stored
+// as "<weight>_compensation" and added to the product's output rows: on the LM head, every
+// logit moves by exactly its row's value; on an attention output and a routed expert's down
+// projection, the checkpoint validates, loads (MTP included) and its logits move.
+TEST(Int8CheckpointTest, ErrorCompensationIsAddedToTheOutput) {
+  const std::string plain_dir = quantized_copy(tiny_checkpoint_dir(), "int8_plain", true);
+  auto plain = load_model(plain_dir, options(WeightQuantization::kNone, false));
+  const int64_t vocab = plain->config().vocab_size, hidden = plain->config().hidden_size;
+  const std::vector<int32_t> tokens = test_tokens(13, vocab, 3);
+  const std::vector<float> base = sequence_logits(*plain, tokens);
+
+  auto write_with = [&](const std::map<std::string, std::vector<float>>& compensation) {
+    Int8Transforms transforms;
+    transforms.compensation = compensation;
+    const std::string out = make_temp_dir("int8_compensated");
+    Int8CheckpointOptions o;
+    o.transforms = &transforms;
+    auto summary = write_int8_checkpoint(tiny_checkpoint_dir(), out, o);
+    PS_CHECK(summary.ok()) << summary.status().to_string();
+    return out;
+  };
+
+  // The LM head.
+  const std::vector<float> head_c = random_values(vocab, 1);
+  const std::string head_dir = write_with({{"lm_head.weight", head_c}});
+  {
+    auto ckpt = Checkpoint::open(head_dir);
+    ASSERT_TRUE(ckpt.ok());
+    ASSERT_TRUE(ckpt->validate_layout().ok()) << ckpt->validate_layout().to_string();
+    auto q = ckpt->get_int8("lm_head.weight", {vocab, hidden});
+    ASSERT_TRUE(q.ok());
+    EXPECT_EQ(q->compensation, head_c);
+  }
+  auto head_model = load_model(head_dir, options(WeightQuantization::kNone, false));
+  const std::vector<float> moved = sequence_logits(*head_model, tokens);
+  ASSERT_EQ(moved.size(), base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    // One fp32 addition: within an ulp of the sum.
+    ASSERT_NEAR(moved[i] - base[i], head_c[i % vocab], 1e-6f * (std::fabs(base[i]) + 1.0f))
+        << "logit " << i % vocab << " of row " << i / vocab;
+  }
+
+  // Inside the layers: attention output and a routed expert (with its layer's MoE running).
+  const std::string layer_dir =
+      write_with({{"model.layers.0.self_attn.o_proj.weight", random_values(hidden, 2)},
+                  {"model.layers.1.mlp.experts.3.down_proj.weight", random_values(hidden, 3)}});
+  auto ckpt = Checkpoint::open(layer_dir);
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_TRUE(ckpt->validate_layout().ok()) << ckpt->validate_layout().to_string();
+  auto layer_model = load_model(layer_dir, options(WeightQuantization::kNone, false));
+  const std::vector<float> shifted = sequence_logits(*layer_model, tokens);
+  EXPECT_NE(std::memcmp(shifted.data(), base.data(), base.size() * sizeof(float)), 0);
+
+  // A compensation that does not match its weight's rows is refused while writing.
+  Int8Transforms bad;
+  bad.compensation["lm_head.weight"] = std::vector<float>(3, 1.0f);
+  Int8CheckpointOptions o;
+  o.transforms = &bad;
+  auto refused = write_int8_checkpoint(tiny_checkpoint_dir(), make_temp_dir("int8_bad_comp"), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("lm_head.weight"), std::string::npos);
+}
+
 // Rewrites the checkpoint in `dir` as one shard after `edit` changed its tensors.
 void rewrite(const std::string& dir,
              const std::function<void(std::map<std::string, TensorToWrite>&)>& edit) {
@@ -169,7 +241,32 @@ TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
        },
        "expected a finite value >= 0"},
   };
-  for (const Case& c : cases) {
+  // An error compensation: F32 [rows], finite, not on gate/up (it would enter before the
+  // fused SiLU).
+  auto compensation = [](const std::string& of, DType dtype, std::vector<int64_t> shape,
+                         float value) {
+    return [=](std::map<std::string, TensorToWrite>& t) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float> f(n, value);
+      std::vector<std::byte> bytes(n * dtype_size(dtype));
+      if (dtype == DType::kF32) std::memcpy(bytes.data(), f.data(), bytes.size());
+      t[int8_compensation_name(of)] = {int8_compensation_name(of), dtype, shape, bytes};
+    };
+  };
+  auto source = Checkpoint::open(tiny_checkpoint_dir());
+  ASSERT_TRUE(source.ok());
+  const int64_t rows = source->info(weight)->shape[0];
+  const std::vector<Case> compensation_cases = {
+      {"compensation misshaped", compensation(weight, DType::kF32, {rows + 1}, 0.5f),
+       "_compensation' has shape ["},
+      {"compensation not F32", compensation(weight, DType::kBF16, {rows}, 0.5f),
+       "expected F32"},
+      {"compensation not finite", compensation(weight, DType::kF32, {rows}, NAN), "not finite"},
+  };
+  std::vector<Case> all = cases;
+  all.insert(all.end(), compensation_cases.begin(), compensation_cases.end());
+  for (const Case& c : all) {
     SCOPED_TRACE(c.what);
     const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_bad", true);
     rewrite(dir, c.edit);
@@ -182,6 +279,26 @@ TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
     EXPECT_NE(model.status().message().find("experts.3.down_proj"), std::string::npos)
         << model.status().message();
   }
+}
+
+TEST(Int8CheckpointTest, ErrorCompensationOnGateOrUpIsRefused) {
+  const std::string gate = "model.layers.1.mlp.experts.3.gate_proj.weight";
+  const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_bad_gate", true);
+  auto ckpt = Checkpoint::open(dir);
+  ASSERT_TRUE(ckpt.ok());
+  auto info = ckpt->info(gate);
+  ASSERT_TRUE(info.ok());
+  const int64_t rows = info->shape[0];
+  rewrite(dir, [&](std::map<std::string, TensorToWrite>& t) {
+    std::vector<std::byte> bytes(rows * 4, std::byte{0});
+    t[int8_compensation_name(gate)] = {int8_compensation_name(gate), DType::kF32, {rows}, bytes};
+  });
+  auto model = DeepseekModel::load(dir, options(WeightQuantization::kNone, false));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("experts.3.gate_proj"), std::string::npos)
+      << model.status().message();
+  EXPECT_NE(model.status().message().find("not supported"), std::string::npos)
+      << model.status().message();
 }
 
 TEST(Int8CheckpointTest, RefusesItsSourceAndInt8Sources) {
