@@ -270,10 +270,6 @@ std::vector<float> estimate_compensation(const Member& m, const float* s,
   return compensation;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 struct GroupSpec {
   std::string name;    // the norm (without ".weight") or the weight
   std::string norm;    // norm weight name; empty: no smoothing (clip only)
@@ -536,12 +532,11 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
     if (options.pipeline.compensate) {
       for (size_t i = 0; i < members.size(); ++i) {
         const Member& m = members[i];
-        if (ends_with(m.name, "gate_proj.weight") || ends_with(m.name, "up_proj.weight")) continue;
+        if (m.name.ends_with("gate_proj.weight") || m.name.ends_with("up_proj.weight")) continue;
         double before = 0, after = 0;
-        std::vector<float> compensation =
-            estimate_compensation(m, chosen ? chosen->data() : nullptr,
-                                  member_ratios[i].empty() ? nullptr : &member_ratios[i], &before,
-                                  &after, pool);
+        std::vector<float> compensation = estimate_compensation(
+            m, chosen ? chosen->data() : nullptr,
+            member_ratios[i].empty() ? nullptr : &member_ratios[i], &before, &after, pool);
         report.compensation_before += before;
         if (after < before) {
           report.compensation_after += after;

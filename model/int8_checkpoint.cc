@@ -141,7 +141,9 @@ Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned
           if (static_cast<int64_t>(it->second.size()) != rows) {
             return internal_error(spec.name + ": the error compensation does not match its rows");
           }
-          out.push_back({int8_compensation_name(spec.name), DType::kF32, {rows},
+          out.push_back({int8_compensation_name(spec.name),
+                         DType::kF32,
+                         {rows},
                          to_bytes(it->second.data(), it->second.size())});
         }
       }

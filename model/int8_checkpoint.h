@@ -34,7 +34,8 @@ struct Int8CheckpointOptions {
   LoadProgressCallback progress;
   // Calibration transforms (model/int8_calibration.h) applied before quantizing: weight
   // columns times s, norm weights divided by s (kept in their dtype: s is a power of two),
-  // per-row clipping. Default: none (round to nearest).
+  // per-row clipping, and error compensations written as "<name>_compensation" (F32 [out]).
+  // Default: none (round to nearest).
   const Int8Transforms* transforms = nullptr;
   // Testing: false writes the transformed weights in their source dtype instead of INT8 (and
   // no quantization_config), i.e. the smoothed BF16 model. Default true.

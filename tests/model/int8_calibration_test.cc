@@ -144,7 +144,8 @@ TEST(Int8CalibrationTest, ErrorCompensationIsKeptWhereItPaysAndStored) {
   }
   EXPECT_EQ(stored, static_cast<int64_t>(t.compensation.size()));
   auto model = load_model(out, bf16_options());
-  const std::vector<float> logits = sequence_logits(*model, test_tokens(9, model->config().vocab_size, 4));
+  const std::vector<float> logits =
+      sequence_logits(*model, test_tokens(9, model->config().vocab_size, 4));
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 

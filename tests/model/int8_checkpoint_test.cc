@@ -1,8 +1,9 @@
 // Offline INT8 checkpoints (model/int8_checkpoint.h, `peerserve quantize`): every stored
 // weight reproduces its source within half a quantization step; the loaded INT8 checkpoint
 // gives bitwise the logits of quantizing the source at load; the lm_head choice, FP8 sources,
-// and bad INT8 checkpoints (scale missing or misshaped, -128, a negative scale) are refused
-// with errors naming the tensor.
+// and bad INT8 checkpoints (scale missing or misshaped, -128, a negative scale, a misshaped,
+// non-F32 or non-finite error compensation, one on gate/up) are refused with errors naming
+// the tensor; a stored error compensation is added to its product's output.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <random>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -260,8 +261,7 @@ TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
   const std::vector<Case> compensation_cases = {
       {"compensation misshaped", compensation(weight, DType::kF32, {rows + 1}, 0.5f),
        "_compensation' has shape ["},
-      {"compensation not F32", compensation(weight, DType::kBF16, {rows}, 0.5f),
-       "expected F32"},
+      {"compensation not F32", compensation(weight, DType::kBF16, {rows}, 0.5f), "expected F32"},
       {"compensation not finite", compensation(weight, DType::kF32, {rows}, NAN), "not finite"},
   };
   std::vector<Case> all = cases;
