@@ -26,6 +26,7 @@
 #include "bench/ceilings/machine_ceilings.h"
 #include "kernels/cpu_features.h"
 #include "bench/model/mini_model.h"
+#include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/test_model.h"
 #include "model/deepseek_model.h"
 #include "model/expert_backend.h"
@@ -52,12 +53,13 @@ class CountingBackend final : public ExpertBackend {
 };
 
 // Weight bytes and multiply-accumulates of the model, from its config (bf16 matrices,
-// fp32 norms and routers, as DeepseekModel holds them; with --quantize int8 one byte per
-// weight of the INT8 matrices: everything but kv_b and the LM head, per-channel scales not
-// counted, < 0.5% here).
+// fp32 norms and routers, as DeepseekModel holds them; INT8 — --quantize int8 or an INT8
+// checkpoint — one byte per weight of the INT8 matrices: everything but kv_b and the LM
+// head, and the LM head too when it is stored INT8; per-channel scales not counted, < 0.5%).
 struct ModelCost {
   const ModelConfig& c;
   bool int8 = false;
+  bool int8_head = false;
   double matrix_bytes() const { return int8 ? 1.0 : 2.0; }
   int64_t kv_b_params() const {
     return c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
@@ -83,10 +85,11 @@ struct ModelCost {
     const double quantizable = static_cast<double>(
         c.num_hidden_layers * (attention_params() - kv_b_params()) +
         dense * 3 * c.hidden_size * c.intermediate_size + moe * c.n_shared_experts * expert_params());
-    const double bf16_params =
-        static_cast<double>(c.num_hidden_layers * kv_b_params() + c.vocab_size * c.hidden_size);
+    const double bf16_params = static_cast<double>(c.num_hidden_layers * kv_b_params());
+    const double head_bytes =
+        (int8_head ? 1.0 : 2.0) * static_cast<double>(c.vocab_size * c.hidden_size);
     const double router_bytes = 4.0 * moe * c.n_routed_experts * c.hidden_size;
-    return matrix_bytes() * quantizable + 2.0 * bf16_params + router_bytes;
+    return matrix_bytes() * quantizable + 2.0 * bf16_params + head_bytes + router_bytes;
   }
   double expert_bytes() const { return matrix_bytes() * static_cast<double>(expert_params()); }
   // Multiply-accumulates of a prefill of n tokens from position 0 (logits of the last
@@ -121,10 +124,33 @@ struct Args {
   std::string isa;    // --isa LEVEL: force a lower kernel level (e.g. avx2 on an AVX-512 CPU)
 };
 
+constexpr const char* kUsage = R"(usage: peerserve_bench_model [options]
+Prefill and decode throughput of a model, each as a ratio of a floor from the machine's
+ceilings measured in the same run (prefill: FLOPs / matmul_bf16 peak; decode: weight bytes
+read / streaming read bandwidth).
+  --model DIR            checkpoint (BF16, FP8 or INT8); default: the mini preset, written
+                         once to $TMPDIR/peerserve_bench_mini
+  --runs N               runs per measurement, medians reported (default 5)
+  --threads N            threads (default 0: one per core)
+  --prompt N             prefill tokens (default 512)
+  --context N            tokens in each sequence before the timed decode steps (default 128)
+  --steps N              timed decode steps per run (default 16)
+  --cpu-time             one thread, timed by its CPU clock (ceilings too)
+  --profile-decode N     only run N decode steps, no ceilings (for perf record)
+  --profile-batch B      sequences per step with --profile-decode (default 1)
+  --quantize int8|none   W8A8 weights at load (an INT8 checkpoint is INT8 without it)
+  --isa LEVEL            force a kernel level: scalar, avx2, avx512, avx512_vnni, avx512_bf16
+  --help                 this text
+)";
+
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
+    if (key == "--help" || key == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
     if (key == "--cpu-time") {
       a.cpu_time = true;
       a.threads = 1;
@@ -193,7 +219,18 @@ int run(const Args& args) {
   const ModelConfig& c = model.config();
   auto counting = std::make_shared<CountingBackend>(model.expert_backend());
   model.set_expert_backend(counting);
-  const ModelCost cost{c, args.int8};
+  // An INT8 checkpoint's matrices are INT8 without --quantize; its head is when stored so.
+  bool int8_head = false;
+  if (c.int8_weights && !c.tie_word_embeddings) {
+    Result<Checkpoint> checkpoint = Checkpoint::open(dir);
+    if (!checkpoint.ok()) {
+      std::fprintf(stderr, "error: %s\n", checkpoint.status().to_string().c_str());
+      return 1;
+    }
+    const Result<CheckpointTensorInfo> head = checkpoint->info("lm_head.weight");
+    int8_head = head.ok() && head->dtype == DType::kI8;
+  }
+  const ModelCost cost{c, args.int8 || c.int8_weights, int8_head};
 
   if (args.profile_decode > 0) {
     const KvLayout layout = model.kv_layout(16, DType::kBF16);
