@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
-#include "kernels/cpu_features.h"
 #include "bench/model/mini_model.h"
+#include "kernels/cpu_features.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/test_model.h"
 #include "model/deepseek_model.h"
@@ -82,9 +82,10 @@ struct ModelCost {
   // Bytes read per decode step, except routed experts (counted per step) and the KV.
   double fixed_bytes() const {
     const int64_t moe = num_moe_layers(), dense = c.num_hidden_layers - moe;
-    const double quantizable = static_cast<double>(
-        c.num_hidden_layers * (attention_params() - kv_b_params()) +
-        dense * 3 * c.hidden_size * c.intermediate_size + moe * c.n_shared_experts * expert_params());
+    const double quantizable =
+        static_cast<double>(c.num_hidden_layers * (attention_params() - kv_b_params()) +
+                            dense * 3 * c.hidden_size * c.intermediate_size +
+                            moe * c.n_shared_experts * expert_params());
     const double bf16_params = static_cast<double>(c.num_hidden_layers * kv_b_params());
     const double head_bytes =
         (int8_head ? 1.0 : 2.0) * static_cast<double>(c.vocab_size * c.hidden_size);
