@@ -29,9 +29,11 @@ inline __m512bh as_bh(__m512i v) {
   return reinterpret_cast<__m512bh>(v);
 }
 
+// `next`: with MR == 1, the weight rows to prefetch alongside (prefetch_next_rows), or null.
 template <int MR, int NR>
 inline void dp_block(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
-                     int64_t k, float* y, int64_t y_stride, bool accumulate) {
+                     int64_t k, float* y, int64_t y_stride, bool accumulate,
+                     const uint16_t* next = nullptr) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -43,6 +45,7 @@ inline void dp_block(const uint16_t* x, int64_t x_stride, const uint16_t* w, int
     __m512i wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_si512(w + j * w_stride + p);
+    if constexpr (MR == 1) prefetch_next_rows<NR>(next, w_stride, p);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512i xv = _mm512_loadu_si512(x + i * x_stride + p);
@@ -88,6 +91,13 @@ void dp_tile(const MatmulTile& t) {
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     int64_t j = t.n_begin;
+    if constexpr (MR == 1) {
+      for (; j + NR <= t.n_end; j += NR) {
+        dp_block<1, NR>(x + i0 * t.x_stride, t.x_stride, w + j * t.w_stride, t.w_stride, t.k,
+                        t.y + i0 * t.y_stride + j, t.y_stride, t.accumulate,
+                        next_gemv_block<NR>(w, t.w_stride, j, t.n_end));
+      }
+    }
     WeightPrefetch prefetch(w, t.w_stride, t.k, NR, (i1 - i0 + MR - 1) / MR);
     for (; j + NR <= t.n_end; j += NR) {
       prefetch.start_block(j + NR, j + 2 * NR <= t.n_end);

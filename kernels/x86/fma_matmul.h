@@ -28,9 +28,10 @@ constexpr T min_of(T a, T b) {
   return a < b ? a : b;
 }
 
+// `next`: with MR == 1, the weight rows to prefetch alongside (prefetch_next_rows), or null.
 template <typename V, int MR, int NR, typename XT, typename WT>
 inline void fma_block(const XT* x, int64_t x_stride, const WT* w, int64_t w_stride, int64_t k,
-                      float* y, int64_t y_stride, bool accumulate) {
+                      float* y, int64_t y_stride, bool accumulate, const WT* next = nullptr) {
   using Reg = typename V::Reg;
   constexpr int64_t L = V::kLanes;
   Reg acc[MR][NR];
@@ -44,6 +45,7 @@ inline void fma_block(const XT* x, int64_t x_stride, const WT* w, int64_t w_stri
     Reg wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = V::load_w(w + j * w_stride + p);
+    if constexpr (MR == 1) prefetch_next_rows<NR>(next, w_stride, p);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const Reg xv = V::load_x(x + i * x_stride + p);
@@ -91,6 +93,13 @@ void fma_tile(const MatmulTile& t) {
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     int64_t j = t.n_begin;
+    if constexpr (MR == 1) {
+      for (; j + NR <= t.n_end; j += NR) {
+        fma_block<V, 1, NR>(x + i0 * t.x_stride, t.x_stride, w + j * t.w_stride, t.w_stride, t.k,
+                            t.y + i0 * t.y_stride + j, t.y_stride, t.accumulate,
+                            next_gemv_block<NR>(w, t.w_stride, j, t.n_end));
+      }
+    }
     WeightPrefetch prefetch(w, t.w_stride, t.k, NR, (i1 - i0 + MR - 1) / MR);
     for (; j + NR <= t.n_end; j += NR) {
       prefetch.start_block(j + NR, j + 2 * NR <= t.n_end);

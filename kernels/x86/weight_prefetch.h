@@ -51,5 +51,28 @@ class WeightPrefetch {
   bool enabled_ = false;
 };
 
+// GEMV (one activation row): each weight byte is used once, so the block of rows after the
+// current one is prefetched into L2 from inside the current block's k loop — each k step
+// prefetches the same offset of the next block's rows — rather than in one burst at the
+// block's start, as WeightPrefetch does for several rows (a burst of a whole block's lines
+// overflows the core's outstanding-miss slots). On AVX2 a step covers less than a line; the
+// repeated prefetches of a line cost little next to the misses they hide. Measured in
+// docs/kernels.md ("GEMV prefetch"). `next` is that block's first row, or null.
+template <int NR, typename WT>
+inline void prefetch_next_rows(const WT* next, int64_t w_stride, int64_t p) {
+  if (next == nullptr) return;
+#pragma GCC unroll 16
+  for (int j = 0; j < NR; ++j) {
+    _mm_prefetch(reinterpret_cast<const char*>(next + j * w_stride + p), _MM_HINT_T1);
+  }
+}
+
+// The first row of the block after rows [j, j + NR), or null when that block is not whole
+// inside [.., n_end) (a GEMV tile's last block prefetches nothing).
+template <int NR, typename WT>
+inline const WT* next_gemv_block(const WT* w, int64_t w_stride, int64_t j, int64_t n_end) {
+  return j + 2 * NR <= n_end ? w + (j + NR) * w_stride : nullptr;
+}
+
 }  // namespace
 }  // namespace peerserve::kernels::internal
