@@ -29,6 +29,8 @@ constexpr int kBlockRows = 2;
 constexpr int kBlockPanels = 2;
 constexpr int kGemvPanels = 4;
 constexpr int64_t kRowBlockBytes = 256 * 1024;
+// Prefetch distance along each panel's weight stream, in 64-byte k groups; into L2 (measured
+// faster than into L1: docs/kernels.md, "GEMV prefetch").
 constexpr int64_t kGemvPrefetchGroups = 16;
 
 template <typename T>
@@ -94,7 +96,7 @@ void block(const Int8Tile& t, int64_t i0, int64_t p) {
     for (int j = 0; j < NP; ++j) {
       const int8_t* src = w + j * t.panel_stride + 64 * g;
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(src + 64 * kGemvPrefetchGroups), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(src + 64 * kGemvPrefetchGroups), _MM_HINT_T1);
       }
       wv[2 * j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(src));
       wv[2 * j + 1] = _mm256_load_si256(reinterpret_cast<const __m256i*>(src + 32));

@@ -27,7 +27,8 @@ constexpr int kGemmRows = 6;
 constexpr int kBlockPanels = 4;
 // x rows (int8) kept in L2 while a group of 4 weight panels is reused from L1/L2.
 constexpr int64_t kRowBlockBytes = 256 * 1024;
-// Prefetch distance along each panel's weight stream, in 64-byte k groups.
+// Prefetch distance along each panel's weight stream, in 64-byte k groups; into L2 (measured
+// faster than into L1: docs/kernels.md, "GEMV prefetch").
 constexpr int64_t kGemvPrefetchGroups = 16;
 
 template <typename T>
@@ -102,7 +103,7 @@ void block(const Int8Tile& t, int64_t i0, int64_t p) {
     for (int j = 0; j < NP; ++j) {
       const int8_t* src = w + j * t.panel_stride + 64 * g;
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(src + 64 * kGemvPrefetchGroups), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(src + 64 * kGemvPrefetchGroups), _MM_HINT_T1);
       }
       wv[j] = _mm512_load_si512(src);
     }
