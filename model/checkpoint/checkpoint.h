@@ -114,9 +114,10 @@ class Checkpoint {
   // or non-F32 compensation.
   Result<Int8WeightTensor> get_int8(std::string_view name,
                                     const std::vector<int64_t>& expected_shape);
-  // The process no longer needs the stored bytes of `name` (and of its scale companion)
-  // resident, e.g. an INT8 weight repacked into the kernels' layout: drops their pages from
-  // memory (they are read from the file again if touched). No-op for an unknown name.
+  // The process no longer needs the stored bytes of `name` (and of its scale and compensation
+  // companions) resident, e.g. an INT8 weight repacked into the kernels' layout: drops their
+  // pages from memory (they are read from the file again if touched). No-op for an unknown
+  // name.
   void release_pages(std::string_view name) const;
   // The tensor exactly as stored, zero-copy (any dtype). Marks it used.
   Result<WeightTensor> get_raw(std::string_view name);
