@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/tensor_layout.h"
 
@@ -232,10 +233,8 @@ void add_int8_compensation(const LinearWeight& w, int64_t m, float* y, int64_t y
   const float* b = w.int8_compensation->data();
   const int64_t n = static_cast<int64_t>(w.int8_compensation->size());
   if (y_stride == 0) y_stride = n;
-  for (int64_t i = 0; i < m; ++i) {
-    float* row = y + i * y_stride;
-    for (int64_t j = 0; j < n; ++j) row[j] += b[j];
-  }
+  // axpy with alpha 1 is exact in the multiply: each element is y + b, rounded once.
+  for (int64_t i = 0; i < m; ++i) kernels::axpy(1.0f, b, y + i * y_stride, n);
 }
 
 Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_mtp_layer,
