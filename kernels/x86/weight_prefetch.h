@@ -18,37 +18,44 @@ class WeightPrefetch {
   WeightPrefetch(const WT* w, int64_t w_stride, int64_t k, int64_t block_rows, int64_t row_steps)
       : w_(w),
         w_stride_(w_stride),
+        w_stride_bytes_(w_stride * int64_t{sizeof(WT)}),
+        block_rows_(block_rows),
         lines_per_row_((k * int64_t{sizeof(WT)} + 63) / 64),
-        lines_(block_rows * lines_per_row_),
-        per_step_((lines_ + row_steps - 1) / row_steps) {}
+        per_step_((block_rows * lines_per_row_ + row_steps - 1) / row_steps) {}
 
   // The block starting at weight row `first_row` is next; `enabled` false past the end.
   void start_block(int64_t first_row, bool enabled) {
-    first_row_ = first_row;
-    enabled_ = enabled;
-    next_line_ = 0;
+    row_ = enabled ? reinterpret_cast<const char*>(w_ + first_row * w_stride_) : nullptr;
+    rows_left_ = block_rows_;
+    line_ = 0;
   }
 
+  // The next per_step_ lines, row by row (counters, not a division per line: measured).
   void step() {
-    if (!enabled_) return;
-    const int64_t end = next_line_ + per_step_ < lines_ ? next_line_ + per_step_ : lines_;
-    for (int64_t l = next_line_; l < end; ++l) {
-      const int64_t row = l / lines_per_row_, line = l % lines_per_row_;
-      _mm_prefetch(reinterpret_cast<const char*>(w_ + (first_row_ + row) * w_stride_) + line * 64,
-                   _MM_HINT_T1);
+    if (row_ == nullptr) return;
+    for (int64_t l = 0; l < per_step_; ++l) {
+      _mm_prefetch(row_ + line_ * 64, _MM_HINT_T1);
+      if (++line_ == lines_per_row_) {
+        line_ = 0;
+        row_ += w_stride_bytes_;
+        if (--rows_left_ == 0) {
+          row_ = nullptr;
+          return;
+        }
+      }
     }
-    next_line_ = end;
   }
 
  private:
   const WT* w_;
   int64_t w_stride_;
+  int64_t w_stride_bytes_;
+  int64_t block_rows_;
   int64_t lines_per_row_;
-  int64_t lines_;
   int64_t per_step_;
-  int64_t first_row_ = 0;
-  int64_t next_line_ = 0;
-  bool enabled_ = false;
+  const char* row_ = nullptr;  // the row being prefetched; null when done or disabled
+  int64_t rows_left_ = 0;
+  int64_t line_ = 0;
 };
 
 // GEMV (one activation row): each weight byte is used once, so the block of rows after the
