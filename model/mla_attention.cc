@@ -138,18 +138,21 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
   s.kv.resize(context * kv_width);
   linear(ctx, s.ctx.data(), context, w.kv_b, s.kv.data(), /*x_stride=*/width);
 
-  // Per head: keys {context, nope + rope} = [k_nope ; k_pe], values transposed {v, context}.
-  s.keys.resize(heads * context * qk);
-  s.values_t.resize(heads * v * context);
+  // Keys transposed, so that a tile's scores are weighted sums of key rows like its outputs
+  // are of value rows (register-blocked multiply-adds; a dot product over the short qk width
+  // would spend most of its time reducing lanes): per head {nope, context} of k_nope, and
+  // {rope, context} of k_pe, which all heads share. Values are read in place from s.kv.
+  s.keys_t.resize(heads * nope * context);
+  s.rope_keys_t.resize(rope * context);
+  for (int64_t j = 0; j < context; ++j) {
+    for (int64_t d = 0; d < rope; ++d) s.rope_keys_t[d * context + j] = s.ctx[j * width + lora + d];
+  }
   ctx.pool->parallel_for(heads, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
-      float* keys = s.keys.data() + h * context * qk;
-      float* values_t = s.values_t.data() + h * v * context;
+      float* keys_t = s.keys_t.data() + h * nope * context;
       for (int64_t j = 0; j < context; ++j) {
-        const float* kv = s.kv.data() + j * kv_width + h * (nope + v);
-        std::memcpy(keys + j * qk, kv, nope * sizeof(float));
-        std::memcpy(keys + j * qk + nope, s.ctx.data() + j * width + lora, rope * sizeof(float));
-        for (int64_t d = 0; d < v; ++d) values_t[d * context + j] = kv[nope + d];
+        const float* k_nope = s.kv.data() + j * kv_width + h * (nope + v);
+        for (int64_t d = 0; d < nope; ++d) keys_t[d * context + j] = k_nope[d];
       }
     }
   });
@@ -161,16 +164,13 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
       const int64_t h = item / tiles, i0 = (item % tiles) * kQueryTile;
       const int64_t i1 = std::min(n, i0 + kQueryTile), rows = i1 - i0;
       const int64_t limit = chunk.start_pos + i1;  // keys visible to the tile's last query
-      scores.resize(rows * limit);
-      kernels::MatmulF32Args qk_args;
-      qk_args.x = s.q.data() + ((chunk.row_begin + i0) * heads + h) * qk;
-      qk_args.x_stride = heads * qk;
-      qk_args.w = s.keys.data() + h * context * qk;
-      qk_args.y = scores.data();
-      qk_args.m = rows;
-      qk_args.n = limit;
-      qk_args.k = qk;
-      kernels::matmul_f32(qk_args, nullptr);
+      // scores[r, j] = sum over d of q[r, d] k[j, d]: the nope dims, then the rope dims.
+      scores.assign(rows * limit, 0.0f);
+      const float* q = s.q.data() + ((chunk.row_begin + i0) * heads + h) * qk;
+      kernels::weighted_rows(q, heads * qk, rows, s.keys_t.data() + h * nope * context, context,
+                             nope, scores.data(), limit, limit);
+      kernels::weighted_rows(q + nope, heads * qk, rows, s.rope_keys_t.data(), context, rope,
+                             scores.data(), limit, limit);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t visible = chunk.start_pos + i0 + r + 1;  // causal
         float* row = scores.data() + r * limit;
@@ -178,16 +178,11 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
         kernels::softmax(row, visible);
         std::fill(row + visible, row + limit, 0.0f);
       }
-      kernels::MatmulF32Args pv_args;
-      pv_args.x = scores.data();
-      pv_args.w = s.values_t.data() + h * v * context;
-      pv_args.w_stride = context;
-      pv_args.y = s.attn.data() + (chunk.row_begin + i0) * heads * v + h * v;
-      pv_args.y_stride = heads * v;
-      pv_args.m = rows;
-      pv_args.n = v;
-      pv_args.k = limit;
-      kernels::matmul_f32(pv_args, nullptr);
+      // attn[r, :] = sum over keys j of p[r, j] v[j, :] (the zeros past `visible` add nothing).
+      float* out = s.attn.data() + (chunk.row_begin + i0) * heads * v + h * v;
+      for (int64_t r = 0; r < rows; ++r) std::fill_n(out + r * heads * v, v, 0.0f);
+      kernels::weighted_rows(scores.data(), limit, rows, s.kv.data() + h * (nope + v) + nope,
+                             kv_width, limit, out, heads * v, v);
     }
   });
 }

@@ -40,7 +40,7 @@ bool choose_absorbed_form(const ModelConfig& config, AttentionForm form, int64_t
 // The attention's per-step buffers. Owned by the caller (a ForwardState), reused across
 // layers and steps; MlaAttention itself holds no mutable state.
 struct MlaScratch {
-  std::vector<float> q_a, q, kv_a, attn, ctx, kv, keys, values_t;
+  std::vector<float> q_a, q, kv_a, attn, ctx, kv, keys_t, rope_keys_t;
   std::vector<float> q_abs, q_full, o_lat, attn_abs;
   std::vector<kernels::MatmulBf16Args> problems;
 };

@@ -9,7 +9,8 @@
 //
 //   peerserve_bench_model [--model DIR] [--runs 5] [--threads 0] [--prompt 512]
 //                         [--context 128] [--steps 16] [--cpu-time]
-//                         [--profile-decode STEPS [--profile-batch B]] [--quantize int8]
+//                         [--profile-decode STEPS [--profile-batch B]] [--profile-prefill N]
+//                         [--quantize int8]
 //                         [--isa scalar|avx2|avx512|avx512_vnni|avx512_bf16]
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini.
 #include <algorithm>
@@ -118,6 +119,7 @@ struct Args {
   // > 0: only run this many batch-1 decode steps (no ceilings), e.g. under perf record.
   int64_t profile_decode = 0;
   int64_t profile_batch = 1;  // sequences per step in --profile-decode
+  int64_t profile_prefill = 0;
   // Single thread, timed by the thread's CPU clock (ceilings and model alike): on a shared,
   // oversubscribed machine this leaves out the time the process was not running.
   bool cpu_time = false;
@@ -139,6 +141,7 @@ read / streaming read bandwidth).
   --cpu-time             one thread, timed by its CPU clock (ceilings too)
   --profile-decode N     only run N decode steps, no ceilings (for perf record)
   --profile-batch B      sequences per step with --profile-decode (default 1)
+  --profile-prefill N    only run N prefills of --prompt tokens, no ceilings (for perf record)
   --quantize int8|none   W8A8 weights at load (an INT8 checkpoint is INT8 without it)
   --isa LEVEL            force a kernel level: scalar, avx2, avx512, avx512_vnni, avx512_bf16
   --help                 this text
@@ -179,6 +182,8 @@ Args parse_args(int argc, char** argv) {
       a.profile_decode = std::stoll(value);
     else if (key == "--profile-batch")
       a.profile_batch = std::stoll(value);
+    else if (key == "--profile-prefill")
+      a.profile_prefill = std::stoll(value);
     else if (key == "--quantize" && (value == "int8" || value == "none"))
       a.int8 = value == "int8";
     else if (key == "--isa")
@@ -233,6 +238,22 @@ int run(const Args& args) {
   }
   const ModelCost cost{c, args.int8 || c.int8_weights, int8_head};
 
+  if (args.profile_prefill > 0) {
+    const KvLayout layout = model.kv_layout(16, DType::kBF16);
+    auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(args.prompt));
+    std::vector<int32_t> blocks(cache->num_blocks());
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+    const std::vector<int32_t> prompt = tokens_for(args.prompt, c.vocab_size, 1);
+    ForwardOutput out;
+    auto state = model.new_forward_state();
+    for (int64_t r = 0; r < args.profile_prefill; ++r) {
+      SequenceChunk chunk;
+      chunk.tokens = prompt;
+      chunk.block_table = blocks;
+      if (!model.forward({&chunk, 1}, *cache, *state, &out).ok()) return 1;
+    }
+    return 0;
+  }
   if (args.profile_decode > 0) {
     const KvLayout layout = model.kv_layout(16, DType::kBF16);
     const int64_t len = args.context + args.profile_decode, batch = args.profile_batch;
