@@ -120,6 +120,7 @@ struct Args {
   int64_t profile_decode = 0;
   int64_t profile_batch = 1;  // sequences per step in --profile-decode
   int64_t profile_prefill = 0;
+  bool int8_vs_bf16 = false;
   // Single thread, timed by the thread's CPU clock (ceilings and model alike): on a shared,
   // oversubscribed machine this leaves out the time the process was not running.
   bool cpu_time = false;
@@ -142,6 +143,9 @@ read / streaming read bandwidth).
   --profile-decode N     only run N decode steps, no ceilings (for perf record)
   --profile-batch B      sequences per step with --profile-decode (default 1)
   --profile-prefill N    only run N prefills of --prompt tokens, no ceilings (for perf record)
+  --int8-vs-bf16         only the prefill, of a BF16 checkpoint loaded twice (as stored and
+                         with --quantize int8), the two alternating in one process: median
+                         times and the median of the per-pair speed ratios INT8 / BF16
   --quantize int8|none   W8A8 weights at load (an INT8 checkpoint is INT8 without it)
   --isa LEVEL            force a kernel level: scalar, avx2, avx512, avx512_vnni, avx512_bf16
   --help                 this text
@@ -158,6 +162,11 @@ Args parse_args(int argc, char** argv) {
     if (key == "--cpu-time") {
       a.cpu_time = true;
       a.threads = 1;
+      --i;
+      continue;
+    }
+    if (key == "--int8-vs-bf16") {
+      a.int8_vs_bf16 = true;
       --i;
       continue;
     }
@@ -206,12 +215,85 @@ std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint32_t seed) {
   return t;
 }
 
+// --int8-vs-bf16: the same checkpoint as stored (BF16) and quantized at load (INT8), prefills
+// alternating so that the machine's drift (bandwidth, other load) hits both sides alike.
+int run_int8_vs_bf16(const Args& args, const std::string& dir) {
+  std::unique_ptr<DeepseekModel> models[2];
+  for (int q = 0; q < 2; ++q) {
+    ModelOptions options;
+    options.num_threads = args.threads;
+    options.load_mtp = false;
+    if (q == 1) options.quantize = WeightQuantization::kInt8;
+    auto loaded = DeepseekModel::load(dir, options);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
+      return 1;
+    }
+    models[q] = std::move(*loaded);
+  }
+  if (models[0]->config().int8_weights) {
+    std::fprintf(stderr, "error: --int8-vs-bf16 needs a BF16 or FP8 checkpoint; %s is INT8\n",
+                 dir.c_str());
+    return 1;
+  }
+  const bench::TimeSource clock =
+      args.cpu_time ? bench::TimeSource::kThreadCpu : bench::TimeSource::kWall;
+  const KvLayout layout = models[0]->kv_layout(16, DType::kBF16);
+  auto cache = LatentKvCache::create(layout, layout.blocks_for_tokens(args.prompt));
+  if (!cache.ok()) {
+    std::fprintf(stderr, "error: %s\n", cache.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<int32_t> blocks(cache->num_blocks());
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  const std::vector<int32_t> prompt = tokens_for(args.prompt, models[0]->config().vocab_size, 1);
+  auto prefill = [&](DeepseekModel& model, ForwardState& state) -> Result<double> {
+    SequenceChunk chunk;
+    chunk.tokens = prompt;
+    chunk.block_table = blocks;
+    ForwardOutput out;
+    const bench::Stopwatch watch(clock);
+    PS_RETURN_IF_ERROR(model.forward({&chunk, 1}, *cache, state, &out));
+    return watch.seconds();
+  };
+  std::unique_ptr<ForwardState> states[2] = {models[0]->new_forward_state(),
+                                             models[1]->new_forward_state()};
+  std::vector<double> seconds[2], ratios;
+  for (int r = -1; r < args.runs; ++r) {  // r = -1: warm-up (first touch of the weights)
+    double t[2];
+    for (int q = 0; q < 2; ++q) {
+      auto s = prefill(*models[q], *states[q]);
+      if (!s.ok()) {
+        std::fprintf(stderr, "error: %s\n", s.status().to_string().c_str());
+        return 1;
+      }
+      t[q] = *s;
+    }
+    if (r < 0) continue;
+    seconds[0].push_back(t[0]);
+    seconds[1].push_back(t[1]);
+    ratios.push_back(t[0] / t[1]);
+  }
+  const double b = bench::median(seconds[0]), i = bench::median(seconds[1]);
+  std::printf(
+      "model: %s; prefill of %lld tokens, %d alternating pairs, isa %s\n"
+      "| BF16 | INT8 (W8A8 at load) | INT8 / BF16 speed (median of pairs) | target |\n"
+      "|---|---|---|---|\n"
+      "| %.3f s (%.0f tok/s) | %.3f s (%.0f tok/s) | %.2fx (pairs %.2fx..%.2fx) | >= 1.8x |\n",
+      dir.c_str(), static_cast<long long>(args.prompt), args.runs,
+      std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str(), b, args.prompt / b,
+      i, args.prompt / i, bench::median(ratios), *std::min_element(ratios.begin(), ratios.end()),
+      *std::max_element(ratios.begin(), ratios.end()));
+  return 0;
+}
+
 int run(const Args& args) {
   const std::string dir = args.model_dir.empty() ? bench::default_mini_model_dir() : args.model_dir;
   if (Status s = bench::ensure_mini_model(dir); !s.ok()) {
     std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
     return 1;
   }
+  if (args.int8_vs_bf16) return run_int8_vs_bf16(args, dir);
   ModelOptions options;
   options.num_threads = args.threads;
   options.load_mtp = false;
