@@ -230,11 +230,11 @@ int run_int8_vs_bf16(const Args& args, const std::string& dir) {
       return 1;
     }
     models[q] = std::move(*loaded);
-  }
-  if (models[0]->config().int8_weights) {
-    std::fprintf(stderr, "error: --int8-vs-bf16 needs a BF16 or FP8 checkpoint; %s is INT8\n",
-                 dir.c_str());
-    return 1;
+    if (models[0]->config().int8_weights) {
+      std::fprintf(stderr, "error: --int8-vs-bf16 needs a BF16 or FP8 checkpoint; %s is INT8\n",
+                   dir.c_str());
+      return 1;
+    }
   }
   const bench::TimeSource clock =
       args.cpu_time ? bench::TimeSource::kThreadCpu : bench::TimeSource::kWall;
