@@ -144,8 +144,8 @@ read / streaming read bandwidth).
   --profile-batch B      sequences per step with --profile-decode (default 1)
   --profile-prefill N    only run N prefills of --prompt tokens, no ceilings (for perf record)
   --int8-vs-bf16         only the prefill, of a BF16 checkpoint loaded twice (as stored and
-                         with --quantize int8), the two alternating in one process: median
-                         times and the median of the per-pair speed ratios INT8 / BF16
+                         with --quantize int8), the two alternating in one process (--runs
+                         pairs): median times and the median of the pairs' speed ratios
   --quantize int8|none   W8A8 weights at load (an INT8 checkpoint is INT8 without it)
   --isa LEVEL            force a kernel level: scalar, avx2, avx512, avx512_vnni, avx512_bf16
   --help                 this text
