@@ -202,6 +202,11 @@ Args parse_args(int argc, char** argv) {
       std::exit(2);
     }
   }
+  // Medians need at least one run; a prefill and a decode context at least one token.
+  if (a.runs < 1 || a.prompt < 1 || a.context < 1 || a.steps < 1 || a.profile_batch < 1) {
+    std::fprintf(stderr, "--runs, --prompt, --context, --steps and --profile-batch must be >= 1\n");
+    std::exit(2);
+  }
   return a;
 }
 
@@ -230,7 +235,7 @@ int run_int8_vs_bf16(const Args& args, const std::string& dir) {
       return 1;
     }
     models[q] = std::move(*loaded);
-    if (models[0]->config().int8_weights) {
+    if (q == 0 && models[0]->config().int8_weights) {
       std::fprintf(stderr, "error: --int8-vs-bf16 needs a BF16 or FP8 checkpoint; %s is INT8\n",
                    dir.c_str());
       return 1;
