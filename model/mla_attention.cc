@@ -139,9 +139,10 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
   linear(ctx, s.ctx.data(), context, w.kv_b, s.kv.data(), /*x_stride=*/width);
 
   // Keys transposed, so that a tile's scores are weighted sums of key rows like its outputs
-  // are of value rows (register-blocked multiply-adds; a dot product over the short qk width
-  // would spend most of its time reducing lanes): per head {nope, context} of k_nope, and
-  // {rope, context} of k_pe, which all heads share. Values are read in place from s.kv.
+  // are of value rows (register-blocked multiply-adds; short dot products over the qk width,
+  // each ending in a lane reduction, ran at ~40% of the FMA peak: docs/kernels.md): per head
+  // {nope, context} of k_nope, and {rope, context} of k_pe, which all heads share. Values are
+  // read in place from s.kv.
   s.keys_t.resize(heads * nope * context);
   s.rope_keys_t.resize(rope * context);
   for (int64_t j = 0; j < context; ++j) {

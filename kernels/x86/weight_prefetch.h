@@ -16,8 +16,7 @@ class WeightPrefetch {
  public:
   // Blocks of `block_rows` rows of `k` elements; `row_steps` calls to step() per block.
   WeightPrefetch(const WT* w, int64_t w_stride, int64_t k, int64_t block_rows, int64_t row_steps)
-      : w_(w),
-        w_stride_(w_stride),
+      : w_(reinterpret_cast<const char*>(w)),
         w_stride_bytes_(w_stride * int64_t{sizeof(WT)}),
         block_rows_(block_rows),
         lines_per_row_((k * int64_t{sizeof(WT)} + 63) / 64),
@@ -25,7 +24,7 @@ class WeightPrefetch {
 
   // The block starting at weight row `first_row` is next; `enabled` false past the end.
   void start_block(int64_t first_row, bool enabled) {
-    row_ = enabled ? reinterpret_cast<const char*>(w_ + first_row * w_stride_) : nullptr;
+    row_ = enabled ? w_ + first_row * w_stride_bytes_ : nullptr;
     rows_left_ = block_rows_;
     line_ = 0;
   }
@@ -47,8 +46,7 @@ class WeightPrefetch {
   }
 
  private:
-  const WT* w_;
-  int64_t w_stride_;
+  const char* w_;
   int64_t w_stride_bytes_;
   int64_t block_rows_;
   int64_t lines_per_row_;
