@@ -8,7 +8,7 @@
 // `decode`. So at batch b
 //
 //   speedup(b) = (1 + a) * decode(b) / speculative(b),
-//   break-even acceptance(b) = speculative(b) / decode(b) - 1.
+//   break-even acceptance(b) = max(0, speculative(b) / decode(b) - 1).
 //
 // `--speculative auto` drafts while at most b* sequences run, b* the largest measured batch
 // such that speedup >= min_speedup at every measured batch up to it, with a = the prior
@@ -31,7 +31,12 @@ struct SpeculativeCost {
   double decode_mtp_s = 0;   // the same, then the MTP layer over one position per sequence
   double speculative_s = 0;  // the main model over 2 tokens per sequence (all logits), then
                              // the MTP layer over 2 positions per sequence
-  double break_even_acceptance() const { return speculative_s / decode_s - 1.0; }
+  // Never below 0: a speculative step timed cheaper than a decode step (timing noise on a
+  // loaded machine) breaks even at any acceptance, and the engine's guard takes no negative.
+  double break_even_acceptance() const {
+    const double excess = speculative_s / decode_s - 1.0;
+    return excess > 0.0 ? excess : 0.0;
+  }
   double speedup(double acceptance) const { return (1.0 + acceptance) * decode_s / speculative_s; }
   // What running the MTP layer without drafting adds to a decode step.
   double idle_overhead() const { return decode_mtp_s / decode_s - 1.0; }

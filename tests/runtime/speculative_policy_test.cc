@@ -21,6 +21,16 @@ TEST(SpeculativePolicyTest, SpeedupAndBreakEven) {
   EXPECT_NEAR(c.break_even_acceptance(), 0.12, 1e-12);
 }
 
+TEST(SpeculativePolicyTest, SpeculativeStepTimedCheaperThanDecodeBreaksEvenAtZero) {
+  // Seen in CI on a loaded machine: a speculative step measured at 0.90x a decode step. The
+  // break-even (the engine guard's minimum acceptance) is 0, not -10%.
+  const SpeculativeCost c = cost(1, 1.0, 0.88, 0.02);
+  EXPECT_EQ(c.break_even_acceptance(), 0.0);
+  const SpeculativePolicy p = decide_speculative_policy({c});
+  EXPECT_EQ(p.break_even_acceptance, 0.0);
+  EXPECT_NE(p.reason.find("break-even acceptance 0%"), std::string::npos) << p.reason;
+}
+
 TEST(SpeculativePolicyTest, BandwidthBoundModelDraftsAtSmallBatches) {
   // A large model on a bandwidth-bound machine: verification nearly free at small batches,
   // the MTP layer 1/60 of a step; at batch 32 verification doubles the compute.
