@@ -12,11 +12,16 @@ void add_quantize_options(CLI::App* command, QuantizeCli* cli) {
       ->capture_default_str();
   command->add_flag("--quantize-lm-head", cli->lm_head,
                     "With --quantize int8: the LM head too (halves its read; costs accuracy)");
+  command->add_flag("--no-pack-bf16", cli->no_pack_bf16,
+                    "Keep BF16 products on the checkpoint layout: no repacked copy of the BF16 "
+                    "weights at load (less memory, slower products; by default they are "
+                    "repacked where the CPU has AVX512_BF16, docs/kernels.md)");
 }
 
 void apply_quantize_options(const QuantizeCli& cli, ModelOptions* options) {
   options->quantize = cli.scheme == "int8" ? WeightQuantization::kInt8 : WeightQuantization::kNone;
   options->quantize_lm_head = cli.lm_head;
+  options->pack_bf16 = !cli.no_pack_bf16;
 }
 
 }  // namespace peerserve

@@ -218,37 +218,29 @@ Status EpExpertBackend::compute_bf16(std::span<const MlpWeights> experts, int64_
                             " has neither BF16 nor complete INT8 weights");
     }
   }
+  const ComputeContext ctx{options_.pool, options_.precision};
   problems_.clear();
   for (int64_t e = 0; e < num_local; ++e) {
     const int64_t m = first_row_[e + 1] - first_row_[e];
     if (m == 0) continue;
-    for (int which = 0; which < 2; ++which) {
-      kernels::MatmulBf16Args p;
-      p.x = x_.data() + first_row_[e] * hidden;
-      p.w = which == 0 ? experts[e].gate.data : experts[e].up.data;
-      p.y = (which == 0 ? gate_.data() : up_.data()) + first_row_[e] * inter;
-      p.m = m;
-      p.n = inter;
-      p.k = hidden;
-      problems_.push_back(p);
-    }
+    const float* x = x_.data() + first_row_[e] * hidden;
+    problems_.push_back(
+        {.x = x, .w = &experts[e].gate, .y = gate_.data() + first_row_[e] * inter, .m = m});
+    problems_.push_back(
+        {.x = x, .w = &experts[e].up, .y = up_.data() + first_row_[e] * inter, .m = m});
   }
-  kernels::grouped_matmul_bf16(problems_, options_.precision, options_.pool);
+  grouped_bf16_linear(ctx, problems_);
   kernels::silu_mul(gate_.data(), up_.data(), gate_.data(), rows * inter);
   problems_.clear();
   for (int64_t e = 0; e < num_local; ++e) {
     const int64_t m = first_row_[e + 1] - first_row_[e];
     if (m == 0) continue;
-    kernels::MatmulBf16Args p;
-    p.x = gate_.data() + first_row_[e] * inter;
-    p.w = experts[e].down.data;
-    p.y = down_.data() + first_row_[e] * hidden;
-    p.m = m;
-    p.n = hidden;
-    p.k = inter;
-    problems_.push_back(p);
+    problems_.push_back({.x = gate_.data() + first_row_[e] * inter,
+                         .w = &experts[e].down,
+                         .y = down_.data() + first_row_[e] * hidden,
+                         .m = m});
   }
-  kernels::grouped_matmul_bf16(problems_, options_.precision, options_.pool);
+  grouped_bf16_linear(ctx, problems_);
   return ok_status();
 }
 

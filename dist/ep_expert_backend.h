@@ -34,6 +34,7 @@
 #include "kernels/matmul_int8.h"
 #include "model/deepseek_weights.h"
 #include "model/expert_backend.h"
+#include "model/forward_step.h"
 
 namespace peerserve::dist {
 
@@ -82,7 +83,7 @@ class EpExpertBackend final : public ExpertBackend {
   // The BF16 expert GEMMs of compute() over the gathered rows.
   Status compute_bf16(std::span<const MlpWeights> experts, int64_t rows, int64_t inter);
 
-  std::vector<kernels::MatmulBf16Args> problems_;
+  std::vector<LinearProblem> problems_;
   // W8A8 experts (an INT8 checkpoint or --quantize int8): fused gate/up/SiLU, then down.
   std::vector<kernels::GateUpInt8Args> gate_up_int8_;
   std::vector<kernels::MatmulInt8Args> down_int8_;

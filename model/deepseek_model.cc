@@ -15,6 +15,7 @@
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
+#include "kernels/matmul_packed_bf16.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
@@ -24,6 +25,7 @@
 #include "model/mla_attention.h"
 #include "model/moe_router.h"
 #include "model/rotary_embedding.h"
+#include "model/weight_packing.h"
 #include "model/weight_quantization.h"
 
 namespace peerserve {
@@ -228,16 +230,9 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
     return;
   }
   state.up.resize(rows * inter);
-  kernels::MatmulBf16Args problems[2];
-  for (int which = 0; which < 2; ++which) {
-    problems[which].x = x;
-    problems[which].w = which == 0 ? w.gate.data : w.up.data;
-    problems[which].y = which == 0 ? state.gate.data() : state.up.data();
-    problems[which].m = rows;
-    problems[which].n = inter;
-    problems[which].k = w.gate.cols;
-  }
-  kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
+  const LinearProblem problems[2] = {{.x = x, .w = &w.gate, .y = state.gate.data(), .m = rows},
+                                     {.x = x, .w = &w.up, .y = state.up.data(), .m = rows}};
+  grouped_bf16_linear(ctx, problems);
   kernels::silu_mul(state.gate.data(), state.up.data(), state.gate.data(), rows * inter);
   linear(ctx, state.gate.data(), rows, w.down, out);
 }
@@ -411,6 +406,14 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
     PS_RETURN_IF_ERROR(quantize_weights_int8(weights, options.quantize_lm_head));
   }
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
+  if (options.pack_bf16 && options.gemm_precision == GemmPrecision::kBf16 &&
+      kernels::packed_bf16_is_fast()) {
+    // The checkpoint's copy is read again only by the embedding lookup and the absorbed
+    // attention's kv_b slices (which fault their pages back in): not kept resident.
+    PS_RETURN_IF_ERROR(pack_weights_bf16(impl->weights, &impl->pool, [&](const LinearWeight& w) {
+      checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
+    }));
+  }
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }
 

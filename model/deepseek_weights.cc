@@ -23,7 +23,7 @@ class WeightReader {
   // A BF16 matrix (I8 and FP8 weights dequantized): for weights not used as one GEMM.
   Result<LinearWeight> matrix(const std::string& name, int64_t rows, int64_t cols) {
     PS_ASSIGN_OR_RETURN(WeightTensor t, checkpoint_.get_bf16(name, {rows, cols}));
-    return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr, nullptr};
+    return LinearWeight{t.bf16_data(), rows, cols, std::move(t.storage), nullptr, nullptr, nullptr};
   }
   // A GEMM weight: stored I8, it is packed for the INT8 kernels as is (no BF16 form).
   Result<LinearWeight> gemm_weight(const std::string& name, int64_t rows, int64_t cols) {
@@ -32,7 +32,7 @@ class WeightReader {
     auto packed = kernels::PackedInt8Matrix::pack(int8_view(t));
     if (!packed.ok())
       return packed.status().with_context(checkpoint_.dir() + ": tensor '" + name + "'");
-    LinearWeight w{nullptr, rows, cols, nullptr, nullptr, nullptr};
+    LinearWeight w{nullptr, rows, cols, nullptr, nullptr, nullptr, nullptr};
     w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
     if (!t.compensation.empty()) {
       w.int8_compensation = std::make_shared<const std::vector<float>>(std::move(t.compensation));
@@ -81,8 +81,8 @@ Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t 
     w.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
     r.release(gate);
     r.release(up);
-    w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr};
-    w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr};
+    w.gate = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr, nullptr};
+    w.up = LinearWeight{nullptr, inter, hidden, nullptr, nullptr, nullptr, nullptr};
   } else {
     PS_ASSIGN_OR_RETURN(w.gate, r.gemm_weight(gate, inter, hidden));
     PS_ASSIGN_OR_RETURN(w.up, r.gemm_weight(up, inter, hidden));

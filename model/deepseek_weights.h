@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/bf16_matrix.h"
 #include "kernels/int8_matrix.h"
 #include "model/model_config.h"
 #include "tensor/float_convert.h"
@@ -23,7 +24,9 @@ class Checkpoint;
 
 // The weight of a linear layer [rows, cols] = [out, in]: bf16 row-major, and, when the model
 // is quantized (ModelOptions::quantize), also packed INT8 with per-row scales, which linear()
-// then uses instead (W8A8, kernels/matmul_int8.h).
+// then uses instead (W8A8, kernels/matmul_int8.h); or, when the model repacks its BF16
+// weights (ModelOptions::pack_bf16), also the same values in the layout of
+// kernels/bf16_matrix.h, which linear() uses for bf16 activations.
 struct LinearWeight {
   const bf16* data = nullptr;
   int64_t rows = 0;
@@ -33,6 +36,7 @@ struct LinearWeight {
   // With int8: the error compensation added to each output row (INT8 checkpoints written with
   // `--pipeline ...+compensate`, docs/quantization.md), or null.
   std::shared_ptr<const std::vector<float>> int8_compensation;
+  std::shared_ptr<const kernels::PackedBf16Matrix> bf16_packed;
 };
 
 // y[i, :] += w.int8_compensation for the m rows of a product with w (y_stride 0: w.rows);

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/matmul_int8.h"
+#include "kernels/matmul_packed_bf16.h"
 
 namespace peerserve {
 namespace {
@@ -36,22 +37,51 @@ void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWe
   if (LinearInputRecorder* r = g_recorder.load(std::memory_order_relaxed)) {
     r->record(w.data, x, m, w.cols, x_stride);
   }
-  kernels::MatmulBf16Args args;
-  args.x = x;
-  args.x_stride = x_stride;
-  args.w = w.data;
-  args.y = y;
-  args.y_stride = y_stride;
-  args.m = m;
-  args.n = w.rows;
-  args.k = w.cols;
-  args.accumulate = accumulate;
-  kernels::matmul_bf16(args, ctx.precision, ctx.pool);
+  const LinearProblem problem{x, x_stride, &w, y, y_stride, m, accumulate};
+  grouped_bf16_linear(ctx, std::span<const LinearProblem>(&problem, 1));
+}
+
+void grouped_bf16_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {
+  // Reused per thread: a steady decode step allocates nothing (the expert-parallel path
+  // counts allocations).
+  thread_local std::vector<kernels::MatmulBf16Args> plain;
+  thread_local std::vector<kernels::MatmulPackedBf16Args> packed;
+  plain.clear();
+  packed.clear();
+  for (const LinearProblem& p : problems) {
+    if (p.w->bf16_packed && ctx.precision == kernels::ActivationPrecision::kBf16) {
+      kernels::MatmulPackedBf16Args a;
+      a.x = p.x;
+      a.x_stride = p.x_stride;
+      a.w = p.w->bf16_packed.get();
+      a.y = p.y;
+      a.y_stride = p.y_stride;
+      a.m = p.m;
+      a.accumulate = p.accumulate;
+      packed.push_back(a);
+    } else {
+      kernels::MatmulBf16Args a;
+      a.x = p.x;
+      a.x_stride = p.x_stride;
+      a.w = p.w->data;
+      a.y = p.y;
+      a.y_stride = p.y_stride;
+      a.m = p.m;
+      a.n = p.w->rows;
+      a.k = p.w->cols;
+      a.accumulate = p.accumulate;
+      plain.push_back(a);
+    }
+  }
+  if (!packed.empty()) kernels::grouped_matmul_packed_bf16(packed, ctx.pool);
+  if (!plain.empty()) kernels::grouped_matmul_bf16(plain, ctx.precision, ctx.pool);
 }
 
 void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {
-  std::vector<kernels::MatmulBf16Args> bf16;
-  std::vector<kernels::MatmulInt8Args> int8;
+  thread_local std::vector<LinearProblem> bf16;
+  thread_local std::vector<kernels::MatmulInt8Args> int8;
+  bf16.clear();
+  int8.clear();
   LinearInputRecorder* recorder = g_recorder.load(std::memory_order_relaxed);
   for (const LinearProblem& p : problems) {
     if (recorder != nullptr && !p.w->int8) {
@@ -65,21 +95,13 @@ void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> pr
       a.y = p.y;
       a.y_stride = p.y_stride;
       a.m = p.m;
+      a.accumulate = p.accumulate;
       int8.push_back(a);
     } else {
-      kernels::MatmulBf16Args a;
-      a.x = p.x;
-      a.x_stride = p.x_stride;
-      a.w = p.w->data;
-      a.y = p.y;
-      a.y_stride = p.y_stride;
-      a.m = p.m;
-      a.n = p.w->rows;
-      a.k = p.w->cols;
-      bf16.push_back(a);
+      bf16.push_back(p);
     }
   }
-  if (!bf16.empty()) kernels::grouped_matmul_bf16(bf16, ctx.precision, ctx.pool);
+  if (!bf16.empty()) grouped_bf16_linear(ctx, bf16);
   if (!int8.empty()) {
     kernels::grouped_matmul_int8(int8, ctx.pool);
     for (const LinearProblem& p : problems) {

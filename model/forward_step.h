@@ -38,7 +38,9 @@ struct ComputeContext {
 };
 
 // y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense). W8A8 when w has an
-// INT8 form (kernels/matmul_int8.h), else the BF16 product at ctx.precision.
+// INT8 form (kernels/matmul_int8.h), else the BF16 product at ctx.precision: over the
+// packed form when w has one and the precision is kBf16 (kernels/matmul_packed_bf16.h),
+// over the checkpoint layout otherwise.
 void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride = 0, int64_t y_stride = 0, bool accumulate = false);
 
@@ -50,8 +52,13 @@ struct LinearProblem {
   float* y = nullptr;
   int64_t y_stride = 0;
   int64_t m = 0;
+  bool accumulate = false;
 };
 void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems);
+
+// The BF16 products of `problems`, whatever INT8 forms their weights have (as linear() picks
+// between packed and checkpoint layout); records nothing (callers record what they want).
+void grouped_bf16_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems);
 
 // Calibration hook (model/int8_calibration.h): sees the input of every linear layer the
 // forward runs in BF16 (linear(), grouped_linear(), the local routed experts). Off by default;

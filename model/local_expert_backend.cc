@@ -21,7 +21,7 @@ struct LocalCall final : ExpertBackend::Call {
   std::vector<int32_t> local_ids;     // [num_tokens * top_k]: index into experts
   std::vector<int64_t> slot_of_pair;  // [num_tokens * top_k]
   std::vector<float> x, gate, up, down;
-  std::vector<kernels::MatmulBf16Args> problems;
+  std::vector<LinearProblem> problems;
   bool dispatched = false, computed = false;
 };
 
@@ -165,46 +165,39 @@ Status LocalExpertBackend::compute(Call& call_base) {
   }
   call.up.resize(pairs * inter);
   LinearInputRecorder* recorder = linear_input_recorder();
-  std::vector<kernels::MatmulBf16Args>& problems = call.problems;
+  std::vector<LinearProblem>& problems = call.problems;
+  const ComputeContext ctx{pool_, precision_};
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
+    const float* x = call.x.data() + call.first_slot[e] * hidden;
     if (recorder != nullptr) {  // under gate's identity: up reads the same rows
-      recorder->record(call.experts[e].gate.data, call.x.data() + call.first_slot[e] * hidden, m,
-                       hidden, 0);
+      recorder->record(call.experts[e].gate.data, x, m, hidden, 0);
     }
-    for (int which = 0; which < 2; ++which) {
-      kernels::MatmulBf16Args p;
-      p.x = call.x.data() + call.first_slot[e] * hidden;
-      p.w = which == 0 ? call.experts[e].gate.data : call.experts[e].up.data;
-      p.y = (which == 0 ? call.gate.data() : call.up.data()) + call.first_slot[e] * inter;
-      p.m = m;
-      p.n = inter;
-      p.k = hidden;
-      problems.push_back(p);
-    }
+    problems.push_back({.x = x,
+                        .w = &call.experts[e].gate,
+                        .y = call.gate.data() + call.first_slot[e] * inter,
+                        .m = m});
+    problems.push_back({.x = x,
+                        .w = &call.experts[e].up,
+                        .y = call.up.data() + call.first_slot[e] * inter,
+                        .m = m});
   }
-  kernels::grouped_matmul_bf16(problems, precision_, pool_);
+  grouped_bf16_linear(ctx, problems);
   kernels::silu_mul(call.gate.data(), call.up.data(), call.gate.data(), pairs * inter);
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
     if (m == 0) continue;
-    if (recorder != nullptr) {
-      recorder->record(call.experts[e].down.data, call.gate.data() + call.first_slot[e] * inter, m,
-                       inter, 0);
-    }
-    kernels::MatmulBf16Args p;
-    p.x = call.gate.data() + call.first_slot[e] * inter;
-    p.w = call.experts[e].down.data;
-    p.y = call.down.data() + call.first_slot[e] * hidden;
-    p.m = m;
-    p.n = hidden;
-    p.k = inter;
-    problems.push_back(p);
+    const float* x = call.gate.data() + call.first_slot[e] * inter;
+    if (recorder != nullptr) recorder->record(call.experts[e].down.data, x, m, inter, 0);
+    problems.push_back({.x = x,
+                        .w = &call.experts[e].down,
+                        .y = call.down.data() + call.first_slot[e] * hidden,
+                        .m = m});
   }
-  kernels::grouped_matmul_bf16(problems, precision_, pool_);
+  grouped_bf16_linear(ctx, problems);
   call.computed = true;
   return ok_status();
 }

@@ -41,6 +41,12 @@ struct ModelOptions {
   WeightQuantization quantize = WeightQuantization::kNone;
   // With kInt8: the LM head (and the MTP head) too. Default: false.
   bool quantize_lm_head = false;
+  // Repack the BF16 linear weights at load for the outer-product kernels
+  // (model/weight_packing.h) when the GEMM precision is kBf16 and the ISA level has a fast
+  // packed kernel (avx512_bf16): faster decode and prefill, at the cost of a second copy of
+  // those weights in memory (the checkpoint's pages are then no longer read, and the kernel
+  // may drop them from memory). Default: true.
+  bool pack_bf16 = true;
 };
 
 }  // namespace peerserve

@@ -2,11 +2,15 @@
 // as a fraction of its ceiling, measured in the same run (medians of several runs).
 //
 //   peerserve_bench_kernels [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8]
-//                           [--decode-batch]
+//                           [--decode-batch] [--packed-bf16]
 //
 // --int8: only the INT8 section (matmul_int8 GEMV against the read bandwidth, GEMM against
 // the int8 multiply-add peak and against matmul_bf16 on the same shape, a MoE decode step
 // of INT8 experts, and the cost of an expert product as its tokens grow).
+//
+// --packed-bf16: only the bf16 products on the two weight layouts, alternating in pairs on
+// the same shapes: matmul_bf16 on the checkpoint layout and matmul_packed_bf16 on weights
+// packed at load (kernels/matmul_packed_bf16.h); the median of the per-pair speed ratios.
 //
 // --cpu-time (with --threads 1): time with the thread's CPU clock instead of the wall clock,
 // which leaves out preemption on a shared, oversubscribed machine (see TimeSource).
@@ -28,12 +32,14 @@
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "bench/ceilings/machine_ceilings.h"
 #include "kernels/activation.h"
 #include "kernels/cpu_features.h"
 #include "kernels/int8_matrix.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
+#include "kernels/matmul_packed_bf16.h"
 
 namespace peerserve::bench {
 namespace {
@@ -46,6 +52,7 @@ struct Flags {
   bool all_isa = false;
   bool int8_only = false;
   bool decode_batch_only = false;
+  bool packed_bf16_only = false;
   int threads = 0;
   TimeSource time = TimeSource::kWall;
 };
@@ -473,6 +480,60 @@ void run_int8_section(ThreadPool& pool, const Flags& flags, const Ceilings& c,
   }
 }
 
+// matmul_bf16 (checkpoint layout) against matmul_packed_bf16 (packed layout), bf16
+// activations, m x n x k, runs alternating in pairs; weights rotate through copies totalling
+// several times the last-level cache when m <= 16 (decode streams them from memory).
+void bench_packed_vs_checkpoint(ThreadPool& pool, const Flags& flags, int64_t m, int64_t n,
+                                int64_t k) {
+  const int64_t copies = m <= 16 ? rotating_copies(flags, n * k * 2) : 1;
+  std::vector<std::vector<bf16>> weights;
+  std::vector<kernels::PackedBf16Matrix> packed;
+  for (int64_t i = 0; i < copies; ++i) {
+    weights.push_back(random_bf16(static_cast<size_t>(n * k), i + 1));
+    auto p = kernels::PackedBf16Matrix::pack({weights.back().data(), n, k, 0});
+    PS_CHECK(p.ok()) << p.status().to_string();
+    packed.push_back(std::move(p).value());
+  }
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 3);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  auto run = [&](bool use_packed) {
+    const Stopwatch watch(flags.time);
+    for (int64_t i = 0; i < copies; ++i) {
+      if (use_packed) {
+        kernels::matmul_packed_bf16({x.data(), 0, &packed[i], y.data(), 0, m, false}, &pool);
+      } else {
+        kernels::MatmulBf16Args args;
+        args.x = x.data();
+        args.w = weights[static_cast<size_t>(i)].data();
+        args.y = y.data();
+        args.m = m;
+        args.n = n;
+        args.k = k;
+        kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
+      }
+    }
+    return watch.seconds() / static_cast<double>(copies);
+  };
+  run(false);
+  run(true);
+  std::vector<double> plain_s, packed_s, speedup;
+  for (int r = 0; r < (flags.quick ? 3 : 9); ++r) {
+    plain_s.push_back(run(false));
+    packed_s.push_back(run(true));
+    speedup.push_back(plain_s.back() / packed_s.back());
+  }
+  const double flops = 2.0 * static_cast<double>(m * n * k),
+               bytes = 2.0 * static_cast<double>(n * k);
+  const double a = median(plain_s), b = median(packed_s);
+  std::printf(
+      "%-16s %9.3f ms %7.1f GFLOP/s %6.1f GB/s | packed %9.3f ms %7.1f GFLOP/s %6.1f GB/s | "
+      "speedup %.2fx (pairs %.2f-%.2fx)\n",
+      shape_name(m, n, k).c_str(), a * 1e3, flops / a / 1e9, bytes / a / 1e9, b * 1e3,
+      flops / b / 1e9, bytes / b / 1e9, median(speedup),
+      *std::min_element(speedup.begin(), speedup.end()),
+      *std::max_element(speedup.begin(), speedup.end()));
+}
+
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -488,10 +549,13 @@ Flags parse_flags(int argc, char** argv) {
       f.int8_only = true;
     } else if (std::strcmp(argv[i], "--decode-batch") == 0) {
       f.decode_batch_only = true;
+    } else if (std::strcmp(argv[i], "--packed-bf16") == 0) {
+      f.packed_bf16_only = true;
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8] [--decode-batch]\n",
+          "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8] [--decode-batch] "
+          "[--packed-bf16]\n",
           argv[0]);
       std::exit(2);
     }
@@ -522,7 +586,9 @@ int run(int argc, char** argv) {
   std::printf("ceiling: read bandwidth      %8.1f GB/s\n", c.machine.read_bandwidth_gbs);
   std::printf("ceiling: fp32 FMA peak       %8.1f GFLOP/s\n", c.machine.fp32_fma_gflops);
   std::printf("ceiling: bf16 dot peak       %8.1f GFLOP/s\n", c.machine.bf16_dot_gflops);
-  std::printf("measured matmul_bf16 512x2048x2048: %.1f GFLOP/s\n\n", c.machine.matmul_bf16_gflops);
+  std::printf("measured bf16 GEMM 512x2048x2048 (%s layout): %.1f GFLOP/s\n\n",
+              default_bf16_gemm_layout() == Bf16GemmLayout::kPacked ? "packed" : "checkpoint",
+              c.machine.matmul_bf16_gflops);
   std::printf("%-24s %-12s %-16s %-5s %9s %9s %-7s %7s %7s %7s\n", "kernel", "isa", "m x n x k",
               "act", "median_ms", "achieved", "unit", "ceiling", "ratio", "best");
   std::printf(
@@ -533,6 +599,22 @@ int run(int argc, char** argv) {
   if (flags.all_isa) levels = kernels::supported_isa_levels();
   if (flags.int8_only) {
     run_int8_section(pool, flags, c, levels);
+    return 0;
+  }
+  if (flags.packed_bf16_only) {
+    for (IsaLevel level : levels) {
+      if (level == IsaLevel::kScalar) continue;
+      kernels::ScopedIsaLevel isa(level);
+      std::printf(
+          "\nbf16 activations, isa %s: matmul_bf16 (checkpoint layout) | "
+          "matmul_packed_bf16 (packed at load)%s\n",
+          std::string(kernels::isa_level_name(level)).c_str(),
+          kernels::packed_bf16_is_fast() ? "" : " [the model does not pack at this level]");
+      const int64_t shapes[][3] = {{1, 2048, 2048},  {4, 2048, 2048},   {16, 2048, 2048},
+                                   {16, 2816, 2048}, {16, 1408, 2048},  {64, 2048, 2048},
+                                   {48, 1408, 2048}, {512, 2048, 2048}, {512, 2048, 1408}};
+      for (const auto& s : shapes) bench_packed_vs_checkpoint(pool, flags, s[0], s[1], s[2]);
+    }
     return 0;
   }
   if (flags.decode_batch_only) {  // --decode-batch: only the batch-16 decode lines (bf16, int8)

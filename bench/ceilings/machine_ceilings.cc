@@ -4,11 +4,14 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <vector>
 
+#include "base/check.h"
 #include "bench/ceilings/compute_loops.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_packed_bf16.h"
 
 namespace peerserve::bench {
 namespace {
@@ -144,8 +147,12 @@ double measure_int8_dot_peak(ThreadPool& pool, kernels::IsaLevel level, int runs
   return 0;
 }
 
+Bf16GemmLayout default_bf16_gemm_layout() {
+  return kernels::packed_bf16_is_fast() ? Bf16GemmLayout::kPacked : Bf16GemmLayout::kCheckpoint;
+}
+
 double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
-                                      TimeSource time) {
+                                      TimeSource time, Bf16GemmLayout layout) {
   std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
   std::vector<bf16> w(static_cast<size_t>(n * k));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 251) / 251.0f - 0.5f;
@@ -157,10 +164,20 @@ double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, in
   args.m = m;
   args.n = n;
   args.k = k;
+  std::optional<kernels::PackedBf16Matrix> packed;
+  if (layout == Bf16GemmLayout::kPacked) {
+    Result<kernels::PackedBf16Matrix> p = kernels::PackedBf16Matrix::pack({w.data(), n, k, 0});
+    PS_CHECK(p.ok()) << p.status().to_string();
+    packed.emplace(std::move(p).value());
+  }
   std::vector<double> rates;
   for (int r = 0; r < runs + 1; ++r) {
     const Stopwatch watch(time);
-    kernels::matmul_bf16(args, kernels::ActivationPrecision::kBf16, &pool);
+    if (packed) {
+      kernels::matmul_packed_bf16({x.data(), 0, &*packed, y.data(), 0, m, false}, &pool);
+    } else {
+      kernels::matmul_bf16(args, kernels::ActivationPrecision::kBf16, &pool);
+    }
     const double t = watch.seconds();
     if (r > 0) rates.push_back(2.0 * static_cast<double>(m * n * k) / t / 1e9);
   }

@@ -47,8 +47,16 @@ struct MachineCeilings {
   double read_bandwidth_gbs = 0;  // streaming read, 1e9 bytes/s
   double fp32_fma_gflops = 0;     // fused multiply-add, widest vectors available
   double bf16_dot_gflops = 0;     // vdpbf16ps (2 flops per bf16 pair); 0 without AVX512_BF16
-  double matmul_bf16_gflops = 0;  // measured matmul_bf16 (kBf16) on a large GEMM
+  double matmul_bf16_gflops = 0;  // measured bf16 GEMM (kBf16) on a large GEMM
 };
+
+// Which bf16 GEMM a measurement runs: matmul_bf16 on the checkpoint layout, or
+// matmul_packed_bf16 on weights packed first (kernels/matmul_packed_bf16.h).
+enum class Bf16GemmLayout { kCheckpoint, kPacked };
+
+// The layout the model's products run on at the active ISA level by default (packed where
+// the level has a fast packed kernel; ModelOptions::pack_bf16).
+Bf16GemmLayout default_bf16_gemm_layout();
 
 // Streaming read bandwidth in GB/s: every thread sums its contiguous share of a buffer of
 // `buffer_bytes` (allocated and touched here); median over `runs`.
@@ -86,12 +94,13 @@ double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds,
 double measure_int8_dot_peak(ThreadPool& pool, kernels::IsaLevel level, int runs,
                              double run_seconds, TimeSource time = TimeSource::kWall);
 
-// Throughput of kernels::matmul_bf16 with bf16 activations on m x n x k, in GFLOP/s
+// Throughput of the bf16 GEMM (bf16 activations, `layout`) on m x n x k, in GFLOP/s
 // (2 m n k flops). The best a real GEMM reaches here: the "measured matmul peak".
 double measure_matmul_bf16_throughput(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int runs,
-                                      TimeSource time = TimeSource::kWall);
+                                      TimeSource time = TimeSource::kWall,
+                                      Bf16GemmLayout layout = default_bf16_gemm_layout());
 
-// All of the above (matmul on 512 x 2048 x 2048).
+// All of the above (matmul on 512 x 2048 x 2048, default layout).
 MachineCeilings measure_machine_ceilings(ThreadPool& pool, const CeilingOptions& options);
 
 // The median of `values` (the mean of the two middle ones for an even count); 0 if empty.

@@ -1,7 +1,8 @@
 // peerserve_bench_model: prefill and decode throughput of DeepseekModel on the mini test
 // preset, each as a ratio of a floor computed from the machine's ceilings measured in the
 // same run (bench/ceilings):
-//   prefill: FLOPs of the step / measured matmul_bf16 peak  -> reported as % of peak
+//   prefill: FLOPs of the step / measured bf16 GEMM peak (on the weight layout the model
+//            uses: packed, or the checkpoint's with --no-pack-bf16) -> reported as % of peak
 //   decode:  bytes of weights the step reads / measured streaming read bandwidth
 //            -> reported as time / floor (1.0 = at the bandwidth limit)
 // Decode counts the routed experts actually used by each step (observed through the
@@ -10,7 +11,7 @@
 //   peerserve_bench_model [--model DIR] [--runs 5] [--threads 0] [--prompt 512]
 //                         [--context 128] [--steps 16] [--cpu-time]
 //                         [--profile-decode STEPS [--profile-batch B]] [--profile-prefill N]
-//                         [--quantize int8]
+//                         [--quantize int8] [--no-pack-bf16]
 //                         [--isa scalar|avx2|avx512|avx512_vnni|avx512_bf16]
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini.
 #include <algorithm>
@@ -124,13 +125,14 @@ struct Args {
   // Single thread, timed by the thread's CPU clock (ceilings and model alike): on a shared,
   // oversubscribed machine this leaves out the time the process was not running.
   bool cpu_time = false;
-  bool int8 = false;  // --quantize int8: W8A8 weights (docs/quantization.md)
-  std::string isa;    // --isa LEVEL: force a lower kernel level (e.g. avx2 on an AVX-512 CPU)
+  bool int8 = false;      // --quantize int8: W8A8 weights (docs/quantization.md)
+  bool pack_bf16 = true;  // --no-pack-bf16: BF16 products on the checkpoint layout
+  std::string isa;        // --isa LEVEL: force a lower kernel level (e.g. avx2 on an AVX-512 CPU)
 };
 
 constexpr const char* kUsage = R"(usage: peerserve_bench_model [options]
 Prefill and decode throughput of a model, each as a ratio of a floor from the machine's
-ceilings measured in the same run (prefill: FLOPs / matmul_bf16 peak; decode: weight bytes
+ceilings measured in the same run (prefill: FLOPs / bf16 GEMM peak; decode: weight bytes
 read / streaming read bandwidth).
   --model DIR            checkpoint (BF16, FP8 or INT8); default: the mini preset, written
                          once to $TMPDIR/peerserve_bench_mini
@@ -147,6 +149,8 @@ read / streaming read bandwidth).
                          with --quantize int8), the two alternating in one process (--runs
                          pairs): median times and the median of the pairs' speed ratios
   --quantize int8|none   W8A8 weights at load (an INT8 checkpoint is INT8 without it)
+  --no-pack-bf16         BF16 products on the checkpoint layout (no repacked copy at load);
+                         the matmul ceiling is then measured on that layout too
   --isa LEVEL            force a kernel level: scalar, avx2, avx512, avx512_vnni, avx512_bf16
   --help                 this text
 )";
@@ -167,6 +171,11 @@ Args parse_args(int argc, char** argv) {
     }
     if (key == "--int8-vs-bf16") {
       a.int8_vs_bf16 = true;
+      --i;
+      continue;
+    }
+    if (key == "--no-pack-bf16") {
+      a.pack_bf16 = false;
       --i;
       continue;
     }
@@ -229,6 +238,7 @@ int run_int8_vs_bf16(const Args& args, const std::string& dir) {
     options.num_threads = args.threads;
     options.load_mtp = false;
     if (q == 1) options.quantize = WeightQuantization::kInt8;
+    options.pack_bf16 = args.pack_bf16;
     auto loaded = DeepseekModel::load(dir, options);
     if (!loaded.ok()) {
       std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
@@ -303,6 +313,7 @@ int run(const Args& args) {
   options.num_threads = args.threads;
   options.load_mtp = false;
   if (args.int8) options.quantize = WeightQuantization::kInt8;
+  options.pack_bf16 = args.pack_bf16;
   auto loaded = DeepseekModel::load(dir, options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
@@ -374,8 +385,8 @@ int run(const Args& args) {
   ceiling_options.time = args.cpu_time ? bench::TimeSource::kThreadCpu : bench::TimeSource::kWall;
   const bench::MachineCeilings ceilings = bench::measure_machine_ceilings(pool, ceiling_options);
   std::printf(
-      "machine: %d threads, isa %s; read bandwidth %.1f GB/s; matmul_bf16 peak %.1f GFLOP/s "
-      "(512x2048x2048); bf16 dot peak %.1f GFLOP/s; fp32 FMA peak %.1f GFLOP/s\n",
+      "machine: %d threads, isa %s; read bandwidth %.1f GB/s; bf16 GEMM peak %.1f GFLOP/s "
+      "(512x2048x2048, default layout); bf16 dot peak %.1f GFLOP/s; fp32 FMA peak %.1f GFLOP/s\n",
       ceilings.threads, ceilings.isa.c_str(), ceilings.read_bandwidth_gbs,
       ceilings.matmul_bf16_gflops, ceilings.bf16_dot_gflops, ceilings.fp32_fma_gflops);
   std::printf(
@@ -454,6 +465,8 @@ int run(const Args& args) {
     return result;
   };
 
+  const bench::Bf16GemmLayout gemm_layout =
+      args.pack_bf16 ? bench::default_bf16_gemm_layout() : bench::Bf16GemmLayout::kCheckpoint;
   // Each run measures its own ceilings right before its measurements, so that a slow
   // drift in the machine's load (other processes) affects a ratio's two sides alike.
   const double prefill_flops = 2.0 * cost.prefill_macs(args.prompt);
@@ -461,7 +474,8 @@ int run(const Args& args) {
   std::map<int64_t, std::vector<double>> step_s, floor_s, decode_ratio, weight_mb, kv_mb;
   if (!run_prefill().ok()) return 1;  // warm-up
   for (int r = 0; r < args.runs; ++r) {
-    const double peak_r = bench::measure_matmul_bf16_throughput(pool, 512, 2048, 2048, 1, clock);
+    const double peak_r =
+        bench::measure_matmul_bf16_throughput(pool, 512, 2048, 2048, 1, clock, gemm_layout);
     auto t = run_prefill();
     if (!t.ok()) return fail(t.status());
     peak.push_back(peak_r);
@@ -485,9 +499,9 @@ int run(const Args& args) {
 
   std::printf(
       "\nclock: %s; per-run ceilings (medians of %d runs): read bandwidth %.1f GB/s, "
-      "matmul_bf16 %.1f GFLOP/s\n",
+      "bf16 GEMM (%s layout) %.1f GFLOP/s\n",
       args.cpu_time ? "thread CPU time, 1 thread" : "wall", args.runs, bench::median(bandwidth),
-      bench::median(peak));
+      gemm_layout == bench::Bf16GemmLayout::kPacked ? "packed" : "checkpoint", bench::median(peak));
   std::printf(
       "\n| measurement | median | floor | median ratio | target |\n|---|---|---|---|---|\n");
   const double p = bench::median(prefill_s);

@@ -70,6 +70,26 @@ struct Int8Tile {
 
 using Int8TileFn = void (*)(const Int8Tile& tile);
 
+// Columns [16 * panel_begin, 16 * panel_end) of a bf16 product over the packed layout of
+// kernels/bf16_matrix.h (kernels/matmul_packed_bf16.h). x arrives as bf16 bits, each row
+// zero-padded to 2 * k_pairs elements.
+struct PackedBf16Tile {
+  const uint16_t* x = nullptr;  // [m, x_stride] bf16 bits
+  int64_t x_stride = 0;         // elements, >= 2 * k_pairs
+  int64_t m = 0;
+  const uint16_t* w = nullptr;  // packed panels (64-byte aligned)
+  int64_t panel_stride = 0;     // elements
+  int64_t k_pairs = 0;
+  int64_t panel_begin = 0;
+  int64_t panel_end = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;  // elements
+  int64_t n = 0;         // valid output columns (columns at or past n are not written)
+  bool accumulate = false;
+};
+
+using PackedBf16TileFn = void (*)(const PackedBf16Tile& tile);
+
 struct KernelTable {
   IsaLevel level = IsaLevel::kScalar;
 
@@ -82,6 +102,11 @@ struct KernelTable {
   // then round x to bf16 values and use matmul_f32_bf16 (the same products, exactly).
   MatmulTileFn matmul_bf16_bf16 = nullptr;
   int64_t bf16_x_k_multiple = 1;
+
+  // bf16 product over a packed bf16 matrix; `packed_bf16_fast` where it beats
+  // matmul_bf16_bf16 / matmul_f32_bf16 on the checkpoint layout (the model packs only then).
+  PackedBf16TileFn matmul_packed_bf16 = nullptr;
+  bool packed_bf16_fast = false;
 
   // W8A8 product over a packed int8 matrix; activations quantized by quantize_row_int8.
   Int8TileFn matmul_int8 = nullptr;
@@ -136,6 +161,9 @@ float scalar_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint
 void avx2_matmul_int8(const Int8Tile& tile);
 float avx2_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
                              uint8_t* out);
+
+void scalar_matmul_packed_bf16(const PackedBf16Tile& tile);
+void avx2_matmul_packed_bf16(const PackedBf16Tile& tile);
 
 // The table of active_isa_level().
 const KernelTable& active_kernel_table();

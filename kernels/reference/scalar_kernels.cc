@@ -104,6 +104,7 @@ KernelTable make_scalar_table() {
   KernelTable t;
   t.level = IsaLevel::kScalar;
   t.matmul_int8 = &scalar_matmul_int8;
+  t.matmul_packed_bf16 = &scalar_matmul_packed_bf16;
   t.quantize_row_int8 = &scalar_quantize_row_int8;
   t.int8_activation_offset = 0;
   t.matmul_f32_bf16 = &matmul_tile<float, uint16_t>;

@@ -293,6 +293,8 @@ void softmax(float* x, int64_t n) {
 KernelTable make_avx2_table() {
   KernelTable t;
   t.level = IsaLevel::kAvx2;
+  t.matmul_packed_bf16 = &avx2_matmul_packed_bf16;
+  t.packed_bf16_fast = true;  // ahead of matmul_f32_bf16 at every m (docs/kernels.md)
   t.matmul_int8 = &avx2_matmul_int8;
   t.quantize_row_int8 = &avx2_quantize_row_int8;
   t.int8_activation_offset = 0;

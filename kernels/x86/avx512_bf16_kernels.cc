@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/avx512_math.h"
@@ -130,11 +131,131 @@ void matmul_bf16_bf16(const MatmulTile& t) {
   }
 }
 
+// ---- Packed weights (kernels/bf16_matrix.h): outer-product form ----
+//
+// One zmm accumulator holds 16 output columns; each k pair adds, per lane, the row's two
+// activations (broadcast) times the column's two weights (vdpbf16ps). Per lane the pairs are
+// summed in k order in every block shape, so block shapes, row steps and thread splits give
+// the same bits.
+
+constexpr int64_t kPanel = 16;
+// GEMM register block: 6 rows x 4 panels (64 columns) = 24 accumulators, per k pair 4
+// weight loads + 6 broadcasts for 24 vdpbf16ps.
+constexpr int kPackedRows = 6;
+constexpr int kPackedPanels = 4;
+// Prefetch distance along each panel's weight stream, in 64-byte k pairs (into L2, as the
+// INT8 kernel does).
+constexpr int64_t kPackedPrefetchPairs = 16;
+
+// acc += vdpbf16ps(x, w). Inline asm for the reason the INT8 kernel gives: GCC 12 keeps
+// stack copies of intrinsic accumulators in a 24-accumulator loop.
+inline __m512 dpbf16(__m512 acc, __m512i x, __m512i w) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w));
+  return acc;
+}
+
+// Rows [i0, i0 + MR) x panels [p, p + NP), all of k.
+template <int MR, int NP, bool kPrefetch>
+void packed_block(const PackedBf16Tile& t, int64_t i0, int64_t p) {
+  __m512 acc[MR][NP];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  const uint16_t* w = t.w + p * t.panel_stride;
+  const uint16_t* x = t.x + i0 * t.x_stride;
+  for (int64_t g = 0; g < t.k_pairs; ++g) {
+    __m512i wv[NP];
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+      const uint16_t* src = w + j * t.panel_stride + 2 * kPanel * g;
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(src + 2 * kPanel * kPackedPrefetchPairs),
+                     _MM_HINT_T1);
+      }
+      wv[j] = _mm512_load_si512(src);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, x + i * t.x_stride + 2 * g, 4);
+      const __m512i xb = _mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+      for (int j = 0; j < NP; ++j) acc[i][j] = dpbf16(acc[i][j], xb, wv[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* y = t.y + (i0 + i) * t.y_stride;
+#pragma GCC unroll 4
+    for (int j = 0; j < NP; ++j) {
+      const int64_t c = (p + j) * kPanel, count = t.n - c;
+      if (count <= 0) break;
+      const __mmask16 mask =
+          count >= kPanel ? __mmask16{0xffff} : static_cast<__mmask16>((1u << count) - 1u);
+      __m512 v = acc[i][j];
+      if (t.accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y + c), v);
+      _mm512_mask_storeu_ps(y + c, mask, v);
+    }
+  }
+}
+
+template <int MR, int NP, bool kPrefetch>
+void packed_block_panels(int panels, const PackedBf16Tile& t, int64_t i0, int64_t p) {
+  if constexpr (NP == 1) {
+    packed_block<MR, 1, kPrefetch>(t, i0, p);
+  } else {
+    if (panels == NP) {
+      packed_block<MR, NP, kPrefetch>(t, i0, p);
+    } else {
+      packed_block_panels<MR, NP - 1, kPrefetch>(panels, t, i0, p);
+    }
+  }
+}
+
+template <int MR, bool kPrefetch>
+void packed_block_rows(int rows, int panels, const PackedBf16Tile& t, int64_t i0, int64_t p) {
+  if constexpr (MR == 1) {
+    packed_block_panels<1, kPackedPanels, kPrefetch>(panels, t, i0, p);
+  } else {
+    if (rows == MR) {
+      packed_block_panels<MR, kPackedPanels, kPrefetch>(panels, t, i0, p);
+    } else {
+      packed_block_rows<MR - 1, kPrefetch>(rows, panels, t, i0, p);
+    }
+  }
+}
+
+// One loop nest for every m: x in row blocks of ~256 KiB (L2), weights in groups of 4
+// panels, 6-row register steps; the first row step of a group streams its weights from
+// memory (prefetching ahead along each panel), later ones find them in L1/L2.
+void matmul_packed_bf16(const PackedBf16Tile& t) {
+  const int64_t row_block = min_of<int64_t>(
+      t.m, (kRowBlockBytes / (t.x_stride * 2) + kPackedRows - 1) / kPackedRows * kPackedRows);
+  for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
+    const int64_t i1 = min_of(t.m, i0 + row_block);
+    for (int64_t p = t.panel_begin; p < t.panel_end; p += kPackedPanels) {
+      const int panels = static_cast<int>(min_of<int64_t>(kPackedPanels, t.panel_end - p));
+      for (int64_t i = i0; i < i1; i += kPackedRows) {
+        const int rows = static_cast<int>(min_of<int64_t>(kPackedRows, i1 - i));
+        if (i == i0) {
+          packed_block_rows<kPackedRows, true>(rows, panels, t, i, p);
+        } else {
+          packed_block_rows<kPackedRows, false>(rows, panels, t, i, p);
+        }
+      }
+    }
+  }
+}
+
 KernelTable make_avx512_bf16_table() {
   KernelTable t = avx512_vnni_kernel_table();
   t.level = IsaLevel::kAvx512Bf16;
   t.matmul_bf16_bf16 = &matmul_bf16_bf16;
   t.bf16_x_k_multiple = kStep;
+  t.matmul_packed_bf16 = &matmul_packed_bf16;
+  t.packed_bf16_fast = true;
   return t;
 }
 

@@ -315,6 +315,9 @@ void softmax(float* x, int64_t n) {
 KernelTable make_avx512_table() {
   KernelTable t;
   t.level = IsaLevel::kAvx512;
+  // The AVX2 packed kernel: correct here, but behind the 16-lane FMA kernels on the
+  // checkpoint layout from m = 4 up (docs/kernels.md), so the model does not pack.
+  t.matmul_packed_bf16 = &avx2_matmul_packed_bf16;
   // No VNNI: the AVX2 int8 kernels (AVX-512 without VNNI is only Skylake-SP/X).
   t.matmul_int8 = &avx2_matmul_int8;
   t.quantize_row_int8 = &avx2_quantize_row_int8;

@@ -456,6 +456,20 @@ void Checkpoint::release_pages(std::string_view name) const {
   }
 }
 
+void Checkpoint::release_pages(const void* data, size_t bytes) const {
+  const auto* begin = static_cast<const std::byte*>(data);
+  for (const SafetensorsFile& shard : impl_->shards) {
+    const std::span<const std::byte> mapped = shard.mapping()->bytes();
+    const std::byte* lo = mapped.data();
+    // Compared as integers: pointers into different objects are not ordered.
+    const auto addr = reinterpret_cast<uintptr_t>(begin), first = reinterpret_cast<uintptr_t>(lo);
+    if (addr >= first && addr - first <= mapped.size() && bytes <= mapped.size() - (addr - first)) {
+      shard.mapping()->release(addr - first, bytes);
+      return;
+    }
+  }
+}
+
 Result<Int8WeightTensor> Checkpoint::get_int8(std::string_view name,
                                               const std::vector<int64_t>& expected_shape) {
   PS_ASSIGN_OR_RETURN(const TensorEntry* e, impl_->lookup(name));

@@ -119,6 +119,10 @@ class Checkpoint {
   // pages from memory (they are read from the file again if touched). No-op for an unknown
   // name.
   void release_pages(std::string_view name) const;
+  // The same for the bytes [data, data + bytes) when they lie in one of the checkpoint's
+  // mapped shards (a zero-copy tensor view, e.g. a BF16 weight repacked at load); no-op for
+  // any other memory (an owned, converted copy).
+  void release_pages(const void* data, size_t bytes) const;
   // The tensor exactly as stored, zero-copy (any dtype). Marks it used.
   Result<WeightTensor> get_raw(std::string_view name);
 

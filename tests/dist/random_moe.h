@@ -41,7 +41,7 @@ struct RandomMoe {
       const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
       for (bf16& v : *data) v = float_to_bf16(scale * normal(rng));
       storage.push_back(data);
-      return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr};
+      return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr, nullptr};
     };
     for (int layer : moe_layers) {
       for (int e = 0; e < num_experts; ++e) {

@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kernels/matmul_packed_bf16.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
@@ -153,6 +155,37 @@ TEST(DeepseekModelTest, RaggedBatchEqualsSequencesRunOneByOneBitwise) {
       ASSERT_EQ(got.size(), expected.size());
       EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)))
           << "step " << s << ", sequence " << i << ": max rel diff " << max_rel_diff(expected, got);
+    }
+  }
+}
+
+TEST(DeepseekModelTest, PackedBf16WeightsGiveTheCheckpointLayoutsLogits) {
+  // Where the CPU has the packed kernel (avx512_bf16) the inference defaults repack the BF16
+  // weights at load; the products then sum each output in another order (k in sequence per
+  // lane instead of 32-wide dot products), so logits differ by fp32 rounding, which bf16
+  // activation rounding at each GEMM input can amplify to bf16 resolution (2^-8) in a few
+  // elements. Elsewhere both models run the same kernels and must agree bitwise.
+  ModelOptions packed_options;
+  packed_options.num_threads = 2;
+  ModelOptions checkpoint_options = packed_options;
+  checkpoint_options.pack_bf16 = false;
+  auto packed = load_model(tiny_checkpoint_dir(), packed_options);
+  auto plain = load_model(tiny_checkpoint_dir(), checkpoint_options);
+  const int64_t vocab = packed->config().vocab_size;
+  LatentKvCache cache_p = make_cache(*packed, 4, DType::kBF16, 32);
+  LatentKvCache cache_c = make_cache(*plain, 4, DType::kBF16, 32);
+  TestSequence seq_p{test_tokens(26, vocab, 2), iota_blocks(8), 0};
+  TestSequence seq_c = seq_p;
+  std::printf("[ pack ] packed bf16 kernel %s at this level\n",
+              kernels::packed_bf16_is_fast() ? "used" : "not used");
+  for (int64_t n : {19, 4, 1, 1, 1}) {
+    const std::vector<float> lp = step(*packed, cache_p, seq_p, n, true);
+    const std::vector<float> lc = step(*plain, cache_c, seq_c, n, true);
+    ASSERT_EQ(lp.size(), lc.size());
+    if (kernels::packed_bf16_is_fast()) {
+      EXPECT_LT(max_rel_diff(lc, lp), 1e-2) << "chunk of " << n;
+    } else {
+      EXPECT_EQ(lp, lc) << "chunk of " << n;
     }
   }
 }

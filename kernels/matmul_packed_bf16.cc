@@ -1,0 +1,158 @@
+// matmul_packed_bf16 and its grouped form: argument checks, the bf16 rounding of x and the
+// split of panels over threads. The arithmetic is in the per-ISA packed tile functions
+// (internal/kernel_table.h).
+#include "kernels/matmul_packed_bf16.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/internal/kernel_table.h"
+
+namespace peerserve::kernels {
+namespace {
+
+using internal::KernelTable;
+using internal::PackedBf16Tile;
+
+constexpr int64_t kPanel = PackedBf16Matrix::kPanelColumns;
+// Below this much work (multiply-adds + weight elements) one thread does it all.
+constexpr int64_t kSerialWork = 16 * 1024;
+// A weight element costs about as much to stream as this many rows multiplying it in cache
+// (used only to balance threads).
+constexpr int64_t kWeightCost = 8;
+
+struct Task {
+  PackedBf16Tile tile;  // panel_begin = 0, panel_end = all panels
+  int64_t cost_per_panel = 0;
+};
+
+// Thread-local scratch for the bf16 activations, reused across calls: a steady decode step
+// allocates nothing.
+uint16_t* scratch(size_t elements) {
+  thread_local std::vector<uint16_t> buffer;
+  if (buffer.size() < elements) buffer.resize(elements);
+  return buffer.data();
+}
+
+// Elements between bf16 activation rows: k padded to pairs, plus one cache line when rows
+// would be a multiple of 1 KiB apart (the rows of a register block would share L1 sets).
+int64_t activation_stride(int64_t k_pairs) {
+  const int64_t elements = std::max<int64_t>(32, (2 * k_pairs + 31) / 32 * 32);
+  return (elements * 2) % 1024 == 0 ? elements + 32 : elements;
+}
+
+MatmulPackedBf16Args checked(const MatmulPackedBf16Args& a, const char* what) {
+  PS_CHECK(a.w != nullptr) << what << ": no weight matrix";
+  const int64_t k = a.w->cols(), n = a.w->rows();
+  PS_CHECK(a.m >= 0) << what << ": negative m=" << a.m;
+  MatmulPackedBf16Args r = a;
+  if (r.x_stride == 0) r.x_stride = k;
+  if (r.y_stride == 0) r.y_stride = n;
+  PS_CHECK(r.x_stride >= k && r.y_stride >= n)
+      << what << ": strides x=" << r.x_stride << " y=" << r.y_stride << " too small for n=" << n
+      << " k=" << k;
+  if (a.m > 0 && n > 0) PS_CHECK(a.y != nullptr) << what << ": y is null";
+  if (a.m > 0 && k > 0) PS_CHECK(a.x != nullptr) << what << ": x is null";
+  return r;
+}
+
+// The panel of `task` at cost offset `offset`, rounded to the nearest panel. Adjacent threads
+// evaluate it at the same offsets, so their ranges tile the task exactly.
+int64_t panel_at(const Task& task, int64_t offset) {
+  return std::min(task.tile.panel_end, (offset + task.cost_per_panel / 2) / task.cost_per_panel);
+}
+
+void run_tasks(std::span<const Task> tasks, internal::PackedBf16TileFn fn, ThreadPool* pool) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.tile.panel_end * t.cost_per_panel;
+  const int threads = pool == nullptr ? 1 : pool->num_threads();
+  if (threads == 1 || total < kSerialWork) {
+    for (const Task& t : tasks) fn(t.tile);
+    return;
+  }
+  // Thread t takes the cost range [total * t / threads, total * (t + 1) / threads) of the
+  // tasks laid end to end, cut at panels.
+  pool->run_on_all([&](int t, int nt) {
+    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
+    int64_t start = 0;
+    for (const Task& task : tasks) {
+      const int64_t span = task.tile.panel_end * task.cost_per_panel;
+      const int64_t a = std::max(lo, start) - start, b = std::min(hi, start + span) - start;
+      start += span;
+      if (a >= b) continue;
+      PackedBf16Tile tile = task.tile;
+      tile.panel_begin = panel_at(task, a);
+      tile.panel_end = b == span ? tile.panel_end : panel_at(task, b);
+      if (tile.panel_begin < tile.panel_end) fn(tile);
+    }
+  });
+}
+
+}  // namespace
+
+void grouped_matmul_packed_bf16(std::span<const MatmulPackedBf16Args> problems, ThreadPool* pool) {
+  const KernelTable& table = internal::active_kernel_table();
+  thread_local std::vector<MatmulPackedBf16Args> live;
+  thread_local std::vector<Task> tasks;
+  live.clear();
+  tasks.clear();
+  size_t elements = 0;
+  for (const MatmulPackedBf16Args& p : problems) {
+    const MatmulPackedBf16Args a = checked(p, "grouped_matmul_packed_bf16");
+    if (a.m == 0 || a.w->rows() == 0) continue;
+    if (a.w->cols() == 0) {  // an empty sum
+      if (!a.accumulate) {
+        for (int64_t i = 0; i < a.m; ++i) std::fill_n(a.y + i * a.y_stride, a.w->rows(), 0.0f);
+      }
+      continue;
+    }
+    live.push_back(a);
+    elements += static_cast<size_t>(a.m * activation_stride(a.w->k_pairs()));
+  }
+  if (live.empty()) return;
+  uint16_t* x = scratch(elements);
+  for (const MatmulPackedBf16Args& a : live) {
+    const PackedBf16Matrix& w = *a.w;
+    const int64_t k = w.cols(), stride = activation_stride(w.k_pairs());
+    auto convert = [&](int64_t i) {
+      table.fp32_to_bf16(a.x + i * a.x_stride, x + i * stride, k);
+      std::fill(x + i * stride + k, x + i * stride + 2 * w.k_pairs(), uint16_t{0});
+    };
+    if (pool == nullptr || pool->num_threads() == 1 || a.m * k < 64 * 1024) {
+      for (int64_t i = 0; i < a.m; ++i) convert(i);
+    } else {
+      pool->parallel_for(a.m, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) convert(i);
+      });
+    }
+    Task task;
+    PackedBf16Tile& t = task.tile;
+    t.x = x;
+    t.x_stride = stride;
+    t.m = a.m;
+    t.w = w.panel_data();
+    t.panel_stride = w.panel_stride();
+    t.k_pairs = w.k_pairs();
+    t.panel_begin = 0;
+    t.panel_end = w.panels();
+    t.y = a.y;
+    t.y_stride = a.y_stride;
+    t.n = w.rows();
+    t.accumulate = a.accumulate;
+    task.cost_per_panel = kPanel * 2 * w.k_pairs() * (a.m + kWeightCost);
+    tasks.push_back(task);
+    x += a.m * stride;
+  }
+  run_tasks(tasks, table.matmul_packed_bf16, pool);
+}
+
+void matmul_packed_bf16(const MatmulPackedBf16Args& args, ThreadPool* pool) {
+  grouped_matmul_packed_bf16(std::span<const MatmulPackedBf16Args>(&args, 1), pool);
+}
+
+bool packed_bf16_is_fast() {
+  return internal::active_kernel_table().packed_bf16_fast;
+}
+
+}  // namespace peerserve::kernels

@@ -1,0 +1,84 @@
+#include "model/weight_packing.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace peerserve {
+namespace {
+
+struct Target {
+  LinearWeight* weight;
+  std::string name;
+};
+
+void add(std::vector<Target>& out, LinearWeight& w, std::string name) {
+  if (w.data != nullptr && !w.int8 && !w.bf16_packed) out.push_back({&w, std::move(name)});
+}
+
+void add_mlp(std::vector<Target>& out, MlpWeights& mlp, const std::string& name) {
+  add(out, mlp.gate, name + " gate_proj");
+  add(out, mlp.up, name + " up_proj");
+  add(out, mlp.down, name + " down_proj");
+}
+
+void add_layer(std::vector<Target>& out, DecoderLayerWeights& layer) {
+  const std::string name = "layer " + std::to_string(layer.index);
+  AttentionWeights& a = layer.attention;
+  if (a.q_a) add(out, *a.q_a, name + " q_a_proj");
+  if (a.q_b) add(out, *a.q_b, name + " q_b_proj");
+  if (a.q_proj) add(out, *a.q_proj, name + " q_proj");
+  add(out, a.kv_a, name + " kv_a_proj_with_mqa");
+  add(out, a.kv_b, name + " kv_b_proj");
+  add(out, a.o_proj, name + " o_proj");
+  if (layer.dense_mlp) add_mlp(out, *layer.dense_mlp, name + " mlp");
+  if (layer.moe) {
+    if (layer.moe->shared) add_mlp(out, *layer.moe->shared, name + " shared expert");
+    for (size_t e = 0; e < layer.moe->experts.size(); ++e) {
+      add_mlp(out, layer.moe->experts[e], name + " expert " + std::to_string(e));
+    }
+  }
+}
+
+}  // namespace
+
+Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
+                         const std::function<void(const LinearWeight&)>& packed_fn) {
+  std::vector<Target> targets;
+  for (DecoderLayerWeights& layer : weights.layers) add_layer(targets, layer);
+  if (weights.mtp) {
+    add(targets, weights.mtp->eh_proj, "mtp eh_proj");
+    add_layer(targets, weights.mtp->layer);
+    add(targets, weights.mtp->head, "mtp shared_head");
+  }
+  add(targets, weights.lm_head, "lm_head");
+
+  std::mutex mu;
+  Status failed = ok_status();
+  auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      LinearWeight& w = *targets[static_cast<size_t>(i)].weight;
+      auto packed = kernels::PackedBf16Matrix::pack({w.data, w.rows, w.cols, 0});
+      if (!packed.ok()) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (failed.ok()) {
+          failed = packed.status().with_context("packing " + targets[static_cast<size_t>(i)].name);
+        }
+        continue;
+      }
+      w.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
+      if (packed_fn) packed_fn(w);
+    }
+  };
+  const auto count = static_cast<int64_t>(targets.size());
+  if (pool == nullptr || pool->num_threads() == 1) {
+    pack(0, count);
+  } else {
+    pool->parallel_for(count, pack);
+  }
+  return failed;
+}
+
+}  // namespace peerserve

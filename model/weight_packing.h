@@ -1,0 +1,27 @@
+// Load-time repacking of the BF16 linear weights for the outer-product kernels
+// (ModelOptions::pack_bf16, kernels/matmul_packed_bf16.h, docs/kernels.md).
+//
+// Every linear weight the forward multiplies through linear() / grouped_linear() — attention
+// projections (kv_b included: the prefill decompresses the context with it), dense, shared
+// and routed expert MLPs, the MTP projection and head, the LM head — that has BF16 data and
+// no INT8 form gets a packed copy of the same values. The BF16 views stay: the embedding
+// lookup and the absorbed attention's per-head kv_b slices read them, and products at
+// ActivationPrecision::kFp32 use them.
+#pragma once
+
+#include <functional>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/deepseek_weights.h"
+
+namespace peerserve {
+
+// Adds the packed forms, matrices spread over `pool`'s threads (nullptr: the calling thread).
+// `packed`, when set, is called with each weight once its packed form exists (from the
+// packing threads): the caller may drop the BF16 data's pages from memory (they stay
+// readable, e.g. Checkpoint::release_pages).
+Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
+                         const std::function<void(const LinearWeight&)>& packed = {});
+
+}  // namespace peerserve
