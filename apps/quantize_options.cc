@@ -14,8 +14,9 @@ void add_quantize_options(CLI::App* command, QuantizeCli* cli) {
                     "With --quantize int8: the LM head too (halves its read; costs accuracy)");
   command->add_flag("--no-pack-bf16", cli->no_pack_bf16,
                     "Keep BF16 products on the checkpoint layout: no repacked copy of the BF16 "
-                    "weights at load (less memory, slower products; by default they are "
-                    "repacked where the CPU has AVX512_BF16, docs/kernels.md)");
+                    "weights at load (faster load, slower products; by default they are "
+                    "repacked where the kernels are faster on it: AVX512_BF16, or AVX2 without "
+                    "AVX-512; docs/kernels.md)");
 }
 
 void apply_quantize_options(const QuantizeCli& cli, ModelOptions* options) {

@@ -15,9 +15,10 @@
 // bitwise the same whatever m is, whichever other rows are in x, however problems are
 // grouped and whatever the thread count. Results differ between levels by rounding only.
 //
-// Accuracy: each output is a chain of k fp32 additions (2 per pair), so against an exact sum
-// of the same bf16 products |error| <= (k + 1) * 2^-24 * sum_k |x_k w_k| (vdpbf16ps may also
-// flush subnormal products to zero; they are below 2^-126).
+// Accuracy: each output is a chain of k fp32 additions (2 per pair), one more with
+// accumulate, so against the exact sum of the same bf16 products (plus y)
+// |error| <= (k + 2) * 2^-24 * (sum_k |x_k w_k| + |y|) (vdpbf16ps may also flush subnormal
+// products to zero; they are below 2^-126).
 //
 // Threads: output columns are split over `pool`'s threads in 16-column panels, in proportion
 // to cost; k is never split; pool == nullptr runs on the calling thread. One call at a time

@@ -43,9 +43,9 @@ struct ModelOptions {
   bool quantize_lm_head = false;
   // Repack the BF16 linear weights at load for the outer-product kernels
   // (model/weight_packing.h) when the GEMM precision is kBf16 and the ISA level has a fast
-  // packed kernel (avx512_bf16): faster decode and prefill, at the cost of a second copy of
-  // those weights in memory (the checkpoint's pages are then no longer read, and the kernel
-  // may drop them from memory). Default: true.
+  // packed kernel (avx512_bf16, avx2): faster prefill and batched decode. The checkpoint's
+  // pages are dropped from memory once packed, so resident memory stays about the model's
+  // size; the load takes longer (the copy). Default: true.
   bool pack_bf16 = true;
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -149,6 +150,31 @@ TEST_F(TinyCheckpointTest, ZeroCopyTensorOutlivesCheckpoint) {
   // The mapping is kept alive by the tensor's storage.
   for (int64_t i = 0; i < w.numel(); ++i)
     ASSERT_EQ(w.bf16_data()[i].bits, copy[static_cast<size_t>(i)]);
+}
+
+TEST_F(TinyCheckpointTest, ReleasedPagesStayReadableAndOtherMemoryIsLeftAlone) {
+  Result<Checkpoint> ckpt = Checkpoint::open(dir_->path());
+  ASSERT_TRUE(ckpt.ok());
+  const ModelConfig& c = ckpt->config();
+  Result<WeightTensor> w =
+      ckpt->get_bf16("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->zero_copy);
+  std::vector<uint16_t> copy;
+  for (int64_t i = 0; i < w->numel(); ++i) copy.push_back(w->bf16_data()[i].bits);
+  // Released pages of the mapping are read from the file again.
+  ckpt->release_pages(w->data, static_cast<size_t>(w->nbytes()));
+  for (int64_t i = 0; i < w->numel(); ++i)
+    ASSERT_EQ(w->bf16_data()[i].bits, copy[static_cast<size_t>(i)]) << i;
+  // Memory outside the mapping (here: a heap copy, as FP8 weights are dequantized into) is
+  // not touched: dropping anonymous pages would zero them.
+  std::vector<uint16_t> owned(copy);
+  ckpt->release_pages(owned.data(), owned.size() * sizeof(uint16_t));
+  EXPECT_EQ(owned, copy);
+  // A range that starts inside the mapping but runs past its end is not released either.
+  ckpt->release_pages(w->data, std::numeric_limits<size_t>::max());
+  for (int64_t i = 0; i < w->numel(); ++i)
+    ASSERT_EQ(w->bf16_data()[i].bits, copy[static_cast<size_t>(i)]) << i;
 }
 
 // The FP8 variant draws the same random values (per-tensor streams), so its dequantized
