@@ -9,6 +9,7 @@
 #include "base/check.h"
 #include "kernels/internal/kernel_table.h"
 #include "kernels/internal/matmul_int8_hooks.h"
+#include "kernels/internal/split_by_cost.h"
 
 namespace peerserve::kernels {
 namespace {
@@ -87,38 +88,18 @@ Problem checked(const GateUpInt8Args& a, const char* what) {
   return {a.x, xs, a.gate_up, a.out, ys, a.m, false, Int8Epilogue::kGateUpSilu};
 }
 
-// The unit of task `task` at cost offset `offset`, rounded to the nearest unit. Adjacent
-// threads evaluate it at the same offsets, so their ranges tile the task exactly.
-int64_t unit_at(const Task& task, int64_t offset) {
-  return std::min(task.units, (offset + task.cost_per_unit / 2) / task.cost_per_unit);
-}
-
 void run_tasks(std::span<const Task> tasks, ThreadPool* pool) {
-  int64_t total = 0;
-  for (const Task& t : tasks) total += t.units * t.cost_per_unit;
-  const int threads = pool == nullptr ? 1 : pool->num_threads();
-  if (threads == 1 || total < kSerialWork) {
-    for (const Task& t : tasks) t.fn(t.tile);
-    return;
-  }
-  // Thread t takes the cost range [total * t / threads, total * (t + 1) / threads) of the
-  // tasks laid end to end, cut at units.
-  pool->run_on_all([&](int t, int nt) {
-    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
-    int64_t start = 0;
-    for (const Task& task : tasks) {
-      const int64_t span = task.units * task.cost_per_unit;
-      const int64_t a = std::max(lo, start) - start, b = std::min(hi, start + span) - start;
-      start += span;
-      if (a >= b) continue;
-      const int64_t u0 = unit_at(task, a), u1 = b == span ? task.units : unit_at(task, b);
-      if (u0 >= u1) continue;
-      Int8Tile tile = task.tile;
-      tile.panel_begin = u0 * task.panels_per_unit;
-      tile.panel_end = u1 * task.panels_per_unit;
-      task.fn(tile);
-    }
-  });
+  internal::split_by_cost(
+      pool, static_cast<int64_t>(tasks.size()), kSerialWork,
+      [&](int64_t i) { return tasks[static_cast<size_t>(i)].units; },
+      [&](int64_t i) { return tasks[static_cast<size_t>(i)].cost_per_unit; },
+      [&](int64_t i, int64_t u0, int64_t u1) {
+        const Task& task = tasks[static_cast<size_t>(i)];
+        Int8Tile tile = task.tile;
+        tile.panel_begin = u0 * task.panels_per_unit;
+        tile.panel_end = u1 * task.panels_per_unit;
+        task.fn(tile);
+      });
 }
 
 // Quantizes the x rows of every problem into scratch and runs their tiles.

@@ -8,6 +8,7 @@
 
 #include "base/check.h"
 #include "kernels/internal/kernel_table.h"
+#include "kernels/internal/split_by_cost.h"
 
 namespace peerserve::kernels {
 namespace {
@@ -57,36 +58,17 @@ MatmulPackedBf16Args checked(const MatmulPackedBf16Args& a, const char* what) {
   return r;
 }
 
-// The panel of `task` at cost offset `offset`, rounded to the nearest panel. Adjacent threads
-// evaluate it at the same offsets, so their ranges tile the task exactly.
-int64_t panel_at(const Task& task, int64_t offset) {
-  return std::min(task.tile.panel_end, (offset + task.cost_per_panel / 2) / task.cost_per_panel);
-}
-
 void run_tasks(std::span<const Task> tasks, internal::PackedBf16TileFn fn, ThreadPool* pool) {
-  int64_t total = 0;
-  for (const Task& t : tasks) total += t.tile.panel_end * t.cost_per_panel;
-  const int threads = pool == nullptr ? 1 : pool->num_threads();
-  if (threads == 1 || total < kSerialWork) {
-    for (const Task& t : tasks) fn(t.tile);
-    return;
-  }
-  // Thread t takes the cost range [total * t / threads, total * (t + 1) / threads) of the
-  // tasks laid end to end, cut at panels.
-  pool->run_on_all([&](int t, int nt) {
-    const int64_t lo = total * t / nt, hi = total * (t + 1) / nt;
-    int64_t start = 0;
-    for (const Task& task : tasks) {
-      const int64_t span = task.tile.panel_end * task.cost_per_panel;
-      const int64_t a = std::max(lo, start) - start, b = std::min(hi, start + span) - start;
-      start += span;
-      if (a >= b) continue;
-      PackedBf16Tile tile = task.tile;
-      tile.panel_begin = panel_at(task, a);
-      tile.panel_end = b == span ? tile.panel_end : panel_at(task, b);
-      if (tile.panel_begin < tile.panel_end) fn(tile);
-    }
-  });
+  internal::split_by_cost(
+      pool, static_cast<int64_t>(tasks.size()), kSerialWork,
+      [&](int64_t i) { return tasks[static_cast<size_t>(i)].tile.panel_end; },
+      [&](int64_t i) { return tasks[static_cast<size_t>(i)].cost_per_panel; },
+      [&](int64_t i, int64_t p0, int64_t p1) {
+        PackedBf16Tile tile = tasks[static_cast<size_t>(i)].tile;
+        tile.panel_begin = p0;
+        tile.panel_end = p1;
+        fn(tile);
+      });
 }
 
 }  // namespace
