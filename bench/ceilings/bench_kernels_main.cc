@@ -534,6 +534,22 @@ void bench_packed_vs_checkpoint(ThreadPool& pool, const Flags& flags, int64_t m,
       *std::max_element(speedup.begin(), speedup.end()));
 }
 
+constexpr const char* kUsage = R"(usage: peerserve_bench_kernels [options]
+The machine's ceilings (streaming read bandwidth, fp32 FMA, bf16 dot and int8 peaks, a large
+bf16 GEMM), then each kernel's throughput as a fraction of its ceiling measured right before
+it (medians; ratio = median of the per-pair ratios).
+  --quick          fewer runs and smaller buffers
+  --all-isa        every ISA level this CPU supports (default: the best one)
+  --threads N      threads (default 0: one per core)
+  --cpu-time       time with the calling thread's CPU clock (needs --threads 1)
+  --int8           only the INT8 section (GEMV vs bandwidth, GEMM vs the int8 peak and vs
+                   matmul_bf16, a MoE decode step of INT8 experts, expert cost by tokens)
+  --decode-batch   only the batch-16 decode lines (bf16 and int8)
+  --packed-bf16    only matmul_bf16 (checkpoint layout) against matmul_packed_bf16 (weights
+                   packed at load), alternating in pairs, per-pair speed ratios
+  --help           this text
+)";
+
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -551,12 +567,11 @@ Flags parse_flags(int argc, char** argv) {
       f.decode_batch_only = true;
     } else if (std::strcmp(argv[i], "--packed-bf16") == 0) {
       f.packed_bf16_only = true;
+    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--quick] [--all-isa] [--threads N] [--cpu-time] [--int8] [--decode-batch] "
-          "[--packed-bf16]\n",
-          argv[0]);
+      std::fprintf(stderr, "unknown option %s\n%s", argv[i], kUsage);
       std::exit(2);
     }
   }
