@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/internal/convert_rows.h"
 #include "kernels/internal/kernel_table.h"
 
 namespace peerserve::kernels {
 namespace {
 
+using internal::convert_rows;
 using internal::KernelTable;
 using internal::MatmulTile;
 using internal::MatmulTileFn;
@@ -73,18 +75,6 @@ bool trivial(const MatmulArgs<Weight>& a) {
     for (int64_t i = 0; i < a.m; ++i) std::fill_n(a.y + i * a.y_stride, a.n, 0.0f);
   }
   return true;
-}
-
-// Converts rows of x with `convert(src_row, dst_row)`, in parallel when large.
-template <typename Fn>
-void convert_rows(int64_t rows, int64_t row_elements, ThreadPool* pool, const Fn& convert) {
-  if (pool == nullptr || pool->num_threads() == 1 || rows * row_elements < 64 * 1024) {
-    for (int64_t i = 0; i < rows; ++i) convert(i);
-    return;
-  }
-  pool->parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) convert(i);
-  });
 }
 
 // The column of problem `task` at cost offset `offset` (0 <= offset <= total cost of the

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/internal/convert_rows.h"
 #include "kernels/internal/kernel_table.h"
 #include "kernels/internal/matmul_int8_hooks.h"
 #include "kernels/internal/split_by_cost.h"
@@ -124,13 +125,7 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
       scales[i] = table.quantize_row_int8(p.x + i * p.x_stride, k, 4 * w.k_groups(),
                                           table.int8_activation_offset, xq + i * stride);
     };
-    if (pool == nullptr || pool->num_threads() == 1 || p.m * k < 64 * 1024) {
-      for (int64_t i = 0; i < p.m; ++i) quantize(i);
-    } else {
-      pool->parallel_for(p.m, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) quantize(i);
-      });
-    }
+    internal::convert_rows(p.m, k, pool, quantize);
     Task task;
     Int8Tile& t = task.tile;
     t.x = xq;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/internal/convert_rows.h"
 #include "kernels/internal/kernel_table.h"
 #include "kernels/internal/split_by_cost.h"
 
@@ -101,13 +102,7 @@ void grouped_matmul_packed_bf16(std::span<const MatmulPackedBf16Args> problems, 
       table.fp32_to_bf16(a.x + i * a.x_stride, x + i * stride, k);
       std::fill(x + i * stride + k, x + i * stride + 2 * w.k_pairs(), uint16_t{0});
     };
-    if (pool == nullptr || pool->num_threads() == 1 || a.m * k < 64 * 1024) {
-      for (int64_t i = 0; i < a.m; ++i) convert(i);
-    } else {
-      pool->parallel_for(a.m, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) convert(i);
-      });
-    }
+    internal::convert_rows(a.m, k, pool, convert);
     Task task;
     PackedBf16Tile& t = task.tile;
     t.x = x;

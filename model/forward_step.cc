@@ -21,24 +21,8 @@ LinearInputRecorder* linear_input_recorder() {
 
 void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride, int64_t y_stride, bool accumulate) {
-  if (w.int8) {
-    kernels::MatmulInt8Args args;
-    args.x = x;
-    args.x_stride = x_stride;
-    args.w = w.int8.get();
-    args.y = y;
-    args.y_stride = y_stride;
-    args.m = m;
-    args.accumulate = accumulate;
-    kernels::matmul_int8(args, ctx.pool);
-    add_int8_compensation(w, m, y, y_stride);
-    return;
-  }
-  if (LinearInputRecorder* r = g_recorder.load(std::memory_order_relaxed)) {
-    r->record(w.data, x, m, w.cols, x_stride);
-  }
   const LinearProblem problem{x, x_stride, &w, y, y_stride, m, accumulate};
-  grouped_bf16_linear(ctx, std::span<const LinearProblem>(&problem, 1));
+  grouped_linear(ctx, std::span<const LinearProblem>(&problem, 1));
 }
 
 void grouped_bf16_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {
