@@ -142,7 +142,10 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
                                           dist::ExpertPlacement new_placement) {
   const ModelConfig& config = model.config();
   const int64_t layers = config.num_hidden_layers + 1;
-  PS_ASSIGN_OR_RETURN(auto new_experts, store->load(new_placement, comm->rank(), layers));
+  PS_ASSIGN_OR_RETURN(auto new_experts,
+                      store->load(new_placement, comm->rank(), layers, [&](MlpWeights& expert) {
+                        return model.prepare_routed_expert(expert);
+                      }));
   dist::EpExpertBackendOptions o;
   o.communicator = comm.get();
   o.placement = new_placement;

@@ -1,6 +1,7 @@
 #include "dist/expert_weights_store.h"
 
 #include <set>
+#include <string>
 
 namespace peerserve::dist {
 
@@ -17,7 +18,7 @@ Result<std::unique_ptr<ExpertWeightsStore>> ExpertWeightsStore::open(const std::
 }
 
 Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
-    const ExpertPlacement& placement, int rank, int64_t num_layers) {
+    const ExpertPlacement& placement, int rank, int64_t num_layers, const Prepare& prepare) {
   auto set = std::make_shared<Set>();
   set->by_layer.resize(num_layers);
   for (int64_t layer = 0; layer < num_layers; ++layer) {
@@ -26,6 +27,17 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
       auto it = cache_.find({layer, expert});
       if (it == cache_.end()) {
         PS_ASSIGN_OR_RETURN(MlpWeights weights, load_routed_expert(checkpoint_, layer, expert));
+        if (prepare) {
+          PS_RETURN_IF_ERROR(prepare(weights).with_context("layer " + std::to_string(layer) +
+                                                           " expert " + std::to_string(expert)));
+          for (const LinearWeight* w : {&weights.gate, &weights.up, &weights.down}) {
+            // The packed copy is what the kernels read (as in DeepseekModel::load).
+            if (w->bf16_packed) {
+              checkpoint_.release_pages(w->data,
+                                        static_cast<size_t>(w->rows * w->cols) * sizeof(*w->data));
+            }
+          }
+        }
         it = cache_.emplace(std::make_pair(layer, expert), std::move(weights)).first;
         ++experts_read_;
       }

@@ -1,12 +1,15 @@
 // The routed-expert weights a rank needs for an expert placement, read from the checkpoint
-// on demand (zero-copy views of the mapping for BF16, dequantized once for FP8) and shared
-// between placements, so that a rebalance reads only the experts a rank newly holds.
+// on demand (zero-copy views of the mapping for BF16, dequantized once for FP8), prepared
+// once as the model prepares its own weights (INT8 at load, packed BF16:
+// DeepseekModel::prepare_routed_expert) and shared between placements, so that a rebalance
+// reads only the experts a rank newly holds.
 //
 // Thread-safety: one thread (the rank's engine thread) loads and trims; a returned Set is
 // immutable and may be read from any thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -32,10 +35,14 @@ class ExpertWeightsStore {
 
   static Result<std::unique_ptr<ExpertWeightsStore>> open(const std::string& model_dir);
 
+  // Called once per expert read, before it is cached: adds the forms the forward multiplies
+  // (may add a packed BF16 copy, after which the checkpoint's pages of it are dropped).
+  using Prepare = std::function<Status(MlpWeights&)>;
+
   // `rank`'s experts under `placement`, for decoder layers [0, num_layers) (include the MTP
-  // layer's index when it runs). Errors name the expert that could not be read.
+  // layer's index when it runs). Errors name the expert that could not be read or prepared.
   Result<std::shared_ptr<const Set>> load(const ExpertPlacement& placement, int rank,
-                                          int64_t num_layers);
+                                          int64_t num_layers, const Prepare& prepare = {});
   // Forgets cached experts that `keep` does not hold (their memory goes once no Set uses it).
   void trim(const Set& keep);
 

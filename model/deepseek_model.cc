@@ -15,7 +15,6 @@
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
-#include "kernels/matmul_packed_bf16.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
@@ -406,8 +405,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
     PS_RETURN_IF_ERROR(quantize_weights_int8(weights, options.quantize_lm_head));
   }
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
-  if (options.pack_bf16 && options.gemm_precision == GemmPrecision::kBf16 &&
-      kernels::packed_bf16_is_fast()) {
+  if (packs_bf16_weights(options)) {
     // The checkpoint's copy is read again only by the embedding lookup and the absorbed
     // attention's kv_b slices (which fault their pages back in): not kept resident.
     PS_RETURN_IF_ERROR(pack_weights_bf16(impl->weights, &impl->pool, [&](const LinearWeight& w) {
@@ -415,6 +413,15 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
     }));
   }
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
+}
+
+Status DeepseekModel::prepare_routed_expert(
+    MlpWeights& expert, const std::function<void(const LinearWeight&)>& packed) const {
+  if (impl_->options.quantize == WeightQuantization::kInt8) {
+    PS_RETURN_IF_ERROR(quantize_mlp_int8(expert));
+  }
+  if (packs_bf16_weights(impl_->options)) PS_RETURN_IF_ERROR(pack_mlp_bf16(expert, packed));
+  return ok_status();
 }
 
 const ModelConfig& DeepseekModel::config() const {

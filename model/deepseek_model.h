@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,6 +40,7 @@ namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
+struct LinearWeight;
 struct MlpWeights;
 
 class DeepseekModel {
@@ -111,6 +113,13 @@ class DeepseekModel {
   // num_hidden_layers), in the order of ModelOptions::routed_experts (all, in id order, by
   // default); empty for dense layers. Valid as long as the model.
   std::span<const MlpWeights> held_experts(int64_t layer) const;
+
+  // Gives a routed expert read from the checkpoint after load (an expert-parallel rank's
+  // own experts) the forms the model gave its own weights: INT8 with
+  // ModelOptions::quantize, the packed BF16 copy where the model packs. `packed` is called
+  // for each weight packed (e.g. to drop its checkpoint pages).
+  Status prepare_routed_expert(MlpWeights& expert,
+                               const std::function<void(const LinearWeight&)>& packed = {}) const;
 
   // The routed-expert executor (default: local execution with grouped GEMMs), and its
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/matmul_packed_bf16.h"
+
 namespace peerserve {
 namespace {
 
@@ -42,7 +44,28 @@ void add_layer(std::vector<Target>& out, DecoderLayerWeights& layer) {
   }
 }
 
+Status pack_one(const Target& target, const std::function<void(const LinearWeight&)>& packed_fn) {
+  LinearWeight& w = *target.weight;
+  auto packed = kernels::PackedBf16Matrix::pack({w.data, w.rows, w.cols, 0});
+  if (!packed.ok()) return packed.status().with_context("packing " + target.name);
+  w.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
+  if (packed_fn) packed_fn(w);
+  return ok_status();
+}
+
 }  // namespace
+
+bool packs_bf16_weights(const ModelOptions& options) {
+  return options.pack_bf16 && options.gemm_precision == GemmPrecision::kBf16 &&
+         kernels::packed_bf16_is_fast();
+}
+
+Status pack_mlp_bf16(MlpWeights& mlp, const std::function<void(const LinearWeight&)>& packed_fn) {
+  std::vector<Target> targets;
+  add_mlp(targets, mlp, "expert");
+  for (const Target& target : targets) PS_RETURN_IF_ERROR(pack_one(target, packed_fn));
+  return ok_status();
+}
 
 Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
                          const std::function<void(const LinearWeight&)>& packed_fn) {
@@ -59,17 +82,11 @@ Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
   Status failed = ok_status();
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      LinearWeight& w = *targets[static_cast<size_t>(i)].weight;
-      auto packed = kernels::PackedBf16Matrix::pack({w.data, w.rows, w.cols, 0});
-      if (!packed.ok()) {
+      Status s = pack_one(targets[static_cast<size_t>(i)], packed_fn);
+      if (!s.ok()) {
         const std::lock_guard<std::mutex> lock(mu);
-        if (failed.ok()) {
-          failed = packed.status().with_context("packing " + targets[static_cast<size_t>(i)].name);
-        }
-        continue;
+        if (failed.ok()) failed = std::move(s);
       }
-      w.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
-      if (packed_fn) packed_fn(w);
     }
   };
   const auto count = static_cast<int64_t>(targets.size());

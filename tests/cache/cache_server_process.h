@@ -28,7 +28,11 @@ class CacheServerProcess {
   CacheServerProcess() = default;
   CacheServerProcess(const CacheServerProcess&) = delete;
   CacheServerProcess& operator=(const CacheServerProcess&) = delete;
-  ~CacheServerProcess() { kill_hard(); }
+  ~CacheServerProcess() {
+    kill_hard();
+    std::error_code ignored;
+    if (!log_path_.empty()) std::filesystem::remove(log_path_, ignored);
+  }
 
   // Starts `peerserve cache-server --listen 127.0.0.1:<port> ARGS...` (port 0: any) and waits
   // up to `timeout` for it to print its address. False if it did not come up.

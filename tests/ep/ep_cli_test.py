@@ -165,8 +165,27 @@ def score_exact(model, n):
     return check
 
 
+def score_same_weights(model, n, extra):
+    """Each rank prepares the experts it reads as one process prepares all of them (BF16
+    repacked for the outer-product kernels, or W8A8 with --quantize int8): with fp32
+    dispatch the logits are bit for bit those of one process with the same options. On the
+    shipped model unpacked BF16 experts move the logits by ~1e-2, BF16 experts instead of
+    INT8 ones by ~5e-3."""
+    def check():
+        single = score(model, 1, extra)
+        multi = score(model, n, list(extra) + ["--ep-dispatch-dtype", "fp32"])
+        rel, top1 = compare_logits(single, multi)
+        assert rel == 0.0, f"{' '.join(extra)}: EP={n} differs from one process: max rel {rel:.3g}"
+        assert top1 == 1.0
+    return check
+
+
 case("tiny V3 score EP=2 fp32 bitwise", score_exact(tiny, 2))
 case("tiny V2 score EP=2 fp32 bitwise", score_exact(make_model("tiny-v2"), 2))
+case("shipped score --precision bf16 EP=2 fp32 dispatch bitwise (packed BF16 experts)",
+     score_same_weights(shipped, 2, ["--precision", "bf16"]))
+case("shipped score --quantize int8 EP=2 fp32 dispatch bitwise (INT8 experts)",
+     score_same_weights(shipped, 2, ["--precision", "bf16", "--quantize", "int8"]))
 
 
 def score_rounded(model, dtype, tolerance):
