@@ -156,6 +156,13 @@ TEST_F(MatmulInt8Test, RejectsBadWeightsWithAClearError) {
   ASSERT_FALSE(bad_value.ok());
   EXPECT_NE(bad_value.status().message().find("-128 at row 1, column 0"), std::string::npos)
       << bad_value.status().message();
+  // Past the first vector of a row: the error still names the column.
+  std::vector<int8_t> wide_row(2 * 80, int8_t{5});
+  wide_row[80 + 77] = -128;
+  auto bad_wide = PackedInt8Matrix::pack({{wide_row.data(), 2, 80, 0}, scales.data()});
+  ASSERT_FALSE(bad_wide.ok());
+  EXPECT_NE(bad_wide.status().message().find("-128 at row 1, column 77"), std::string::npos)
+      << bad_wide.status().message();
   values[2] = 3;
   scales[1] = -1.0f;
   auto bad_scale = PackedInt8Matrix::pack({{values.data(), 2, 2, 0}, scales.data()});
