@@ -5,8 +5,8 @@
 // condition variable, each rank deposits its contribution and waits for the rest) and the
 // windows' buffers, one heap buffer per rank, kept alive by every rank's Window so that a
 // rank that leaves early cannot pull memory from under a peer. direct() gives every peer's
-// buffer, put() is a memcpy into it, signal() an atomic release store, wait_at_least() an acquire-load poll
-// that yields the core (ranks may outnumber cores).
+// buffer, put() is a memcpy into it, signal() an atomic release store, wait_at_least() an
+// acquire-load poll that yields the core (ranks may outnumber cores).
 //
 // A wait that times out marks the whole group broken: every later or pending operation
 // of every rank fails with the first error, as a real job would after losing a rank.

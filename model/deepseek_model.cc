@@ -415,12 +415,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }
 
-Status DeepseekModel::prepare_routed_expert(
-    MlpWeights& expert, const std::function<void(const LinearWeight&)>& packed) const {
+Status DeepseekModel::prepare_routed_expert(MlpWeights& expert) const {
   if (impl_->options.quantize == WeightQuantization::kInt8) {
     PS_RETURN_IF_ERROR(quantize_mlp_int8(expert));
   }
-  if (packs_bf16_weights(impl_->options)) PS_RETURN_IF_ERROR(pack_mlp_bf16(expert, packed));
+  if (packs_bf16_weights(impl_->options)) PS_RETURN_IF_ERROR(pack_mlp_bf16(expert));
   return ok_status();
 }
 

@@ -23,7 +23,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,7 +39,6 @@ namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
-struct LinearWeight;
 struct MlpWeights;
 
 class DeepseekModel {
@@ -116,10 +114,8 @@ class DeepseekModel {
 
   // Gives a routed expert read from the checkpoint after load (an expert-parallel rank's
   // own experts) the forms the model gave its own weights: INT8 with
-  // ModelOptions::quantize, the packed BF16 copy where the model packs. `packed` is called
-  // for each weight packed (e.g. to drop its checkpoint pages).
-  Status prepare_routed_expert(MlpWeights& expert,
-                               const std::function<void(const LinearWeight&)>& packed = {}) const;
+  // ModelOptions::quantize, the packed BF16 copy where the model packs.
+  Status prepare_routed_expert(MlpWeights& expert) const;
 
   // The routed-expert executor (default: local execution with grouped GEMMs), and its
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).

@@ -60,10 +60,10 @@ bool packs_bf16_weights(const ModelOptions& options) {
          kernels::packed_bf16_is_fast();
 }
 
-Status pack_mlp_bf16(MlpWeights& mlp, const std::function<void(const LinearWeight&)>& packed_fn) {
+Status pack_mlp_bf16(MlpWeights& mlp) {
   std::vector<Target> targets;
   add_mlp(targets, mlp, "expert");
-  for (const Target& target : targets) PS_RETURN_IF_ERROR(pack_one(target, packed_fn));
+  for (const Target& target : targets) PS_RETURN_IF_ERROR(pack_one(target, {}));
   return ok_status();
 }
 

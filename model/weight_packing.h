@@ -24,9 +24,9 @@ namespace peerserve {
 // readable, e.g. Checkpoint::release_pages).
 Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
                          const std::function<void(const LinearWeight&)>& packed = {});
-// One MLP's gate, up and down (a routed expert read later, e.g. by an expert-parallel rank);
-// `packed` as above, from the calling thread.
-Status pack_mlp_bf16(MlpWeights& mlp, const std::function<void(const LinearWeight&)>& packed = {});
+// One MLP's gate, up and down (a routed expert read later, e.g. by an expert-parallel rank),
+// on the calling thread.
+Status pack_mlp_bf16(MlpWeights& mlp);
 
 // Whether a model loaded with `options` packs its BF16 weights on this CPU: asked for, bf16
 // activations, and a kernel level where the packed products are the faster ones.

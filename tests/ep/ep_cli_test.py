@@ -168,9 +168,9 @@ def score_exact(model, n):
 def score_same_weights(model, n, extra):
     """Each rank prepares the experts it reads as one process prepares all of them (BF16
     repacked for the outer-product kernels, or W8A8 with --quantize int8): with fp32
-    dispatch the logits are bit for bit those of one process with the same options. On the
-    shipped model unpacked BF16 experts move the logits by ~1e-2, BF16 experts instead of
-    INT8 ones by ~5e-3."""
+    dispatch the logits are bit for bit those of one process with the same options. Before
+    the ranks did so, on the shipped model: max relative difference 8.6e-4 (unpacked BF16
+    experts on the ranks) and 2.0e-2 (BF16 experts on the ranks under --quantize int8)."""
     def check():
         single = score(model, 1, extra)
         multi = score(model, n, list(extra) + ["--ep-dispatch-dtype", "fp32"])
