@@ -401,10 +401,10 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
                                                                       const ModelOptions& options) {
   PS_ASSIGN_OR_RETURN(DeepseekWeights weights,
                       load_deepseek_weights(checkpoint, options.load_mtp, options.routed_experts));
-  if (options.quantize == WeightQuantization::kInt8) {
-    PS_RETURN_IF_ERROR(quantize_weights_int8(weights, options.quantize_lm_head));
-  }
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
+  if (options.quantize == WeightQuantization::kInt8) {
+    PS_RETURN_IF_ERROR(quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool));
+  }
   if (packs_bf16_weights(options)) {
     // The checkpoint's copy is read again only by the embedding lookup and the absorbed
     // attention's kv_b slices (which fault their pages back in): not kept resident.

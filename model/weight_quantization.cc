@@ -1,7 +1,9 @@
 #include "model/weight_quantization.h"
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace peerserve {
 namespace {
@@ -10,55 +12,98 @@ kernels::MatrixView<bf16> view(const LinearWeight& w) {
   return kernels::MatrixView<bf16>{w.data, w.rows, w.cols, 0};
 }
 
-Status quantize_linear(LinearWeight& w, const char* what) {
-  if (w.data == nullptr || w.int8) return ok_status();
-  auto packed = kernels::PackedInt8Matrix::quantize(view(w));
-  if (!packed.ok()) return packed.status().with_context(std::string("quantizing ") + what);
-  w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
-  return ok_status();
-}
+// One INT8 form to build: a linear weight's, or an MLP's fused gate/up.
+struct Job {
+  LinearWeight* linear = nullptr;
+  MlpWeights* gate_up = nullptr;
+  std::string name;
+};
 
-Status quantize_attention(AttentionWeights& a) {
-  if (a.q_a) PS_RETURN_IF_ERROR(quantize_linear(*a.q_a, "q_a_proj"));
-  if (a.q_b) PS_RETURN_IF_ERROR(quantize_linear(*a.q_b, "q_b_proj"));
-  if (a.q_proj) PS_RETURN_IF_ERROR(quantize_linear(*a.q_proj, "q_proj"));
-  PS_RETURN_IF_ERROR(quantize_linear(a.kv_a, "kv_a_proj_with_mqa"));
-  return quantize_linear(a.o_proj, "o_proj");
-}
-
-Status quantize_layer(DecoderLayerWeights& layer) {
-  PS_RETURN_IF_ERROR(quantize_attention(layer.attention));
-  if (layer.dense_mlp) PS_RETURN_IF_ERROR(quantize_mlp_int8(*layer.dense_mlp));
-  if (layer.moe) {
-    if (layer.moe->shared) PS_RETURN_IF_ERROR(quantize_mlp_int8(*layer.moe->shared));
-    for (MlpWeights& expert : layer.moe->experts) PS_RETURN_IF_ERROR(quantize_mlp_int8(expert));
+Status run(const Job& job) {
+  if (job.linear != nullptr) {
+    LinearWeight& w = *job.linear;
+    if (w.data == nullptr || w.int8) return ok_status();
+    auto packed = kernels::PackedInt8Matrix::quantize(view(w));
+    if (!packed.ok()) return packed.status().with_context("quantizing " + job.name);
+    w.int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
+    return ok_status();
   }
+  MlpWeights& mlp = *job.gate_up;
+  if (mlp.gate_up_int8) return ok_status();
+  auto packed = kernels::PackedInt8Matrix::quantize_gate_up(view(mlp.gate), view(mlp.up));
+  if (!packed.ok()) return packed.status().with_context("quantizing " + job.name);
+  mlp.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
   return ok_status();
+}
+
+void add(std::vector<Job>& jobs, LinearWeight& w, std::string name) {
+  jobs.push_back({&w, nullptr, std::move(name)});
+}
+
+void add_mlp(std::vector<Job>& jobs, MlpWeights& mlp, const std::string& name) {
+  add(jobs, mlp.gate, name + " gate_proj");
+  add(jobs, mlp.up, name + " up_proj");
+  add(jobs, mlp.down, name + " down_proj");
+  jobs.push_back({nullptr, &mlp, name + " gate_proj/up_proj"});
+}
+
+void add_layer(std::vector<Job>& jobs, DecoderLayerWeights& layer, const std::string& name) {
+  AttentionWeights& a = layer.attention;
+  if (a.q_a) add(jobs, *a.q_a, name + " q_a_proj");
+  if (a.q_b) add(jobs, *a.q_b, name + " q_b_proj");
+  if (a.q_proj) add(jobs, *a.q_proj, name + " q_proj");
+  add(jobs, a.kv_a, name + " kv_a_proj_with_mqa");
+  add(jobs, a.o_proj, name + " o_proj");
+  if (layer.dense_mlp) add_mlp(jobs, *layer.dense_mlp, name + " mlp");
+  if (layer.moe) {
+    if (layer.moe->shared) add_mlp(jobs, *layer.moe->shared, name + " shared expert");
+    for (size_t e = 0; e < layer.moe->experts.size(); ++e) {
+      add_mlp(jobs, layer.moe->experts[e], name + " expert " + std::to_string(e));
+    }
+  }
+}
+
+Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
+  std::mutex mu;
+  Status failed = ok_status();
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      Status s = run(jobs[static_cast<size_t>(i)]);
+      if (!s.ok()) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (failed.ok()) failed = std::move(s);
+      }
+    }
+  };
+  const auto count = static_cast<int64_t>(jobs.size());
+  if (pool == nullptr || pool->num_threads() == 1) {
+    work(0, count);
+  } else {
+    pool->parallel_for(count, work);
+  }
+  return failed;
 }
 
 }  // namespace
 
 Status quantize_mlp_int8(MlpWeights& mlp) {
-  PS_RETURN_IF_ERROR(quantize_linear(mlp.gate, "gate_proj"));
-  PS_RETURN_IF_ERROR(quantize_linear(mlp.up, "up_proj"));
-  PS_RETURN_IF_ERROR(quantize_linear(mlp.down, "down_proj"));
-  if (!mlp.gate_up_int8) {
-    auto packed = kernels::PackedInt8Matrix::quantize_gate_up(view(mlp.gate), view(mlp.up));
-    if (!packed.ok()) return packed.status().with_context("quantizing gate_proj/up_proj");
-    mlp.gate_up_int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(packed).value());
-  }
-  return ok_status();
+  std::vector<Job> jobs;
+  add_mlp(jobs, mlp, "expert");
+  return run_all(jobs, nullptr);
 }
 
-Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head) {
-  for (DecoderLayerWeights& layer : weights.layers) PS_RETURN_IF_ERROR(quantize_layer(layer));
-  if (weights.mtp) {
-    PS_RETURN_IF_ERROR(quantize_linear(weights.mtp->eh_proj, "mtp eh_proj"));
-    PS_RETURN_IF_ERROR(quantize_layer(weights.mtp->layer));
-    if (lm_head) PS_RETURN_IF_ERROR(quantize_linear(weights.mtp->head, "mtp shared_head"));
+Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool) {
+  std::vector<Job> jobs;
+  for (DecoderLayerWeights& layer : weights.layers) {
+    add_layer(jobs, layer, "layer " + std::to_string(layer.index));
   }
-  if (lm_head) PS_RETURN_IF_ERROR(quantize_linear(weights.lm_head, "lm_head"));
-  return ok_status();
+  if (weights.mtp) {
+    add(jobs, weights.mtp->eh_proj, "mtp eh_proj");
+    add_layer(jobs, weights.mtp->layer, "mtp layer");
+    if (lm_head) add(jobs, weights.mtp->head, "mtp shared_head");
+  }
+  if (lm_head) add(jobs, weights.lm_head, "lm_head");
+  return run_all(jobs, pool);
 }
 
 }  // namespace peerserve

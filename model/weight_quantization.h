@@ -10,12 +10,14 @@
 #pragma once
 
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "model/deepseek_weights.h"
 
 namespace peerserve {
 
-// Adds the INT8 forms; InvalidArgument for a weight the kernels cannot take (k too large).
-Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head);
+// Adds the INT8 forms, matrices spread over `pool`'s threads (nullptr: the calling thread);
+// InvalidArgument for a weight the kernels cannot take (k too large), naming it.
+Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool = nullptr);
 // One MLP (a routed expert loaded later, e.g. by an expert rebalance).
 Status quantize_mlp_int8(MlpWeights& mlp);
 

@@ -91,6 +91,9 @@ TEST_F(MatmulInt8Test, QuantizesWeightsPerRowWithRoundToNearest) {
   std::vector<float> w = rng.floats(static_cast<size_t>(n * stride), -3, 3);
   for (int64_t p = 0; p < k; ++p) w[static_cast<size_t>(5 * stride + p)] = 0.0f;  // zero row
   w[static_cast<size_t>(2 * stride + 3)] = 4.5f;  // this row's absmax
+  // Exact ties (absmax 127: the multiplier is 1): round half to even, as nearbyint does.
+  const float ties[] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f, 3.5f};
+  for (size_t p = 0; p < std::size(ties); ++p) w[static_cast<size_t>(7 * stride) + p] = ties[p];
   auto packed = PackedInt8Matrix::quantize(MatrixView<float>{w.data(), n, k, stride});
   ASSERT_TRUE(packed.ok()) << packed.status().to_string();
   EXPECT_EQ(packed->rows(), n);
@@ -99,6 +102,10 @@ TEST_F(MatmulInt8Test, QuantizesWeightsPerRowWithRoundToNearest) {
   EXPECT_EQ(packed->scale(2), 4.5f / 127.0f);
   EXPECT_EQ(packed->value(2, 3), 127);
   EXPECT_EQ(packed->scale(5), 0.0f);
+  EXPECT_EQ(packed->value(7, 3), 2);     // 2.5
+  EXPECT_EQ(packed->value(7, 7), 126);   // 126.5
+  EXPECT_EQ(packed->value(7, 8), -126);  // -126.5
+  EXPECT_EQ(packed->value(7, 9), 4);     // 3.5
   std::vector<float> row(static_cast<size_t>(k));
   for (int64_t j = 0; j < n; ++j) {
     float absmax = 0;
@@ -173,6 +180,12 @@ TEST_F(MatmulInt8Test, RejectsBadWeightsWithAClearError) {
   auto nan = PackedInt8Matrix::quantize(MatrixView<float>{w.data(), 2, 2, 0});
   ASSERT_FALSE(nan.ok());
   EXPECT_NE(nan.status().message().find("row 1, column 0 is not finite"), std::string::npos);
+  std::vector<float> wide_w(2 * 80, 0.25f);
+  wide_w[80 + 77] = -std::numeric_limits<float>::infinity();
+  auto inf = PackedInt8Matrix::quantize(MatrixView<float>{wide_w.data(), 2, 80, 0});
+  ASSERT_FALSE(inf.ok());
+  EXPECT_NE(inf.status().message().find("row 1, column 77 is not finite"), std::string::npos)
+      << inf.status().message();
   auto stride = PackedInt8Matrix::quantize(MatrixView<float>{w.data(), 2, 2, 1});
   EXPECT_EQ(stride.status().code(), StatusCode::kInvalidArgument);
   auto null = PackedInt8Matrix::quantize(MatrixView<float>{nullptr, 2, 2, 0});
