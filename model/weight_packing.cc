@@ -1,11 +1,10 @@
 #include "model/weight_packing.h"
 
-#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/parallel_status.h"
 #include "kernels/matmul_packed_bf16.h"
 
 namespace peerserve {
@@ -77,25 +76,9 @@ Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
     add(targets, weights.mtp->head, "mtp shared_head");
   }
   add(targets, weights.lm_head, "lm_head");
-
-  std::mutex mu;
-  Status failed = ok_status();
-  auto pack = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Status s = pack_one(targets[static_cast<size_t>(i)], packed_fn);
-      if (!s.ok()) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (failed.ok()) failed = std::move(s);
-      }
-    }
-  };
-  const auto count = static_cast<int64_t>(targets.size());
-  if (pool == nullptr || pool->num_threads() == 1) {
-    pack(0, count);
-  } else {
-    pool->parallel_for(count, pack);
-  }
-  return failed;
+  return parallel_for_each(pool, static_cast<int64_t>(targets.size()), [&](int64_t i) {
+    return pack_one(targets[static_cast<size_t>(i)], packed_fn);
+  });
 }
 
 }  // namespace peerserve

@@ -1,9 +1,10 @@
 #include "model/weight_quantization.h"
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "base/parallel_status.h"
 
 namespace peerserve {
 namespace {
@@ -64,24 +65,8 @@ void add_layer(std::vector<Job>& jobs, DecoderLayerWeights& layer, const std::st
 }
 
 Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
-  std::mutex mu;
-  Status failed = ok_status();
-  auto work = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Status s = run(jobs[static_cast<size_t>(i)]);
-      if (!s.ok()) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (failed.ok()) failed = std::move(s);
-      }
-    }
-  };
-  const auto count = static_cast<int64_t>(jobs.size());
-  if (pool == nullptr || pool->num_threads() == 1) {
-    work(0, count);
-  } else {
-    pool->parallel_for(count, work);
-  }
-  return failed;
+  return parallel_for_each(pool, static_cast<int64_t>(jobs.size()),
+                           [&](int64_t i) { return run(jobs[static_cast<size_t>(i)]); });
 }
 
 }  // namespace
