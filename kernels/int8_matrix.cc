@@ -56,18 +56,18 @@ float to_float(bf16 v) {
   return bf16_to_float(v);
 }
 
-// Symmetric round-to-nearest quantization of one finite row (see int8_matrix.h); returns
-// the scale. Both loops vectorize (this file is built with -O3): the absmax as the largest
-// sign-cleared bit pattern (for finite floats the integer order is the float order), and
-// nearbyint as adding and subtracting 1.5 * 2^23, which rounds |v| < 2^22 to the nearest
-// integer, ties to even, in the default rounding mode — the same values as the library
-// call, which cost a call per weight.
-float quantize_row(const float* w, int64_t k, int8_t* q) {
+// Symmetric round-to-nearest quantization of one finite row with the range clipped to
+// ratio * absmax (see int8_matrix.h); returns the scale. Both loops vectorize (this file is built
+// with -O3): the absmax as the largest sign-cleared bit pattern (for finite floats the integer
+// order is the float order), and nearbyint as adding and subtracting 1.5 * 2^23, which rounds |v| <
+// 2^22 to the nearest integer, ties to even, in the default rounding mode — the same values as the
+// library call, which cost a call per weight.
+float quantize_row(const float* w, int64_t k, int8_t* q, float ratio = 1.0f) {
   uint32_t max_bits = 0;
   for (int64_t p = 0; p < k; ++p) {
     max_bits = std::max(max_bits, std::bit_cast<uint32_t>(w[p]) & 0x7fffffffu);
   }
-  const float absmax = std::bit_cast<float>(max_bits);
+  const float absmax = std::bit_cast<float>(max_bits) * ratio;  // exact for ratio 1
   if (absmax == 0.0f) {
     std::fill_n(q, k, int8_t{0});
     return 0.0f;
@@ -75,7 +75,9 @@ float quantize_row(const float* w, int64_t k, int8_t* q) {
   constexpr float kRound = 12582912.0f;
   const float inv = 127.0f / absmax;
   for (int64_t p = 0; p < k; ++p) {
-    // |w[p] * inv| <= 127 (1 + 2^-22) < 2^22; the clamp keeps a rounding past 127 out.
+    // Unclipped, |w[p] * inv| <= 127 (1 + 2^-22) < 2^22, where the trick is exact. Clipped,
+    // a value can be larger: its rounding may then be off, but it stays far beyond 127 with
+    // its sign, and the clamp gives +-127 as for an exact rounding.
     const float v = std::clamp((w[p] * inv + kRound) - kRound, -127.0f, 127.0f);
     q[p] = static_cast<int8_t>(static_cast<int32_t>(v));
   }
@@ -87,6 +89,12 @@ float quantize_row(const float* w, int64_t k, int8_t* q) {
 float quantize_int8_row(std::span<const float> w, std::span<int8_t> q) {
   PS_CHECK(w.size() == q.size());
   return quantize_row(w.data(), static_cast<int64_t>(w.size()), q.data());
+}
+
+float quantize_int8_row_clipped(std::span<const float> w, float ratio, std::span<int8_t> q) {
+  PS_CHECK(w.size() == q.size());
+  PS_CHECK(ratio > 0.0f && ratio <= 1.0f) << "clipping ratio " << ratio;
+  return quantize_row(w.data(), static_cast<int64_t>(w.size()), q.data(), ratio);
 }
 
 PackedInt8Matrix::PackedInt8Matrix(int64_t rows, int64_t cols, bool gate_up)

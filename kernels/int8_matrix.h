@@ -64,6 +64,10 @@ inline constexpr int64_t kMaxInt8Cols = 65536;
 // Offline writers of INT8 checkpoints use it so that a stored weight packs to exactly what
 // quantizing at load gives. REQUIRES: q.size() == w.size().
 float quantize_int8_row(std::span<const float> w, std::span<int8_t> q);
+// The same with the range clipped to ratio * absmax (0 < ratio <= 1; values beyond it give
+// +-127) and the scale ratio * absmax / 127: the clipping step of the offline pipeline
+// (model/int8_calibration.h). Ratio 1 is quantize_int8_row. REQUIRES: finite w.
+float quantize_int8_row_clipped(std::span<const float> w, float ratio, std::span<int8_t> q);
 
 class PackedInt8Matrix {
  public:

@@ -103,8 +103,8 @@ void fake_quantize_rows(const float* w, int64_t rows, int64_t cols, const float*
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = w + r * cols;
     for (int64_t c = 0; c < cols; ++c) scaled[c] = s != nullptr ? src[c] * s[c] : src[c];
-    const float scale = quantize_int8_row_clipped(scaled.data(), cols,
-                                                  ratio != nullptr ? ratio[r] : 1.0f, q.data());
+    const float scale =
+        kernels::quantize_int8_row_clipped(scaled, ratio != nullptr ? ratio[r] : 1.0f, q);
     for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = q[c] * scale;
   }
 }
@@ -139,7 +139,7 @@ std::vector<float> fake_quantize_input(const Member& m, const float* s) {
   for (int64_t i = 0; i < n; ++i) {
     const float* x = m.x->rows.data() + i * m.cols;
     for (int64_t c = 0; c < m.cols; ++c) row[c] = s != nullptr ? x[c] / s[c] : x[c];
-    const float scale = quantize_int8_row_clipped(row.data(), m.cols, 1.0f, q.data());
+    const float scale = kernels::quantize_int8_row(row, q);
     for (int64_t c = 0; c < m.cols; ++c) out[i * m.cols + c] = q[c] * scale;
   }
   return out;
@@ -286,21 +286,6 @@ GroupSpec make_group(std::string name, std::string norm) {
 }
 
 }  // namespace
-
-float quantize_int8_row_clipped(const float* w, int64_t k, float ratio, int8_t* q) {
-  float absmax = 0.0f;
-  for (int64_t p = 0; p < k; ++p) absmax = std::max(absmax, std::fabs(w[p]));
-  absmax *= ratio;
-  if (absmax == 0.0f) {
-    std::fill_n(q, k, int8_t{0});
-    return 0.0f;
-  }
-  const float inv = 127.0f / absmax;
-  for (int64_t p = 0; p < k; ++p) {
-    q[p] = static_cast<int8_t>(std::clamp(std::nearbyint(w[p] * inv), -127.0f, 127.0f));
-  }
-  return absmax / 127.0f;
-}
 
 Result<Int8PipelineOptions> parse_int8_pipeline(const std::string& name) {
   Int8PipelineOptions o;

@@ -105,8 +105,4 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
                                       std::span<const int32_t> tokens, int32_t bos_id,
                                       const CalibrationOptions& options);
 
-// Symmetric per-row quantization with the range clipped to ratio * absmax (ratio 1: exactly
-// kernels::quantize_int8_row); returns the scale.
-float quantize_int8_row_clipped(const float* w, int64_t k, float ratio, int8_t* q);
-
 }  // namespace peerserve

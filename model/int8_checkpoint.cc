@@ -123,11 +123,10 @@ Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned
                                     std::to_string(c) + "]");
           }
         }
-        scales[r] = clip != nullptr ? quantize_int8_row_clipped(values.data() + r * cols, cols,
-                                                                (*clip)[r], q.data() + r * cols)
-                                    : kernels::quantize_int8_row(
-                                          {values.data() + r * cols, static_cast<size_t>(cols)},
-                                          {q.data() + r * cols, static_cast<size_t>(cols)});
+        const std::span<const float> row(values.data() + r * cols, static_cast<size_t>(cols));
+        const std::span<int8_t> row_q(q.data() + r * cols, static_cast<size_t>(cols));
+        scales[r] = clip != nullptr ? kernels::quantize_int8_row_clipped(row, (*clip)[r], row_q)
+                                    : kernels::quantize_int8_row(row, row_q);
       }
       std::vector<TensorToWrite> out;
       out.push_back({spec.name, DType::kI8, spec.shape, to_bytes(q.data(), q.size())});

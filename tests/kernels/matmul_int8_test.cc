@@ -126,6 +126,27 @@ TEST_F(MatmulInt8Test, QuantizesWeightsPerRowWithRoundToNearest) {
   }
 }
 
+TEST_F(MatmulInt8Test, ClippedRowQuantizationRoundsToNearestWithinTheClippedRange) {
+  Random rng(11);
+  std::vector<float> w = rng.floats(300, -2, 2);
+  w[17] = 2.5f;  // the absmax
+  std::vector<int8_t> a(w.size()), b(w.size());
+  // Ratio 1 is the plain quantization.
+  EXPECT_EQ(quantize_int8_row_clipped(w, 1.0f, a), quantize_int8_row(w, b));
+  EXPECT_EQ(a, b);
+  for (const float ratio : {0.8f, 0.5f, 1e-3f, 1e-6f}) {  // 1e-6: |w / scale| past 2^22
+    const float scale = quantize_int8_row_clipped(w, ratio, a);
+    const float clipped = 2.5f * ratio;
+    EXPECT_EQ(scale, clipped / 127.0f) << ratio;
+    for (size_t p = 0; p < w.size(); ++p) {
+      // Against the library rounding of the same product, then the clip.
+      const float expected = std::clamp(std::nearbyint(w[p] * (127.0f / clipped)), -127.0f, 127.0f);
+      ASSERT_EQ(a[p], static_cast<int8_t>(expected)) << "ratio " << ratio << " p " << p;
+    }
+    EXPECT_EQ(a[17], 127);
+  }
+}
+
 TEST_F(MatmulInt8Test, PacksGivenInt8WeightsAndTheGateUpLayout) {
   const int64_t rows = 19, k = 10;
   std::vector<int8_t> values(static_cast<size_t>(rows * k));
