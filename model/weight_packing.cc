@@ -6,6 +6,7 @@
 
 #include "base/parallel_status.h"
 #include "kernels/matmul_packed_bf16.h"
+#include "model/layer_linear_weights.h"
 
 namespace peerserve {
 namespace {
@@ -19,28 +20,11 @@ void add(std::vector<Target>& out, LinearWeight& w, std::string name) {
   if (w.data != nullptr && !w.int8 && !w.bf16_packed) out.push_back({&w, std::move(name)});
 }
 
-void add_mlp(std::vector<Target>& out, MlpWeights& mlp, const std::string& name) {
-  add(out, mlp.gate, name + " gate_proj");
-  add(out, mlp.up, name + " up_proj");
-  add(out, mlp.down, name + " down_proj");
-}
-
+// Every weight of the layer the forward multiplies (kv_b too: the prefill decompresses the
+// context with it).
 void add_layer(std::vector<Target>& out, DecoderLayerWeights& layer) {
-  const std::string name = "layer " + std::to_string(layer.index);
-  AttentionWeights& a = layer.attention;
-  if (a.q_a) add(out, *a.q_a, name + " q_a_proj");
-  if (a.q_b) add(out, *a.q_b, name + " q_b_proj");
-  if (a.q_proj) add(out, *a.q_proj, name + " q_proj");
-  add(out, a.kv_a, name + " kv_a_proj_with_mqa");
-  add(out, a.kv_b, name + " kv_b_proj");
-  add(out, a.o_proj, name + " o_proj");
-  if (layer.dense_mlp) add_mlp(out, *layer.dense_mlp, name + " mlp");
-  if (layer.moe) {
-    if (layer.moe->shared) add_mlp(out, *layer.moe->shared, name + " shared expert");
-    for (size_t e = 0; e < layer.moe->experts.size(); ++e) {
-      add_mlp(out, layer.moe->experts[e], name + " expert " + std::to_string(e));
-    }
-  }
+  for_each_layer_linear(layer, "layer " + std::to_string(layer.index),
+                        [&](LinearWeight& w, const std::string& name) { add(out, w, name); });
 }
 
 Status pack_one(const Target& target, const std::function<void(const LinearWeight&)>& packed_fn) {
@@ -61,7 +45,8 @@ bool packs_bf16_weights(const ModelOptions& options) {
 
 Status pack_mlp_bf16(MlpWeights& mlp) {
   std::vector<Target> targets;
-  add_mlp(targets, mlp, "expert");
+  for_each_mlp_linear(mlp, "expert",
+                      [&](LinearWeight& w, const std::string& name) { add(targets, w, name); });
   for (const Target& target : targets) PS_RETURN_IF_ERROR(pack_one(target, {}));
   return ok_status();
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/parallel_status.h"
+#include "model/layer_linear_weights.h"
 
 namespace peerserve {
 namespace {
@@ -41,27 +42,28 @@ void add(std::vector<Job>& jobs, LinearWeight& w, std::string name) {
   jobs.push_back({&w, nullptr, std::move(name)});
 }
 
-void add_mlp(std::vector<Job>& jobs, MlpWeights& mlp, const std::string& name) {
-  add(jobs, mlp.gate, name + " gate_proj");
-  add(jobs, mlp.up, name + " up_proj");
-  add(jobs, mlp.down, name + " down_proj");
-  jobs.push_back({nullptr, &mlp, name + " gate_proj/up_proj"});
+// An MLP's fused gate/up form, after its three weights.
+MlpVisitor add_gate_up(std::vector<Job>& jobs) {
+  return [&jobs](MlpWeights& m, const std::string& name) {
+    jobs.push_back({nullptr, &m, name + " gate_proj/up_proj"});
+  };
 }
 
+void add_mlp(std::vector<Job>& jobs, MlpWeights& mlp, const std::string& name) {
+  for_each_mlp_linear(
+      mlp, name, [&](LinearWeight& w, const std::string& n) { add(jobs, w, n); },
+      add_gate_up(jobs));
+}
+
+// Every weight of the layer the forward multiplies but kv_b (the absorbed attention reads
+// its per-head BF16 slices).
 void add_layer(std::vector<Job>& jobs, DecoderLayerWeights& layer, const std::string& name) {
-  AttentionWeights& a = layer.attention;
-  if (a.q_a) add(jobs, *a.q_a, name + " q_a_proj");
-  if (a.q_b) add(jobs, *a.q_b, name + " q_b_proj");
-  if (a.q_proj) add(jobs, *a.q_proj, name + " q_proj");
-  add(jobs, a.kv_a, name + " kv_a_proj_with_mqa");
-  add(jobs, a.o_proj, name + " o_proj");
-  if (layer.dense_mlp) add_mlp(jobs, *layer.dense_mlp, name + " mlp");
-  if (layer.moe) {
-    if (layer.moe->shared) add_mlp(jobs, *layer.moe->shared, name + " shared expert");
-    for (size_t e = 0; e < layer.moe->experts.size(); ++e) {
-      add_mlp(jobs, layer.moe->experts[e], name + " expert " + std::to_string(e));
-    }
-  }
+  for_each_layer_linear(
+      layer, name,
+      [&](LinearWeight& w, const std::string& n) {
+        if (&w != &layer.attention.kv_b) add(jobs, w, n);
+      },
+      add_gate_up(jobs));
 }
 
 Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
