@@ -9,6 +9,7 @@
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/softmax.h"
+#include "kernels/transpose.h"
 #include "kernels/vector_ops.h"
 
 namespace peerserve {
@@ -145,16 +146,11 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
   // read in place from s.kv.
   s.keys_t.resize(heads * nope * context);
   s.rope_keys_t.resize(rope * context);
-  for (int64_t j = 0; j < context; ++j) {
-    for (int64_t d = 0; d < rope; ++d) s.rope_keys_t[d * context + j] = s.ctx[j * width + lora + d];
-  }
+  kernels::transpose(s.ctx.data() + lora, width, context, rope, s.rope_keys_t.data(), context);
   ctx.pool->parallel_for(heads, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
-      float* keys_t = s.keys_t.data() + h * nope * context;
-      for (int64_t j = 0; j < context; ++j) {
-        const float* k_nope = s.kv.data() + j * kv_width + h * (nope + v);
-        for (int64_t d = 0; d < nope; ++d) keys_t[d * context + j] = k_nope[d];
-      }
+      kernels::transpose(s.kv.data() + h * (nope + v), kv_width, context, nope,
+                         s.keys_t.data() + h * nope * context, context);
     }
   });
 
