@@ -213,6 +213,39 @@ TEST_F(MatmulTest, RowsAreBitwiseIndependentOfBatchAndThreads) {
   }
 }
 
+// A column's bits do not depend on which register block computed it: every column range
+// (full 6- or 8-column blocks, then tails of 4, 2 and 1) gives the full product's bits.
+TEST_F(MatmulTest, ColumnsAreBitwiseIndependentOfTheColumnsComputedWithThem) {
+  for (const Shape s : {Shape{5, 23, 77}, Shape{1, 23, 300}, Shape{16, 16, 288}}) {
+    const Problem p = make_problem(s.m, s.n, s.k, 9 + s.n + s.k);
+    for (IsaLevel level : levels_to_test()) {
+      ScopedIsaLevel isa(level);
+      for (ActivationPrecision precision :
+           {ActivationPrecision::kFp32, ActivationPrecision::kBf16}) {
+        SCOPED_TRACE(level_label(level) + " m=" + std::to_string(s.m) +
+                     (precision == ActivationPrecision::kBf16 ? " bf16" : " fp32"));
+        std::vector<float> full(static_cast<size_t>(s.m * s.n));
+        matmul_bf16(rows_of(p, 0, s.m, full.data()), precision, nullptr);
+        for (int64_t begin = 0; begin < s.n; ++begin) {
+          for (int64_t count : {1, 2, 3, 4, 5, 7, 11}) {
+            if (begin + count > s.n) continue;
+            std::vector<float> part(static_cast<size_t>(s.m * count));
+            MatmulBf16Args a = rows_of(p, 0, s.m, part.data());
+            a.w = p.w.data() + begin * s.k;
+            a.n = count;
+            matmul_bf16(a, precision, nullptr);
+            for (int64_t i = 0; i < s.m; ++i) {
+              ASSERT_TRUE(bitwise_equal(part.data() + i * count, full.data() + i * s.n + begin,
+                                        count))
+                  << "row " << i << ", columns " << begin << "+" << count;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_F(MatmulTest, GroupedEqualsEachProblemAloneBitwise) {
   // Expert-like problems: few tokens each, different shapes, one with an odd weight stride.
   std::vector<Problem> problems;

@@ -75,6 +75,27 @@ TEST(DeepseekModelTest, AbsorbedAndPlainAttentionAgree) {
   }
 }
 
+// The absorbed form over a bf16 cache at a context of many blocks (5 or 16 tokens each), with
+// a partly filled last block, against the plain form reading the same latents.
+TEST(DeepseekModelTest, AbsorbedAttentionOverLongBf16ContextsAgreesWithPlain) {
+  auto plain = load_model(tiny_checkpoint_dir(), fp32_options(AttentionForm::kPlain));
+  auto absorbed = load_model(tiny_checkpoint_dir(), fp32_options(AttentionForm::kAbsorbed));
+  const int64_t vocab = plain->config().vocab_size;
+  for (int64_t block_size : {5, 16}) {
+    const int64_t num_blocks = (80 + block_size - 1) / block_size;
+    LatentKvCache cache_p = make_cache(*plain, block_size, DType::kBF16, num_blocks);
+    LatentKvCache cache_a = make_cache(*absorbed, block_size, DType::kBF16, num_blocks);
+    TestSequence seq_p{test_tokens(76, vocab, 3), iota_blocks(num_blocks), 0};
+    TestSequence seq_a = seq_p;
+    for (int64_t n : {71, 1, 1, 1, 2}) {
+      const std::vector<float> lp = step(*plain, cache_p, seq_p, n, true);
+      const std::vector<float> la = step(*absorbed, cache_a, seq_a, n, true);
+      // Both forms read the same bf16 latents; fp32 summation orders differ (as above).
+      EXPECT_LT(max_rel_diff(lp, la), 1e-5) << "block size " << block_size << ", chunk of " << n;
+    }
+  }
+}
+
 TEST(DeepseekModelTest, IncrementalDecodeOnPagedCacheEqualsFullRecomputation) {
   auto model = load_model(tiny_checkpoint_dir(), fp32_options());
   const int64_t vocab = model->config().vocab_size;
