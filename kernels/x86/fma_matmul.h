@@ -112,8 +112,8 @@ void fma_tile(const MatmulTile& t) {
       }
     }
     // The column tail in blocks of 4, 2, then 1 columns: one column at a time does MR
-    // multiply-adds per MR + 1 loads, and a tail of 4 of 16 columns (the absorbed attention's
-    // 16-key cache blocks against 6-column blocks) took a third of those products' time. Every
+    // multiply-adds per MR + 1 loads, and the 4-column tail of the absorbed attention's
+    // 16-key cache blocks took 40% of its score products' samples (docs/kernels.md). Every
     // block shape sums an element in the same order (see above), so the bits do not change.
     auto tail = [&]<int kColumns>(std::integral_constant<int, kColumns>) {
       for (; j + kColumns <= t.n_end; j += kColumns) {
