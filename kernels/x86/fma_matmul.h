@@ -119,9 +119,8 @@ void fma_tile(const MatmulTile& t) {
       for (; j + kColumns <= t.n_end; j += kColumns) {
         for (int64_t i = i0; i < i1; i += MR) {
           fma_rows<V, MR, kColumns>(static_cast<int>(min_of<int64_t>(MR, i1 - i)),
-                                    x + i * t.x_stride, t.x_stride, w + j * t.w_stride,
-                                    t.w_stride, t.k, t.y + i * t.y_stride + j, t.y_stride,
-                                    t.accumulate);
+                                    x + i * t.x_stride, t.x_stride, w + j * t.w_stride, t.w_stride,
+                                    t.k, t.y + i * t.y_stride + j, t.y_stride, t.accumulate);
         }
       }
     };

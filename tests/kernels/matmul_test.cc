@@ -235,8 +235,8 @@ TEST_F(MatmulTest, ColumnsAreBitwiseIndependentOfTheColumnsComputedWithThem) {
             a.n = count;
             matmul_bf16(a, precision, nullptr);
             for (int64_t i = 0; i < s.m; ++i) {
-              ASSERT_TRUE(bitwise_equal(part.data() + i * count, full.data() + i * s.n + begin,
-                                        count))
+              ASSERT_TRUE(
+                  bitwise_equal(part.data() + i * count, full.data() + i * s.n + begin, count))
                   << "row " << i << ", columns " << begin << "+" << count;
             }
           }

@@ -23,7 +23,8 @@ TEST(Transpose, EqualsTheDefinitionAndWritesNothingElse) {
       for (int64_t c = 0; c < cols; ++c) {
         for (int64_t r = 0; r < dst_stride; ++r) {
           const float want = r < rows ? src[r * src_stride + c] : kUntouched;
-          ASSERT_EQ(dst[c * dst_stride + r], want) << rows << "x" << cols << " at " << r << "," << c;
+          ASSERT_EQ(dst[c * dst_stride + r], want)
+              << rows << "x" << cols << " at " << r << "," << c;
         }
       }
     }
