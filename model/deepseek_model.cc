@@ -232,7 +232,10 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
   const LinearProblem problems[2] = {{.x = x, .w = &w.gate, .y = state.gate.data(), .m = rows},
                                      {.x = x, .w = &w.up, .y = state.up.data(), .m = rows}};
   grouped_bf16_linear(ctx, problems);
-  kernels::silu_mul(state.gate.data(), state.up.data(), state.gate.data(), rows * inter);
+  for_row_ranges(ctx, rows, [&](int64_t r0, int64_t r1, int) {
+    kernels::silu_mul(state.gate.data() + r0 * inter, state.up.data() + r0 * inter,
+                      state.gate.data() + r0 * inter, (r1 - r0) * inter);
+  });
   linear(ctx, state.gate.data(), rows, w.down, out);
 }
 
@@ -275,15 +278,18 @@ void DeepseekModel::Impl::route(ForwardState& state, const StepLayer& layer) {
   args.n = n;
   args.k = config.hidden_size;
   kernels::matmul_f32(args, ctx.pool);
-  state.route_scratch.resize(2 * n);
+  state.route_scratch.resize(row_range_parts(ctx) * 2 * n);
   state.route_ids.resize(rows * top_k);
   state.route_weights.resize(rows * top_k);
-  for (int64_t t = 0; t < rows; ++t) {
-    route_token(config, {state.router_logits.data() + t * n, static_cast<size_t>(n)}, moe.bias,
-                state.route_scratch,
-                {state.route_ids.data() + t * top_k, static_cast<size_t>(top_k)},
-                {state.route_weights.data() + t * top_k, static_cast<size_t>(top_k)});
-  }
+  for_row_ranges(ctx, rows, [&](int64_t t0, int64_t t1, int part) {
+    const std::span<float> scratch(state.route_scratch.data() + part * 2 * n,
+                                   static_cast<size_t>(2 * n));
+    for (int64_t t = t0; t < t1; ++t) {
+      route_token(config, {state.router_logits.data() + t * n, static_cast<size_t>(n)}, moe.bias,
+                  scratch, {state.route_ids.data() + t * top_k, static_cast<size_t>(top_k)},
+                  {state.route_weights.data() + t * top_k, static_cast<size_t>(top_k)});
+    }
+  });
   state.current = ForwardStage::kDispatch;
 }
 

@@ -91,7 +91,8 @@ struct ForwardState {
   std::vector<float> x, x_norm, branch;
   // Dense / shared-expert MLP scratch and the shared experts' output.
   std::vector<float> gate, up, shared;
-  // Routing: router logits [rows, n_routed], selection scratch, ids and weights [rows, top_k].
+  // Routing: router logits [rows, n_routed], selection scratch (2 x n_routed per part of
+  // for_row_ranges), ids and weights [rows, top_k].
   std::vector<float> router_logits, route_scratch, route_weights;
   std::vector<int32_t> route_ids;
   // MTP prelude: [rows, 2 * hidden] concat of the normed embedding and hidden state.

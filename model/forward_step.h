@@ -37,6 +37,27 @@ struct ComputeContext {
   kernels::ActivationPrecision precision = kernels::ActivationPrecision::kBf16;
 };
 
+// fn(begin, end, part) over row ranges covering [0, rows), part < row_range_parts(ctx) (one
+// range per part: per-part scratch). On the pool's threads for a prefill's many rows, on the
+// calling thread as part 0 for a decode step's few (a pool hand-off costs microseconds). For
+// per-row work whose result does not depend on the split (routing, the SiLU gate): a
+// prefill's serial row loops left a core idle.
+inline int row_range_parts(const ComputeContext& ctx) {
+  return ctx.pool == nullptr ? 1 : ctx.pool->num_threads();
+}
+
+template <typename Fn>
+void for_row_ranges(const ComputeContext& ctx, int64_t rows, Fn&& fn) {
+  constexpr int64_t kParallelRows = 64;
+  if (ctx.pool == nullptr || rows < kParallelRows) {
+    fn(int64_t{0}, rows, 0);
+    return;
+  }
+  ctx.pool->run_on_all([&](int part, int parts) {
+    fn(rows * part / parts, rows * (part + 1) / parts, part);
+  });
+}
+
 // y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense). W8A8 when w has an
 // INT8 form (kernels/matmul_int8.h), else the BF16 product at ctx.precision: over the
 // packed form when w has one and the precision is kBf16 (kernels/matmul_packed_bf16.h),

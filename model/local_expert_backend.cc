@@ -185,7 +185,10 @@ Status LocalExpertBackend::compute(Call& call_base) {
                         .m = m});
   }
   grouped_bf16_linear(ctx, problems);
-  kernels::silu_mul(call.gate.data(), call.up.data(), call.gate.data(), pairs * inter);
+  for_row_ranges(ctx, pairs, [&](int64_t r0, int64_t r1, int) {
+    kernels::silu_mul(call.gate.data() + r0 * inter, call.up.data() + r0 * inter,
+                      call.gate.data() + r0 * inter, (r1 - r0) * inter);
+  });
   problems.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
@@ -206,18 +209,20 @@ Status LocalExpertBackend::combine(Call& call_base, std::span<float> out) {
   LocalCall& call = as_local(call_base);
   PS_CHECK(call.computed);
   const int64_t hidden = call.tokens.hidden_size, top_k = call.tokens.top_k;
-  const int64_t pairs = call.tokens.num_tokens * top_k;
   if (static_cast<int64_t>(out.size()) != call.tokens.num_tokens * hidden) {
     return invalid_argument("expert backend: output has " + std::to_string(out.size()) +
                             " values, expected " + std::to_string(call.tokens.num_tokens) + " x " +
                             std::to_string(hidden));
   }
   // Combine in top-k order per token.
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (int64_t i = 0; i < pairs; ++i) {
-    kernels::axpy(call.tokens.weights[i], call.down.data() + call.slot_of_pair[i] * hidden,
-                  out.data() + (i / top_k) * hidden, hidden);
-  }
+  const ComputeContext ctx{pool_, precision_};
+  for_row_ranges(ctx, call.tokens.num_tokens, [&](int64_t t0, int64_t t1, int) {
+    std::fill(out.begin() + t0 * hidden, out.begin() + t1 * hidden, 0.0f);
+    for (int64_t i = t0 * top_k; i < t1 * top_k; ++i) {
+      kernels::axpy(call.tokens.weights[i], call.down.data() + call.slot_of_pair[i] * hidden,
+                    out.data() + (i / top_k) * hidden, hidden);
+    }
+  });
   call.dispatched = call.computed = false;
   return ok_status();
 }
