@@ -53,9 +53,8 @@ void for_row_ranges(const ComputeContext& ctx, int64_t rows, Fn&& fn) {
     fn(int64_t{0}, rows, 0);
     return;
   }
-  ctx.pool->run_on_all([&](int part, int parts) {
-    fn(rows * part / parts, rows * (part + 1) / parts, part);
-  });
+  ctx.pool->run_on_all(
+      [&](int part, int parts) { fn(rows * part / parts, rows * (part + 1) / parts, part); });
 }
 
 // y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense). W8A8 when w has an
