@@ -141,18 +141,25 @@ TEST(DeepseekModelTest, RaggedBatchEqualsSequencesRunOneByOneBitwise) {
   const int64_t vocab = model->config().vocab_size;
 
   // Three sequences with disjoint blocks in one cache (batched) and in private caches.
+  auto blocks = [](int32_t first, int32_t count) {  // descending: scattered in the cache
+    std::vector<int32_t> b(count);
+    for (int32_t i = 0; i < count; ++i) b[i] = first + count - 1 - i;
+    return b;
+  };
   std::vector<TestSequence> batched = {
-      {test_tokens(12, vocab, 3), {0, 1, 2}, 0},
-      {test_tokens(9, vocab, 4), {5, 3, 4}, 0},
-      {test_tokens(14, vocab, 5), {9, 6, 7, 8}, 0},
+      {test_tokens(44, vocab, 3), blocks(0, 11), 0},
+      {test_tokens(26, vocab, 4), blocks(11, 7), 0},
+      {test_tokens(36, vocab, 5), blocks(18, 9), 0},
   };
   std::vector<TestSequence> alone = batched;
-  LatentKvCache shared_cache = make_cache(*model, 4, DType::kBF16, 10);
+  LatentKvCache shared_cache = make_cache(*model, 4, DType::kBF16, 27);
   std::vector<LatentKvCache> own_caches;
-  for (int i = 0; i < 3; ++i) own_caches.push_back(make_cache(*model, 4, DType::kBF16, 10));
+  for (int i = 0; i < 3; ++i) own_caches.push_back(make_cache(*model, 4, DType::kBF16, 27));
 
-  // Step plans: tokens per sequence per step (prefill, continued prefill, decode mixed).
-  const std::vector<std::vector<int64_t>> plan = {{7, 4, 9}, {1, 3, 1}, {1, 2, 1}, {1, 0, 3}};
+  // Step plans: tokens per sequence per step (prefill, continued prefill, decode mixed). The
+  // first step's 90 rows run the per-row loops on the pool (for_row_ranges), each sequence
+  // alone on the calling thread.
+  const std::vector<std::vector<int64_t>> plan = {{40, 20, 30}, {1, 3, 1}, {1, 2, 1}, {1, 0, 3}};
   for (size_t s = 0; s < plan.size(); ++s) {
     std::vector<SequenceChunk> chunks;
     std::vector<int> which;
