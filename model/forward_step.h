@@ -40,8 +40,8 @@ struct ComputeContext {
 // fn(begin, end, part) over row ranges covering [0, rows), part < row_range_parts(ctx) (one
 // range per part: per-part scratch). On the pool's threads for a prefill's many rows, on the
 // calling thread as part 0 for a decode step's few (a pool hand-off costs microseconds). For
-// per-row work whose result does not depend on the split (routing, the SiLU gate): a
-// prefill's serial row loops left a core idle.
+// per-row work whose result does not depend on the split (routing, the SiLU gate, the
+// top-k combine): a prefill's serial row loops left a core idle.
 inline int row_range_parts(const ComputeContext& ctx) {
   return ctx.pool == nullptr ? 1 : ctx.pool->num_threads();
 }
