@@ -56,18 +56,24 @@ float to_float(bf16 v) {
   return bf16_to_float(v);
 }
 
-// Symmetric round-to-nearest quantization of one finite row with the range clipped to
-// ratio * absmax (see int8_matrix.h); returns the scale. Both loops vectorize (this file is built
-// with -O3): the absmax as the largest sign-cleared bit pattern (for finite floats the integer
-// order is the float order), and nearbyint as adding and subtracting 1.5 * 2^23, which rounds |v| <
-// 2^22 to the nearest integer, ties to even, in the default rounding mode — the same values as the
-// library call, which cost a call per weight.
-float quantize_row(const float* w, int64_t k, int8_t* q, float ratio = 1.0f) {
+// The largest |w[p]| as its sign-cleared bit pattern: for finite floats the integer order is
+// the float order, and the result is >= 0x7f800000 exactly when some value is inf or NaN. A
+// reduction the compiler vectorizes (this file is built with -O3).
+uint32_t max_magnitude_bits(const float* w, int64_t k) {
   uint32_t max_bits = 0;
   for (int64_t p = 0; p < k; ++p) {
     max_bits = std::max(max_bits, std::bit_cast<uint32_t>(w[p]) & 0x7fffffffu);
   }
-  const float absmax = std::bit_cast<float>(max_bits) * ratio;  // exact for ratio 1
+  return max_bits;
+}
+
+// Symmetric round-to-nearest quantization of one finite row whose largest magnitude is
+// `absmax`, with the range clipped to ratio * absmax (see int8_matrix.h); returns the scale.
+// nearbyint is adding and subtracting 1.5 * 2^23, which rounds |v| < 2^22 to the nearest
+// integer, ties to even, in the default rounding mode — the same values as the library
+// call, which cost a call per weight; the loop vectorizes.
+float quantize_row(const float* w, int64_t k, float absmax, int8_t* q, float ratio = 1.0f) {
+  absmax *= ratio;  // exact for ratio 1
   if (absmax == 0.0f) {
     std::fill_n(q, k, int8_t{0});
     return 0.0f;
@@ -84,17 +90,21 @@ float quantize_row(const float* w, int64_t k, int8_t* q, float ratio = 1.0f) {
   return absmax / 127.0f;
 }
 
+float absmax_of(std::span<const float> w) {
+  return std::bit_cast<float>(max_magnitude_bits(w.data(), static_cast<int64_t>(w.size())));
+}
+
 }  // namespace
 
 float quantize_int8_row(std::span<const float> w, std::span<int8_t> q) {
   PS_CHECK(w.size() == q.size());
-  return quantize_row(w.data(), static_cast<int64_t>(w.size()), q.data());
+  return quantize_row(w.data(), static_cast<int64_t>(w.size()), absmax_of(w), q.data());
 }
 
 float quantize_int8_row_clipped(std::span<const float> w, float ratio, std::span<int8_t> q) {
   PS_CHECK(w.size() == q.size());
   PS_CHECK(ratio > 0.0f && ratio <= 1.0f) << "clipping ratio " << ratio;
-  return quantize_row(w.data(), static_cast<int64_t>(w.size()), q.data(), ratio);
+  return quantize_row(w.data(), static_cast<int64_t>(w.size()), absmax_of(w), q.data(), ratio);
 }
 
 PackedInt8Matrix::PackedInt8Matrix(int64_t rows, int64_t cols, bool gate_up)
@@ -156,8 +166,9 @@ Result<PackedInt8Matrix> PackedInt8Matrix::quantize_rows(std::span<const MatrixV
   for (const MatrixView<T>& v : parts) {
     const int64_t stride = v.stride == 0 ? v.cols : v.stride;
     for (int64_t r = 0; r < v.rows; ++r, ++row) {
-      // Convert, then one vectorized check (the largest sign-cleared bit pattern is inf/NaN
-      // exactly when some value is); the column is searched for only on error.
+      // Convert, and find the largest magnitude in the same pass (as max_magnitude_bits):
+      // it is the finiteness check (the column is searched for only on error) and the
+      // row's absmax.
       uint32_t max_bits = 0;
       for (int64_t p = 0; p < cols; ++p) {
         const float f = to_float(v.data[r * stride + p]);
@@ -171,7 +182,8 @@ Result<PackedInt8Matrix> PackedInt8Matrix::quantize_rows(std::span<const MatrixV
         return invalid_argument(std::string(what) + ": weight at row " + std::to_string(r) +
                                 ", column " + std::to_string(p) + " is not finite");
       }
-      const float scale = quantize_row(row_f.data(), cols, row_q.data());
+      const float scale =
+          quantize_row(row_f.data(), cols, std::bit_cast<float>(max_bits), row_q.data());
       m.set_row(row, row_q.data(), scale);
     }
   }
