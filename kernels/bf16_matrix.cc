@@ -24,9 +24,9 @@ PackedBf16Matrix::PackedBf16Matrix(int64_t rows, int64_t cols) : rows_(rows), co
   panel_stride_ = k_pairs_ * kGroup * kPanel;
   if (panel_stride_ > 0 && (panel_stride_ * 2) % 4096 == 0) panel_stride_ += 32;
   const int64_t bytes = std::max<int64_t>(64, panels_ * panel_stride_ * 2);
-  data_.reset(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes))));
-  PS_CHECK(data_ != nullptr) << "out of memory packing a bf16 matrix of " << bytes << " bytes";
-  std::memset(data_.get(), 0, static_cast<size_t>(bytes));
+  Result<AlignedBuffer> storage = AlignedBuffer::allocate(bytes);
+  PS_CHECK(storage.ok()) << "packing a bf16 matrix: " << storage.status().message();
+  storage_ = std::move(storage).value();
 }
 
 Result<PackedBf16Matrix> PackedBf16Matrix::pack(MatrixView<bf16> w) {
@@ -49,7 +49,7 @@ Result<PackedBf16Matrix> PackedBf16Matrix::pack(MatrixView<bf16> w) {
   const int64_t full_pairs = w.cols / kGroup;
   for (int64_t panel = 0; panel < m.panels_; ++panel) {
     const int64_t c0 = panel * kPanel, count = std::min(kPanel, w.rows - c0);
-    uint16_t* dst = m.data_.get() + panel * m.panel_stride_;
+    uint16_t* dst = reinterpret_cast<uint16_t*>(m.storage_.data()) + panel * m.panel_stride_;
     const uint16_t* src[kPanel];
     for (int64_t c = 0; c < count; ++c) src[c] = &w.data[(c0 + c) * stride].bits;
     for (int64_t g = 0; g < full_pairs; ++g) {
@@ -69,9 +69,9 @@ bf16 PackedBf16Matrix::value(int64_t row, int64_t col) const {
       << "PackedBf16Matrix::value(" << row << ", " << col << ") outside [" << rows_ << ", " << cols_
       << "]";
   bf16 v;
-  v.bits =
-      data_[static_cast<size_t>(panel_stride_ * (row / kPanel) + kGroup * kPanel * (col / kGroup) +
-                                kGroup * (row % kPanel) + col % kGroup)];
+  v.bits = panel_data()[static_cast<size_t>(panel_stride_ * (row / kPanel) +
+                                            kGroup * kPanel * (col / kGroup) +
+                                            kGroup * (row % kPanel) + col % kGroup)];
   return v;
 }
 

@@ -19,9 +19,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
 
+#include "base/aligned_buffer.h"
 #include "base/status.h"
 #include "kernels/int8_matrix.h"  // MatrixView
 #include "tensor/float_convert.h"
@@ -53,13 +52,9 @@ class PackedBf16Matrix {
   int64_t panels() const { return panels_; }
   int64_t k_pairs() const { return k_pairs_; }
   int64_t panel_stride() const { return panel_stride_; }  // bf16 elements
-  const uint16_t* panel_data() const { return data_.get(); }
+  const uint16_t* panel_data() const { return reinterpret_cast<const uint16_t*>(storage_.data()); }
 
  private:
-  struct FreeDeleter {
-    void operator()(uint16_t* p) const { std::free(p); }
-  };
-
   PackedBf16Matrix(int64_t rows, int64_t cols);
 
   int64_t rows_ = 0;
@@ -67,7 +62,7 @@ class PackedBf16Matrix {
   int64_t panels_ = 0;
   int64_t k_pairs_ = 0;
   int64_t panel_stride_ = 0;
-  std::unique_ptr<uint16_t[], FreeDeleter> data_;
+  AlignedBuffer storage_;  // the panels, zero-padded
 };
 
 }  // namespace peerserve::kernels

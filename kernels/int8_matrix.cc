@@ -114,9 +114,9 @@ PackedInt8Matrix::PackedInt8Matrix(int64_t rows, int64_t cols, bool gate_up)
   panel_stride_ = k_groups_ * kGroup * kPanel;
   if (panel_stride_ > 0 && panel_stride_ % 4096 == 0) panel_stride_ += 64;
   const int64_t bytes = std::max<int64_t>(64, panels_ * panel_stride_);
-  data_.reset(static_cast<int8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes))));
-  PS_CHECK(data_ != nullptr) << "out of memory packing an int8 matrix of " << bytes << " bytes";
-  std::memset(data_.get(), 0, static_cast<size_t>(bytes));
+  Result<AlignedBuffer> storage = AlignedBuffer::allocate(bytes);
+  PS_CHECK(storage.ok()) << "packing an int8 matrix: " << storage.status().message();
+  storage_ = std::move(storage).value();
   column_scales_.assign(static_cast<size_t>(panels_ * kPanel), 0.0f);
   column_corrections_.assign(static_cast<size_t>(panels_ * kPanel), 0);
 }
@@ -131,7 +131,8 @@ int64_t PackedInt8Matrix::column_of(int64_t row) const {
 
 void PackedInt8Matrix::set_row(int64_t row, const int8_t* values, float scale) {
   const int64_t c = column_of(row);
-  int8_t* panel = data_.get() + panel_stride_ * (c / kPanel) + kGroup * (c % kPanel);
+  int8_t* panel = reinterpret_cast<int8_t*>(storage_.data()) + panel_stride_ * (c / kPanel) +
+                  kGroup * (c % kPanel);
   // A group of kGroup consecutive k is contiguous in the panel: one 4-byte copy per group
   // (a load's worth of the packing time was byte stores).
   const int64_t full_groups = cols_ / kGroup;
@@ -268,8 +269,9 @@ int8_t PackedInt8Matrix::value(int64_t row, int64_t col) const {
       << "int8 matrix [" << rows_ << ", " << cols_ << "]: no element (" << row << ", " << col
       << ")";
   const int64_t c = column_of(row);
-  return data_[static_cast<size_t>(panel_stride_ * (c / kPanel) + kGroup * kPanel * (col / kGroup) +
-                                   kGroup * (c % kPanel) + col % kGroup)];
+  return panel_data()[static_cast<size_t>(panel_stride_ * (c / kPanel) +
+                                          kGroup * kPanel * (col / kGroup) + kGroup * (c % kPanel) +
+                                          col % kGroup)];
 }
 
 float PackedInt8Matrix::scale(int64_t row) const {

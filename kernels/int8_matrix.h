@@ -35,6 +35,7 @@
 #include <span>
 #include <vector>
 
+#include "base/aligned_buffer.h"
 #include "base/status.h"
 #include "tensor/float_convert.h"
 
@@ -115,15 +116,11 @@ class PackedInt8Matrix {
   int64_t panels() const { return panels_; }
   int64_t k_groups() const { return k_groups_; }
   int64_t panel_stride() const { return panel_stride_; }  // bytes
-  const int8_t* panel_data() const { return data_.get(); }
+  const int8_t* panel_data() const { return reinterpret_cast<const int8_t*>(storage_.data()); }
   const float* column_scales() const { return column_scales_.data(); }              // [panels * 16]
   const int32_t* column_corrections() const { return column_corrections_.data(); }  // [panels * 16]
 
  private:
-  struct FreeDeleter {
-    void operator()(int8_t* p) const { std::free(p); }
-  };
-
   PackedInt8Matrix(int64_t rows, int64_t cols, bool gate_up);
   // Packed column of logical row `row`.
   int64_t column_of(int64_t row) const;
@@ -140,7 +137,7 @@ class PackedInt8Matrix {
   int64_t panels_ = 0;
   int64_t k_groups_ = 0;
   int64_t panel_stride_ = 0;
-  std::unique_ptr<int8_t[], FreeDeleter> data_;
+  AlignedBuffer storage_;  // the panels, zero-padded
   std::vector<float> column_scales_;
   std::vector<int32_t> column_corrections_;
 };

@@ -1,18 +1,14 @@
 #include "kv/latent_kv_cache.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "base/check.h"
 #include "tensor/float_convert.h"
 
 namespace peerserve {
-
-void LatentKvCache::FreeDeleter::operator()(std::byte* p) const {
-  std::free(p);
-}
 
 Result<LatentKvCache> LatentKvCache::create(const KvLayout& layout, int64_t num_blocks) {
   PS_RETURN_IF_ERROR(layout.validate());
@@ -25,16 +21,13 @@ Result<LatentKvCache> LatentKvCache::create(const KvLayout& layout, int64_t num_
     return resource_exhausted("KV cache: " + std::to_string(num_blocks) + " blocks of " +
                               std::to_string(block_bytes) + " bytes overflow the address space");
   }
-  constexpr size_t kAlign = 64;
-  size_t bytes = static_cast<size_t>(num_blocks) * block_bytes;
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kAlign, bytes));
-  if (raw == nullptr) {
+  const int64_t bytes = num_blocks * static_cast<int64_t>(block_bytes);
+  Result<AlignedBuffer> data = AlignedBuffer::allocate(bytes);
+  if (!data.ok()) {
     return resource_exhausted("KV cache: cannot allocate " + std::to_string(bytes) + " bytes (" +
                               std::to_string(num_blocks) + " blocks)");
   }
-  std::memset(raw, 0, bytes);
-  return LatentKvCache(layout, num_blocks, std::unique_ptr<std::byte[], FreeDeleter>(raw));
+  return LatentKvCache(layout, num_blocks, std::move(data).value());
 }
 
 size_t LatentKvCache::offset(int64_t layer, int64_t block_id) const {
@@ -45,19 +38,19 @@ size_t LatentKvCache::offset(int64_t layer, int64_t block_id) const {
 }
 
 const std::byte* LatentKvCache::layer_block(int64_t layer, int64_t block_id) const {
-  return data_.get() + offset(layer, block_id);
+  return data_.data() + offset(layer, block_id);
 }
 
 std::byte* LatentKvCache::mutable_layer_block(int64_t layer, int64_t block_id) {
-  return data_.get() + offset(layer, block_id);
+  return data_.data() + offset(layer, block_id);
 }
 
 std::span<const std::byte> LatentKvCache::block_bytes(int64_t block_id) const {
-  return {data_.get() + offset(0, block_id), layout_.block_bytes()};
+  return {data_.data() + offset(0, block_id), layout_.block_bytes()};
 }
 
 std::span<std::byte> LatentKvCache::mutable_block_bytes(int64_t block_id) {
-  return {data_.get() + offset(0, block_id), layout_.block_bytes()};
+  return {data_.data() + offset(0, block_id), layout_.block_bytes()};
 }
 
 void LatentKvCache::write_token(int64_t layer, int64_t block_id, int64_t slot,

@@ -13,9 +13,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <span>
+#include <utility>
 
+#include "base/aligned_buffer.h"
 #include "base/status.h"
 #include "kv/kv_layout.h"
 
@@ -50,17 +51,13 @@ class LatentKvCache {
   std::span<std::byte> mutable_block_bytes(int64_t block_id);
 
  private:
-  struct FreeDeleter {
-    void operator()(std::byte* p) const;
-  };
-  LatentKvCache(const KvLayout& layout, int64_t num_blocks,
-                std::unique_ptr<std::byte[], FreeDeleter> data)
+  LatentKvCache(const KvLayout& layout, int64_t num_blocks, AlignedBuffer data)
       : layout_(layout), num_blocks_(num_blocks), data_(std::move(data)) {}
   size_t offset(int64_t layer, int64_t block_id) const;
 
   KvLayout layout_;
   int64_t num_blocks_ = 0;
-  std::unique_ptr<std::byte[], FreeDeleter> data_;
+  AlignedBuffer data_;  // every block, zero-filled at creation
 };
 
 }  // namespace peerserve
