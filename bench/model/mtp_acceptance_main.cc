@@ -281,12 +281,31 @@ int run(const Options& o) {
 }  // namespace
 }  // namespace peerserve
 
+constexpr const char* kUsage =
+    "usage: peerserve_bench_mtp_acceptance --model DIR --heldout FILE.jsonl [options]\n"
+    "The MTP draft acceptance of a trained checkpoint, greedy: per position, and on the\n"
+    "schedule of speculative decoding with one draft; then the same prompts through the\n"
+    "serving path with --num-speculative-tokens 1, whose counters must equal the schedule.\n"
+    "  --model DIR          checkpoint with an MTP layer and a tokenizer (required)\n"
+    "  --heldout FILE       JSON lines of {\"text\": ...} documents, e.g. the training\n"
+    "                       script's tools/train_reference_model/data/heldout.jsonl (required)\n"
+    "  --prompts N          prompts, one per window of the document stream (default 16)\n"
+    "  --prompt-len N       tokens of each prompt (default 32)\n"
+    "  --new-tokens N       greedy tokens generated per prompt (default 64)\n"
+    "  --window N           window length the stream is cut into, seq_len + 1 (default 257)\n"
+    "  --precision P        bf16 or fp32 GEMM activations (default bf16)\n"
+    "  --threads N          threads (default 0: one per core)\n"
+    "  --help               this text\n";
+
 int main(int argc, char** argv) {
   peerserve::Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
-    if (arg == "--model" && has_value) {
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--model" && has_value) {
       o.model_dir = argv[++i];
     } else if (arg == "--heldout" && has_value) {
       o.heldout_path = argv[++i];
@@ -303,17 +322,12 @@ int main(int argc, char** argv) {
     } else if (arg == "--threads" && has_value) {
       o.threads = std::atoi(argv[++i]);
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s --model DIR --heldout FILE.jsonl [--prompts 16] [--prompt-len 32] "
-          "[--new-tokens 64] [--window 257] [--precision bf16|fp32] [--threads 0]\n(unknown or "
-          "incomplete argument '%s')\n",
-          argv[0], arg.c_str());
+      std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;
     }
   }
   if (o.model_dir.empty() || o.heldout_path.empty()) {
-    std::fprintf(stderr, "error: --model and --heldout are required\n");
+    std::fprintf(stderr, "error: --model and --heldout are required\n%s", kUsage);
     return 2;
   }
   return peerserve::run(o);

@@ -248,12 +248,33 @@ int run(const Args& args) {
 }  // namespace
 }  // namespace peerserve
 
+constexpr const char* kUsage =
+    "usage: peerserve_bench_speculative_decode [options]\n"
+    "Decode tokens/s with and without MTP speculative decoding through the serving path\n"
+    "(scheduler + model executor), each K interleaved with K = 0 (off) --runs times: medians,\n"
+    "the speedup over off from the same run, draft acceptance and tokens per sequence-step;\n"
+    "first the start-up calibration that --speculative auto decides from.\n"
+    "  --model DIR        checkpoint with an MTP layer (default: the mini preset, written once\n"
+    "                     to $TMPDIR/peerserve_bench_mini; its random MTP head accepts ~0%)\n"
+    "  --text FILE        prompts are cut from it when the model has a tokenizer (default\n"
+    "                     /usr/share/common-licenses/GPL-3); otherwise fixed pseudo-random ids\n"
+    "  --batch LIST       sequences decoding together, comma-separated (default 1,8,32)\n"
+    "  --k LIST           draft tokens per step to compare with off (default 1,2)\n"
+    "  --prompt N         prompt tokens per sequence, >= 2 (default 64)\n"
+    "  --new-tokens N     generated tokens per sequence, >= 2 (default 64; greedy, EOS ignored)\n"
+    "  --runs N           interleaved runs per configuration, medians reported (default 3)\n"
+    "  --threads N        threads (default 0: one per core)\n"
+    "  --help             this text\n";
+
 int main(int argc, char** argv) {
   peerserve::Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
-    if (arg == "--model" && has_value) {
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--model" && has_value) {
       args.model_dir = argv[++i];
     } else if (arg == "--text" && has_value) {
       args.text = argv[++i];
@@ -270,11 +291,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--threads" && has_value) {
       args.threads = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--model DIR] [--text FILE] [--batch 1,8,32] [--k 1,2] "
-                   "[--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]\n(unknown or "
-                   "incomplete argument '%s')\n",
-                   argv[0], arg.c_str());
+      std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;
     }
   }

@@ -25,7 +25,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int run(const std::string& data_dir) {
   using namespace peerserve::plan;
-  std::ifstream in(data_dir + "/hardware/ascend-910c.json");
+  const std::string profile = data_dir + "/hardware/ascend-910c.json";
+  std::ifstream in(profile);
+  if (!in) {
+    std::fprintf(stderr, "error: cannot read %s (is %s the repository's data folder?)\n",
+                 profile.c_str(), data_dir.c_str());
+    return 1;
+  }
   std::stringstream text;
   text << in.rdbuf();
   auto json = nlohmann::json::parse(text.str(), nullptr, false);
@@ -92,5 +98,18 @@ int run(const std::string& data_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run(argc > 1 ? argv[1] : std::string(PEERSERVE_BENCH_SOURCE_DIR) + "/data");
+  const std::string arg = argc > 1 ? argv[1] : "";
+  if (arg == "--help" || arg == "-h" || argc > 2 || arg.rfind("-", 0) == 0) {
+    std::fprintf(arg == "--help" || arg == "-h" ? stdout : stderr,
+                 "usage: plan_simulator_bench [DATA_DIR]\n"
+                 "Simulator speed: 10,000 requests on a 384-die CloudMatrix deployment (2 prefill\n"
+                 "instances of 32 dies, one decode instance of 320) for several workloads: wall\n"
+                 "time against the 10 s target, events per second, and the time the run's\n"
+                 "analytical decode-step evaluations take alone.\n"
+                 "  DATA_DIR   the repository's data folder, holding hardware/ascend-910c.json\n"
+                 "             (default: %s/data)\n",
+                 PEERSERVE_BENCH_SOURCE_DIR);
+    return arg == "--help" || arg == "-h" ? 0 : 2;
+  }
+  return run(argc > 1 ? arg : std::string(PEERSERVE_BENCH_SOURCE_DIR) + "/data");
 }
