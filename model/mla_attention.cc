@@ -7,6 +7,7 @@
 #include "base/check.h"
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
+#include "kernels/query_panels.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/softmax.h"
 #include "kernels/transpose.h"
@@ -245,8 +246,16 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
       std::clamp<int64_t>((2 * threads + num_chunks - 1) / num_chunks, 1, heads);
   const int64_t group_heads = (heads + groups_per_chunk - 1) / groups_per_chunk;
   const int64_t groups = (heads + group_heads - 1) / group_heads;
+  // With bf16 latents and bf16 GEMM inputs, the scores are the packed outer-product form
+  // (kernels/query_panels.h): the group's heads packed once per query, each cache block's
+  // keys read in place, scores out as [key, head] and turned to [head, key] for the softmax.
+  // Otherwise (fp32 activations: exactness checks; an fp32 cache) one product per block.
+  const bool packed_scores = bf16_cache && ctx.precision == kernels::ActivationPrecision::kBf16 &&
+                             kernels::QueryPanels::supports_width(width);
   ctx.pool->parallel_for(num_chunks * groups, [&](int64_t item0, int64_t item1) {
     std::vector<float> scores;
+    thread_local kernels::QueryPanels panels;
+    thread_local std::vector<float> key_major;  // [key, head of the group]
     for (int64_t item = item0; item < item1; ++item) {
       const int64_t c = item / groups, h0 = (item % groups) * group_heads;
       const int64_t hg = std::min(heads, h0 + group_heads) - h0;
@@ -257,31 +266,43 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
         const float* q = s.q_full.data() + ((first_row[c] + r) * heads + h0) * width;
         float* p = scores.data() + r * hg * context;
         const int64_t visible = chunk.start_pos + r + 1;  // causal
-        for (int64_t b = 0; b * block_size < visible; ++b) {
-          const int64_t tokens = std::min(block_size, visible - b * block_size);
-          const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
-          // The block's rows as keys, in the cache's dtype.
-          auto scores_of = [&](auto key_type) {
-            using Key = decltype(key_type);
-            kernels::MatmulArgs<Key> sa;
-            sa.x = q;
-            sa.x_stride = width;
-            sa.w = reinterpret_cast<const Key*>(block);
-            sa.y = p + b * block_size;
-            sa.y_stride = context;
-            sa.m = hg;
-            sa.n = tokens;
-            sa.k = width;
-            if constexpr (std::is_same_v<Key, bf16>) {
-              kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
+        if (packed_scores) {
+          panels.pack(q, width, hg, width);
+          key_major.resize(visible * hg);
+          for (int64_t b = 0; b * block_size < visible; ++b) {
+            const int64_t tokens = std::min(block_size, visible - b * block_size);
+            const auto* keys =
+                reinterpret_cast<const bf16*>(cache.layer_block(kv_layer, chunk.block_table[b]));
+            panels.score(keys, width, tokens, key_major.data() + b * block_size * hg, hg);
+          }
+          kernels::transpose(key_major.data(), hg, visible, hg, p, context);
+        } else {
+          for (int64_t b = 0; b * block_size < visible; ++b) {
+            const int64_t tokens = std::min(block_size, visible - b * block_size);
+            const std::byte* block = cache.layer_block(kv_layer, chunk.block_table[b]);
+            // The block's rows as keys, in the cache's dtype.
+            auto scores_of = [&](auto key_type) {
+              using Key = decltype(key_type);
+              kernels::MatmulArgs<Key> sa;
+              sa.x = q;
+              sa.x_stride = width;
+              sa.w = reinterpret_cast<const Key*>(block);
+              sa.y = p + b * block_size;
+              sa.y_stride = context;
+              sa.m = hg;
+              sa.n = tokens;
+              sa.k = width;
+              if constexpr (std::is_same_v<Key, bf16>) {
+                kernels::matmul_bf16(sa, kernels::ActivationPrecision::kFp32, nullptr);
+              } else {
+                kernels::matmul_f32(sa, nullptr);
+              }
+            };
+            if (bf16_cache) {
+              scores_of(bf16{});
             } else {
-              kernels::matmul_f32(sa, nullptr);
+              scores_of(float{});
             }
-          };
-          if (bf16_cache) {
-            scores_of(bf16{});
-          } else {
-            scores_of(float{});
           }
         }
         for (int64_t hh = 0; hh < hg; ++hh) {
