@@ -240,18 +240,21 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   // the bits do not depend on the grouping (each element is summed in one fixed order).
   s.o_lat.assign(num_rows * heads * lora, 0.0f);
   const bool bf16_cache = layout.dtype == DType::kBF16;
-  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-  const int64_t threads = ctx.pool->num_threads();
-  const int64_t groups_per_chunk =
-      std::clamp<int64_t>((2 * threads + num_chunks - 1) / num_chunks, 1, heads);
-  const int64_t group_heads = (heads + groups_per_chunk - 1) / groups_per_chunk;
-  const int64_t groups = (heads + group_heads - 1) / group_heads;
   // With bf16 latents and bf16 GEMM inputs, the scores are the packed outer-product form
   // (kernels/query_panels.h): the group's heads packed once per query, each cache block's
   // keys read in place, scores out as [key, head] and turned to [head, key] for the softmax.
   // Otherwise (fp32 activations: exactness checks; an fp32 cache) one product per block.
   const bool packed_scores = bf16_cache && ctx.precision == kernels::ActivationPrecision::kBf16 &&
                              kernels::QueryPanels::supports_width(width);
+  // Work items per thread: two for balance, but one with packed scores, whose cost per key
+  // is that of a whole 16-head panel however few heads a group has (mini, batch 1, context
+  // 4,096: 3.81-4.05 -> 3.40-3.58 ms per step, docs/kernels.md).
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  const int64_t items = (packed_scores ? 1 : 2) * ctx.pool->num_threads();
+  const int64_t groups_per_chunk =
+      std::clamp<int64_t>((items + num_chunks - 1) / num_chunks, 1, heads);
+  const int64_t group_heads = (heads + groups_per_chunk - 1) / groups_per_chunk;
+  const int64_t groups = (heads + group_heads - 1) / group_heads;
   ctx.pool->parallel_for(num_chunks * groups, [&](int64_t item0, int64_t item1) {
     std::vector<float> scores;
     thread_local kernels::QueryPanels panels;
