@@ -13,9 +13,11 @@ Result<AlignedBuffer> AlignedBuffer::allocate(int64_t bytes) {
   }
   AlignedBuffer buffer;
   if (bytes == 0) return buffer;
-  // aligned_alloc wants a multiple of the alignment; the check keeps the rounding from
-  // overflowing.
-  if (static_cast<uint64_t>(bytes) > SIZE_MAX / 2) {
+  // Beyond the 128 TiB of a user address space (x86-64, 4-level paging) no allocator can
+  // succeed; refused here rather than asked (sanitizer allocators abort on such requests),
+  // which also keeps the rounding below from overflowing.
+  constexpr int64_t kAddressSpaceBytes = int64_t{1} << 47;
+  if (bytes > kAddressSpaceBytes) {
     return resource_exhausted("buffer of " + std::to_string(bytes) +
                               " bytes exceeds the address space");
   }
