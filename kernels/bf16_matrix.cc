@@ -18,11 +18,15 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
+int64_t PackedBf16Matrix::panel_stride_for(int64_t cols) {
+  const int64_t stride = ceil_div(cols, kGroup) * kGroup * kPanel;
+  return stride > 0 && (stride * 2) % 4096 == 0 ? stride + 32 : stride;
+}
+
 PackedBf16Matrix::PackedBf16Matrix(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
   panels_ = ceil_div(rows, kPanel);
   k_pairs_ = ceil_div(cols, kGroup);
-  panel_stride_ = k_pairs_ * kGroup * kPanel;
-  if (panel_stride_ > 0 && (panel_stride_ * 2) % 4096 == 0) panel_stride_ += 32;
+  panel_stride_ = panel_stride_for(cols);
   const int64_t bytes = std::max<int64_t>(64, panels_ * panel_stride_ * 2);
   Result<AlignedBuffer> storage = AlignedBuffer::allocate(bytes);
   PS_CHECK(storage.ok()) << "packing a bf16 matrix: " << storage.status().message();

@@ -32,6 +32,11 @@ class PackedBf16Matrix {
   static constexpr int64_t kPanelColumns = 16;
   static constexpr int64_t kGroupK = 2;
 
+  // The panel stride (bf16 elements) of a matrix with `cols` columns (k): k_pairs * 32, plus
+  // one cache line when that is a multiple of 4 KiB. Shared with other packers of this layout
+  // (kernels/query_panels.h).
+  static int64_t panel_stride_for(int64_t cols);
+
   // Packs w [n, k] (values copied bit for bit). InvalidArgument for negative sizes, a stride
   // below cols, or null data with a non-empty shape.
   static Result<PackedBf16Matrix> pack(MatrixView<bf16> w);

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "base/check.h"
 #include "kernels/bf16_convert.h"
+#include "kernels/bf16_matrix.h"
 #include "kernels/internal/kernel_table.h"
 
 namespace peerserve::kernels {
@@ -18,18 +21,22 @@ void QueryPanels::pack(const float* q, int64_t q_stride, int64_t heads, int64_t 
   PS_CHECK(heads >= 1 && supports_width(width) && q_stride >= width)
       << "query panels: heads=" << heads << " width=" << width << " q_stride=" << q_stride;
   const int64_t k_pairs = width / 2, panels = (heads + kPanel - 1) / kPanel;
-  // As PackedBf16Matrix: one cache line more when a panel is a multiple of 4 KiB.
-  panel_stride_ = k_pairs * 2 * kPanel;
-  if ((panel_stride_ * 2) % 4096 == 0) panel_stride_ += 32;
-  const size_t elements = static_cast<size_t>(panels * panel_stride_);
-  if (storage_.size() < elements + 32) storage_.resize(elements + 32);
-  const auto base = reinterpret_cast<uintptr_t>(storage_.data());
-  panels_ = storage_.data() + (((base + 63) & ~uintptr_t{63}) - base) / sizeof(uint16_t);
+  panel_stride_ = PackedBf16Matrix::panel_stride_for(width);
+  const int64_t bytes = panels * panel_stride_ * static_cast<int64_t>(sizeof(uint16_t));
+  if (storage_.size() < bytes) {
+    Result<AlignedBuffer> storage = AlignedBuffer::allocate(bytes);
+    PS_CHECK(storage.ok()) << "query panels: " << storage.status().message();
+    storage_ = std::move(storage).value();
+  }
+  panels_ = reinterpret_cast<uint16_t*>(storage_.data());
   heads_ = heads;
   width_ = width;
 
-  // Head h's pair g goes to panel h / 16, line g, lane h % 16; lanes past `heads` are zero.
-  std::fill_n(panels_, elements, uint16_t{0});
+  // Head h's pair g goes to panel h / 16, line g, lane h % 16. Lanes past `heads` (in the
+  // last panel only) are zeroed; every other lane is written below.
+  if (heads % kPanel != 0) {
+    std::fill_n(panels_ + (panels - 1) * panel_stride_, panel_stride_, uint16_t{0});
+  }
   thread_local std::vector<bf16> row;
   row.resize(static_cast<size_t>(width));
   for (int64_t h = 0; h < heads; ++h) {

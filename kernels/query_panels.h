@@ -22,8 +22,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
+#include "base/aligned_buffer.h"
 #include "tensor/float_convert.h"
 
 namespace peerserve::kernels {
@@ -50,7 +50,7 @@ class QueryPanels {
   int64_t width() const { return width_; }
 
  private:
-  std::vector<uint16_t> storage_;  // over-allocated by a cache line: panels_ is 64-byte aligned
+  AlignedBuffer storage_;  // grown, never shrunk: the panels of the last pack
   uint16_t* panels_ = nullptr;
   int64_t heads_ = 0;
   int64_t width_ = 0;
