@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "kernels/bf16_convert.h"
+#include "kernels/bf16_panels.h"
 #include "kernels/matmul.h"
 #include "kernels/query_panels.h"
 #include "kernels/rmsnorm.h"
@@ -139,6 +140,10 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
   // Decompress the whole context: {context, heads * (nope + v)}
   s.kv.resize(context * kv_width);
   linear(ctx, s.ctx.data(), context, w.kv_b, s.kv.data(), /*x_stride=*/width);
+  if (ctx.precision == kernels::ActivationPrecision::kBf16 && nope % 2 == 0) {
+    attend_plain_packed(ctx, chunk, s);
+    return;
+  }
 
   // Keys transposed, so that a tile's scores are weighted sums of key rows like its outputs
   // are of value rows (register-blocked multiply-adds; short dot products over the qk width,
@@ -181,6 +186,69 @@ void MlaAttention::attend_plain(const ComputeContext& ctx, const AttentionWeight
       for (int64_t r = 0; r < rows; ++r) std::fill_n(out + r * heads * v, v, 0.0f);
       kernels::weighted_rows(scores.data(), limit, rows, s.kv.data() + h * (nope + v) + nope,
                              kv_width, limit, out, heads * v, v);
+    }
+  });
+}
+
+void MlaAttention::attend_plain_packed(const ComputeContext& ctx, const StepChunk& chunk,
+                                       MlaScratch& s) const {
+  const int64_t heads = config_.num_attention_heads, qk = config_.qk_head_dim();
+  const int64_t nope = config_.qk_nope_head_dim, rope = config_.qk_rope_head_dim;
+  const int64_t lora = config_.kv_lora_rank, v = config_.v_head_dim, width = lora + rope;
+  const int64_t context = chunk.context(), n = chunk.num_tokens, kv_width = heads * (nope + v);
+
+  // Per head, once: keys [context, qk] (k_nope of the head, then the shared k_pe) and the
+  // transposed values [v, context], packed in bf16 for kernels::Bf16Panels products.
+  if (static_cast<int64_t>(s.key_panels.size()) < heads) {
+    s.key_panels.resize(static_cast<size_t>(heads));
+    s.value_panels.resize(static_cast<size_t>(heads));
+  }
+  ctx.pool->parallel_for(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      kernels::Bf16Panels& keys = s.key_panels[static_cast<size_t>(h)];
+      keys.reset(context, qk);
+      keys.fill_rows(s.kv.data() + h * (nope + v), kv_width, 0, nope);
+      keys.fill_rows(s.ctx.data() + lora, width, nope, rope);
+      kernels::Bf16Panels& values = s.value_panels[static_cast<size_t>(h)];
+      values.reset(v, context);
+      values.fill_transposed(s.kv.data() + h * (nope + v) + nope, kv_width);
+    }
+  });
+
+  // Per (head, tile of queries): scores over the keys the tile's last query sees, a causal
+  // softmax per query in fp32, then the probabilities (rounded to bf16 like every GEMM
+  // input) times the values, written straight into the head's output columns.
+  const int64_t tiles = (n + kQueryTile - 1) / kQueryTile;
+  const int64_t q_stride = (qk + 1) / 2 * 2;
+  ctx.pool->parallel_for(heads * tiles, [&](int64_t item0, int64_t item1) {
+    thread_local std::vector<bf16> queries, probs;
+    thread_local std::vector<float> scores;
+    for (int64_t item = item0; item < item1; ++item) {
+      const int64_t h = item / tiles, i0 = (item % tiles) * kQueryTile;
+      const int64_t i1 = std::min(n, i0 + kQueryTile), rows = i1 - i0;
+      const int64_t limit = chunk.start_pos + i1;  // keys visible to the tile's last query
+      const int64_t p_stride = (limit + 1) / 2 * 2;
+      queries.assign(static_cast<size_t>(rows * q_stride), bf16{0});
+      for (int64_t r = 0; r < rows; ++r) {
+        kernels::fp32_to_bf16(s.q.data() + ((chunk.row_begin + i0 + r) * heads + h) * qk,
+                              queries.data() + r * q_stride, qk);
+      }
+      scores.resize(static_cast<size_t>(rows * limit));
+      s.key_panels[static_cast<size_t>(h)].multiply(queries.data(), q_stride, rows, limit, qk,
+                                                    scores.data(), limit, false);
+      probs.resize(static_cast<size_t>(rows * p_stride));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = chunk.start_pos + i0 + r + 1;  // causal
+        float* row = scores.data() + r * limit;
+        kernels::scale(scale_, row, visible);
+        kernels::softmax(row, visible);
+        bf16* p = probs.data() + r * p_stride;
+        kernels::fp32_to_bf16(row, p, visible);
+        std::fill(p + visible, p + p_stride, bf16{0});
+      }
+      float* out = s.attn.data() + (chunk.row_begin + i0) * heads * v + h * v;
+      s.value_panels[static_cast<size_t>(h)].multiply(probs.data(), p_stride, rows, v, limit, out,
+                                                      heads * v, false);
     }
   });
 }

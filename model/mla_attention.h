@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/bf16_panels.h"
 #include "kv/latent_kv_cache.h"
 #include "model/forward_step.h"
 #include "model/model_config.h"
@@ -42,6 +43,7 @@ bool choose_absorbed_form(const ModelConfig& config, AttentionForm form, int64_t
 struct MlaScratch {
   std::vector<float> q_a, q, kv_a, attn, ctx, kv, keys_t, rope_keys_t;
   std::vector<float> q_abs, q_full, o_lat, attn_abs;
+  std::vector<kernels::Bf16Panels> key_panels, value_panels;  // per head (plain form, bf16)
   std::vector<kernels::MatmulBf16Args> problems;
 };
 
@@ -58,6 +60,9 @@ class MlaAttention {
  private:
   void attend_plain(const ComputeContext& ctx, const AttentionWeights& w, const StepChunk& chunk,
                     int64_t kv_layer, const LatentKvCache& cache, MlaScratch& s) const;
+  // The plain form's scores and sums as packed bf16 products (ActivationPrecision::kBf16),
+  // after attend_plain has decompressed the context into s.kv.
+  void attend_plain_packed(const ComputeContext& ctx, const StepChunk& chunk, MlaScratch& s) const;
   void attend_absorbed(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
                        int64_t kv_layer, const LatentKvCache& cache, MlaScratch& s) const;
   // Context latents [context, kv_lora_rank + rope] of a chunk as fp32 into s.ctx.

@@ -114,11 +114,15 @@ TEST(DeepseekModelTest, AbsorbedAttentionOverLongBf16ContextsAgreesWithPlain) {
 
 // The inference configuration (bf16 GEMM inputs, bf16 cache) scores the absorbed form's
 // keys with the packed query panels (kernels/query_panels.h); against the plain form, which
-// decompresses the keys instead, at every ISA level's packed kernel. Both round activations
-// to bf16 at their own GEMM inputs, so they agree to bf16 precision (2^-8), not fp32:
-// measured max relative logit difference 2.6e-3 at scalar, avx2 and avx512_bf16 alike. The
-// bound of 5e-3 caught the breaks tried: the last key's score left out (5.2e-2), one cache
-// block's scores zeroed (7.2e-3).
+// decompresses the keys instead and runs its scores and sums as packed bf16 products
+// (kernels/bf16_panels.h), at every ISA level's packed kernel. Both round activations to
+// bf16 at their own GEMM inputs, so they agree to bf16 precision (2^-8), not fp32: measured
+// max relative logit difference 3.86e-3 at scalar, avx2 and avx512_bf16 alike (2.6e-3 while
+// the plain form's scores and sums were fp32). The bound of 5e-3 caught the breaks tried:
+// in the absorbed form, the last key's score left out (5.2e-2), one cache block's scores
+// zeroed (7.2e-3); in the plain form, the last visible key left out (2.8e-2 and more), the
+// keys' rope part read two elements early (1.3e-2 and more), the values read one column off
+// (0.34 and more).
 TEST(DeepseekModelTest, PackedDecodeScoresOverBf16CacheAgreeWithPlainAttention) {
   for (kernels::IsaLevel level :
        {kernels::IsaLevel::kScalar, kernels::IsaLevel::kAvx2, kernels::best_isa_level()}) {
