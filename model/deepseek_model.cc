@@ -245,13 +245,15 @@ void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer)
   const float eps = static_cast<float>(config.rms_norm_eps);
   state.x_norm.resize(t_rows * hidden);
   state.branch.resize(t_rows * hidden);
-  kernels::rmsnorm(
+  rmsnorm_rows(
+      ctx,
       {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
       w.input_norm.data());
   attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot, state.x_norm.data(),
                           *state.cache, state.attention, state.branch.data());
-  for (int64_t i = 0; i < t_rows * hidden; ++i) state.x[i] += state.branch[i];
-  kernels::rmsnorm(
+  add_rows(ctx, state.x.data(), state.branch.data(), t_rows, hidden);
+  rmsnorm_rows(
+      ctx,
       {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
       w.post_attention_norm.data());
   state.current = w.dense_mlp ? ForwardStage::kDenseMlp : ForwardStage::kRoute;
@@ -260,7 +262,7 @@ void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer)
 void DeepseekModel::Impl::dense_mlp(ForwardState& state, const StepLayer& layer) {
   const int64_t t_rows = state.rows.num_rows;
   run_mlp(state, *layer.weights->dense_mlp, state.x_norm.data(), t_rows, state.branch.data());
-  for (int64_t i = 0; i < t_rows * config.hidden_size; ++i) state.x[i] += state.branch[i];
+  add_rows(ctx, state.x.data(), state.branch.data(), t_rows, config.hidden_size);
   next_layer(state);
 }
 
@@ -322,10 +324,10 @@ Status DeepseekModel::Impl::combine(ForwardState& state, const StepLayer& layer)
   const int64_t count = state.rows.num_rows * config.hidden_size;
   PS_RETURN_IF_ERROR(
       experts->combine(expert_call(state), {state.branch.data(), static_cast<size_t>(count)}));
-  if (layer.weights->moe->shared) {
-    for (int64_t i = 0; i < count; ++i) state.branch[i] += state.shared[i];
-  }
-  for (int64_t i = 0; i < count; ++i) state.x[i] += state.branch[i];
+  const int64_t rows = state.rows.num_rows;
+  if (layer.weights->moe->shared)
+    add_rows(ctx, state.branch.data(), state.shared.data(), rows, config.hidden_size);
+  add_rows(ctx, state.x.data(), state.branch.data(), rows, config.hidden_size);
   next_layer(state);
   return ok_status();
 }

@@ -19,6 +19,27 @@ LinearInputRecorder* linear_input_recorder() {
   return g_recorder.load(std::memory_order_acquire);
 }
 
+void rmsnorm_rows(const ComputeContext& ctx, const kernels::RmsNormArgs& args,
+                  const float* weight) {
+  const int64_t x_stride = args.x_stride == 0 ? args.dim : args.x_stride;
+  const int64_t out_stride = args.out_stride == 0 ? args.dim : args.out_stride;
+  for_row_ranges(ctx, args.rows, [&](int64_t r0, int64_t r1, int) {
+    kernels::RmsNormArgs part = args;
+    part.x = args.x + r0 * x_stride;
+    part.x_stride = x_stride;
+    part.out = args.out + r0 * out_stride;
+    part.out_stride = out_stride;
+    part.rows = r1 - r0;
+    kernels::rmsnorm(part, weight);
+  });
+}
+
+void add_rows(const ComputeContext& ctx, float* x, const float* y, int64_t rows, int64_t dim) {
+  for_row_ranges(ctx, rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t i = r0 * dim; i < r1 * dim; ++i) x[i] += y[i];
+  });
+}
+
 void linear(const ComputeContext& ctx, const float* x, int64_t m, const LinearWeight& w, float* y,
             int64_t x_stride, int64_t y_stride, bool accumulate) {
   const LinearProblem problem{x, x_stride, &w, y, y_stride, m, accumulate};

@@ -11,6 +11,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
 #include "model/deepseek_weights.h"
 
 namespace peerserve {
@@ -56,6 +57,13 @@ void for_row_ranges(const ComputeContext& ctx, int64_t rows, Fn&& fn) {
   ctx.pool->run_on_all(
       [&](int part, int parts) { fn(rows * part / parts, rows * (part + 1) / parts, part); });
 }
+
+// kernels::rmsnorm over row ranges (for_row_ranges): the same bits, on both cores for a
+// prefill's rows (it ran on the calling thread while the other core waited).
+void rmsnorm_rows(const ComputeContext& ctx, const kernels::RmsNormArgs& args, const float* weight);
+
+// x[r, :] += y[r, :] for r < rows (dim wide, dense): the residual adds, over row ranges.
+void add_rows(const ComputeContext& ctx, float* x, const float* y, int64_t rows, int64_t dim);
 
 // y[m, w.rows] (+)= x[m, w.cols] w^T; strides in elements (0: dense). W8A8 when w has an
 // INT8 form (kernels/matmul_int8.h), else the BF16 product at ctx.precision: over the

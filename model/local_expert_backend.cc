@@ -108,12 +108,14 @@ Status LocalExpertBackend::dispatch(const RoutedTokens& tokens, Call& call_base)
   call.next_slot.assign(call.first_slot.begin(), call.first_slot.end() - 1);
   call.slot_of_pair.resize(pairs);
   call.x.resize(pairs * hidden);
-  for (int64_t i = 0; i < pairs; ++i) {
-    const int64_t slot = call.next_slot[call.local_ids[i]]++;
-    call.slot_of_pair[i] = slot;
-    std::memcpy(call.x.data() + slot * hidden, tokens.activations.data() + (i / top_k) * hidden,
-                hidden * sizeof(float));
-  }
+  for (int64_t i = 0; i < pairs; ++i) call.slot_of_pair[i] = call.next_slot[call.local_ids[i]]++;
+  // The gather itself over row ranges (a prefill's copies kept one core busy, the other idle).
+  for_row_ranges(ComputeContext{pool_, precision_}, pairs, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      std::memcpy(call.x.data() + call.slot_of_pair[i] * hidden,
+                  tokens.activations.data() + (i / top_k) * hidden, hidden * sizeof(float));
+    }
+  });
   call.dispatched = true;
   return ok_status();
 }

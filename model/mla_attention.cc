@@ -67,39 +67,45 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   grouped_linear(ctx, projections);
   if (w.q_a) {
     const int64_t q_lora = w.q_a->rows;
-    kernels::rmsnorm(
-        {.x = s.q_a.data(), .out = s.q_a.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
+    rmsnorm_rows(
+        ctx, {.x = s.q_a.data(), .out = s.q_a.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
         w.q_a_norm.data());
     linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
   }
-  kernels::rmsnorm({.x = s.kv_a.data(),
-                    .x_stride = width,
-                    .out = s.kv_a.data(),
-                    .out_stride = width,
-                    .rows = t_rows,
-                    .dim = lora,
-                    .eps = eps},
-                   w.kv_a_norm.data());
+  rmsnorm_rows(ctx,
+               {.x = s.kv_a.data(),
+                .x_stride = width,
+                .out = s.kv_a.data(),
+                .out_stride = width,
+                .rows = t_rows,
+                .dim = lora,
+                .eps = eps},
+               w.kv_a_norm.data());
   const int64_t half = rope / 2;
-  for (int64_t t = 0; t < t_rows; ++t) {
-    const float* cos = rows.rope_cos.data() + t * half;
-    const float* sin = rows.rope_sin.data() + t * half;
-    rope_.rotate(cos, sin, s.kv_a.data() + t * width + lora);
-    for (int64_t h = 0; h < heads; ++h)
-      rope_.rotate(cos, sin, s.q.data() + (t * heads + h) * qk + nope);
-  }
+  for_row_ranges(ctx, t_rows, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* cos = rows.rope_cos.data() + t * half;
+      const float* sin = rows.rope_sin.data() + t * half;
+      rope_.rotate(cos, sin, s.kv_a.data() + t * width + lora);
+      for (int64_t h = 0; h < heads; ++h)
+        rope_.rotate(cos, sin, s.q.data() + (t * heads + h) * qk + nope);
+    }
+  });
 
   // The new tokens' latents go into the cache first; attention then reads every context
   // token from the cache, so a token's keys are the same whichever step wrote them.
+  // (Distinct tokens write distinct cache rows: the ranges can run at once.)
   const int64_t block_size = cache.layout().block_size;
   for (const StepChunk& chunk : rows.chunks) {
-    for (int64_t i = 0; i < chunk.num_tokens; ++i) {
-      const int64_t pos = chunk.start_pos + i;
-      const float* entry = s.kv_a.data() + (chunk.row_begin + i) * width;
-      cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
-                        {entry, static_cast<size_t>(lora)},
-                        {entry + lora, static_cast<size_t>(rope)});
-    }
+    for_row_ranges(ctx, chunk.num_tokens, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t pos = chunk.start_pos + i;
+        const float* entry = s.kv_a.data() + (chunk.row_begin + i) * width;
+        cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
+                          {entry, static_cast<size_t>(lora)},
+                          {entry + lora, static_cast<size_t>(rope)});
+      }
+    });
   }
 
   s.attn.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}

@@ -440,6 +440,37 @@ TEST_F(MatmulInt8Test, GroupedEqualsEachProblemAlone) {
   }
 }
 
+// MoE experts with a few tokens each: no problem alone is large enough for the threads, all
+// of them together are (the activations of every problem are quantized in one parallel pass).
+TEST_F(MatmulInt8Test, ManySmallGroupedProblemsOnThreadsEqualEachAlone) {
+  Random rng(21);
+  const int64_t n = 48, k = 512, count = 24;
+  std::vector<PackedInt8Matrix> ws;
+  std::vector<std::vector<float>> xs;
+  for (int64_t e = 0; e < count; ++e) {
+    ws.push_back(random_weights(rng, n, k, k));
+    xs.push_back(rng.floats(static_cast<size_t>((1 + e % 12) * k)));
+  }
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    std::vector<std::vector<float>> ys(static_cast<size_t>(count));
+    std::vector<MatmulInt8Args> problems;
+    int64_t elements = 0;
+    for (int64_t e = 0; e < count; ++e) {
+      const int64_t m = 1 + e % 12;
+      ys[e].assign(static_cast<size_t>(m * n), 0.0f);
+      problems.push_back({xs[e].data(), 0, &ws[e], ys[e].data(), 0, m, false});
+      elements += m * k;
+    }
+    ASSERT_GE(elements, 64 * 1024);  // above the threshold of a parallel quantization
+    grouped_matmul_int8(problems, &pool2_);
+    for (int64_t e = 0; e < count; ++e) {
+      EXPECT_EQ(ys[e], run(ws[e], xs[e].data(), 1 + e % 12, nullptr))
+          << level_label(level) << " problem " << e;
+    }
+  }
+}
+
 TEST_F(MatmulInt8Test, FusedGateUpSiluEqualsUnfusedBitwise) {
   Random rng(13);
   struct Expert {

@@ -213,5 +213,40 @@ TEST_F(MatmulPackedBf16Test, BatchInvariantAcrossRowsThreadsAndGrouping) {
   }
 }
 
+// MoE experts with a few tokens each: no problem alone is large enough for the threads, all
+// of them together are (the activations of every problem are rounded in one parallel pass).
+TEST_F(MatmulPackedBf16Test, ManySmallGroupedProblemsOnThreadsEqualEachAlone) {
+  Random rng(19);
+  const int64_t n = 48, k = 512, problems = 24;
+  std::vector<std::vector<bf16>> wvs;
+  std::vector<PackedBf16Matrix> ws;
+  std::vector<std::vector<float>> xs;
+  for (int64_t e = 0; e < problems; ++e) {
+    wvs.push_back(rng.bf16s(static_cast<size_t>(n * k)));
+    ws.push_back(pack_or_die(wvs.back(), n, k, 0));
+    xs.push_back(rng.floats(static_cast<size_t>((1 + e % 12) * k), -3, 3));
+  }
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    std::vector<std::vector<float>> ys(static_cast<size_t>(problems));
+    std::vector<MatmulPackedBf16Args> group;
+    int64_t elements = 0;
+    for (int64_t e = 0; e < problems; ++e) {
+      const int64_t m = 1 + e % 12;
+      ys[e].assign(static_cast<size_t>(m * n), 0.0f);
+      group.push_back({xs[e].data(), 0, &ws[e], ys[e].data(), 0, m, false});
+      elements += m * k;
+    }
+    ASSERT_GE(elements, 64 * 1024);  // above the threshold of a parallel conversion
+    grouped_matmul_packed_bf16(group, &pool2_);
+    for (int64_t e = 0; e < problems; ++e) {
+      std::vector<float> alone(ys[e].size());
+      matmul_packed_bf16({xs[e].data(), 0, &ws[e], alone.data(), 0, 1 + e % 12, false}, nullptr);
+      ASSERT_EQ(ys[e], alone) << "problem " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace peerserve::kernels
