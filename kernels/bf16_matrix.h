@@ -34,7 +34,7 @@ class PackedBf16Matrix {
 
   // The panel stride (bf16 elements) of a matrix with `cols` columns (k): k_pairs * 32, plus
   // one cache line when that is a multiple of 4 KiB. Shared with other packers of this layout
-  // (kernels/query_panels.h).
+  // (kernels/bf16_panels.h).
   static int64_t panel_stride_for(int64_t cols);
 
   // Packs w [n, k] (values copied bit for bit). InvalidArgument for negative sizes, a stride

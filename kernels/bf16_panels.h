@@ -1,6 +1,7 @@
 // A matrix built at run time from fp32 values (rounded to bf16) in the packed layout of
 // kernels/bf16_matrix.h, and products over its leading rows and columns: the prefill
-// attention's per-head keys and values.
+// attention's per-head keys and values, and the decode attention's queries (the heads of a
+// query packed, each block of cached bf16 keys the activation side, read in place).
 //
 //   multiply:  y[i * y_stride + j] (+)= sum over p < k_limit of x[i, p] * w[j, p]
 //              for i < m, j < n_limit
@@ -11,7 +12,9 @@
 // keys) and the sums (probabilities x values) run on the packed bf16 tile kernel, two
 // multiply-adds per lane and instruction where vdpbf16ps exists. The limits serve the causal
 // mask: a tile of queries scores only the keys it can see (n_limit) and sums only over them
-// (k_limit), with no repacking.
+// (k_limit), with no repacking. In decode the scores (every head against every cached
+// latent) were dot products over the 576-wide keys, a horizontal reduction per score; here
+// one broadcast key pair feeds 16 heads.
 //
 // Accuracy: that of matmul_packed_bf16 — the fp32 sum, in p order per output, of exact
 // bf16 x bf16 products: |error| <= (k_limit + 2) * 2^-24 * (sum_p |x_p w_p| + |y|) against the

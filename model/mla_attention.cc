@@ -8,7 +8,6 @@
 #include "kernels/bf16_convert.h"
 #include "kernels/bf16_panels.h"
 #include "kernels/matmul.h"
-#include "kernels/query_panels.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/softmax.h"
 #include "kernels/transpose.h"
@@ -315,11 +314,12 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   s.o_lat.assign(num_rows * heads * lora, 0.0f);
   const bool bf16_cache = layout.dtype == DType::kBF16;
   // With bf16 latents and bf16 GEMM inputs, the scores are the packed outer-product form
-  // (kernels/query_panels.h): the group's heads packed once per query, each cache block's
-  // keys read in place, scores out as [key, head] and turned to [head, key] for the softmax.
+  // with the roles turned around (kernels/bf16_panels.h): the group's heads are the packed
+  // matrix, packed once per query, and each cache block's keys the activation side, read in
+  // place; scores come out as [key, head] and are turned to [head, key] for the softmax.
   // Otherwise (fp32 activations: exactness checks; an fp32 cache) one product per block.
   const bool packed_scores = bf16_cache && ctx.precision == kernels::ActivationPrecision::kBf16 &&
-                             kernels::QueryPanels::supports_width(width);
+                             width % 2 == 0;  // keys are read in pairs, in place
   // Work items per thread: two for balance, but one with packed scores, whose cost per key
   // is that of a whole 16-head panel however few heads a group has (mini, batch 1, context
   // 4,096: 3.81-4.05 -> 3.40-3.58 ms per step, docs/kernels.md).
@@ -331,7 +331,7 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   const int64_t groups = (heads + group_heads - 1) / group_heads;
   ctx.pool->parallel_for(num_chunks * groups, [&](int64_t item0, int64_t item1) {
     std::vector<float> scores;
-    thread_local kernels::QueryPanels panels;
+    thread_local kernels::Bf16Panels panels;    // the group's heads of one query
     thread_local std::vector<float> key_major;  // [key, head of the group]
     for (int64_t item = item0; item < item1; ++item) {
       const int64_t c = item / groups, h0 = (item % groups) * group_heads;
@@ -344,13 +344,15 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
         float* p = scores.data() + r * hg * context;
         const int64_t visible = chunk.start_pos + r + 1;  // causal
         if (packed_scores) {
-          panels.pack(q, width, hg, width);
+          panels.reset(hg, width);
+          panels.fill_rows(q, width, 0, width);
           key_major.resize(visible * hg);
           for (int64_t b = 0; b * block_size < visible; ++b) {
             const int64_t tokens = std::min(block_size, visible - b * block_size);
             const auto* keys =
                 reinterpret_cast<const bf16*>(cache.layer_block(kv_layer, chunk.block_table[b]));
-            panels.score(keys, width, tokens, key_major.data() + b * block_size * hg, hg);
+            panels.multiply(keys, width, tokens, hg, width, key_major.data() + b * block_size * hg,
+                            hg, false);
           }
           kernels::transpose(key_major.data(), hg, visible, hg, p, context);
         } else {

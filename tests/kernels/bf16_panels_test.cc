@@ -65,9 +65,18 @@ struct Case {
 
 // Shapes of the prefill attention (keys 192 wide, values over a context) and edges: odd
 // columns, a partial last panel, limits at 1 and at the full size.
-constexpr Case kCases[] = {{1, 1, 1, 1, 1},        {16, 2, 3, 16, 2},      {17, 96, 32, 17, 96},
-                           {100, 192, 7, 37, 192}, {64, 513, 32, 64, 513}, {64, 513, 5, 50, 300},
-                           {33, 31, 6, 33, 31},    {128, 64, 32, 97, 63}};
+constexpr Case kCases[] = {{1, 1, 1, 1, 1},
+                           {16, 2, 3, 16, 2},
+                           {17, 96, 32, 17, 96},
+                           {100, 192, 7, 37, 192},
+                           {64, 513, 32, 64, 513},
+                           {64, 513, 5, 50, 300},
+                           {33, 31, 6, 33, 31},
+                           {128, 64, 32, 97, 63},
+                           // The decode attention's: a query's heads against 576-wide keys.
+                           {16, 576, 16, 16, 576},
+                           {20, 576, 7, 20, 576},
+                           {40, 64, 5, 40, 64}};
 
 TEST(Bf16Panels, RowFilledProductsEqualTheDefinitionWithinTheSumBound) {
   std::string levels = "[ isa ]";

@@ -113,7 +113,7 @@ TEST(DeepseekModelTest, AbsorbedAttentionOverLongBf16ContextsAgreesWithPlain) {
 }
 
 // The inference configuration (bf16 GEMM inputs, bf16 cache) scores the absorbed form's
-// keys with the packed query panels (kernels/query_panels.h); against the plain form, which
+// keys with the packed heads of a query (kernels/bf16_panels.h); against the plain form, which
 // decompresses the keys instead and runs its scores and sums as packed bf16 products
 // (kernels/bf16_panels.h), at every ISA level's packed kernel. Both round activations to
 // bf16 at their own GEMM inputs, so they agree to bf16 precision (2^-8), not fp32: measured
