@@ -141,6 +141,45 @@ TEST(DeepseekModelTest, PackedDecodeScoresOverBf16CacheAgreeWithPlainAttention) 
   }
 }
 
+// The inference configuration in one attention form: a prompt prefilled in chunks gives
+// every row the bits of one prefill (what chunked prefill and prefix-cache hits rely on). In
+// the plain form the packed bf16 products run over query tiles whose key limits differ with
+// the split (kernels/bf16_panels.h: a row's result depends only on its visible keys); in the
+// absorbed form every query is scored alone. Each form at scalar, avx2 and the best level.
+TEST(DeepseekModelTest, ChunkedPrefillInOneFormGivesTheBitsOfOnePrefill) {
+  for (kernels::IsaLevel level :
+       {kernels::IsaLevel::kScalar, kernels::IsaLevel::kAvx2, kernels::best_isa_level()}) {
+    if (!kernels::isa_level_supported(level)) continue;
+    kernels::ScopedIsaLevel isa(level);
+    for (AttentionForm form : {AttentionForm::kPlain, AttentionForm::kAbsorbed}) {
+      ModelOptions options;  // bf16 GEMM inputs
+      options.num_threads = 2;
+      options.attention_form = form;
+      auto model = load_model(tiny_checkpoint_dir(), options);
+      const int64_t vocab = model->config().vocab_size, length = 70;
+      const std::vector<int32_t> tokens = test_tokens(length, vocab, 7);
+      LatentKvCache whole_cache = make_cache(*model, 16, DType::kBF16, 5);
+      TestSequence whole{tokens, iota_blocks(5), 0};
+      const std::vector<float> reference = step(*model, whole_cache, whole, length, true);
+      for (const std::vector<int64_t>& split :
+           {std::vector<int64_t>{33, 37}, {1, 40, 29}, {35, 3, 32}, {69, 1}}) {
+        LatentKvCache cache = make_cache(*model, 16, DType::kBF16, 5);
+        TestSequence seq{tokens, iota_blocks(5), 0};
+        std::vector<float> rows;
+        for (int64_t n : split) {
+          const std::vector<float> part = step(*model, cache, seq, n, true);
+          rows.insert(rows.end(), part.begin(), part.end());
+        }
+        ASSERT_EQ(rows.size(), reference.size());
+        EXPECT_EQ(0, std::memcmp(rows.data(), reference.data(), rows.size() * sizeof(float)))
+            << kernels::isa_level_name(level)
+            << (form == AttentionForm::kPlain ? " plain" : " absorbed") << ", split starting "
+            << split[0] << ": max relative difference " << max_rel_diff(rows, reference);
+      }
+    }
+  }
+}
+
 TEST(DeepseekModelTest, IncrementalDecodeOnPagedCacheEqualsFullRecomputation) {
   auto model = load_model(tiny_checkpoint_dir(), fp32_options());
   const int64_t vocab = model->config().vocab_size;
