@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/attention_form_option.h"
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
@@ -47,6 +48,7 @@ struct GenerateCli {
   bool ignore_eos = false;
   EpCli ep;
   QuantizeCli quantize;
+  std::string attention_form = "auto";
   SpeculativeCli speculative;
 };
 
@@ -225,6 +227,7 @@ int run_generate(const GenerateCli& cli) {
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = cli.speculative.method != "off";
   apply_quantize_options(cli.quantize, &options);
+  options.attention_form = attention_form_named(cli.attention_form);
   if (options.load_mtp && session.distributed()) {
     return fail(invalid_argument(
         "--speculative is not available with expert parallelism yet (use --speculative off)"));
@@ -330,6 +333,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
+  add_attention_form_option(sub, &cli->attention_form);
   add_speculative_options(sub, &cli->speculative);
   sub->callback([cli] { set_command_exit_code(run_generate(*cli)); });
 });

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/attention_form_option.h"
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
@@ -33,6 +34,7 @@ struct ScoreCli {
   int threads = 0;
   EpCli ep;
   QuantizeCli quantize;
+  std::string attention_form = "auto";
 };
 
 int run_score(const ScoreCli& cli) {
@@ -53,6 +55,7 @@ int run_score(const ScoreCli& cli) {
   options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
   apply_quantize_options(cli.quantize, &options);
+  options.attention_form = attention_form_named(cli.attention_form);
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
                                  : DeepseekModel::load(cli.model_dir, options);
@@ -112,6 +115,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
+  add_attention_form_option(sub, &cli->attention_form);
   sub->callback([cli] { set_command_exit_code(run_score(*cli)); });
 });
 

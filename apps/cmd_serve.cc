@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "apps/attention_form_option.h"
 #include "apps/byte_size.h"
 #include "apps/command_registry.h"
 #include "apps/ep_options.h"
@@ -67,6 +68,7 @@ struct ServeCli {
   std::string microbatch_split = "measured";
   EpCli ep;
   QuantizeCli quantize;
+  std::string attention_form = "auto";
   SpeculativeCli speculative;
   KvPoolCli kv_pool;
   std::string role = "all";
@@ -229,6 +231,7 @@ int run_serve(const ServeCli& cli) {
   model_options.num_threads = cli.threads;
   model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   apply_quantize_options(cli.quantize, &model_options);
+  model_options.attention_form = attention_form_named(cli.attention_form);
   if (Status s = session.plan_experts(cli.model_dir, &model_options); !s.ok()) {
     return session.fail(s, true);
   }
@@ -718,6 +721,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
+  add_attention_form_option(sub, &cli->attention_form);
   add_speculative_options(sub, &cli->speculative);
   add_kv_pool_options(sub, &cli->kv_pool);
   sub->add_option("--max-connections", cli->max_connections,
