@@ -28,16 +28,20 @@ void Bf16Panels::reset(int64_t rows, int64_t cols) {
   const int64_t num_panels = (rows + kPanel - 1) / kPanel;
   panel_stride_ = PackedBf16Matrix::panel_stride_for(cols);
   const int64_t bytes = num_panels * panel_stride_ * static_cast<int64_t>(sizeof(uint16_t));
+  // The fills write lanes < rows only; the last panel's other lanes feed outputs that are
+  // never stored, but stay zero so that they hold no stale NaN. They still are when the
+  // shape is the previous one (the fills since never wrote them): a decode step repacks a
+  // query's heads for every row without clearing a panel each time.
+  bool clear = rows != rows_ || cols != cols_;
   if (storage_.size() < bytes) {
     Result<AlignedBuffer> storage = AlignedBuffer::allocate(bytes);
     PS_CHECK(storage.ok()) << "bf16 panels: " << storage.status().message();
     storage_ = std::move(storage).value();
+    clear = false;  // allocated zero-filled
   }
   rows_ = rows;
   cols_ = cols;
-  // The fills write lanes < rows only; the last panel's other lanes feed outputs that are
-  // never stored, but stay zero so that they hold no stale NaN.
-  if (rows % kPanel != 0) {
+  if (clear && rows % kPanel != 0) {
     std::fill_n(panels() + (num_panels - 1) * panel_stride_, panel_stride_, uint16_t{0});
   }
 }

@@ -112,39 +112,30 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
     rows += static_cast<size_t>(p.m);
   }
   if (rows == 0) return;
-  uint8_t* const xq_all = scratch<uint8_t>(bytes);
-  float* const scales_all = scratch<float>(rows);
-
-  // Every problem's rows quantized in one pass (row offsets and byte offsets per problem).
-  thread_local std::vector<int64_t> first_row, first_byte;
-  first_row.assign(1, 0);
-  first_byte.assign(1, 0);
-  int64_t elements = 0;
-  for (const Problem& p : problems) {
-    first_row.push_back(first_row.back() + p.m);
-    first_byte.push_back(first_byte.back() + p.m * quantized_stride(p.w->k_groups()));
-    elements += p.m * p.w->cols();
-  }
-  // Views of this thread's scratch: the lambda runs on the pool's threads too, where the
-  // names of thread_local variables mean those threads' own (empty) copies.
-  const std::span<const int64_t> row_offsets(first_row), byte_offsets(first_byte);
-  internal::convert_grouped_rows(row_offsets, elements, pool, [&](int64_t g, int64_t i) {
-    const Problem& p = problems[static_cast<size_t>(g)];
-    const PackedInt8Matrix& w = *p.w;
-    const int64_t stride = quantized_stride(w.k_groups());
-    scales_all[row_offsets[g] + i] = table.quantize_row_int8(
-        p.x + i * p.x_stride, w.cols(), 4 * w.k_groups(), table.int8_activation_offset,
-        xq_all + byte_offsets[g] + i * stride);
-  });
-
+  // Rows of problem g go to xq + (its first byte) with scales at (its first row); the tasks
+  // and the quantization pass read the same places, laid out once here.
+  struct Quantization {
+    const Problem* problem;
+    uint8_t* xq;
+    float* scales;
+    int64_t stride;
+  };
   thread_local std::vector<Task> tasks;
+  thread_local std::vector<Quantization> quantizations;
+  thread_local std::vector<int64_t> first_row;
   tasks.clear();
-  uint8_t* xq = xq_all;
-  float* scales = scales_all;
+  quantizations.clear();
+  first_row.assign(1, 0);
+  uint8_t* xq = scratch<uint8_t>(bytes);
+  float* scales = scratch<float>(rows);
+  int64_t elements = 0;
   for (const Problem& p : problems) {
     if (p.m == 0) continue;
     const PackedInt8Matrix& w = *p.w;
     const int64_t stride = quantized_stride(w.k_groups());
+    quantizations.push_back({&p, xq, scales, stride});
+    first_row.push_back(first_row.back() + p.m);
+    elements += p.m * w.cols();
     Task task;
     Int8Tile& t = task.tile;
     t.x = xq;
@@ -172,6 +163,18 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
     xq += p.m * stride;
     scales += p.m;
   }
+
+  // Every problem's rows quantized in one pass. Views of this thread's lists: the lambda
+  // runs on the pool's threads too, where the names of thread_local variables mean those
+  // threads' own (empty) copies.
+  const std::span<const Quantization> to_quantize(quantizations);
+  internal::convert_grouped_rows(first_row, elements, pool, [&](int64_t g, int64_t i) {
+    const Quantization& q = to_quantize[static_cast<size_t>(g)];
+    const PackedInt8Matrix& w = *q.problem->w;
+    q.scales[i] =
+        table.quantize_row_int8(q.problem->x + i * q.problem->x_stride, w.cols(), 4 * w.k_groups(),
+                                table.int8_activation_offset, q.xq + i * q.stride);
+  });
   run_tasks(tasks, pool);
 }
 

@@ -94,33 +94,25 @@ void grouped_matmul_packed_bf16(std::span<const MatmulPackedBf16Args> problems, 
     elements += static_cast<size_t>(a.m * activation_stride(a.w->k_pairs()));
   }
   if (live.empty()) return;
-  uint16_t* const x_all = scratch(elements);
-  // Every problem's rows rounded in one pass (row and element offsets per problem).
-  thread_local std::vector<int64_t> first_row, first_element;
+  // Problem g's rows go to x + (its first element); the tasks and the rounding pass read the
+  // same places, laid out once here.
+  struct Rounding {
+    const MatmulPackedBf16Args* problem;
+    uint16_t* x;
+    int64_t stride;
+  };
+  thread_local std::vector<Rounding> roundings;
+  thread_local std::vector<int64_t> first_row;
+  roundings.clear();
   first_row.assign(1, 0);
-  first_element.assign(1, 0);
+  uint16_t* x = scratch(elements);
   int64_t converted = 0;
-  for (const MatmulPackedBf16Args& a : live) {
-    first_row.push_back(first_row.back() + a.m);
-    first_element.push_back(first_element.back() + a.m * activation_stride(a.w->k_pairs()));
-    converted += a.m * a.w->cols();
-  }
-  // Views of this thread's scratch: the lambda runs on the pool's threads too, where the
-  // names of thread_local variables mean those threads' own (empty) copies.
-  const std::span<const MatmulPackedBf16Args> problems_of(live);
-  const std::span<const int64_t> row_offsets(first_row), element_offsets(first_element);
-  internal::convert_grouped_rows(row_offsets, converted, pool, [&](int64_t g, int64_t i) {
-    const MatmulPackedBf16Args& a = problems_of[static_cast<size_t>(g)];
-    const PackedBf16Matrix& w = *a.w;
-    const int64_t k = w.cols(), stride = activation_stride(w.k_pairs());
-    uint16_t* row = x_all + element_offsets[g] + i * stride;
-    table.fp32_to_bf16(a.x + i * a.x_stride, row, k);
-    std::fill(row + k, row + 2 * w.k_pairs(), uint16_t{0});
-  });
-  uint16_t* x = x_all;
   for (const MatmulPackedBf16Args& a : live) {
     const PackedBf16Matrix& w = *a.w;
     const int64_t stride = activation_stride(w.k_pairs());
+    roundings.push_back({&a, x, stride});
+    first_row.push_back(first_row.back() + a.m);
+    converted += a.m * w.cols();
     Task task;
     PackedBf16Tile& t = task.tile;
     t.x = x;
@@ -139,6 +131,17 @@ void grouped_matmul_packed_bf16(std::span<const MatmulPackedBf16Args> problems, 
     tasks.push_back(task);
     x += a.m * stride;
   }
+  // Every problem's rows rounded in one pass. A view of this thread's list: the lambda runs
+  // on the pool's threads too, where the name of a thread_local variable means that thread's
+  // own (empty) copy.
+  const std::span<const Rounding> to_round(roundings);
+  internal::convert_grouped_rows(first_row, converted, pool, [&](int64_t g, int64_t i) {
+    const Rounding& r = to_round[static_cast<size_t>(g)];
+    const PackedBf16Matrix& w = *r.problem->w;
+    uint16_t* row = r.x + i * r.stride;
+    table.fp32_to_bf16(r.problem->x + i * r.problem->x_stride, row, w.cols());
+    std::fill(row + w.cols(), row + 2 * w.k_pairs(), uint16_t{0});
+  });
   run_tasks(tasks, table.matmul_packed_bf16, pool);
 }
 

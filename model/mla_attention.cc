@@ -233,10 +233,11 @@ void MlaAttention::attend_plain_packed(const ComputeContext& ctx, const StepChun
       const int64_t i1 = std::min(n, i0 + kQueryTile), rows = i1 - i0;
       const int64_t limit = chunk.start_pos + i1;  // keys visible to the tile's last query
       const int64_t p_stride = (limit + 1) / 2 * 2;
-      queries.assign(static_cast<size_t>(rows * q_stride), bf16{0});
+      queries.resize(static_cast<size_t>(rows * q_stride));
       for (int64_t r = 0; r < rows; ++r) {
-        kernels::fp32_to_bf16(s.q.data() + ((chunk.row_begin + i0 + r) * heads + h) * qk,
-                              queries.data() + r * q_stride, qk);
+        bf16* row = queries.data() + r * q_stride;
+        kernels::fp32_to_bf16(s.q.data() + ((chunk.row_begin + i0 + r) * heads + h) * qk, row, qk);
+        std::fill(row + qk, row + q_stride, bf16{0});  // the pair's second half of an odd qk
       }
       scores.resize(static_cast<size_t>(rows * limit));
       s.key_panels[static_cast<size_t>(h)].multiply(queries.data(), q_stride, rows, limit, qk,
