@@ -18,6 +18,7 @@ Checks (each a separate case, all run; exit 1 if any failed):
 """
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -241,7 +242,7 @@ def lost_rank(sig, expect):
         args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "generate", "--model", shipped,
                 "--prompt-ids", PROMPT, "--max-tokens", "100000", "--ignore-eos", "--ep", "2",
                 "--ep-timeout-ms", "3000", "--threads", "1"]
-        p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         ranks = {}
         try:
@@ -250,7 +251,12 @@ def lost_rank(sig, expect):
                 time.sleep(0.5)
                 ranks = rank_pids(p)
             assert len(ranks) == 2, f"expected 2 ranks, found {ranks}"
-            time.sleep(2)  # well into decoding
+            # Mid-run means decoding: wait for the first generated text (on a loaded machine
+            # the ranks can still be loading seconds after they start).
+            decoding = select.select([p.stdout], [], [], 60)[0]
+            assert decoding, "no generated text within 60 s"
+            os.read(p.stdout.fileno(), 1)
+            time.sleep(0.5)
             os.kill(ranks[1], sig)
             _, err = p.communicate(timeout=60)
         finally:
