@@ -331,9 +331,7 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   const int64_t group_heads = (heads + groups_per_chunk - 1) / groups_per_chunk;
   const int64_t groups = (heads + group_heads - 1) / group_heads;
   ctx.pool->parallel_for(num_chunks * groups, [&](int64_t item0, int64_t item1) {
-    // Kept between calls: at long contexts a fresh vector is a fresh mmap (and page faults)
-    // per layer and step.
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores;     // kept between calls: no allocation per layer
     thread_local kernels::Bf16Panels panels;    // the group's heads of one query
     thread_local std::vector<float> key_major;  // [key, head of the group]
     for (int64_t item = item0; item < item1; ++item) {
