@@ -741,11 +741,16 @@ class Interpreter {
         return Value(-x);
       }
     }
-    // Python floors (the result of % takes the divisor's sign).
+    // Python floors (the result of % takes the divisor's sign). The remainder is corrected
+    // by adding y, not recomputed as x - q * y: q * y can pass INT64_MIN (INT64_MIN % 77).
     int64_t q = x / y;
-    if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+    int64_t r = x % y;
+    if (r != 0 && ((r < 0) != (y < 0))) {
+      --q;  // |y| >= 2 here, so |q| <= 2^62
+      r += y;
+    }
     if (op == "//") return Value(q);
-    if (op == "%") return Value(x - q * y);
+    if (op == "%") return Value(r);
     return type_error();
   }
 
