@@ -74,18 +74,18 @@ void route_token(const ModelConfig& config, std::span<const float> logits,
     }
   }
 
-  // Top-k by choice, descending. Taken experts are skipped by id rather than overwritten
-  // with a sentinel, because masked choice values are already -inf.
-  for (int64_t k = 0; k < top_k; ++k) {
-    const int64_t best = arg_max(std::span<const float>(choice), [&](int64_t e) {
-      for (int64_t j = 0; j < k; ++j) {
-        if (expert_ids[j] == e) return false;
-      }
-      return true;
-    });
-    expert_ids[k] = static_cast<int32_t>(best);
-    weights[k] = scores[best];
+  // Top-k by choice, descending, the lower index first on ties: one pass that keeps the best
+  // k so far in order (a new expert enters only if strictly better than the k-th, and moves
+  // up only past strictly worse ones). A repeated arg-max was O(k^2 n) per token.
+  int64_t count = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const float v = choice[e];
+    if (count == top_k && !(v > choice[expert_ids[top_k - 1]])) continue;
+    int64_t pos = count < top_k ? count++ : top_k - 1;
+    for (; pos > 0 && v > choice[expert_ids[pos - 1]]; --pos) expert_ids[pos] = expert_ids[pos - 1];
+    expert_ids[pos] = static_cast<int32_t>(e);
   }
+  for (int64_t k = 0; k < top_k; ++k) weights[k] = scores[expert_ids[k]];
 
   const bool normalise = top_k > 1 && config.norm_topk_prob;
   if (normalise) {

@@ -137,6 +137,25 @@ TEST(MoeRouterTest, GroupScoreIsSumOfTopTwoInV3AndMaxInV2) {
   EXPECT_EQ(route(v2, logits, {}).ids, (std::vector<int32_t>{0}));
 }
 
+// The documented order: descending choice, the lower index first among equal values
+// (including the -inf of masked groups when fewer finite experts remain than top_k).
+TEST(MoeRouterTest, TiesGoToTheLowerIndex) {
+  const ModelConfig greedy = router_config(ModelArch::kDeepseekV2, 8, 1, 1, 4,
+                                           ScoringFunc::kSoftmax, TopkMethod::kGreedy, true, 1.0);
+  EXPECT_EQ(route(greedy, std::vector<float>(8, 0.25f), {}).ids,
+            (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(route(greedy, {0.0f, 1.0f, 0.0f, 1.0f, 2.0f, 1.0f, 0.0f, 2.0f}, {}).ids,
+            (std::vector<int32_t>{4, 7, 1, 3}));
+  // 4 groups of 2, keep 1, top 3: the kept group has two experts, the third pick is the
+  // lowest-index masked one.
+  const ModelConfig grouped = router_config(ModelArch::kDeepseekV3, 8, 4, 1, 3,
+                                            ScoringFunc::kSigmoid, TopkMethod::kNoAuxTc, true, 1.0);
+  EXPECT_EQ(
+      route(grouped, {0.0f, 0.0f, 0.0f, 0.0f, 3.0f, 2.0f, 0.0f, 0.0f}, std::vector<float>(8, 0.0f))
+          .ids,
+      (std::vector<int32_t>{4, 5, 0}));
+}
+
 TEST(MoeRouterTest, V2ScalesOnlyWithoutNormalisation) {
   const std::vector<float> logits = {1.0f, 0.5f, 0.0f, -0.5f};
   ModelConfig c = router_config(ModelArch::kDeepseekV2, 4, 1, 1, 2, ScoringFunc::kSoftmax,
