@@ -5,8 +5,9 @@
 //                           [--decode-batch] [--packed-bf16]
 //
 // --int8: only the INT8 section (matmul_int8 GEMV against the read bandwidth, GEMM against
-// the int8 multiply-add peak and against matmul_bf16 on the same shape, a MoE decode step
-// of INT8 experts, and the cost of an expert product as its tokens grow).
+// the int8 multiply-add peak and, in alternating pairs, against the BF16 product the
+// model's BF16 path runs on the same shape, a MoE decode step of INT8 experts, and the cost
+// of an expert product as its tokens grow).
 //
 // --packed-bf16: only the bf16 products on the two weight layouts, alternating in pairs on
 // the same shapes: matmul_bf16 on the checkpoint layout and matmul_packed_bf16 on weights
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -328,8 +330,11 @@ void bench_int8_gemv(ThreadPool& pool, const Flags& flags, const Ceilings& c, Is
             "int8", r, "GB/s");
 }
 
-// GEMM m x n x k against the int8 multiply-add peak of the level's instructions, then the
-// same shape with matmul_bf16 (bf16 activations) for the speed-up.
+// GEMM m x n x k against the int8 multiply-add peak of the level's instructions, then
+// against the BF16 product the model's BF16 path runs at this level (matmul_packed_bf16 on
+// weights packed at load where that is fast, matmul_bf16 on the checkpoint layout elsewhere;
+// bf16 activations), the two alternating in pairs: the speed-up an INT8 prefill can get from
+// its products alone, before the work both paths share.
 void bench_int8_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m, int64_t n,
                      int64_t k) {
   kernels::ScopedIsaLevel isa(level);
@@ -339,32 +344,50 @@ void bench_int8_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64
   std::vector<float> y(static_cast<size_t>(m * n));
   const int runs = flags.quick ? 3 : 5;
   const double ops = 2.0 * static_cast<double>(m * n * k);
-  const Measurement r = measure_paired(
-      runs, ops,
-      [&] {
-        const Stopwatch watch(flags.time);
-        kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, m, false}, &pool);
-        return watch.seconds();
-      },
-      [&] { return measure_int8_dot_peak(pool, level, 1, 0.05, flags.time); });
-  print_row("matmul_int8 gemm", level, shape_name(m, n, k), "int8", r, "GOP/s");
-  kernels::MatmulBf16Args args;
-  args.x = x.data();
-  args.w = wb.data();
-  args.y = y.data();
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  std::vector<double> bf16_seconds;
-  for (int i = 0; i < runs + 1; ++i) {
+  auto run_int8 = [&] {
     const Stopwatch watch(flags.time);
-    kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
-    if (i > 0) bf16_seconds.push_back(watch.seconds());
+    kernels::matmul_int8({x.data(), 0, &w, y.data(), 0, m, false}, &pool);
+    return watch.seconds();
+  };
+  const Measurement r = measure_paired(
+      runs, ops, run_int8, [&] { return measure_int8_dot_peak(pool, level, 1, 0.05, flags.time); });
+  print_row("matmul_int8 gemm", level, shape_name(m, n, k), "int8", r, "GOP/s");
+
+  const bool packed = kernels::packed_bf16_is_fast();
+  std::optional<kernels::PackedBf16Matrix> wp;
+  if (packed) {
+    auto p = kernels::PackedBf16Matrix::pack({wb.data(), n, k, 0});
+    PS_CHECK(p.ok()) << p.status().to_string();
+    wp = std::move(p).value();
   }
-  std::printf("%-24s %-12s %-16s %-5s %9.3f   int8 speed-up over matmul_bf16: %.2fx\n",
-              "  matmul_bf16 same shape", std::string(kernels::isa_level_name(level)).c_str(),
-              shape_name(m, n, k).c_str(), "bf16", median(bf16_seconds) * 1e3,
-              median(bf16_seconds) / r.seconds);
+  auto run_bf16 = [&] {
+    const Stopwatch watch(flags.time);
+    if (packed) {
+      kernels::matmul_packed_bf16({x.data(), 0, &*wp, y.data(), 0, m, false}, &pool);
+    } else {
+      kernels::MatmulBf16Args args;
+      args.x = x.data();
+      args.w = wb.data();
+      args.y = y.data();
+      args.m = m;
+      args.n = n;
+      args.k = k;
+      kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
+    }
+    return watch.seconds();
+  };
+  run_bf16();
+  std::vector<double> bf16_seconds, speedup;
+  for (int i = 0; i < 2 * runs + 1; ++i) {
+    const double a = run_int8(), b = run_bf16();
+    bf16_seconds.push_back(b);
+    speedup.push_back(b / a);
+  }
+  const auto [lo, hi] = std::minmax_element(speedup.begin(), speedup.end());
+  std::printf("%-24s %-12s %-16s %-5s %9.3f   int8 speed-up: %.2fx (pairs %.2f-%.2fx)\n",
+              packed ? "  matmul_packed_bf16" : "  matmul_bf16",
+              std::string(kernels::isa_level_name(level)).c_str(), shape_name(m, n, k).c_str(),
+              "bf16", median(bf16_seconds) * 1e3, median(speedup), *lo, *hi);
 }
 
 // Where decode turns into prefill: one fused gate/up expert matrix (cold: rotating copies)
@@ -461,8 +484,12 @@ void run_int8_section(ThreadPool& pool, const Flags& flags, const Ceilings& c,
     bench_int8_gemv(pool, flags, c, level, 2048, 2048, 16);
     bench_int8_gemv(pool, flags, c, level, 2816, 1024, 16);
   }
-  const int64_t gemm_shapes[][3] = {
-      {512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816}, {64, 2048, 2048}};
+  // Prefill products: 512-token dense shapes, and the experts of a 512-token prefill (48
+  // tokens per expert on average at top 6 of 64): the mini model's fused gate/up (2 x 512 x
+  // 1024) and down (1024 x 512), DeepSeek-V2-Lite's (2 x 1408 x 2048, 2048 x 1408).
+  const int64_t gemm_shapes[][3] = {{512, 2048, 2048}, {512, 2816, 1024}, {512, 1024, 2816},
+                                    {64, 2048, 2048},  {48, 1024, 1024},  {48, 1024, 512},
+                                    {48, 2816, 2048},  {48, 2048, 1408}};
   for (IsaLevel level : levels) {
     if (level == IsaLevel::kScalar) continue;
     for (const auto& s : gemm_shapes) bench_int8_gemm(pool, flags, level, s[0], s[1], s[2]);
@@ -543,7 +570,8 @@ it (medians; ratio = median of the per-pair ratios).
   --threads N      threads (default 0: one per core)
   --cpu-time       time with the calling thread's CPU clock (needs --threads 1)
   --int8           only the INT8 section (GEMV vs bandwidth, GEMM vs the int8 peak and vs
-                   matmul_bf16, a MoE decode step of INT8 experts, expert cost by tokens)
+                   the model's BF16 product, a MoE decode step of INT8 experts, expert cost
+                   by tokens)
   --decode-batch   only the batch-16 decode lines (bf16 and int8)
   --packed-bf16    only matmul_bf16 (checkpoint layout) against matmul_packed_bf16 (weights
                    packed at load), alternating in pairs, per-pair speed ratios
