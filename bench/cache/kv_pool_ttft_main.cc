@@ -203,11 +203,17 @@ int main(int argc, char** argv) {
       args.threads = std::atoi(value().c_str());
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: peerserve_bench_kv_pool_ttft --model DIR [--pool HOST:PORT] [--prompt-len N]\n"
-          "       [--reps N] [--threads N]\n"
+          "usage: peerserve_bench_kv_pool_ttft --model DIR [options]\n"
           "TTFT and prefill throughput against prompt reuse (0, 12.5, 50, 90%%): local prefix\n"
           "cache, an in-process pool shared by two engines, and (with --pool) a cache-server\n"
-          "pool over loopback.\n");
+          "pool over loopback.\n"
+          "  --model DIR       checkpoint (required)\n"
+          "  --pool HOST:PORT  a running `peerserve cache-server` for the loopback mode\n"
+          "                    (skipped without it)\n"
+          "  --prompt-len N    tokens per prompt (default 4096)\n"
+          "  --reps N          requests per figure, medians reported (default 3)\n"
+          "  --threads N       threads (default 0: one per core)\n"
+          "  --help            this text\n");
       return 0;
     } else {
       std::fprintf(stderr, "error: unknown argument %s (see --help)\n", a.c_str());

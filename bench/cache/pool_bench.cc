@@ -377,10 +377,22 @@ int main(int argc, char** argv) {
     } else if (arg == "--server") {
       o.server = value();
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--repeats N] [--iterations N] [--batch N] [--server HOST:PORT]\n",
-                   argv[0]);
-      return arg == "--help" ? 0 : 2;
+      const bool help = arg == "--help";
+      if (!help) std::fprintf(stderr, "unknown option: %s\n", arg.c_str());
+      std::fprintf(
+          help ? stdout : stderr,
+          "usage: peerserve_bench_cache_pool [options]\n"
+          "Caching pool get/put bandwidth for one KV block of the mini preset and for batches,\n"
+          "beside the memcpy, raw loopback TCP and gRPC probe ceilings measured in the same run;\n"
+          "the in-process pool, the pool on loopback (block stream and gRPC), the SSD tier, and\n"
+          "the prefill->decode KV hand-off.\n"
+          "  --repeats N         rounds per figure, medians reported (default 5)\n"
+          "  --iterations N      calls per round (default 20)\n"
+          "  --batch N           blocks per batched get/put (default 64)\n"
+          "  --server HOST:PORT  the gRPC address of a running `peerserve cache-server` to\n"
+          "                      measure instead of an in-process server on 127.0.0.1\n"
+          "  --help              this text\n");
+      return help ? 0 : 2;
     }
   }
   return peerserve::run(o);

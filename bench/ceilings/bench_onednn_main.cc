@@ -144,8 +144,18 @@ int run(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       time = TimeSource::kThreadCpu;
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--cpu-time]\n", argv[0]);
-      return 2;
+      const bool help = std::strcmp(argv[i], "--help") == 0;
+      if (!help) std::fprintf(stderr, "unknown option or missing value: %s\n", argv[i]);
+      std::fprintf(help ? stdout : stderr,
+                   "usage: peerserve_bench_onednn [--threads N] [--cpu-time]\n"
+                   "Our matmul_bf16 beside oneDNN's matmul primitive on the same shapes in one\n"
+                   "run (bf16 activations, checkpoint-layout bf16 weights, fp32 output).\n"
+                   "  --threads N   our kernels' threads (default 0: one per core); oneDNN's\n"
+                   "                follow OMP_NUM_THREADS\n"
+                   "  --cpu-time    time with the calling thread's CPU clock (needs --threads 1\n"
+                   "                and OMP_NUM_THREADS=1)\n"
+                   "  --help        this text\n");
+      return help ? 0 : 2;
     }
   }
   if (time == TimeSource::kThreadCpu && threads != 1) {

@@ -72,20 +72,55 @@ bool parse(int argc, char** argv, Args* args) {
     } else if (flag == "--ep-dispatch-dtype") {
       args->ep.dispatch_dtype = value();
     } else {
-      std::fprintf(stderr,
-                   "usage: peerserve_bench_ep_decode --model DIR [--threads T] [--batches 1,16,64] "
-                   "[--context 64] [--steps 16] [--runs 3] [--microbatches 1|2] "
-                   "[--microbatch-split measured|always] [--ep N "
-                   "[--ep-dispatch-dtype int8|bf16|fp32]]\n");
-      return false;
+      const bool help = flag == "--help";
+      if (!help) std::fprintf(stderr, "unknown option: %s\n", flag.c_str());
+      std::fprintf(
+          help ? stdout : stderr,
+          "usage: peerserve_bench_ep_decode --model DIR [options]\n"
+          "       mpirun -np N peerserve_bench_ep_decode --model DIR --ep N [options]\n"
+          "Decode tokens/s at each batch size: prefill --context tokens per sequence\n"
+          "(untimed), then --steps timed decode steps; one line per batch, the median of\n"
+          "--runs. With --ep each rank owns batch/N of the sequences and 1/N of the routed\n"
+          "experts (bench/model/ep_decode_bench.sh runs the configurations side by side).\n"
+          "  --model DIR                        checkpoint (required)\n"
+          "  --threads N                        threads per process (default 0: one per core)\n"
+          "  --batches B1,B2,...                batch sizes (default 1,16,64; each >= 1)\n"
+          "  --context N                        tokens per sequence before the timed steps\n"
+          "                                     (default 64)\n"
+          "  --steps N                          timed decode steps per run (default 16)\n"
+          "  --runs N                           runs per batch size (default 3)\n"
+          "  --microbatches 1|2                 the two-microbatch pipeline (default 1)\n"
+          "  --microbatch-split measured|always with 2: split the steps measured faster, or\n"
+          "                                     every step (default measured)\n"
+          "  --ep N                             expert parallelism over the N MPI ranks\n"
+          "  --ep-dispatch-dtype int8|bf16|fp32 dispatch payload (default int8)\n"
+          "  --help                             this text\n");
+      std::exit(help ? 0 : 2);
     }
   }
   for (int64_t b : args->batches) {
-    if (b < 1) return false;
+    if (b < 1) {
+      std::fprintf(stderr, "--batches: every batch size must be >= 1\n");
+      return false;
+    }
   }
-  return !args->model_dir.empty() && (args->microbatches == 1 || args->microbatches == 2) &&
-         (args->split == "measured" || args->split == "always") && args->context >= 1 &&
-         args->steps >= 1 && args->runs >= 1;
+  if (args->model_dir.empty()) {
+    std::fprintf(stderr, "--model is required (see --help)\n");
+    return false;
+  }
+  if (args->microbatches != 1 && args->microbatches != 2) {
+    std::fprintf(stderr, "--microbatches must be 1 or 2\n");
+    return false;
+  }
+  if (args->split != "measured" && args->split != "always") {
+    std::fprintf(stderr, "--microbatch-split must be measured or always\n");
+    return false;
+  }
+  if (args->context < 1 || args->steps < 1 || args->runs < 1) {
+    std::fprintf(stderr, "--context, --steps and --runs must be >= 1\n");
+    return false;
+  }
+  return true;
 }
 
 int64_t my_share(int64_t batch, int rank, int ranks) {

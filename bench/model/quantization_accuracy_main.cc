@@ -187,11 +187,23 @@ int main(int argc, char** argv) {
         args.compare.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: %s --model DIR --text FILE [--max-tokens 8192] [--window 256] "
-                   "[--threads 0] [--compare NAME=INT8_DIR ...]\n",
-                   argv[0]);
-      return a == "--help" || a == "-h" ? 0 : 2;
+      const bool help = a == "--help" || a == "-h";
+      if (!help) std::fprintf(stderr, "unknown option or missing value: %s\n", a.c_str());
+      std::fprintf(
+          help ? stdout : stderr,
+          "usage: peerserve_bench_quantization_accuracy --model DIR --text FILE [options]\n"
+          "Load-time W8A8 against the BF16 model on a text: perplexity of both, the INT8\n"
+          "logits' relative error against BF16 (mean and max per position) and top-1\n"
+          "agreement, with the LM head in BF16 and in INT8 (docs/quantization.md).\n"
+          "  --model DIR              BF16 (or FP8) checkpoint\n"
+          "  --text FILE              UTF-8 text, cut into windows of [BOS] + tokens\n"
+          "  --max-tokens N           text tokens used (default 8192; >= 2)\n"
+          "  --window N               tokens per forward (default 256; >= 2)\n"
+          "  --threads N              threads (default 0: one per core)\n"
+          "  --compare NAME=INT8_DIR  add a checkpoint written by `peerserve quantize` as a\n"
+          "                           row (repeatable)\n"
+          "  --help                   this text\n");
+      return help ? 0 : 2;
     }
   }
   if (args.model.empty() || args.text.empty() || args.window < 2 || args.max_tokens < 2) {
