@@ -184,13 +184,8 @@ void bench_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64_t m,
   const std::vector<bf16> w = random_bf16(static_cast<size_t>(n * k), 5);
   const std::vector<float> x = random_floats(static_cast<size_t>(m * k), 6);
   std::vector<float> y(static_cast<size_t>(m * n));
-  kernels::MatmulBf16Args args;
-  args.x = x.data();
-  args.w = w.data();
-  args.y = y.data();
-  args.m = m;
-  args.n = n;
-  args.k = k;
+  const kernels::MatmulBf16Args args{
+      .x = x.data(), .w = w.data(), .y = y.data(), .m = m, .n = n, .k = k};
   // The ceiling of the instruction the path uses: vdpbf16ps only for bf16 activations on
   // an AVX512_BF16 CPU; fp32 FMA otherwise.
   const bool dot = precision == ActivationPrecision::kBf16 && level == IsaLevel::kAvx512Bf16;
@@ -365,13 +360,8 @@ void bench_int8_gemm(ThreadPool& pool, const Flags& flags, IsaLevel level, int64
     if (packed) {
       kernels::matmul_packed_bf16({x.data(), 0, &*wp, y.data(), 0, m, false}, &pool);
     } else {
-      kernels::MatmulBf16Args args;
-      args.x = x.data();
-      args.w = wb.data();
-      args.y = y.data();
-      args.m = m;
-      args.n = n;
-      args.k = k;
+      const kernels::MatmulBf16Args args{
+          .x = x.data(), .w = wb.data(), .y = y.data(), .m = m, .n = n, .k = k};
       kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
     }
     return watch.seconds();
@@ -529,13 +519,12 @@ void bench_packed_vs_checkpoint(ThreadPool& pool, const Flags& flags, int64_t m,
       if (use_packed) {
         kernels::matmul_packed_bf16({x.data(), 0, &packed[i], y.data(), 0, m, false}, &pool);
       } else {
-        kernels::MatmulBf16Args args;
-        args.x = x.data();
-        args.w = weights[static_cast<size_t>(i)].data();
-        args.y = y.data();
-        args.m = m;
-        args.n = n;
-        args.k = k;
+        const kernels::MatmulBf16Args args{.x = x.data(),
+                                           .w = weights[static_cast<size_t>(i)].data(),
+                                           .y = y.data(),
+                                           .m = m,
+                                           .n = n,
+                                           .k = k};
         kernels::matmul_bf16(args, ActivationPrecision::kBf16, &pool);
       }
     }
