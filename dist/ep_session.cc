@@ -12,6 +12,7 @@
 #include "dist/expert_rebalance.h"
 #include "dist/expert_weights_store.h"
 #include "dist/mpi_communicator.h"
+#include "dist/split_mlp_backend.h"
 #include "model/expert_load_recorder.h"
 #include "model/model_config.h"
 
@@ -197,6 +198,24 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   if (!distributed()) return ok_status();
   PS_ASSIGN_OR_RETURN(impl_->store, dist::ExpertWeightsStore::open(impl_->model_dir));
   impl_->max_rows = max_rows;
+  const ModelConfig& config = model.config();
+  dist::SplitMlpBackendOptions split;
+  split.communicator = impl_->comm.get();
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    split.mlps_by_layer.push_back(model.replicated_mlp(layer));
+  }
+  split.hidden_size = config.hidden_size;
+  split.max_rows_per_rank = impl_->cli.split_mlp_rows;
+  split.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
+  PS_ASSIGN_OR_RETURN(auto split_mlps, dist::SplitMlpBackend::create(std::move(split)));
+  if (impl_->comm->rank() == 0 && impl_->cli.split_mlp_rows > 0) {
+    std::fprintf(stderr,
+                 "ep: the dense MLPs / shared experts of %d of %lld layers run split over %d "
+                 "ranks in steps where each rank brings <= %d rows\n",
+                 split_mlps->split_layers(), static_cast<long long>(config.num_hidden_layers),
+                 impl_->comm->size(), impl_->cli.split_mlp_rows);
+  }
+  model.set_replicated_mlp_backend(std::move(split_mlps));
   return impl_->install_placement(model, *impl_->placement);
 }
 

@@ -23,6 +23,7 @@
 #include "model/local_expert_backend.h"
 #include "model/mla_attention.h"
 #include "model/moe_router.h"
+#include "model/replicated_mlp_backend.h"
 #include "model/rotary_embedding.h"
 #include "model/weight_packing.h"
 #include "model/weight_quantization.h"
@@ -67,13 +68,17 @@ struct DeepseekModel::Impl {
   void begin(ForwardState& state, LatentKvCache& cache);
   ExpertBackend::Call& expert_call(ForwardState& state);
   void run_mlp(ForwardState& state, const MlpWeights& w, const float* x, int64_t rows, float* out);
+  // A dense MLP or shared expert of `layer`: through the replicated-MLP backend when one is
+  // installed and takes the call, else run_mlp.
+  Status replicated_mlp(ForwardState& state, const StepLayer& layer, const MlpWeights& w,
+                        float* out);
 
   // The stages (forward_state.h).
   void attention(ForwardState& state, const StepLayer& layer);
-  void dense_mlp(ForwardState& state, const StepLayer& layer);
+  Status dense_mlp(ForwardState& state, const StepLayer& layer);
   void route(ForwardState& state, const StepLayer& layer);
   Status dispatch(ForwardState& state, const StepLayer& layer);
-  void shared_expert(ForwardState& state, const StepLayer& layer);
+  Status shared_expert(ForwardState& state, const StepLayer& layer);
   Status combine(ForwardState& state, const StepLayer& layer);
   void head(ForwardState& state);
   // Moves the state to the next layer's first stage, or to the head after the last layer.
@@ -87,6 +92,7 @@ struct DeepseekModel::Impl {
   RotaryEmbedding rope;
   MlaAttention attention_layer;
   std::shared_ptr<ExpertBackend> experts;
+  std::shared_ptr<ReplicatedMlpBackend> replicated_mlps;  // null: run_mlp
 };
 
 Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView> chunks,
@@ -259,11 +265,24 @@ void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer)
   state.current = w.dense_mlp ? ForwardStage::kDenseMlp : ForwardStage::kRoute;
 }
 
-void DeepseekModel::Impl::dense_mlp(ForwardState& state, const StepLayer& layer) {
+Status DeepseekModel::Impl::replicated_mlp(ForwardState& state, const StepLayer& layer,
+                                           const MlpWeights& w, float* out) {
+  const int64_t rows = state.rows.num_rows;
+  if (replicated_mlps != nullptr && !state.interleaved) {
+    PS_ASSIGN_OR_RETURN(const bool done, replicated_mlps->run(ctx, layer.weights->index,
+                                                              state.x_norm.data(), rows, out));
+    if (done) return ok_status();
+  }
+  run_mlp(state, w, state.x_norm.data(), rows, out);
+  return ok_status();
+}
+
+Status DeepseekModel::Impl::dense_mlp(ForwardState& state, const StepLayer& layer) {
   const int64_t t_rows = state.rows.num_rows;
-  run_mlp(state, *layer.weights->dense_mlp, state.x_norm.data(), t_rows, state.branch.data());
+  PS_RETURN_IF_ERROR(replicated_mlp(state, layer, *layer.weights->dense_mlp, state.branch.data()));
   add_rows(ctx, state.x.data(), state.branch.data(), t_rows, config.hidden_size);
   next_layer(state);
+  return ok_status();
 }
 
 void DeepseekModel::Impl::route(ForwardState& state, const StepLayer& layer) {
@@ -310,14 +329,15 @@ Status DeepseekModel::Impl::dispatch(ForwardState& state, const StepLayer& layer
   return ok_status();
 }
 
-void DeepseekModel::Impl::shared_expert(ForwardState& state, const StepLayer& layer) {
+Status DeepseekModel::Impl::shared_expert(ForwardState& state, const StepLayer& layer) {
   const MoeWeights& moe = *layer.weights->moe;
   const int64_t rows = state.rows.num_rows;
   if (moe.shared) {
     state.shared.resize(rows * config.hidden_size);
-    run_mlp(state, *moe.shared, state.x_norm.data(), rows, state.shared.data());
+    PS_RETURN_IF_ERROR(replicated_mlp(state, layer, *moe.shared, state.shared.data()));
   }
   state.current = ForwardStage::kExperts;
+  return ok_status();
 }
 
 Status DeepseekModel::Impl::combine(ForwardState& state, const StepLayer& layer) {
@@ -466,6 +486,19 @@ std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const {
   return impl_->experts;
 }
 
+const MlpWeights* DeepseekModel::replicated_mlp(int64_t layer) const {
+  for (const DecoderLayerWeights& l : impl_->weights.layers) {
+    if (l.index != layer) continue;
+    if (l.dense_mlp) return &*l.dense_mlp;
+    return l.moe && l.moe->shared ? &*l.moe->shared : nullptr;
+  }
+  return nullptr;
+}
+
+void DeepseekModel::set_replicated_mlp_backend(std::shared_ptr<ReplicatedMlpBackend> backend) {
+  impl_->replicated_mlps = std::move(backend);
+}
+
 void DeepseekModel::set_expert_backend(std::shared_ptr<ExpertBackend> backend) {
   impl_->experts = std::move(backend);
 }
@@ -594,7 +627,7 @@ Status DeepseekModel::run_stage(ForwardState& state) {
       m.attention(state, layer);
       break;
     case ForwardStage::kDenseMlp:
-      m.dense_mlp(state, layer);
+      status = m.dense_mlp(state, layer);
       break;
     case ForwardStage::kRoute:
       m.route(state, layer);
@@ -603,7 +636,7 @@ Status DeepseekModel::run_stage(ForwardState& state) {
       status = m.dispatch(state, layer);
       break;
     case ForwardStage::kSharedExpert:
-      m.shared_expert(state, layer);
+      status = m.shared_expert(state, layer);
       break;
     case ForwardStage::kExperts:
       status = m.experts->compute(m.expert_call(state));

@@ -39,6 +39,7 @@ namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
+class ReplicatedMlpBackend;
 struct MlpWeights;
 
 class DeepseekModel {
@@ -121,6 +122,14 @@ class DeepseekModel {
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).
   std::shared_ptr<ExpertBackend> expert_backend() const;
   void set_expert_backend(std::shared_ptr<ExpertBackend> backend);
+
+  // The MLP every process holds whole at decoder layer `layer`: the dense MLP of a dense
+  // layer, the shared expert of an MoE layer; nullptr if it has none (or there is no such
+  // layer among the main model's). Valid as long as the model.
+  const MlpWeights* replicated_mlp(int64_t layer) const;
+  // How the dense MLPs and shared experts run (model/replicated_mlp_backend.h); nullptr (the
+  // default) runs them here. Set it between steps.
+  void set_replicated_mlp_backend(std::shared_ptr<ReplicatedMlpBackend> backend);
 
   // Defined in deepseek_model.cc.
   struct Impl;

@@ -43,6 +43,7 @@ size_t microbatch_split_point(std::span<const SequenceChunk> chunks) {
 MicrobatchPipeline::MicrobatchPipeline(DeepseekModel* model, MicrobatchSplit split)
     : model_(model), split_policy_(split) {
   for (int slot = 0; slot < 2; ++slot) states_[slot] = model_->new_forward_state(slot);
+  states_[1]->interleaved = true;  // only ever runs beside slot 0
 }
 
 uint64_t MicrobatchPipeline::proposal() const {
@@ -74,6 +75,7 @@ Status MicrobatchPipeline::forward(std::span<const SequenceChunk> chunks, Latent
   const bool can_split = split < chunks.size() || collective;
   const auto start = std::chrono::steady_clock::now();
   Status status;
+  states_[0]->interleaved = can_split && wanted;
   if (can_split && wanted) {
     ++stats_.split_steps;
     status = forward_split(chunks, split, cache, out);

@@ -18,6 +18,7 @@ Checks (each a separate case, all run; exit 1 if any failed):
 """
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -81,7 +82,7 @@ def generate(model, n=1, extra=(), max_tokens=12):
     return out.strip()
 
 
-def score(model, n=1, extra=()):
+def score(model, n=1, extra=(), with_stderr=False):
     path = os.path.join(SCRATCH, f"score-{n}-{os.getpid()}-{time.monotonic_ns()}.json")
     args = ["score", "--model", model, "--prompt-ids", PROMPT, "--out", path, "--threads", "1"]
     args += list(extra)
@@ -91,7 +92,8 @@ def score(model, n=1, extra=()):
         rc, _, err, _ = mpirun(n, args + ["--ep", str(n)])
     assert rc == 0, f"exit {rc}: {err[-2000:]}"
     with open(path) as f:
-        return json.load(f)["logits"]
+        logits = json.load(f)["logits"]
+    return (logits, err) if with_stderr else logits
 
 
 def compare_logits(a, b):
@@ -187,6 +189,28 @@ case("shipped score --precision bf16 EP=2 fp32 dispatch bitwise (packed BF16 exp
      score_same_weights(shipped, 2, ["--precision", "bf16"]))
 case("shipped score --quantize int8 EP=2 fp32 dispatch bitwise (INT8 experts)",
      score_same_weights(shipped, 2, ["--precision", "bf16", "--quantize", "int8"]))
+
+
+def score_split_mlps(model, n, extra):
+    """The dense MLPs and shared experts split over the ranks (tensor parallel, with a row
+    limit above the prompt's so that the prefill splits too): with fp32 dispatch the logits
+    are still bit for bit those of one process."""
+    def check():
+        single = score(model, 1, extra)
+        multi, err = score(model, n, list(extra) + ["--ep-dispatch-dtype", "fp32",
+                                                    "--ep-split-mlp-rows", "64"], True)
+        m = re.search(r"ep: the dense MLPs / shared experts of (\d+) of (\d+) layers", err)
+        assert m and int(m.group(1)) > 0, f"no layer split: {err[-1000:]}"
+        rel, top1 = compare_logits(single, multi)
+        assert rel == 0.0, f"split MLPs at EP={n} differ from one process: max rel {rel:.3g}"
+        assert top1 == 1.0
+    return check
+
+
+case("tiny V3 score EP=2 split MLPs fp32 bitwise", score_split_mlps(tiny, 2, []))
+case("tiny V2 score EP=4 split MLPs fp32 bitwise", score_split_mlps(make_model("tiny-v2"), 4, []))
+case("shipped score --precision bf16 EP=2 split MLPs bitwise (packed BF16 slices)",
+     score_split_mlps(shipped, 2, ["--precision", "bf16"]))
 
 
 def score_rounded(model, dtype, tolerance):
