@@ -21,10 +21,10 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
   command
-      ->add_option("--ep-split-mlp-rows", cli->split_mlp_rows,
-                   "Split the dense MLPs and shared experts over the ranks (tensor parallel) "
-                   "in steps where no rank brings more rows than this; 0 = never "
-                   "(docs/expert_parallelism.md)")
+      ->add_option("--ep-split-rows", cli->split_rows,
+                   "Split the attention projections, dense MLPs and shared experts over the "
+                   "ranks (tensor parallel) in steps where no rank brings more rows than this; "
+                   "0 = never (docs/expert_parallelism.md)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   command

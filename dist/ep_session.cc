@@ -12,7 +12,7 @@
 #include "dist/expert_rebalance.h"
 #include "dist/expert_weights_store.h"
 #include "dist/mpi_communicator.h"
-#include "dist/split_mlp_backend.h"
+#include "dist/tensor_parallel_backend.h"
 #include "model/expert_load_recorder.h"
 #include "model/model_config.h"
 
@@ -199,23 +199,28 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   PS_ASSIGN_OR_RETURN(impl_->store, dist::ExpertWeightsStore::open(impl_->model_dir));
   impl_->max_rows = max_rows;
   const ModelConfig& config = model.config();
-  dist::SplitMlpBackendOptions split;
+  dist::TensorParallelOptions split;
   split.communicator = impl_->comm.get();
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    split.mlps_by_layer.push_back(model.replicated_mlp(layer));
+    dist::ReplicatedLayerWeights& weights = split.layers.emplace_back();
+    if (const DecoderLayerWeights* l = model.decoder_layer(layer); l != nullptr) {
+      weights.attention = &l->attention;
+      if (l->dense_mlp) weights.mlp = &*l->dense_mlp;
+      if (l->moe && l->moe->shared) weights.mlp = &*l->moe->shared;
+    }
   }
   split.hidden_size = config.hidden_size;
-  split.max_rows_per_rank = impl_->cli.split_mlp_rows;
+  split.max_rows_per_rank = impl_->cli.split_rows;
   split.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
-  PS_ASSIGN_OR_RETURN(auto split_mlps, dist::SplitMlpBackend::create(std::move(split)));
-  if (impl_->comm->rank() == 0 && impl_->cli.split_mlp_rows > 0) {
+  PS_ASSIGN_OR_RETURN(auto tensor_parallel, dist::TensorParallelBackend::create(std::move(split)));
+  if (impl_->comm->rank() == 0 && impl_->cli.split_rows > 0) {
     std::fprintf(stderr,
-                 "ep: the dense MLPs / shared experts of %d of %lld layers run split over %d "
-                 "ranks in steps where each rank brings <= %d rows\n",
-                 split_mlps->split_layers(), static_cast<long long>(config.num_hidden_layers),
-                 impl_->comm->size(), impl_->cli.split_mlp_rows);
+                 "ep: the attention projections, dense MLPs and shared experts of %d of %lld "
+                 "layers run split over %d ranks in steps where each rank brings <= %d rows\n",
+                 tensor_parallel->split_layers(), static_cast<long long>(config.num_hidden_layers),
+                 impl_->comm->size(), impl_->cli.split_rows);
   }
-  model.set_replicated_mlp_backend(std::move(split_mlps));
+  model.set_replicated_weights_backend(std::move(tensor_parallel));
   return impl_->install_placement(model, *impl_->placement);
 }
 

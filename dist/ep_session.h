@@ -19,9 +19,10 @@
 // hold and swap in a new expert-parallel backend, between two steps (requests in flight
 // continue; outputs do not change, see tests/dist/expert_rebalance_test.cc).
 //
-// Dense MLPs and shared experts are replicated; while every rank brings at most
-// --ep-split-mlp-rows rows to a step they run split over the ranks (tensor parallel,
-// dist/split_mlp_backend.h), so that a lone request's rank does not stream them alone.
+// Attention, dense MLPs and shared experts are replicated; while every rank brings at most
+// --ep-split-rows rows to a step, their products run split over the ranks (tensor
+// parallel, dist/tensor_parallel_backend.h), so that a lone request's rank does not stream
+// those weights alone.
 //
 // Errors after MPI started: an error every rank meets in the same way (a bad option) is
 // printed by rank 0 and every rank exits 1; an error of one rank (a lost peer, a load
@@ -47,9 +48,9 @@ struct EpCli {
   int peer_timeout_ms = 60000;
   int64_t eplb_interval = 0;  // steps between expert rebalances; 0 = never
   int eplb_redundant_experts = 0;
-  // Split the dense MLPs and shared experts over the ranks when no rank brings more rows
-  // to a step than this (dist/split_mlp_backend.h); 0 = never.
-  int split_mlp_rows = 8;
+  // Split the attention projections, dense MLPs and shared experts over the ranks when no
+  // rank brings more rows to a step than this (dist/tensor_parallel_backend.h); 0 = never.
+  int split_rows = 16;
 };
 
 class EpSession {

@@ -23,7 +23,7 @@
 #include "model/local_expert_backend.h"
 #include "model/mla_attention.h"
 #include "model/moe_router.h"
-#include "model/replicated_mlp_backend.h"
+#include "model/replicated_weights_backend.h"
 #include "model/rotary_embedding.h"
 #include "model/weight_packing.h"
 #include "model/weight_quantization.h"
@@ -68,13 +68,13 @@ struct DeepseekModel::Impl {
   void begin(ForwardState& state, LatentKvCache& cache);
   ExpertBackend::Call& expert_call(ForwardState& state);
   void run_mlp(ForwardState& state, const MlpWeights& w, const float* x, int64_t rows, float* out);
-  // A dense MLP or shared expert of `layer`: through the replicated-MLP backend when one is
+  // A dense MLP or shared expert of `layer`: through the replicated-weights backend when one is
   // installed and takes the call, else run_mlp.
   Status replicated_mlp(ForwardState& state, const StepLayer& layer, const MlpWeights& w,
                         float* out);
 
   // The stages (forward_state.h).
-  void attention(ForwardState& state, const StepLayer& layer);
+  Status attention(ForwardState& state, const StepLayer& layer);
   Status dense_mlp(ForwardState& state, const StepLayer& layer);
   void route(ForwardState& state, const StepLayer& layer);
   Status dispatch(ForwardState& state, const StepLayer& layer);
@@ -92,7 +92,7 @@ struct DeepseekModel::Impl {
   RotaryEmbedding rope;
   MlaAttention attention_layer;
   std::shared_ptr<ExpertBackend> experts;
-  std::shared_ptr<ReplicatedMlpBackend> replicated_mlps;  // null: run_mlp
+  std::shared_ptr<ReplicatedWeightsBackend> replicated_weights;  // null: run_mlp
 };
 
 Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView> chunks,
@@ -245,7 +245,7 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
   linear(ctx, state.gate.data(), rows, w.down, out);
 }
 
-void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
+Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
   const DecoderLayerWeights& w = *layer.weights;
   const int64_t t_rows = state.rows.num_rows, hidden = config.hidden_size;
   const float eps = static_cast<float>(config.rms_norm_eps);
@@ -255,22 +255,26 @@ void DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer)
       ctx,
       {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
       w.input_norm.data());
-  attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot, state.x_norm.data(),
-                          *state.cache, state.attention, state.branch.data());
+  PS_RETURN_IF_ERROR(
+      attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot, state.x_norm.data(),
+                              *state.cache, state.attention, state.branch.data(),
+                              state.interleaved ? nullptr : replicated_weights.get(), w.index));
   add_rows(ctx, state.x.data(), state.branch.data(), t_rows, hidden);
   rmsnorm_rows(
       ctx,
       {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
       w.post_attention_norm.data());
   state.current = w.dense_mlp ? ForwardStage::kDenseMlp : ForwardStage::kRoute;
+  return ok_status();
 }
 
 Status DeepseekModel::Impl::replicated_mlp(ForwardState& state, const StepLayer& layer,
                                            const MlpWeights& w, float* out) {
   const int64_t rows = state.rows.num_rows;
-  if (replicated_mlps != nullptr && !state.interleaved) {
-    PS_ASSIGN_OR_RETURN(const bool done, replicated_mlps->run(ctx, layer.weights->index,
-                                                              state.x_norm.data(), rows, out));
+  if (replicated_weights != nullptr && !state.interleaved) {
+    PS_ASSIGN_OR_RETURN(
+        const bool done,
+        replicated_weights->run_mlp(ctx, layer.weights->index, state.x_norm.data(), rows, out));
     if (done) return ok_status();
   }
   run_mlp(state, w, state.x_norm.data(), rows, out);
@@ -486,17 +490,16 @@ std::shared_ptr<ExpertBackend> DeepseekModel::expert_backend() const {
   return impl_->experts;
 }
 
-const MlpWeights* DeepseekModel::replicated_mlp(int64_t layer) const {
+const DecoderLayerWeights* DeepseekModel::decoder_layer(int64_t layer) const {
   for (const DecoderLayerWeights& l : impl_->weights.layers) {
-    if (l.index != layer) continue;
-    if (l.dense_mlp) return &*l.dense_mlp;
-    return l.moe && l.moe->shared ? &*l.moe->shared : nullptr;
+    if (l.index == layer) return &l;
   }
   return nullptr;
 }
 
-void DeepseekModel::set_replicated_mlp_backend(std::shared_ptr<ReplicatedMlpBackend> backend) {
-  impl_->replicated_mlps = std::move(backend);
+void DeepseekModel::set_replicated_weights_backend(
+    std::shared_ptr<ReplicatedWeightsBackend> backend) {
+  impl_->replicated_weights = std::move(backend);
 }
 
 void DeepseekModel::set_expert_backend(std::shared_ptr<ExpertBackend> backend) {
@@ -624,7 +627,7 @@ Status DeepseekModel::run_stage(ForwardState& state) {
   Status status = ok_status();
   switch (state.current) {
     case ForwardStage::kAttention:
-      m.attention(state, layer);
+      status = m.attention(state, layer);
       break;
     case ForwardStage::kDenseMlp:
       status = m.dense_mlp(state, layer);

@@ -39,7 +39,8 @@ namespace peerserve {
 
 class Checkpoint;
 class ExpertBackend;
-class ReplicatedMlpBackend;
+class ReplicatedWeightsBackend;
+struct DecoderLayerWeights;
 struct MlpWeights;
 
 class DeepseekModel {
@@ -123,13 +124,13 @@ class DeepseekModel {
   std::shared_ptr<ExpertBackend> expert_backend() const;
   void set_expert_backend(std::shared_ptr<ExpertBackend> backend);
 
-  // The MLP every process holds whole at decoder layer `layer`: the dense MLP of a dense
-  // layer, the shared expert of an MoE layer; nullptr if it has none (or there is no such
-  // layer among the main model's). Valid as long as the model.
-  const MlpWeights* replicated_mlp(int64_t layer) const;
-  // How the dense MLPs and shared experts run (model/replicated_mlp_backend.h); nullptr (the
-  // default) runs them here. Set it between steps.
-  void set_replicated_mlp_backend(std::shared_ptr<ReplicatedMlpBackend> backend);
+  // The weights of decoder layer `layer` of the main model (not the MTP layer), or nullptr.
+  // Valid as long as the model.
+  const DecoderLayerWeights* decoder_layer(int64_t layer) const;
+  // How the products of the weights every process holds whole (attention projections, dense
+  // MLPs, shared experts) run (model/replicated_weights_backend.h); nullptr (the default)
+  // runs them here. Set it between steps.
+  void set_replicated_weights_backend(std::shared_ptr<ReplicatedWeightsBackend> backend);
 
   // Defined in deepseek_model.cc.
   struct Impl;

@@ -76,9 +76,9 @@ struct ForwardState {
   // Microbatch slot (0 or 1), handed to the expert backend's call.
   int slot = 0;
   // Set by a caller that interleaves this state's stages with another state's (the
-  // microbatch pipeline): the dense and shared-expert MLPs then run locally, since their
-  // collective backend (model/replicated_mlp_backend.h) must be called in the same order on
-  // every rank.
+  // microbatch pipeline): the products of replicated weights then run locally, since their
+  // collective backend (model/replicated_weights_backend.h) must be called in the same
+  // order on every rank.
   bool interleaved = false;
   ForwardStage current = ForwardStage::kIdle;
   int64_t layer_index = 0;

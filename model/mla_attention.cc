@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "base/check.h"
@@ -12,6 +13,7 @@
 #include "kernels/softmax.h"
 #include "kernels/transpose.h"
 #include "kernels/vector_ops.h"
+#include "model/replicated_weights_backend.h"
 
 namespace peerserve {
 namespace {
@@ -39,14 +41,22 @@ bool choose_absorbed_form(const ModelConfig& c, AttentionForm form, int64_t num_
 MlaAttention::MlaAttention(const ModelConfig& config, const RotaryEmbedding& rope)
     : config_(config), rope_(rope), scale_(static_cast<float>(mla_softmax_scale(config))) {}
 
-void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
-                           const StepRows& rows, int64_t kv_layer, const float* x_norm,
-                           LatentKvCache& cache, MlaScratch& s, float* out) const {
+Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
+                             const StepRows& rows, int64_t kv_layer, const float* x_norm,
+                             LatentKvCache& cache, MlaScratch& s, float* out,
+                             ReplicatedWeightsBackend* replicated, int64_t layer) const {
   const int64_t t_rows = rows.num_rows, heads = config_.num_attention_heads;
   const int64_t qk = config_.qk_head_dim(), nope = config_.qk_nope_head_dim;
   const int64_t rope = config_.qk_rope_head_dim, lora = config_.kv_lora_rank;
   const int64_t width = lora + rope, v = config_.v_head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  // Whether `replicated` took a projection (then it wrote the outputs).
+  auto offered = [&](AttentionProjection which, const float* x,
+                     std::initializer_list<float*> outputs) -> Result<bool> {
+    if (replicated == nullptr) return false;
+    const std::span<float* const> outs(outputs.begin(), outputs.size());
+    return replicated->run_projection(ctx, layer, which, x, t_rows, outs);
+  };
 
   // q_a (or q_proj) and kv_a both read x_norm: one grouped call, one barrier.
   // {t_rows, q_lora} or {t_rows, heads * qk}, and {t_rows, lora + rope} (c_kv then k_pe)
@@ -63,13 +73,17 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
   projections[1].w = &w.kv_a;
   projections[1].y = s.kv_a.data();
   projections[1].m = t_rows;
-  grouped_linear(ctx, projections);
+  PS_ASSIGN_OR_RETURN(const bool down_done, offered(AttentionProjection::kDown, x_norm,
+                                                    {projections[0].y, projections[1].y}));
+  if (!down_done) grouped_linear(ctx, projections);
   if (w.q_a) {
     const int64_t q_lora = w.q_a->rows;
     rmsnorm_rows(
         ctx, {.x = s.q_a.data(), .out = s.q_a.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
         w.q_a_norm.data());
-    linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
+    PS_ASSIGN_OR_RETURN(const bool up_done,
+                        offered(AttentionProjection::kQueryUp, s.q_a.data(), {s.q.data()}));
+    if (!up_done) linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
   }
   rmsnorm_rows(ctx,
                {.x = s.kv_a.data(),
@@ -112,7 +126,10 @@ void MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& w,
     if (!chunk.absorbed) attend_plain(ctx, w, chunk, kv_layer, cache, s);
   }
   attend_absorbed(ctx, w, rows, kv_layer, cache, s);
-  linear(ctx, s.attn.data(), t_rows, w.o_proj, out);
+  PS_ASSIGN_OR_RETURN(const bool out_done,
+                      offered(AttentionProjection::kOutput, s.attn.data(), {out}));
+  if (!out_done) linear(ctx, s.attn.data(), t_rows, w.o_proj, out);
+  return ok_status();
 }
 
 void MlaAttention::gather_context(const StepChunk& chunk, int64_t kv_layer,

@@ -47,15 +47,20 @@ struct MlaScratch {
   std::vector<kernels::MatmulBf16Args> problems;
 };
 
+class ReplicatedWeightsBackend;
+
 class MlaAttention {
  public:
   MlaAttention(const ModelConfig& config, const RotaryEmbedding& rope);
 
   // x_norm: [rows.num_rows, hidden] (after input_layernorm); out: [rows.num_rows, hidden].
-  // Writes the rows' latents into cache layer slot `kv_layer` before attending.
-  void forward(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
-               int64_t kv_layer, const float* x_norm, LatentKvCache& cache, MlaScratch& scratch,
-               float* out) const;
+  // Writes the rows' latents into cache layer slot `kv_layer` before attending. With
+  // `replicated` the projections are offered to it as those of decoder layer `layer`
+  // (model/replicated_weights_backend.h); its error (a lost peer) is returned.
+  Status forward(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
+                 int64_t kv_layer, const float* x_norm, LatentKvCache& cache, MlaScratch& scratch,
+                 float* out, ReplicatedWeightsBackend* replicated = nullptr,
+                 int64_t layer = 0) const;
 
  private:
   void attend_plain(const ComputeContext& ctx, const AttentionWeights& w, const StepChunk& chunk,

@@ -71,8 +71,8 @@ bool parse(int argc, char** argv, Args* args) {
       args->ep.ep = std::atoi(value().c_str());
     } else if (flag == "--ep-dispatch-dtype") {
       args->ep.dispatch_dtype = value();
-    } else if (flag == "--ep-split-mlp-rows") {
-      args->ep.split_mlp_rows = std::atoi(value().c_str());
+    } else if (flag == "--ep-split-rows") {
+      args->ep.split_rows = std::atoi(value().c_str());
     } else {
       const bool help = flag == "--help";
       if (!help) std::fprintf(stderr, "unknown option: %s\n", flag.c_str());
@@ -96,9 +96,9 @@ bool parse(int argc, char** argv, Args* args) {
           "                                     every step (default measured)\n"
           "  --ep N                             expert parallelism over the N MPI ranks\n"
           "  --ep-dispatch-dtype int8|bf16|fp32 dispatch payload (default int8)\n"
-          "  --ep-split-mlp-rows N              split the dense MLPs and shared experts over\n"
-          "                                     the ranks while no rank brings more rows\n"
-          "                                     (default 8; 0 = never)\n"
+          "  --ep-split-rows N                  split the attention projections, dense MLPs\n"
+          "                                     and shared experts over the ranks while no\n"
+          "                                     rank brings more rows (default 16; 0 = never)\n"
           "  --help                             this text\n");
       std::exit(help ? 0 : 2);
     }
@@ -121,8 +121,8 @@ bool parse(int argc, char** argv, Args* args) {
     std::fprintf(stderr, "--microbatch-split must be measured or always\n");
     return false;
   }
-  if (args->ep.split_mlp_rows < 0) {
-    std::fprintf(stderr, "--ep-split-mlp-rows must be >= 0\n");
+  if (args->ep.split_rows < 0) {
+    std::fprintf(stderr, "--ep-split-rows must be >= 0\n");
     return false;
   }
   if (args->context < 1 || args->steps < 1 || args->runs < 1) {

@@ -191,26 +191,30 @@ case("shipped score --quantize int8 EP=2 fp32 dispatch bitwise (INT8 experts)",
      score_same_weights(shipped, 2, ["--precision", "bf16", "--quantize", "int8"]))
 
 
-def score_split_mlps(model, n, extra):
-    """The dense MLPs and shared experts split over the ranks (tensor parallel, with a row
-    limit above the prompt's so that the prefill splits too): with fp32 dispatch the logits
-    are still bit for bit those of one process."""
+def score_split(model, n, extra):
+    """The attention projections, dense MLPs and shared experts split over the ranks (tensor
+    parallel, with a row limit above the prompt's so that the prefill splits too): with fp32
+    dispatch the logits are still bit for bit those of one process."""
     def check():
         single = score(model, 1, extra)
         multi, err = score(model, n, list(extra) + ["--ep-dispatch-dtype", "fp32",
-                                                    "--ep-split-mlp-rows", "64"], True)
-        m = re.search(r"ep: the dense MLPs / shared experts of (\d+) of (\d+) layers", err)
+                                                    "--ep-split-rows", "64"], True)
+        m = re.search(r"ep: the attention projections, dense MLPs and shared experts of (\d+) "
+                      r"of (\d+) layers", err)
         assert m and int(m.group(1)) > 0, f"no layer split: {err[-1000:]}"
         rel, top1 = compare_logits(single, multi)
-        assert rel == 0.0, f"split MLPs at EP={n} differ from one process: max rel {rel:.3g}"
+        assert rel == 0.0, f"split products at EP={n} differ from one process: max rel {rel:.3g}"
         assert top1 == 1.0
     return check
 
 
-case("tiny V3 score EP=2 split MLPs fp32 bitwise", score_split_mlps(tiny, 2, []))
-case("tiny V2 score EP=4 split MLPs fp32 bitwise", score_split_mlps(make_model("tiny-v2"), 4, []))
-case("shipped score --precision bf16 EP=2 split MLPs bitwise (packed BF16 slices)",
-     score_split_mlps(shipped, 2, ["--precision", "bf16"]))
+case("tiny V3 score EP=2 tensor-parallel split fp32 bitwise", score_split(tiny, 2, []))
+case("tiny V2 score EP=4 tensor-parallel split fp32 bitwise",
+     score_split(make_model("tiny-v2"), 4, []))
+case("shipped score --precision bf16 EP=2 tensor-parallel split bitwise (packed BF16 slices)",
+     score_split(shipped, 2, ["--precision", "bf16"]))
+case("shipped score --precision bf16 EP=4 tensor-parallel split bitwise (packed BF16 slices)",
+     score_split(shipped, 4, ["--precision", "bf16"]))
 
 
 def score_rounded(model, dtype, tolerance):

@@ -1,0 +1,48 @@
+// The ReplicatedWeightsBackend seam: how the forward runs the products whose weights every
+// process holds whole: the attention projections, the dense layers' MLP and the MoE
+// layers' shared expert.
+//
+// Without a backend (one process) the model runs them itself. Under expert parallelism
+// attention is data-parallel, so at a small batch one rank may bring the only request and
+// stream these weights alone while its peers wait at the next exchange;
+// dist/tensor_parallel_backend.h installs a backend that splits them over the ranks
+// (tensor parallel) when every rank brings few rows, and declines otherwise.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "base/status.h"
+#include "model/forward_step.h"
+
+namespace peerserve {
+
+// The attention products a backend may take, each over one input.
+enum class AttentionProjection : uint8_t {
+  kDown,     // x_norm -> q_a (or q_proj without q_lora_rank) and kv_a: out = {q, kv}
+  kQueryUp,  // normed q_a -> q_b: out = {q}
+  kOutput,   // attention output -> o_proj: out = {y}
+};
+
+class ReplicatedWeightsBackend {
+ public:
+  virtual ~ReplicatedWeightsBackend() = default;
+
+  // Every call below either computes what the model would, bit for bit, into the outputs
+  // and returns true, or returns false without writing them (then the model computes it).
+  // Collective: in a step whose stages are not interleaved with another microbatch's,
+  // every rank makes every call of every decoder layer in the same order, with zero rows
+  // if it has none; every rank gets the same answer. An error (a lost peer) ends the step.
+
+  // out[rows, hidden] = the dense MLP or shared expert of decoder layer `layer` (x:
+  // [rows, hidden]).
+  virtual Result<bool> run_mlp(const ComputeContext& ctx, int64_t layer, const float* x,
+                               int64_t rows, float* out) = 0;
+  // out[j][rows, W_j.rows] = x[rows, W_j.cols] W_j^T for the weights W_j of `which` at decoder
+  // layer `layer` (dense outputs).
+  virtual Result<bool> run_projection(const ComputeContext& ctx, int64_t layer,
+                                      AttentionProjection which, const float* x, int64_t rows,
+                                      std::span<float* const> out) = 0;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,346 @@
+// TensorParallelBackend: the attention projections and the dense/shared-expert MLP split
+// over N in-process ranks give, on every rank, bitwise what the rank computes alone (the
+// model's products: grouped q_a/kv_a, q_b, o_proj, and run_mlp's grouped gate/up, SiLU,
+// down), for fp32 and bf16 activations and the packed BF16 weights, with slice widths that
+// are not multiples of the kernels' tiles; every rank declines alike when one brings too
+// many rows; INT8 weights are declined without communicating; a lost peer is named.
+#include "dist/tensor_parallel_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "dist/in_process_communicator.h"
+#include "kernels/activation.h"
+#include "kernels/matmul_packed_bf16.h"
+#include "model/weight_packing.h"
+#include "tensor/float_convert.h"
+#include "tests/dist/allocation_counter.h"
+#include "tests/dist/random_moe.h"
+
+namespace peerserve::dist {
+namespace {
+
+using testing::RandomMoe;
+
+// Hidden 64; q_lora 48, kv_a 40 wide, q_b 96 wide, o_proj from 64: at 4 ranks the slices
+// are 12, 10, 24 and 16 columns wide.
+constexpr int64_t kHidden = 64, kInter = 96, kQLora = 48, kKvWidth = 40, kQWidth = 96;
+constexpr int kLayers = 3;
+
+struct Weights {
+  RandomMoe moe{kHidden, kInter, 1, 1, {0, 1, 2}, 17};  // expert 0: each layer's MLP
+  std::vector<AttentionWeights> attention;
+  std::vector<std::shared_ptr<std::vector<bf16>>> storage;
+
+  explicit Weights(bool packed, bool int8 = false) {
+    std::mt19937_64 rng(29);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto matrix = [&](int64_t rows, int64_t cols) {
+      auto data = std::make_shared<std::vector<bf16>>(rows * cols);
+      for (bf16& v : *data) v = float_to_bf16(normal(rng) / std::sqrt(float(cols)));
+      storage.push_back(data);
+      return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr, nullptr};
+    };
+    for (int layer = 0; layer < kLayers; ++layer) {
+      AttentionWeights& a = attention.emplace_back();
+      a.q_a = matrix(kQLora, kHidden);
+      a.kv_a = matrix(kKvWidth, kHidden);
+      a.q_b = matrix(kQWidth, kQLora);
+      a.o_proj = matrix(kHidden, kHidden);
+      if (packed) {
+        for (LinearWeight* w : {&*a.q_a, &a.kv_a, &*a.q_b, &a.o_proj}) {
+          auto p = kernels::PackedBf16Matrix::pack({w->data, w->rows, w->cols, 0});
+          PS_CHECK(p.ok());
+          w->bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(p).value());
+        }
+        PS_CHECK(pack_mlp_bf16(moe.experts[layer][0]).ok());
+      }
+    }
+    if (int8) moe.add_int8(false, 5);
+  }
+
+  TensorParallelOptions options(Communicator* comm, int max_rows) const {
+    TensorParallelOptions o;
+    o.communicator = comm;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      o.layers.push_back({.mlp = &moe.experts[layer][0], .attention = &attention[layer]});
+    }
+    o.hidden_size = kHidden;
+    o.max_rows_per_rank = max_rows;
+    o.peer_timeout = std::chrono::milliseconds(20000);
+    return o;
+  }
+};
+
+// The products of one call kind: input width and output widths.
+enum class Kind { kDown, kQueryUp, kOutput, kMlp };
+constexpr Kind kKinds[] = {Kind::kDown, Kind::kQueryUp, Kind::kOutput, Kind::kMlp};
+
+int64_t input_width(Kind kind) {
+  return kind == Kind::kQueryUp ? kQLora : kHidden;
+}
+
+// What one process computes for `kind` (the model's products).
+std::vector<std::vector<float>> local_products(const ComputeContext& ctx, const Weights& w,
+                                               int layer, Kind kind, const float* x, int64_t rows) {
+  const AttentionWeights& a = w.attention[layer];
+  switch (kind) {
+    case Kind::kDown: {
+      std::vector<std::vector<float>> out{std::vector<float>(rows * kQLora),
+                                          std::vector<float>(rows * kKvWidth)};
+      const LinearProblem p[2] = {{.x = x, .w = &*a.q_a, .y = out[0].data(), .m = rows},
+                                  {.x = x, .w = &a.kv_a, .y = out[1].data(), .m = rows}};
+      grouped_linear(ctx, p);
+      return out;
+    }
+    case Kind::kQueryUp: {
+      std::vector<std::vector<float>> out{std::vector<float>(rows * kQWidth)};
+      linear(ctx, x, rows, *a.q_b, out[0].data());
+      return out;
+    }
+    case Kind::kOutput: {
+      std::vector<std::vector<float>> out{std::vector<float>(rows * kHidden)};
+      linear(ctx, x, rows, a.o_proj, out[0].data());
+      return out;
+    }
+    case Kind::kMlp: {
+      const MlpWeights& m = w.moe.experts[layer][0];
+      std::vector<float> gate(rows * kInter), up(rows * kInter);
+      std::vector<std::vector<float>> out{std::vector<float>(rows * kHidden)};
+      const LinearProblem p[2] = {{.x = x, .w = &m.gate, .y = gate.data(), .m = rows},
+                                  {.x = x, .w = &m.up, .y = up.data(), .m = rows}};
+      grouped_bf16_linear(ctx, p);
+      kernels::silu_mul(gate.data(), up.data(), gate.data(), rows * kInter);
+      linear(ctx, gate.data(), rows, m.down, out[0].data());
+      return out;
+    }
+  }
+  return {};
+}
+
+Result<bool> split_products(TensorParallelBackend& backend, const ComputeContext& ctx, int layer,
+                            Kind kind, const float* x, int64_t rows,
+                            std::vector<std::vector<float>>& out) {
+  if (kind == Kind::kMlp) return backend.run_mlp(ctx, layer, x, rows, out[0].data());
+  std::vector<float*> outs;
+  for (std::vector<float>& o : out) outs.push_back(o.data());
+  const AttentionProjection which = kind == Kind::kDown      ? AttentionProjection::kDown
+                                    : kind == Kind::kQueryUp ? AttentionProjection::kQueryUp
+                                                             : AttentionProjection::kOutput;
+  return backend.run_projection(ctx, layer, which, x, rows, outs);
+}
+
+std::vector<float> random_rows(int64_t rows, int64_t width, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(rows * width);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+struct Case {
+  int ranks = 2;
+  kernels::ActivationPrecision precision = kernels::ActivationPrecision::kFp32;
+  bool packed = false;
+  int max_rows = 8;
+  int calls = 24;
+  std::function<int64_t(int rank, int call)> rows_of;
+};
+
+// Runs the calls (cycling through the kinds and layers) on every rank; returns the number of
+// calls each rank saw split.
+std::vector<int64_t> run_case(const Case& c) {
+  const Weights weights(c.packed);
+  InProcessGroup group(c.ranks);
+  std::vector<int64_t> splits(c.ranks, -1);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      auto backend = TensorParallelBackend::create(weights.options(comm.get(), c.max_rows));
+      ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+      const ComputeContext ctx{.pool = nullptr, .precision = c.precision};
+      for (int call = 0; call < c.calls; ++call) {
+        const Kind kind = kKinds[call % 4];
+        const int layer = (call / 4) % kLayers;
+        const int64_t rows = c.rows_of(rank, call);
+        bool all_fit = c.max_rows > 0;
+        for (int r = 0; r < c.ranks; ++r) all_fit = all_fit && c.rows_of(r, call) <= c.max_rows;
+        const std::vector<float> x = random_rows(rows, input_width(kind), 1000 * rank + call);
+        std::vector<std::vector<float>> want =
+            local_products(ctx, weights, layer, kind, x.data(), rows);
+        std::vector<std::vector<float>> out = want;
+        for (std::vector<float>& o : out) std::fill(o.begin(), o.end(), -7.0f);
+        Result<bool> done = split_products(**backend, ctx, layer, kind, x.data(), rows, out);
+        ASSERT_TRUE(done.ok()) << done.status().to_string();
+        EXPECT_EQ(*done, all_fit) << "rank " << rank << " call " << call;
+        for (size_t j = 0; j < out.size(); ++j) {
+          if (!*done) {
+            for (float v : out[j]) ASSERT_EQ(v, -7.0f) << "a declined call wrote its output";
+            continue;
+          }
+          ASSERT_EQ(std::memcmp(out[j].data(), want[j].data(), want[j].size() * sizeof(float)), 0)
+              << "rank " << rank << " call " << call << " (kind " << static_cast<int>(kind) << ", "
+              << rows << " rows) output " << j << " differs";
+        }
+      }
+      splits[rank] = (*backend)->split_calls();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return splits;
+}
+
+// Uneven rows, idle ranks, and in calls 3, 8, 13, 18, 23 one rank over the limit.
+int64_t uneven_rows(int rank, int call) {
+  if (call % 5 == 3 && rank == 1) return 11;
+  return (rank * 5 + call * 3) % 9;
+}
+
+TEST(TensorParallelBackendTest, Fp32TwoRanksEqualsOneProcess) {
+  EXPECT_EQ(run_case({.ranks = 2, .rows_of = uneven_rows}), (std::vector<int64_t>(2, 19)));
+}
+
+TEST(TensorParallelBackendTest, Fp32FourRanksEqualsOneProcess) {
+  EXPECT_EQ(run_case({.ranks = 4, .rows_of = uneven_rows}), (std::vector<int64_t>(4, 19)));
+}
+
+TEST(TensorParallelBackendTest, Bf16ActivationsEqualOneProcess) {
+  run_case({.ranks = 2, .precision = kernels::ActivationPrecision::kBf16, .rows_of = uneven_rows});
+  run_case({.ranks = 4, .precision = kernels::ActivationPrecision::kBf16, .rows_of = uneven_rows});
+}
+
+TEST(TensorParallelBackendTest, PackedBf16EqualsOneProcess) {
+  if (!kernels::packed_bf16_is_fast()) GTEST_SKIP() << "no packed BF16 kernel on this CPU";
+  for (int ranks : {2, 4}) {
+    run_case({.ranks = ranks,
+              .precision = kernels::ActivationPrecision::kBf16,
+              .packed = true,
+              .rows_of = uneven_rows});
+  }
+}
+
+TEST(TensorParallelBackendTest, OneRankWithTheOnlyTokenAndIdlePeers) {
+  // Batch 1 under EP: rank 0 brings one row, the others none, at every call.
+  const std::vector<int64_t> splits =
+      run_case({.ranks = 4, .rows_of = [](int rank, int) { return rank == 0 ? int64_t{1} : 0; }});
+  EXPECT_EQ(splits, (std::vector<int64_t>(4, 24)));
+}
+
+TEST(TensorParallelBackendTest, ZeroLimitNeverSplits) {
+  const std::vector<int64_t> splits =
+      run_case({.ranks = 2, .max_rows = 0, .rows_of = [](int, int) { return int64_t{0}; }});
+  EXPECT_EQ(splits, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(TensorParallelBackendTest, CallsAllocateNothing) {
+  const Weights weights(kernels::packed_bf16_is_fast());
+  InProcessGroup group(2);
+  std::vector<int64_t> allocations(2, -1);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      auto backend = TensorParallelBackend::create(weights.options(comm.get(), 8));
+      ASSERT_TRUE(backend.ok());
+      const ComputeContext ctx{.pool = nullptr, .precision = kernels::ActivationPrecision::kBf16};
+      const std::vector<float> x = random_rows(8, kHidden, rank);
+      std::vector<float> a(8 * kQWidth), b(8 * kQWidth);  // the widest output
+      float* const outs[2] = {a.data(), b.data()};
+      auto call = [&](int i, int64_t rows) -> Result<bool> {
+        switch (i % 4) {
+          case 0:
+            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kDown,
+                                              x.data(), rows, outs);
+          case 1:
+            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kQueryUp,
+                                              x.data(), rows, std::span(outs, 1));
+          case 2:
+            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kOutput,
+                                              x.data(), rows, std::span(outs, 1));
+          default:
+            return (*backend)->run_mlp(ctx, i % kLayers, x.data(), rows, a.data());
+        }
+      };
+      // Warm-up at the most rows: the products' per-thread scratch grows once.
+      for (int i = 0; i < 12; ++i) ASSERT_TRUE(call(i, 8).ok());
+      const int64_t before = testing::allocations_on_this_thread();
+      for (int i = 0; i < 24; ++i) ASSERT_TRUE(call(i, rank == 0 ? i % 9 : (i * 5) % 9).ok());
+      allocations[rank] = testing::allocations_on_this_thread() - before;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(allocations, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(TensorParallelBackendTest, Int8WeightsAreDeclinedWithoutCommunicating) {
+  Weights weights(false, /*int8=*/true);
+  for (AttentionWeights& a : weights.attention) {
+    for (LinearWeight* w : {&*a.q_a, &a.kv_a, &*a.q_b, &a.o_proj}) {
+      auto q = kernels::PackedInt8Matrix::quantize(
+          kernels::MatrixView<bf16>{w->data, w->rows, w->cols, 0});
+      PS_CHECK(q.ok());
+      w->int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(q).value());
+    }
+  }
+  // One rank of two: a collective call (or window) would wait for the absent peer.
+  InProcessGroup group(2);
+  auto comm = group.communicator(0);
+  TensorParallelOptions options = weights.options(comm.get(), 8);
+  options.peer_timeout = std::chrono::milliseconds(500);
+  auto backend = TensorParallelBackend::create(std::move(options));
+  ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+  EXPECT_EQ((*backend)->split_layers(), 0);
+  const std::vector<float> x = random_rows(1, kHidden, 3);
+  std::vector<float> out(kHidden);
+  const ComputeContext ctx{.pool = nullptr, .precision = kernels::ActivationPrecision::kFp32};
+  Result<bool> done = (*backend)->run_mlp(ctx, 0, x.data(), 1, out.data());
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  float* const outs[1] = {out.data()};
+  done = (*backend)->run_projection(ctx, 0, AttentionProjection::kOutput, x.data(), 1, outs);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+}
+
+TEST(TensorParallelBackendTest, ALostPeerIsNamedNotAHang) {
+  // Rank 1 creates its backend (the window is collective), then never calls.
+  const Weights weights(false);
+  InProcessGroup group(2);
+  Status status = ok_status();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      TensorParallelOptions options = weights.options(comm.get(), 8);
+      options.peer_timeout = std::chrono::milliseconds(300);
+      auto backend = TensorParallelBackend::create(std::move(options));
+      ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+      if (rank == 1) return;
+      const std::vector<float> x = random_rows(1, kHidden, 3);
+      std::vector<float> out(kHidden);
+      const ComputeContext ctx{.pool = nullptr, .precision = kernels::ActivationPrecision::kFp32};
+      status = (*backend)->run_mlp(ctx, 0, x.data(), 1, out.data()).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status.to_string();
+}
+
+TEST(TensorParallelBackendTest, MisshapedMlpIsNamed) {
+  const Weights weights(false);
+  InProcessGroup group(1);
+  auto comm = group.communicator(0);
+  TensorParallelOptions options = weights.options(comm.get(), 8);
+  options.layers[0].mlp = nullptr;
+  options.hidden_size = kHidden + 1;
+  auto backend = TensorParallelBackend::create(std::move(options));
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.status().message().find("layer 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace peerserve::dist
