@@ -209,6 +209,7 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
       if (l->moe && l->moe->shared) weights.mlp = &*l->moe->shared;
     }
   }
+  split.lm_head = model.lm_head();
   split.hidden_size = config.hidden_size;
   split.max_rows_per_rank = impl_->cli.split_rows;
   split.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
@@ -216,9 +217,10 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   if (impl_->comm->rank() == 0 && impl_->cli.split_rows > 0) {
     std::fprintf(stderr,
                  "ep: the attention projections, dense MLPs and shared experts of %d of %lld "
-                 "layers run split over %d ranks in steps where each rank brings <= %d rows\n",
+                 "layers%s run split over %d ranks in steps where each rank brings <= %d rows\n",
                  tensor_parallel->split_layers(), static_cast<long long>(config.num_hidden_layers),
-                 impl_->comm->size(), impl_->cli.split_rows);
+                 tensor_parallel->splits_lm_head() ? " and the LM head" : "", impl_->comm->size(),
+                 impl_->cli.split_rows);
   }
   model.set_replicated_weights_backend(std::move(tensor_parallel));
   return impl_->install_placement(model, *impl_->placement);

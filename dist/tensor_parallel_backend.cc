@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
+#include "base/check.h"
 #include "kernels/activation.h"
 #include "model/weight_packing.h"
 
@@ -100,26 +102,38 @@ Result<std::unique_ptr<TensorParallelBackend>> TensorParallelBackend::create(
     if (const AttentionWeights* a = weights.attention; a != nullptr) {
       auto& p = slices[layer].projections;
       const LinearWeight& first = a->q_a ? *a->q_a : *a->q_proj;
-      PS_ASSIGN_OR_RETURN(p[static_cast<int>(AttentionProjection::kDown)],
+      PS_ASSIGN_OR_RETURN(p[static_cast<int>(ReplicatedProjection::kAttentionDown)],
                           projection_slice({&first, &a->kv_a}, rank, ranks));
       if (a->q_b) {
-        PS_ASSIGN_OR_RETURN(p[static_cast<int>(AttentionProjection::kQueryUp)],
+        PS_ASSIGN_OR_RETURN(p[static_cast<int>(ReplicatedProjection::kAttentionQueryUp)],
                             projection_slice({&*a->q_b}, rank, ranks));
       }
-      PS_ASSIGN_OR_RETURN(p[static_cast<int>(AttentionProjection::kOutput)],
+      PS_ASSIGN_OR_RETURN(p[static_cast<int>(ReplicatedProjection::kAttentionOutput)],
                           projection_slice({&a->o_proj}, rank, ranks));
     }
   }
-  auto backend = std::make_unique<TensorParallelBackend>(std::move(options), std::move(slices));
-  if (backend->split_layers() > 0) PS_RETURN_IF_ERROR(backend->init_window());
+  std::optional<ProjectionSlice> head;
+  if (options.lm_head != nullptr && options.max_rows_per_rank > 0) {
+    PS_ASSIGN_OR_RETURN(head, projection_slice({options.lm_head}, rank, ranks));
+  }
+  auto backend = std::make_unique<TensorParallelBackend>(std::move(options), std::move(slices),
+                                                         std::move(head));
+  if (backend->split_layers() > 0 || backend->splits_lm_head()) {
+    PS_RETURN_IF_ERROR(backend->init_window());
+  }
   return backend;
 }
 
 TensorParallelBackend::TensorParallelBackend(TensorParallelOptions options,
-                                             std::vector<LayerSlices> slices)
-    : options_(std::move(options)), slices_(std::move(slices)) {
+                                             std::vector<LayerSlices> slices,
+                                             std::optional<ProjectionSlice> head)
+    : options_(std::move(options)), slices_(std::move(slices)), head_(std::move(head)) {
   ranks_ = options_.communicator->size();
   int64_t max_up = 0;
+  if (head_) {
+    max_input_ = head_->input_width;
+    max_local_ = head_->weights[0].rows;
+  }
   for (const LayerSlices& layer : slices_) {
     if (layer.mlp) {
       max_input_ = std::max(max_input_, options_.hidden_size);
@@ -226,10 +240,11 @@ Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, in
     total_ += counts_[r];
   }
   if (!fits) return false;  // every rank sees the same counts
-  for (int r = 0, row = 0; r < ranks_; ++r) {
+  int64_t row = 0;
+  for (int r = 0; r < ranks_; ++r) {
     std::memcpy(x_all_.data() + row * cols, received(buffer, r) + kLine,
                 float_bytes(counts_[r] * cols));
-    row += static_cast<int>(counts_[r]);
+    row += counts_[r];
   }
   return true;
 }
@@ -243,10 +258,14 @@ Result<int> TensorParallelBackend::gather_columns(const float* local, int64_t wi
 }
 
 Result<bool> TensorParallelBackend::run_projection(const ComputeContext& ctx, int64_t layer,
-                                                   AttentionProjection which, const float* x,
+                                                   ReplicatedProjection which, const float* x,
                                                    int64_t rows, std::span<float* const> out) {
-  if (layer < 0 || layer >= static_cast<int64_t>(slices_.size())) return false;
-  const std::optional<ProjectionSlice>& slice = slices_[layer].projections[static_cast<int>(which)];
+  const std::optional<ProjectionSlice>* chosen = &head_;
+  if (which != ReplicatedProjection::kLmHead) {
+    if (layer < 0 || layer >= static_cast<int64_t>(slices_.size())) return false;
+    chosen = &slices_[layer].projections[static_cast<int>(which)];
+  }
+  const std::optional<ProjectionSlice>& slice = *chosen;
   if (!slice) return false;
   if (out.size() != slice->weights.size()) {
     return invalid_argument("tensor parallel: projection of layer " + std::to_string(layer) +
@@ -262,6 +281,7 @@ Result<bool> TensorParallelBackend::run_projection(const ComputeContext& ctx, in
   int64_t width = 0;
   LinearProblem problems[2];
   const size_t count = slice->weights.size();
+  PS_CHECK(count <= 2) << count << " weights share one projection";
   for (size_t j = 0; j < count; ++j) {
     problems[j] = {.x = x_all_.data(),
                    .w = &slice->weights[j],

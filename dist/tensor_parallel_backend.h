@@ -1,6 +1,6 @@
-// ReplicatedWeightsBackend over expert parallelism: the attention projections, dense MLPs
-// and shared experts split over the ranks (tensor parallel) while every rank brings few
-// rows.
+// ReplicatedWeightsBackend over expert parallelism: the attention projections, dense MLPs,
+// shared experts and the LM head split over the ranks (tensor parallel) while every rank
+// brings few rows.
 //
 // Attention is data-parallel, so at batch 1 the rank that owns the request streams these
 // weights alone while its peers wait at the next MoE exchange (docs/expert_parallelism.md
@@ -64,6 +64,7 @@ struct TensorParallelOptions {
   Communicator* communicator = nullptr;  // must outlive the backend
   // [decoder layer]; the weights must outlive the backend.
   std::vector<ReplicatedLayerWeights> layers;
+  const LinearWeight* lm_head = nullptr;  // the main model's; nullptr: not split
   int64_t hidden_size = 0;
   // Split a call only when no rank brings more rows than this (0: never split).
   int max_rows_per_rank = 0;
@@ -79,13 +80,14 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
 
   Result<bool> run_mlp(const ComputeContext& ctx, int64_t layer, const float* x, int64_t rows,
                        float* out) override;
-  Result<bool> run_projection(const ComputeContext& ctx, int64_t layer, AttentionProjection which,
+  Result<bool> run_projection(const ComputeContext& ctx, int64_t layer, ReplicatedProjection which,
                               const float* x, int64_t rows, std::span<float* const> out) override;
 
   // Calls split so far (every rank counts the same).
   int64_t split_calls() const { return split_calls_; }
   // Layers with at least one weight split.
   int split_layers() const;
+  bool splits_lm_head() const { return head_.has_value(); }
 
   struct MlpSlice {
     MlpWeights mlp;  // gate/up: [I/N, H], down: [H/N, I]
@@ -98,11 +100,12 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   };
   struct LayerSlices {
     std::optional<MlpSlice> mlp;
-    std::array<std::optional<ProjectionSlice>, 3> projections;  // by AttentionProjection
+    std::array<std::optional<ProjectionSlice>, 3> projections;  // by ReplicatedProjection
   };
 
   // Use create().
-  TensorParallelBackend(TensorParallelOptions options, std::vector<LayerSlices> slices);
+  TensorParallelBackend(TensorParallelOptions options, std::vector<LayerSlices> slices,
+                        std::optional<ProjectionSlice> head);
   Status init_window();
 
  private:
@@ -125,6 +128,7 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
 
   TensorParallelOptions options_;
   std::vector<LayerSlices> slices_;  // [decoder layer]
+  std::optional<ProjectionSlice> head_;
   int ranks_ = 1;
   int64_t max_input_ = 0, max_local_ = 0, max_inter_ = 0;  // widths the buffers hold
   std::unique_ptr<Window> window_;

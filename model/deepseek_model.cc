@@ -80,7 +80,7 @@ struct DeepseekModel::Impl {
   Status dispatch(ForwardState& state, const StepLayer& layer);
   Status shared_expert(ForwardState& state, const StepLayer& layer);
   Status combine(ForwardState& state, const StepLayer& layer);
-  void head(ForwardState& state);
+  Status head(ForwardState& state);
   // Moves the state to the next layer's first stage, or to the head after the last layer.
   void next_layer(ForwardState& state) const;
 
@@ -363,7 +363,7 @@ void DeepseekModel::Impl::next_layer(ForwardState& state) const {
                       : ForwardStage::kHead;
 }
 
-void DeepseekModel::Impl::head(ForwardState& state) {
+Status DeepseekModel::Impl::head(ForwardState& state) {
   const int64_t hidden = config.hidden_size, vocab = state.head->rows;
   ForwardOutput* out = &state.output;
   out->vocab_size = vocab;
@@ -399,8 +399,22 @@ void DeepseekModel::Impl::head(ForwardState& state) {
                     .eps = static_cast<float>(config.rms_norm_eps)},
                    state.head_norm->data());
   out->logits.resize(num_out * vocab);
+  // The main model's head may be split over expert-parallel ranks (the MTP head is not).
+  ReplicatedWeightsBackend* split =
+      state.head == &weights.lm_head && !state.interleaved ? replicated_weights.get() : nullptr;
+  auto head_product = [&](const float* x) -> Status {
+    if (split != nullptr) {
+      float* const logits[1] = {out->logits.data()};
+      PS_ASSIGN_OR_RETURN(
+          const bool done,
+          split->run_projection(ctx, 0, ReplicatedProjection::kLmHead, x, num_out, logits));
+      if (done) return ok_status();
+    }
+    linear(ctx, x, num_out, *state.head, out->logits.data());
+    return ok_status();
+  };
   if (same_rows) {
-    linear(ctx, out->hidden.data(), num_out, *state.head, out->logits.data());
+    PS_RETURN_IF_ERROR(head_product(out->hidden.data()));
   } else {
     // Only the last hidden row of an all_hidden chunk gets logits: gather the logits rows.
     state.head_input.resize(num_out * hidden);
@@ -413,9 +427,10 @@ void DeepseekModel::Impl::head(ForwardState& state) {
                     hidden * sizeof(float));
       }
     }
-    linear(ctx, state.head_input.data(), num_out, *state.head, out->logits.data());
+    PS_RETURN_IF_ERROR(head_product(state.head_input.data()));
   }
   state.current = ForwardStage::kDone;
+  return ok_status();
 }
 
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -495,6 +510,10 @@ const DecoderLayerWeights* DeepseekModel::decoder_layer(int64_t layer) const {
     if (l.index == layer) return &l;
   }
   return nullptr;
+}
+
+const LinearWeight* DeepseekModel::lm_head() const {
+  return &impl_->weights.lm_head;
 }
 
 void DeepseekModel::set_replicated_weights_backend(
@@ -620,8 +639,9 @@ Status DeepseekModel::run_stage(ForwardState& state) {
   Impl& m = *impl_;
   PS_CHECK(state.current != ForwardStage::kIdle && state.current != ForwardStage::kDone);
   if (state.current == ForwardStage::kHead) {
-    m.head(state);
-    return ok_status();
+    Status status = m.head(state);
+    if (!status.ok()) abandon(state);
+    return status;
   }
   const StepLayer& layer = state.layers[state.layer_index];
   Status status = ok_status();

@@ -41,6 +41,7 @@ class Checkpoint;
 class ExpertBackend;
 class ReplicatedWeightsBackend;
 struct DecoderLayerWeights;
+struct LinearWeight;
 struct MlpWeights;
 
 class DeepseekModel {
@@ -127,6 +128,8 @@ class DeepseekModel {
   // The weights of decoder layer `layer` of the main model (not the MTP layer), or nullptr.
   // Valid as long as the model.
   const DecoderLayerWeights* decoder_layer(int64_t layer) const;
+  // The main model's LM head. Valid as long as the model.
+  const LinearWeight* lm_head() const;
   // How the products of the weights every process holds whole (attention projections, dense
   // MLPs, shared experts) run (model/replicated_weights_backend.h); nullptr (the default)
   // runs them here. Set it between steps.

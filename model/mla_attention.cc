@@ -51,7 +51,7 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
   const int64_t width = lora + rope, v = config_.v_head_dim;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   // Whether `replicated` took a projection (then it wrote the outputs).
-  auto offered = [&](AttentionProjection which, const float* x,
+  auto offered = [&](ReplicatedProjection which, const float* x,
                      std::initializer_list<float*> outputs) -> Result<bool> {
     if (replicated == nullptr) return false;
     const std::span<float* const> outs(outputs.begin(), outputs.size());
@@ -73,7 +73,7 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
   projections[1].w = &w.kv_a;
   projections[1].y = s.kv_a.data();
   projections[1].m = t_rows;
-  PS_ASSIGN_OR_RETURN(const bool down_done, offered(AttentionProjection::kDown, x_norm,
+  PS_ASSIGN_OR_RETURN(const bool down_done, offered(ReplicatedProjection::kAttentionDown, x_norm,
                                                     {projections[0].y, projections[1].y}));
   if (!down_done) grouped_linear(ctx, projections);
   if (w.q_a) {
@@ -81,8 +81,8 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
     rmsnorm_rows(
         ctx, {.x = s.q_a.data(), .out = s.q_a.data(), .rows = t_rows, .dim = q_lora, .eps = eps},
         w.q_a_norm.data());
-    PS_ASSIGN_OR_RETURN(const bool up_done,
-                        offered(AttentionProjection::kQueryUp, s.q_a.data(), {s.q.data()}));
+    PS_ASSIGN_OR_RETURN(const bool up_done, offered(ReplicatedProjection::kAttentionQueryUp,
+                                                    s.q_a.data(), {s.q.data()}));
     if (!up_done) linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
   }
   rmsnorm_rows(ctx,
@@ -127,7 +127,7 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
   }
   attend_absorbed(ctx, w, rows, kv_layer, cache, s);
   PS_ASSIGN_OR_RETURN(const bool out_done,
-                      offered(AttentionProjection::kOutput, s.attn.data(), {out}));
+                      offered(ReplicatedProjection::kAttentionOutput, s.attn.data(), {out}));
   if (!out_done) linear(ctx, s.attn.data(), t_rows, w.o_proj, out);
   return ok_status();
 }

@@ -1,6 +1,6 @@
 // The ReplicatedWeightsBackend seam: how the forward runs the products whose weights every
-// process holds whole: the attention projections, the dense layers' MLP and the MoE
-// layers' shared expert.
+// process holds whole: the attention projections, the dense layers' MLP, the MoE layers'
+// shared expert and the LM head.
 //
 // Without a backend (one process) the model runs them itself. Under expert parallelism
 // attention is data-parallel, so at a small batch one rank may bring the only request and
@@ -17,11 +17,12 @@
 
 namespace peerserve {
 
-// The attention products a backend may take, each over one input.
-enum class AttentionProjection : uint8_t {
-  kDown,     // x_norm -> q_a (or q_proj without q_lora_rank) and kv_a: out = {q, kv}
-  kQueryUp,  // normed q_a -> q_b: out = {q}
-  kOutput,   // attention output -> o_proj: out = {y}
+// The single-input products a backend may take.
+enum class ReplicatedProjection : uint8_t {
+  kAttentionDown,     // x_norm -> q_a (or q_proj without q_lora_rank) and kv_a: out = {q, kv}
+  kAttentionQueryUp,  // normed q_a -> q_b: out = {q}
+  kAttentionOutput,   // attention output -> o_proj: out = {y}
+  kLmHead,            // final-normed hidden rows -> the main model's LM head: out = {logits}
 };
 
 class ReplicatedWeightsBackend {
@@ -39,9 +40,10 @@ class ReplicatedWeightsBackend {
   virtual Result<bool> run_mlp(const ComputeContext& ctx, int64_t layer, const float* x,
                                int64_t rows, float* out) = 0;
   // out[j][rows, W_j.rows] = x[rows, W_j.cols] W_j^T for the weights W_j of `which` at decoder
-  // layer `layer` (dense outputs).
+  // layer `layer` (dense outputs); `layer` is ignored for kLmHead (called once per step,
+  // after the last layer).
   virtual Result<bool> run_projection(const ComputeContext& ctx, int64_t layer,
-                                      AttentionProjection which, const float* x, int64_t rows,
+                                      ReplicatedProjection which, const float* x, int64_t rows,
                                       std::span<float* const> out) = 0;
 };
 

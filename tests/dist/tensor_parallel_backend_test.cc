@@ -1,9 +1,9 @@
-// TensorParallelBackend: the attention projections and the dense/shared-expert MLP split
-// over N in-process ranks give, on every rank, bitwise what the rank computes alone (the
-// model's products: grouped q_a/kv_a, q_b, o_proj, and run_mlp's grouped gate/up, SiLU,
-// down), for fp32 and bf16 activations and the packed BF16 weights, with slice widths that
-// are not multiples of the kernels' tiles; every rank declines alike when one brings too
-// many rows; INT8 weights are declined without communicating; a lost peer is named.
+// TensorParallelBackend: the attention projections, the dense/shared-expert MLP and the LM
+// head split over N in-process ranks give, on every rank, bitwise what the rank computes
+// alone (the model's products: grouped q_a/kv_a, q_b, o_proj, the head, and run_mlp's
+// grouped gate/up, SiLU, down), for fp32 and bf16 activations and the packed BF16 weights, with
+// slice widths that are not multiples of the kernels' tiles; every rank declines alike when one
+// brings too many rows; INT8 weights are declined without communicating; a lost peer is named.
 #include "dist/tensor_parallel_backend.h"
 
 #include <gtest/gtest.h>
@@ -27,14 +27,16 @@ namespace {
 
 using testing::RandomMoe;
 
-// Hidden 64; q_lora 48, kv_a 40 wide, q_b 96 wide, o_proj from 64: at 4 ranks the slices
-// are 12, 10, 24 and 16 columns wide.
+// Hidden 64; q_lora 48, kv_a 40 wide, q_b 96 wide, o_proj from 64, a vocabulary of 80: at 4
+// ranks the slices are 12, 10, 24, 16 and 20 columns wide.
 constexpr int64_t kHidden = 64, kInter = 96, kQLora = 48, kKvWidth = 40, kQWidth = 96;
+constexpr int64_t kVocab = 80;
 constexpr int kLayers = 3;
 
 struct Weights {
   RandomMoe moe{kHidden, kInter, 1, 1, {0, 1, 2}, 17};  // expert 0: each layer's MLP
   std::vector<AttentionWeights> attention;
+  LinearWeight head;
   std::vector<std::shared_ptr<std::vector<bf16>>> storage;
 
   explicit Weights(bool packed, bool int8 = false) {
@@ -46,6 +48,12 @@ struct Weights {
       storage.push_back(data);
       return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr, nullptr};
     };
+    head = matrix(kVocab, kHidden);
+    if (packed) {
+      auto p = kernels::PackedBf16Matrix::pack({head.data, head.rows, head.cols, 0});
+      PS_CHECK(p.ok());
+      head.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(p).value());
+    }
     for (int layer = 0; layer < kLayers; ++layer) {
       AttentionWeights& a = attention.emplace_back();
       a.q_a = matrix(kQLora, kHidden);
@@ -70,6 +78,7 @@ struct Weights {
     for (int layer = 0; layer < kLayers; ++layer) {
       o.layers.push_back({.mlp = &moe.experts[layer][0], .attention = &attention[layer]});
     }
+    o.lm_head = &head;
     o.hidden_size = kHidden;
     o.max_rows_per_rank = max_rows;
     o.peer_timeout = std::chrono::milliseconds(20000);
@@ -78,8 +87,9 @@ struct Weights {
 };
 
 // The products of one call kind: input width and output widths.
-enum class Kind { kDown, kQueryUp, kOutput, kMlp };
-constexpr Kind kKinds[] = {Kind::kDown, Kind::kQueryUp, Kind::kOutput, Kind::kMlp};
+enum class Kind { kDown, kQueryUp, kOutput, kMlp, kHead };
+constexpr Kind kKinds[] = {Kind::kDown, Kind::kQueryUp, Kind::kOutput, Kind::kMlp, Kind::kHead};
+constexpr int kNumKinds = 5;
 
 int64_t input_width(Kind kind) {
   return kind == Kind::kQueryUp ? kQLora : kHidden;
@@ -108,6 +118,11 @@ std::vector<std::vector<float>> local_products(const ComputeContext& ctx, const 
       linear(ctx, x, rows, a.o_proj, out[0].data());
       return out;
     }
+    case Kind::kHead: {
+      std::vector<std::vector<float>> out{std::vector<float>(rows * kVocab)};
+      linear(ctx, x, rows, w.head, out[0].data());
+      return out;
+    }
     case Kind::kMlp: {
       const MlpWeights& m = w.moe.experts[layer][0];
       std::vector<float> gate(rows * kInter), up(rows * kInter);
@@ -129,9 +144,11 @@ Result<bool> split_products(TensorParallelBackend& backend, const ComputeContext
   if (kind == Kind::kMlp) return backend.run_mlp(ctx, layer, x, rows, out[0].data());
   std::vector<float*> outs;
   for (std::vector<float>& o : out) outs.push_back(o.data());
-  const AttentionProjection which = kind == Kind::kDown      ? AttentionProjection::kDown
-                                    : kind == Kind::kQueryUp ? AttentionProjection::kQueryUp
-                                                             : AttentionProjection::kOutput;
+  const ReplicatedProjection which =
+      kind == Kind::kDown      ? ReplicatedProjection::kAttentionDown
+      : kind == Kind::kQueryUp ? ReplicatedProjection::kAttentionQueryUp
+      : kind == Kind::kOutput  ? ReplicatedProjection::kAttentionOutput
+                               : ReplicatedProjection::kLmHead;
   return backend.run_projection(ctx, layer, which, x, rows, outs);
 }
 
@@ -148,7 +165,7 @@ struct Case {
   kernels::ActivationPrecision precision = kernels::ActivationPrecision::kFp32;
   bool packed = false;
   int max_rows = 8;
-  int calls = 24;
+  int calls = 30;
   std::function<int64_t(int rank, int call)> rows_of;
 };
 
@@ -165,8 +182,8 @@ std::vector<int64_t> run_case(const Case& c) {
       ASSERT_TRUE(backend.ok()) << backend.status().to_string();
       const ComputeContext ctx{.pool = nullptr, .precision = c.precision};
       for (int call = 0; call < c.calls; ++call) {
-        const Kind kind = kKinds[call % 4];
-        const int layer = (call / 4) % kLayers;
+        const Kind kind = kKinds[call % kNumKinds];
+        const int layer = (call / kNumKinds) % kLayers;
         const int64_t rows = c.rows_of(rank, call);
         bool all_fit = c.max_rows > 0;
         for (int r = 0; r < c.ranks; ++r) all_fit = all_fit && c.rows_of(r, call) <= c.max_rows;
@@ -196,18 +213,19 @@ std::vector<int64_t> run_case(const Case& c) {
   return splits;
 }
 
-// Uneven rows, idle ranks, and in calls 3, 8, 13, 18, 23 one rank over the limit.
+// Uneven rows, idle ranks, and in calls 3, 10, 17, 24 (four different kinds) one rank over
+// the limit.
 int64_t uneven_rows(int rank, int call) {
-  if (call % 5 == 3 && rank == 1) return 11;
+  if (call % 7 == 3 && rank == 1) return 11;
   return (rank * 5 + call * 3) % 9;
 }
 
 TEST(TensorParallelBackendTest, Fp32TwoRanksEqualsOneProcess) {
-  EXPECT_EQ(run_case({.ranks = 2, .rows_of = uneven_rows}), (std::vector<int64_t>(2, 19)));
+  EXPECT_EQ(run_case({.ranks = 2, .rows_of = uneven_rows}), (std::vector<int64_t>(2, 26)));
 }
 
 TEST(TensorParallelBackendTest, Fp32FourRanksEqualsOneProcess) {
-  EXPECT_EQ(run_case({.ranks = 4, .rows_of = uneven_rows}), (std::vector<int64_t>(4, 19)));
+  EXPECT_EQ(run_case({.ranks = 4, .rows_of = uneven_rows}), (std::vector<int64_t>(4, 26)));
 }
 
 TEST(TensorParallelBackendTest, Bf16ActivationsEqualOneProcess) {
@@ -229,7 +247,7 @@ TEST(TensorParallelBackendTest, OneRankWithTheOnlyTokenAndIdlePeers) {
   // Batch 1 under EP: rank 0 brings one row, the others none, at every call.
   const std::vector<int64_t> splits =
       run_case({.ranks = 4, .rows_of = [](int rank, int) { return rank == 0 ? int64_t{1} : 0; }});
-  EXPECT_EQ(splits, (std::vector<int64_t>(4, 24)));
+  EXPECT_EQ(splits, (std::vector<int64_t>(4, 30)));
 }
 
 TEST(TensorParallelBackendTest, ZeroLimitNeverSplits) {
@@ -249,19 +267,24 @@ TEST(TensorParallelBackendTest, CallsAllocateNothing) {
       ASSERT_TRUE(backend.ok());
       const ComputeContext ctx{.pool = nullptr, .precision = kernels::ActivationPrecision::kBf16};
       const std::vector<float> x = random_rows(8, kHidden, rank);
-      std::vector<float> a(8 * kQWidth), b(8 * kQWidth);  // the widest output
+      std::vector<float> a(8 * kQWidth), b(8 * kQWidth);  // the widest output (q_b)
       float* const outs[2] = {a.data(), b.data()};
       auto call = [&](int i, int64_t rows) -> Result<bool> {
-        switch (i % 4) {
+        switch (i % kNumKinds) {
           case 0:
-            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kDown,
-                                              x.data(), rows, outs);
+            return (*backend)->run_projection(
+                ctx, i % kLayers, ReplicatedProjection::kAttentionDown, x.data(), rows, outs);
           case 1:
-            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kQueryUp,
-                                              x.data(), rows, std::span(outs, 1));
+            return (*backend)->run_projection(ctx, i % kLayers,
+                                              ReplicatedProjection::kAttentionQueryUp, x.data(),
+                                              rows, std::span(outs, 1));
           case 2:
-            return (*backend)->run_projection(ctx, i % kLayers, AttentionProjection::kOutput,
-                                              x.data(), rows, std::span(outs, 1));
+            return (*backend)->run_projection(ctx, i % kLayers,
+                                              ReplicatedProjection::kAttentionOutput, x.data(),
+                                              rows, std::span(outs, 1));
+          case 3:
+            return (*backend)->run_projection(ctx, 0, ReplicatedProjection::kLmHead, x.data(), rows,
+                                              std::span(outs, 1));
           default:
             return (*backend)->run_mlp(ctx, i % kLayers, x.data(), rows, a.data());
         }
@@ -279,13 +302,15 @@ TEST(TensorParallelBackendTest, CallsAllocateNothing) {
 
 TEST(TensorParallelBackendTest, Int8WeightsAreDeclinedWithoutCommunicating) {
   Weights weights(false, /*int8=*/true);
+  std::vector<LinearWeight*> projections = {&weights.head};
   for (AttentionWeights& a : weights.attention) {
-    for (LinearWeight* w : {&*a.q_a, &a.kv_a, &*a.q_b, &a.o_proj}) {
-      auto q = kernels::PackedInt8Matrix::quantize(
-          kernels::MatrixView<bf16>{w->data, w->rows, w->cols, 0});
-      PS_CHECK(q.ok());
-      w->int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(q).value());
-    }
+    for (LinearWeight* w : {&*a.q_a, &a.kv_a, &*a.q_b, &a.o_proj}) projections.push_back(w);
+  }
+  for (LinearWeight* w : projections) {
+    auto q = kernels::PackedInt8Matrix::quantize(
+        kernels::MatrixView<bf16>{w->data, w->rows, w->cols, 0});
+    PS_CHECK(q.ok());
+    w->int8 = std::make_shared<const kernels::PackedInt8Matrix>(std::move(q).value());
   }
   // One rank of two: a collective call (or window) would wait for the absent peer.
   InProcessGroup group(2);
@@ -302,9 +327,16 @@ TEST(TensorParallelBackendTest, Int8WeightsAreDeclinedWithoutCommunicating) {
   ASSERT_TRUE(done.ok());
   EXPECT_FALSE(*done);
   float* const outs[1] = {out.data()};
-  done = (*backend)->run_projection(ctx, 0, AttentionProjection::kOutput, x.data(), 1, outs);
+  done =
+      (*backend)->run_projection(ctx, 0, ReplicatedProjection::kAttentionOutput, x.data(), 1, outs);
   ASSERT_TRUE(done.ok());
   EXPECT_FALSE(*done);
+  std::vector<float> logits(kVocab);
+  float* const head_out[1] = {logits.data()};
+  done = (*backend)->run_projection(ctx, 0, ReplicatedProjection::kLmHead, x.data(), 1, head_out);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  EXPECT_FALSE((*backend)->splits_lm_head());
 }
 
 TEST(TensorParallelBackendTest, ALostPeerIsNamedNotAHang) {

@@ -192,9 +192,9 @@ case("shipped score --quantize int8 EP=2 fp32 dispatch bitwise (INT8 experts)",
 
 
 def score_split(model, n, extra):
-    """The attention projections, dense MLPs and shared experts split over the ranks (tensor
-    parallel, with a row limit above the prompt's so that the prefill splits too): with fp32
-    dispatch the logits are still bit for bit those of one process."""
+    """The attention projections, dense MLPs, shared experts and the LM head split over the
+    ranks (tensor parallel, with a row limit above the prompt's so that the prefill splits
+    too): with fp32 dispatch the logits are still bit for bit those of one process."""
     def check():
         single = score(model, 1, extra)
         multi, err = score(model, n, list(extra) + ["--ep-dispatch-dtype", "fp32",
@@ -202,6 +202,7 @@ def score_split(model, n, extra):
         m = re.search(r"ep: the attention projections, dense MLPs and shared experts of (\d+) "
                       r"of (\d+) layers", err)
         assert m and int(m.group(1)) > 0, f"no layer split: {err[-1000:]}"
+        assert "and the LM head" in err, f"the LM head is not split: {err[-1000:]}"
         rel, top1 = compare_logits(single, multi)
         assert rel == 0.0, f"split products at EP={n} differ from one process: max rel {rel:.3g}"
         assert top1 == 1.0
