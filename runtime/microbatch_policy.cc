@@ -33,7 +33,14 @@ void MicrobatchPolicy::record(int64_t tokens, bool split, double seconds) {
   Bucket& b = buckets_[static_cast<size_t>(bucket_of(tokens))];
   Mode& m = split ? b.split : b.whole;
   const double per_token = seconds / static_cast<double>(tokens);
-  m.average = m.samples == 0 ? per_token : m.average + kSmoothing * (per_token - m.average);
+  if (m.samples < kWarmupSamples) {
+    // Warm-up keeps the lowest time: a mode's first steps can pay one-time costs (the first
+    // touch of buffers and weight slices) that an average started from them would carry
+    // for many steps, e.g. choosing the slower mode for a whole short run.
+    m.average = m.samples == 0 ? per_token : std::min(m.average, per_token);
+  } else {
+    m.average += kSmoothing * (per_token - m.average);
+  }
   ++m.samples;
 }
 

@@ -4,10 +4,11 @@
 // other microbatch computes); it costs a second pass over the weights, which a
 // bandwidth-bound decode step feels at once. Which wins depends on the machine, the
 // transport and the batch, so the policy measures both: steps are grouped by size (bucket b
-// holds steps of 2^(b-1) .. 2^b - 1 tokens), each bucket keeps a moving average of the time
-// per token with and without the split, tries each mode a few times first, then runs the
-// faster one and re-measures the other once every kExploreEvery steps of that bucket (costs
-// drift as contexts grow). The slower mode thus runs on at most ~1/kExploreEvery of a
+// holds steps of 2^(b-1) .. 2^b - 1 tokens), each bucket tries each mode a few times first
+// (keeping the lowest time per token of those, as first steps can pay one-time costs), then
+// keeps a moving average of the time per token of each mode, runs the faster one and
+// re-measures the other once every kExploreEvery steps of that bucket (costs drift as
+// contexts grow). The slower mode thus runs on at most ~1/kExploreEvery of a
 // bucket's steps after warm-up.
 //
 // plan() returns the choice for every bucket as one bit mask, so that ranks in lock-step can

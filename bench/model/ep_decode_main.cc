@@ -204,6 +204,7 @@ int run(int argc, char** argv) {
   }
 
   for (int64_t batch : args.batches) {
+    const MicrobatchStats before = pipeline ? pipeline->stats() : MicrobatchStats{};
     std::vector<double> rates;
     for (int r = 0; r < args.runs; ++r) {
       auto rate = decode_tokens_per_second(args, session, model, pipeline.get(), batch);
@@ -218,6 +219,13 @@ int run(int argc, char** argv) {
           static_cast<long long>(batch), rates[rates.size() / 2], args.runs, session.size(),
           args.threads, args.microbatches, args.microbatches == 2 ? (" " + args.split).c_str() : "",
           session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
+      if (pipeline) {
+        // Which way the pipeline ran this batch's steps (prefills included).
+        const MicrobatchStats& now = pipeline->stats();
+        std::printf("  microbatches: %lld steps split, %lld whole\n",
+                    static_cast<long long>(now.split_steps - before.split_steps),
+                    static_cast<long long>(now.whole_steps - before.whole_steps));
+      }
       std::fflush(stdout);
     }
   }

@@ -53,6 +53,20 @@ TEST(MicrobatchPolicyTest, TriesBothThenKeepsTheFasterAndExploresRarely) {
   EXPECT_FALSE((plan >> MicrobatchPolicy::bucket_of(16)) & 1);
 }
 
+TEST(MicrobatchPolicyTest, ASlowFirstStepDoesNotDecide) {
+  // The first whole step pays one-time costs (5.0 per token), later ones cost 1.0; split
+  // steps cost 1.5. A moving average started from the first step (5.0, 4.2, 3.56) would run
+  // split; the warm-up keeps the lowest time and runs whole.
+  MicrobatchPolicy policy;
+  const int64_t tokens = 1;
+  policy.record(tokens, false, 5.0);
+  policy.record(tokens, false, 1.0);
+  policy.record(tokens, false, 1.0);
+  for (int i = 0; i < MicrobatchPolicy::kWarmupSamples; ++i) policy.record(tokens, true, 1.5);
+  EXPECT_DOUBLE_EQ(policy.seconds_per_token(MicrobatchPolicy::bucket_of(tokens), false), 1.0);
+  EXPECT_FALSE(policy.split(tokens));
+}
+
 TEST(MicrobatchPolicyTest, FollowsACostThatChanges) {
   MicrobatchPolicy policy;
   run(policy, 8, 1.0, 2.0, 2 * MicrobatchPolicy::kWarmupSamples);
