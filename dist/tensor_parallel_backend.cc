@@ -42,12 +42,7 @@ bool splittable(const LinearWeight& w, int ranks) {
 Result<LinearWeight> slice_of(const LinearWeight& w, int rank, int ranks) {
   const int64_t part = w.rows / ranks;
   LinearWeight slice = row_slice(w, rank * part, part);
-  if (w.bf16_packed) {
-    auto packed = kernels::PackedBf16Matrix::pack({slice.data, slice.rows, slice.cols, 0});
-    if (!packed.ok()) return packed.status();
-    slice.bf16_packed =
-        std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
-  }
+  if (w.bf16_packed) PS_RETURN_IF_ERROR(pack_linear_bf16(slice));
   return slice;
 }
 
@@ -184,10 +179,9 @@ Status TensorParallelBackend::init_window() {
   return ok_status();
 }
 
-Status TensorParallelBackend::all_gather(int buffer, std::span<const std::byte> mine,
-                                         const char* what) {
+Status TensorParallelBackend::all_gather(int buffer, uint64_t sequence,
+                                         std::span<const std::byte> mine, const char* what) {
   const int me = options_.communicator->rank();
-  const uint64_t sequence = ++sequence_[buffer];
   const size_t place = buffer_offset_[buffer] + buffer_bytes_[buffer] * me;
   const size_t flag = static_cast<size_t>(buffer * ranks_ + me) * kLine;
   for (int r = 0; r < ranks_; ++r) {
@@ -219,14 +213,15 @@ const std::byte* TensorParallelBackend::received(int buffer, int source) const {
 
 Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, int64_t cols) {
   const int64_t cap = options_.max_rows_per_rank;
-  const int buffer = static_cast<int>(row_gathers_++ & 1);
+  const uint64_t sequence = ++row_gathers_;
+  const int buffer = static_cast<int>(sequence & 1);
   std::memcpy(send_.data(), &rows, sizeof rows);
   size_t send_bytes = kLine;
   if (rows > 0 && rows <= cap) {
     std::memcpy(send_.data() + kLine, x, float_bytes(rows * cols));
     send_bytes += float_bytes(rows * cols);
   }
-  PS_RETURN_IF_ERROR(all_gather(buffer, {send_.data(), send_bytes}, "its rows"));
+  PS_RETURN_IF_ERROR(all_gather(buffer, sequence, {send_.data(), send_bytes}, "its rows"));
   bool fits = true;
   total_ = 0;
   for (int r = 0; r < ranks_; ++r) {
@@ -251,9 +246,10 @@ Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, in
 
 Result<int> TensorParallelBackend::gather_columns(const float* local, int64_t width,
                                                   const char* what) {
-  const int buffer = 2 + static_cast<int>(column_gathers_++ & 1);
+  const uint64_t sequence = ++column_gathers_;
+  const int buffer = 2 + static_cast<int>(sequence & 1);
   const std::span<const float> mine(local, static_cast<size_t>(total_ * width));
-  PS_RETURN_IF_ERROR(all_gather(buffer, std::as_bytes(mine), what));
+  PS_RETURN_IF_ERROR(all_gather(buffer, sequence, std::as_bytes(mine), what));
   return buffer;
 }
 

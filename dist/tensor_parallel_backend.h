@@ -118,9 +118,11 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   // Gather columns: local [total_, width] of every rank; returns the buffer where rank r's
   // block is at received(buffer, r).
   Result<int> gather_columns(const float* local, int64_t width, const char* what);
-  // Writes `mine` into `buffer` of every rank (at this rank's place), signals, and waits
-  // until every rank's contribution has arrived here.
-  Status all_gather(int buffer, std::span<const std::byte> mine, const char* what);
+  // Writes `mine` into `buffer` of every rank (at this rank's place), signals `sequence`
+  // (the gather's number among those of its kind: flags only grow), and waits until every
+  // rank's contribution has arrived here.
+  Status all_gather(int buffer, uint64_t sequence, std::span<const std::byte> mine,
+                    const char* what);
   const std::byte* received(int buffer, int source) const;
   const float* received_floats(int buffer, int source) const {
     return reinterpret_cast<const float*>(received(buffer, source));
@@ -132,17 +134,16 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   int ranks_ = 1;
   int64_t max_input_ = 0, max_local_ = 0, max_inter_ = 0;  // widths the buffers hold
   std::unique_ptr<Window> window_;
-  std::vector<std::byte*> direct_;       // each rank's window memory, or nullptr
-  size_t buffer_bytes_[kBuffers] = {};   // per source
-  size_t buffer_offset_[kBuffers] = {};  // in the window
-  uint64_t sequence_[kBuffers] = {};     // gathers so far, per buffer
-  uint64_t row_gathers_ = 0, column_gathers_ = 0;
-  std::vector<std::byte> send_;    // a row gather: row count + rows
-  std::vector<int64_t> counts_;    // [N] rows of each rank in this gather
-  int64_t total_ = 0, mine_ = 0;   // rows gathered; this rank's first
-  std::vector<float> x_all_;       // [T, K]
-  std::vector<float> local_, up_;  // [T, this rank's columns]
-  std::vector<float> inter_;       // [T, I]
+  std::vector<std::byte*> direct_;                 // each rank's window memory, or nullptr
+  size_t buffer_bytes_[kBuffers] = {};             // per source
+  size_t buffer_offset_[kBuffers] = {};            // in the window
+  uint64_t row_gathers_ = 0, column_gathers_ = 0;  // so far
+  std::vector<std::byte> send_;                    // a row gather: row count + rows
+  std::vector<int64_t> counts_;                    // [N] rows of each rank in this gather
+  int64_t total_ = 0, mine_ = 0;                   // rows gathered; this rank's first
+  std::vector<float> x_all_;                       // [T, K]
+  std::vector<float> local_, up_;                  // [T, this rank's columns]
+  std::vector<float> inter_;                       // [T, I]
   int64_t split_calls_ = 0;
 };
 

@@ -29,14 +29,19 @@ void add_layer(std::vector<Target>& out, DecoderLayerWeights& layer) {
 
 Status pack_one(const Target& target, const std::function<void(const LinearWeight&)>& packed_fn) {
   LinearWeight& w = *target.weight;
-  auto packed = kernels::PackedBf16Matrix::pack({w.data, w.rows, w.cols, 0});
-  if (!packed.ok()) return packed.status().with_context("packing " + target.name);
-  w.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
+  PS_RETURN_IF_ERROR(pack_linear_bf16(w).with_context("packing " + target.name));
   if (packed_fn) packed_fn(w);
   return ok_status();
 }
 
 }  // namespace
+
+Status pack_linear_bf16(LinearWeight& w) {
+  auto packed = kernels::PackedBf16Matrix::pack({w.data, w.rows, w.cols, 0});
+  if (!packed.ok()) return packed.status();
+  w.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
+  return ok_status();
+}
 
 bool packs_bf16_weights(const ModelOptions& options) {
   return options.pack_bf16 && options.gemm_precision == GemmPrecision::kBf16 &&

@@ -24,6 +24,8 @@ namespace peerserve {
 // readable, e.g. Checkpoint::release_pages).
 Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
                          const std::function<void(const LinearWeight&)>& packed = {});
+// One weight's packed copy (its BF16 data must be set), on the calling thread.
+Status pack_linear_bf16(LinearWeight& w);
 // One MLP's gate, up and down (a routed expert read later, e.g. by an expert-parallel rank),
 // on the calling thread.
 Status pack_mlp_bf16(MlpWeights& mlp);

@@ -49,11 +49,7 @@ struct Weights {
       return LinearWeight{data->data(), rows, cols, data, nullptr, nullptr, nullptr};
     };
     head = matrix(kVocab, kHidden);
-    if (packed) {
-      auto p = kernels::PackedBf16Matrix::pack({head.data, head.rows, head.cols, 0});
-      PS_CHECK(p.ok());
-      head.bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(p).value());
-    }
+    if (packed) PS_CHECK(pack_linear_bf16(head).ok());
     for (int layer = 0; layer < kLayers; ++layer) {
       AttentionWeights& a = attention.emplace_back();
       a.q_a = matrix(kQLora, kHidden);
@@ -62,9 +58,7 @@ struct Weights {
       a.o_proj = matrix(kHidden, kHidden);
       if (packed) {
         for (LinearWeight* w : {&*a.q_a, &a.kv_a, &*a.q_b, &a.o_proj}) {
-          auto p = kernels::PackedBf16Matrix::pack({w->data, w->rows, w->cols, 0});
-          PS_CHECK(p.ok());
-          w->bf16_packed = std::make_shared<const kernels::PackedBf16Matrix>(std::move(p).value());
+          PS_CHECK(pack_linear_bf16(*w).ok());
         }
         PS_CHECK(pack_mlp_bf16(moe.experts[layer][0]).ok());
       }
