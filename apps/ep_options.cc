@@ -16,6 +16,14 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
       ->check(CLI::IsMember({"int8", "bf16", "fp32"}))
       ->capture_default_str();
   command
+      ->add_option("--ep-transport", cli->windows,
+                   "How the ranks reach each other's exchange buffers: auto = shared memory "
+                   "when every rank is on one host, else MPI one-sided puts; network = MPI "
+                   "puts even on one host (the cross-host path; mpirun's --mca options pick "
+                   "the transport, e.g. '--mca osc pt2pt --mca btl self,tcp')")
+      ->check(CLI::IsMember({"auto", "network"}))
+      ->capture_default_str();
+  command
       ->add_option("--ep-timeout-ms", cli->peer_timeout_ms,
                    "A peer rank silent for this long is reported lost and the job ends")
       ->check(CLI::Range(100, 3600000))

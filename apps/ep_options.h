@@ -7,8 +7,8 @@
 
 namespace peerserve {
 
-// Adds --ep, --ep-dispatch-dtype, --ep-timeout-ms, --eplb-interval and
-// --eplb-redundant-experts to a command.
+// Adds --ep, --ep-dispatch-dtype, --ep-transport, --ep-timeout-ms, --ep-split-rows,
+// --eplb-interval and --eplb-redundant-experts to a command.
 void add_ep_options(CLI::App* command, EpCli* cli);
 
 }  // namespace peerserve

@@ -65,6 +65,7 @@ Result<std::unique_ptr<EpSession>> EpSession::start(const EpCli& cli) {
   auto impl = std::make_unique<Impl>();
   impl->cli = cli;
   PS_ASSIGN_OR_RETURN(impl->dtype, dist::parse_dispatch_dtype(cli.dispatch_dtype));
+  PS_ASSIGN_OR_RETURN(const dist::MpiWindows windows, dist::parse_mpi_windows(cli.windows));
   const int world = mpirun_world_size();
   if (cli.ep <= 1) {
     if (world > 1) {
@@ -81,7 +82,7 @@ Result<std::unique_ptr<EpSession>> EpSession::start(const EpCli& cli) {
                             ": run 'mpirun -np " + std::to_string(cli.ep) +
                             " peerserve <command> --ep " + std::to_string(cli.ep) + " ...'");
   }
-  PS_ASSIGN_OR_RETURN(impl->comm, dist::MpiCommunicator::init(nullptr, nullptr));
+  PS_ASSIGN_OR_RETURN(impl->comm, dist::MpiCommunicator::init(nullptr, nullptr, windows));
   if (impl->comm->size() != cli.ep) {
     return invalid_argument("--ep " + std::to_string(cli.ep) + " but the MPI world has " +
                             std::to_string(impl->comm->size()) + " ranks");
@@ -221,6 +222,12 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
                  tensor_parallel->split_layers(), static_cast<long long>(config.num_hidden_layers),
                  tensor_parallel->splits_lm_head() ? " and the LM head" : "", impl_->comm->size(),
                  impl_->cli.split_rows);
+  }
+  if (impl_->comm->rank() == 0) {
+    std::fprintf(stderr, "ep: %d ranks exchange tokens through %s\n", impl_->comm->size(),
+                 impl_->comm->shared_memory_windows()
+                     ? "shared memory (every rank on one host)"
+                     : "MPI one-sided puts (the transport mpirun's --mca options pick)");
   }
   model.set_replicated_weights_backend(std::move(tensor_parallel));
   return impl_->install_placement(model, *impl_->placement);

@@ -51,6 +51,8 @@ struct EpCli {
   // Split the attention projections, dense MLPs and shared experts over the ranks when no
   // rank brings more rows to a step than this (dist/tensor_parallel_backend.h); 0 = never.
   int split_rows = 16;
+  // How the ranks reach each other's exchange buffers (dist::MpiWindows): auto | network.
+  std::string windows = "auto";
 };
 
 class EpSession {

@@ -1,5 +1,7 @@
 #include "dist/mpi_communicator.h"
 
+#include "dist/call_watchdog.h"
+
 #include <mpi.h>
 #include <sched.h>
 
@@ -34,7 +36,10 @@ struct MpiCommunicator::Impl {
   int size = 1;
   std::string name;
   bool broken = false;
-  bool one_node = false;  // every rank shares memory: windows are MPI_Win_allocate_shared
+  // Every rank on one node and MpiWindows::kAuto: windows are MPI_Win_allocate_shared.
+  bool shared_windows = false;
+  // Bounds the window calls that take no timeout (a flush to a dead peer can block forever).
+  std::unique_ptr<CallWatchdog> watchdog;
 
   // Records the failure; every later teardown skips the collective MPI calls.
   Status fail(Status status) {
@@ -72,10 +77,16 @@ namespace {
 
 class MpiWindow final : public Window {
  public:
-  // `direct` has a pointer per rank for a shared-memory window, or is empty.
+  // `direct` has a pointer per rank for a shared-memory window, or is empty. A put, flush or
+  // flag to a peer that does not complete within `timeout` ends the process (CallWatchdog).
   MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes,
-            std::vector<std::byte*> direct)
-      : comm_(std::move(comm)), win_(win), base_(base), bytes_(bytes), direct_(std::move(direct)) {}
+            std::vector<std::byte*> direct, std::chrono::milliseconds timeout)
+      : comm_(std::move(comm)),
+        win_(win),
+        base_(base),
+        bytes_(bytes),
+        direct_(std::move(direct)),
+        timeout_(timeout) {}
 
   ~MpiWindow() override {
     if (comm_->broken) return;  // MPI_Win_free is collective: a lost peer would hang it
@@ -90,6 +101,7 @@ class MpiWindow final : public Window {
     size_t done = 0;
     while (done < bytes.size()) {
       const int chunk = static_cast<int>(std::min<size_t>(bytes.size() - done, INT_MAX / 2));
+      const CallWatchdog::Guard guard = comm_->watchdog->guard("MPI_Put", target, timeout_);
       PS_RETURN_IF_ERROR(
           comm_->check(MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
                                static_cast<MPI_Aint>(offset + done), chunk, MPI_BYTE, win_),
@@ -105,6 +117,7 @@ class MpiWindow final : public Window {
 
   Status flush(int target) override {
     PS_RETURN_IF_ERROR(check_range(target, 0, 0, "flush"));
+    const CallWatchdog::Guard guard = comm_->watchdog->guard("MPI_Win_flush", target, timeout_);
     return comm_->check(MPI_Win_flush(target, win_), "MPI_Win_flush", target);
   }
 
@@ -117,10 +130,14 @@ class MpiWindow final : public Window {
     PS_RETURN_IF_ERROR(flush(target));  // the data before the flag
     // Orders direct stores (shared memory) before the flag, like the flush orders puts.
     PS_RETURN_IF_ERROR(comm_->check(MPI_Win_sync(win_), "MPI_Win_sync"));
-    PS_RETURN_IF_ERROR(
-        comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset),
-                                    1, MPI_UINT64_T, MPI_REPLACE, win_),
-                     "MPI_Accumulate (flag)", target));
+    {
+      const CallWatchdog::Guard guard =
+          comm_->watchdog->guard("MPI_Accumulate (flag)", target, timeout_);
+      PS_RETURN_IF_ERROR(comm_->check(
+          MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset), 1,
+                         MPI_UINT64_T, MPI_REPLACE, win_),
+          "MPI_Accumulate (flag)", target));
+    }
     return flush(target);  // `value` is a local: complete before returning
   }
 
@@ -165,11 +182,24 @@ class MpiWindow final : public Window {
   std::byte* base_;
   size_t bytes_;
   std::vector<std::byte*> direct_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char*** argv) {
+Result<MpiWindows> parse_mpi_windows(std::string_view name) {
+  if (name == "auto") return MpiWindows::kAuto;
+  if (name == "network") return MpiWindows::kNetwork;
+  return invalid_argument("unknown window transport '" + std::string(name) +
+                          "' (expected auto or network)");
+}
+
+std::string_view mpi_windows_name(MpiWindows windows) {
+  return windows == MpiWindows::kNetwork ? "network" : "auto";
+}
+
+Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char*** argv,
+                                                               MpiWindows windows) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return internal_error("MPI is already initialised in this process");
@@ -191,12 +221,13 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char**
       MPI_SUCCESS) {
     int node_size = 0;
     MPI_Comm_size(node, &node_size);
-    impl->one_node = node_size == impl->size;
+    impl->shared_windows = node_size == impl->size && windows == MpiWindows::kAuto;
     MPI_Comm_free(&node);
   }
   char host[MPI_MAX_PROCESSOR_NAME];
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
+  impl->watchdog = std::make_unique<CallWatchdog>("rank " + std::to_string(impl->rank));
   impl->name = "mpi rank " + std::to_string(impl->rank) + " of " + std::to_string(impl->size) +
                " on " + std::string(host, host_length);
   return std::make_unique<MpiCommunicator>(std::move(impl));
@@ -215,6 +246,9 @@ int MpiCommunicator::rank() const {
 }
 int MpiCommunicator::size() const {
   return impl_->size;
+}
+bool MpiCommunicator::shared_memory_windows() const {
+  return impl_->shared_windows;
 }
 bool MpiCommunicator::broken() const {
   return impl_->broken;
@@ -262,16 +296,16 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   MPI_Win win = MPI_WIN_NULL;
   // On one node the window is shared memory that every rank can also store into directly.
   Status allocated = impl_->check(
-      impl_->one_node ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
-                                                impl_->comm, &base, &win)
-                      : MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
-                                         impl_->comm, &base, &win),
+      impl_->shared_windows ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1,
+                                                      MPI_INFO_NULL, impl_->comm, &base, &win)
+                            : MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
+                                               impl_->comm, &base, &win),
       "MPI_Win_allocate");
   if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
   std::memset(base, 0, bytes);
   std::vector<std::byte*> direct;
-  if (impl_->one_node) {
+  if (impl_->shared_windows) {
     for (int r = 0; r < impl_->size; ++r) {
       MPI_Aint size = 0;
       int unit = 0;
@@ -283,7 +317,7 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   }
   PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));
   auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes,
-                                            std::move(direct));
+                                            std::move(direct), timeout);
   // Nobody may put before every rank has zeroed its part.
   PS_RETURN_IF_ERROR(barrier(timeout));
   return std::unique_ptr<Window>(std::move(window));

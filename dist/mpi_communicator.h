@@ -8,12 +8,12 @@
 // MPI failures come back as Status.
 //
 // Windows are MPI-3 RMA windows opened once for passive target access (MPI_Win_lock_all):
-// when every rank is on one node, MPI_Win_allocate_shared, so Window::direct() gives each
-// peer's memory for plain stores; otherwise MPI_Win_allocate (osc/ucx or osc/rdma across
-// nodes) and direct() is nullptr; put is MPI_Put, flush MPI_Win_flush, signal an MPI_Accumulate
-// (MPI_REPLACE) of one uint64 after a flush, and wait_at_least polls the local word with
-// MPI_Win_sync, yielding the core between polls (ranks may outnumber cores). Collectives
-// are the non-blocking MPI ones polled against the timeout.
+// when every rank is on one node (and MpiWindows::kAuto), MPI_Win_allocate_shared, so
+// Window::direct() gives each peer's memory for plain stores; otherwise MPI_Win_allocate
+// (osc/ucx, osc/rdma or osc/pt2pt: the network across nodes) and direct() is nullptr; put is
+// MPI_Put, flush MPI_Win_flush, signal an MPI_Accumulate (MPI_REPLACE) of one uint64 after a flush,
+// and wait_at_least polls the local word with MPI_Win_sync, yielding the core between polls (ranks
+// may outnumber cores). Collectives are the non-blocking MPI ones polled against the timeout.
 //
 // After any error the communicator is broken: windows and the session are then torn down
 // without the collective MPI_Win_free / MPI_Finalize (which would wait for the lost rank);
@@ -25,15 +25,26 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "dist/communicator.h"
 
 namespace peerserve::dist {
 
+// Where windows live. kAuto: shared memory when every rank is on one node, else the MPI
+// one-sided transport. kNetwork: the MPI one-sided transport always, so that the path
+// across hosts runs (and is tested) on one machine too; mpirun's --mca options pick the
+// transport (e.g. "--mca osc pt2pt --mca btl self,tcp": TCP through the kernel).
+enum class MpiWindows { kAuto, kNetwork };
+
+Result<MpiWindows> parse_mpi_windows(std::string_view name);  // auto | network
+std::string_view mpi_windows_name(MpiWindows windows);
+
 class MpiCommunicator final : public Communicator {
  public:
   // Initialises MPI (once per process). Fails if MPI was already initialised.
-  static Result<std::unique_ptr<MpiCommunicator>> init(int* argc, char*** argv);
+  static Result<std::unique_ptr<MpiCommunicator>> init(int* argc, char*** argv,
+                                                       MpiWindows windows = MpiWindows::kAuto);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -49,6 +60,9 @@ class MpiCommunicator final : public Communicator {
                    std::chrono::milliseconds timeout) override;
   Result<std::unique_ptr<Window>> create_window(size_t bytes,
                                                 std::chrono::milliseconds timeout) override;
+
+  // True when windows are shared memory (Window::direct gives peers' memory).
+  bool shared_memory_windows() const;
 
   // True after an operation failed (a lost or stuck peer, an MPI error): teardown then
   // skips the collective calls, so returning from main exits without waiting for peers.

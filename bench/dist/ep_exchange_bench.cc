@@ -202,7 +202,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
   return row;
 }
 
-Status run(Communicator& comm, DispatchDtype dtype, int iterations) {
+Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_memory) {
   PS_ASSIGN_OR_RETURN(ExpertPlacement placement,
                       ExpertPlacement::contiguous({1}, kExperts, comm.size()));
   ExchangeShape shape;
@@ -221,12 +221,13 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations) {
     std::printf(
         "EP=%d, %s dispatch (message %zu B/token, result %zu B/pair), hidden %lld, "
         "%d experts, top %d; kernels %s; window %.1f MiB per rank "
-        "(dispatch %.2f + combine %.2f MiB per microbatch)\n",
+        "(dispatch %.2f + combine %.2f MiB per microbatch); windows: %s\n",
         comm.size(), std::string(dispatch_dtype_name(dtype)).c_str(), layout.message_bytes,
         layout.result_bytes, static_cast<long long>(kHidden), kExperts, kTopK,
         std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str(),
         layout.window_bytes / 1048576.0, layout.dispatch_buffer_bytes / 1048576.0,
-        layout.combine_buffer_bytes / 1048576.0);
+        layout.combine_buffer_bytes / 1048576.0,
+        shared_memory ? "shared memory (direct stores)" : "MPI one-sided puts");
     std::printf("%6s | %8s %9s %8s %9s %6s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
                 "disp GB/s", "xport us", "xport GB/s", "ratio", "comb us", "comb GB/s", "xport us",
                 "xport GB/s", "ratio");
@@ -262,6 +263,10 @@ constexpr const char* kUsage =
     "transport's own put + flag for the same per-peer bytes, measured in the same run; the\n"
     "slowest rank's time, medians over iterations, printed by rank 0.\n"
     "  --dtype D         how tokens travel: int8 (per-token scale), bf16 or fp32 (default int8)\n"
+    "  --transport T     auto (shared memory when every rank is on one host) or network\n"
+    "                    (MPI one-sided puts even on one host; pick the MPI transport with\n"
+    "                    mpirun's --mca options, e.g. --mca osc pt2pt --mca btl self,tcp)\n"
+    "                    (default auto)\n"
     "  --iterations N    timed iterations per token count (default 31)\n"
     "  --help            this text\n";
 
@@ -273,35 +278,45 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  auto comm = dist::MpiCommunicator::init(&argc, &argv);
-  if (!comm.ok()) {
-    std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
-    return 1;
-  }
+  // Flags first: the window transport is chosen when MPI starts. A bad flag ends every rank
+  // (mpirun stops the job at the first non-zero exit).
   dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
+  dist::MpiWindows windows = dist::MpiWindows::kAuto;
   int iterations = 31;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) {
       std::fprintf(stderr, "error: %s needs a value\n%s", flag.c_str(), kUsage);
-      (*comm)->abort(2);
+      return 2;
     }
     const std::string value = argv[i + 1];
     if (flag == "--dtype") {
       auto parsed = dist::parse_dispatch_dtype(value);
       if (!parsed.ok()) {
         std::fprintf(stderr, "error: %s\n", parsed.status().to_string().c_str());
-        (*comm)->abort(2);
+        return 2;
       }
       dtype = *parsed;
+    } else if (flag == "--transport") {
+      auto parsed = dist::parse_mpi_windows(value);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "error: %s\n", parsed.status().to_string().c_str());
+        return 2;
+      }
+      windows = *parsed;
     } else if (flag == "--iterations") {
       iterations = std::max(1, std::atoi(value.c_str()));
     } else {
       std::fprintf(stderr, "error: unknown flag %s\n%s", flag.c_str(), kUsage);
-      (*comm)->abort(2);
+      return 2;
     }
   }
-  Status status = dist::run(**comm, dtype, iterations);
+  auto comm = dist::MpiCommunicator::init(&argc, &argv, windows);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
+    return 1;
+  }
+  Status status = dist::run(**comm, dtype, iterations, (*comm)->shared_memory_windows());
   if (!status.ok()) {
     std::fprintf(stderr, "rank %d: error: %s\n", (*comm)->rank(), status.to_string().c_str());
     if ((*comm)->broken()) return 1;

@@ -71,6 +71,8 @@ bool parse(int argc, char** argv, Args* args) {
       args->ep.ep = std::atoi(value().c_str());
     } else if (flag == "--ep-dispatch-dtype") {
       args->ep.dispatch_dtype = value();
+    } else if (flag == "--ep-transport") {
+      args->ep.windows = value();
     } else if (flag == "--ep-split-rows") {
       args->ep.split_rows = std::atoi(value().c_str());
     } else {
@@ -96,6 +98,8 @@ bool parse(int argc, char** argv, Args* args) {
           "                                     every step (default measured)\n"
           "  --ep N                             expert parallelism over the N MPI ranks\n"
           "  --ep-dispatch-dtype int8|bf16|fp32 dispatch payload (default int8)\n"
+          "  --ep-transport auto|network        shared memory on one host, or MPI puts\n"
+          "                                     (default auto)\n"
           "  --ep-split-rows N                  split the attention projections, dense MLPs\n"
           "                                     and shared experts over the ranks while no\n"
           "                                     rank brings more rows (default 16; 0 = never)\n"

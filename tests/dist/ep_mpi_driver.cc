@@ -36,6 +36,7 @@ struct Flags {
   int kill_step = 2;
   int timeout_ms = 30000;
   bool direct_stores = true;
+  MpiWindows windows = MpiWindows::kAuto;
 };
 
 Result<Flags> parse_flags(int argc, char** argv) {
@@ -54,6 +55,8 @@ Result<Flags> parse_flags(int argc, char** argv) {
       flags.kill_step = std::atoi(value.c_str());
     } else if (arg == "--direct") {
       flags.direct_stores = value != "0";
+    } else if (arg == "--transport") {
+      PS_ASSIGN_OR_RETURN(flags.windows, parse_mpi_windows(value));
     } else if (arg == "--timeout-ms") {
       flags.timeout_ms = std::atoi(value.c_str());
     } else {
@@ -178,15 +181,20 @@ Status run(Communicator& comm, const Flags& flags) {
 
 int main(int argc, char** argv) {
   using namespace peerserve;
-  auto comm = dist::MpiCommunicator::init(&argc, &argv);
-  if (!comm.ok()) {
-    std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
-    return 1;
-  }
+  // Flags first: the window transport is chosen when MPI starts.
   auto flags = dist::parse_flags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "error: %s\n", flags.status().to_string().c_str());
     return 2;
+  }
+  auto comm = dist::MpiCommunicator::init(&argc, &argv, flags->windows);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
+    return 1;
+  }
+  if (flags->windows == dist::MpiWindows::kNetwork && (*comm)->shared_memory_windows()) {
+    std::fprintf(stderr, "error: --transport network but the windows are shared memory\n");
+    return 1;
   }
   Status status = dist::run(**comm, *flags);
   if (!status.ok()) {

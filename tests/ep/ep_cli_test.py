@@ -40,8 +40,13 @@ def run(args, timeout=120):
     return p.returncode, p.stdout, p.stderr, time.monotonic() - started
 
 
-def mpirun(n, args, timeout=120):
-    return run(["mpirun", "-np", str(n), "--oversubscribe", BIN] + args, timeout)
+# The path across hosts on one machine: MPI one-sided puts over TCP, no shared memory.
+MPI_TCP = ["--mca", "osc", "pt2pt", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include",
+           "lo"]
+
+
+def mpirun(n, args, timeout=120, mca=()):
+    return run(["mpirun", "-np", str(n), "--oversubscribe"] + list(mca) + [BIN] + args, timeout)
 
 
 def case(name, fn):
@@ -82,14 +87,14 @@ def generate(model, n=1, extra=(), max_tokens=12):
     return out.strip()
 
 
-def score(model, n=1, extra=(), with_stderr=False):
+def score(model, n=1, extra=(), with_stderr=False, mca=()):
     path = os.path.join(SCRATCH, f"score-{n}-{os.getpid()}-{time.monotonic_ns()}.json")
     args = ["score", "--model", model, "--prompt-ids", PROMPT, "--out", path, "--threads", "1"]
     args += list(extra)
     if n == 1:
         rc, _, err, _ = run([BIN] + args)
     else:
-        rc, _, err, _ = mpirun(n, args + ["--ep", str(n)])
+        rc, _, err, _ = mpirun(n, args + ["--ep", str(n)], mca=mca)
     assert rc == 0, f"exit {rc}: {err[-2000:]}"
     with open(path) as f:
         logits = json.load(f)["logits"]
@@ -218,6 +223,28 @@ case("shipped score --precision bf16 EP=4 tensor-parallel split bitwise (packed 
      score_split(shipped, 4, ["--precision", "bf16"]))
 
 
+def score_network(model, n, dtype, tolerance):
+    """--ep-transport network: every exchange and split product goes through MPI puts over
+    TCP (staging + put + flush + flag) instead of shared-memory stores. fp32 dispatch is
+    still bit for bit one process; int8 within the tolerance of the shared-memory path."""
+    def check():
+        single = score(model, 1, ["--precision", "bf16"])
+        multi, err = score(model, n, ["--precision", "bf16", "--ep-dispatch-dtype", dtype,
+                                      "--ep-split-rows", "64", "--ep-transport", "network"],
+                           True, MPI_TCP)
+        assert "exchange tokens through MPI one-sided puts" in err, err[-1000:]
+        rel, top1 = compare_logits(single, multi)
+        assert rel <= tolerance, f"{dtype} over TCP at EP={n}: max rel {rel:.3g} > {tolerance}"
+        print(f"    {dtype} over TCP, EP={n}: max rel {rel:.3g}, top-1 {top1:.3f}")
+    return check
+
+
+case("shipped score EP=2 over MPI puts on TCP, fp32 dispatch + split, bitwise",
+     score_network(shipped, 2, "fp32", 0.0))
+case("shipped score EP=4 over MPI puts on TCP, int8 dispatch + split",
+     score_network(shipped, 4, "int8", 0.03))
+
+
 def score_rounded(model, dtype, tolerance):
     def check():
         single = score(model)
@@ -265,12 +292,14 @@ def rank_pids(p):
     return ranks
 
 
-def lost_rank(sig, expect):
+def lost_rank(sig, expect, network=False):
     """Rank 1 gets `sig` mid-run; the job must end non-zero, naming rank 1, within 60 s."""
     def check():
-        args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "generate", "--model", shipped,
+        args = ["mpirun", "-np", "2", "--oversubscribe"] + (MPI_TCP if network else []) + [
+                BIN, "generate", "--model", shipped,
                 "--prompt-ids", PROMPT, "--max-tokens", "100000", "--ignore-eos", "--ep", "2",
                 "--ep-timeout-ms", "3000", "--threads", "1"]
+        args += ["--ep-transport", "network"] if network else []
         p = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         ranks = {}
@@ -306,6 +335,9 @@ def lost_rank(sig, expect):
 case("rank killed mid-run: the job ends naming it", lost_rank(signal.SIGKILL, "rank 1"))
 case("rank hung mid-run: rank 0 times out naming it",
      lost_rank(signal.SIGSTOP, "rank 1 did not deliver"))
+# Over TCP a put or flush to the stopped rank blocks inside MPI: the call watchdog ends it.
+case("rank hung mid-run over MPI puts on TCP: rank 0 names it",
+     lost_rank(signal.SIGSTOP, "rank 1 did not", network=True))
 
 
 def free_port():
