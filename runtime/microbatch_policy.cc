@@ -22,7 +22,10 @@ bool MicrobatchPolicy::choose(const Bucket& b) {
 
 uint64_t MicrobatchPolicy::plan() const {
   uint64_t bits = 0;
-  for (int b = 1; b < kBuckets; ++b) {
+  // Bucket 1 (a step of one row) never splits: one microbatch would be empty on every rank,
+  // so there is nothing to overlap and the split only costs (under --ep it also gives up
+  // the tensor-parallel products, which run in whole steps).
+  for (int b = 2; b < kBuckets; ++b) {
     if (choose(buckets_[static_cast<size_t>(b)])) bits |= uint64_t{1} << b;
   }
   return bits;

@@ -9,7 +9,8 @@
 // keeps a moving average of the time per token of each mode, runs the faster one and
 // re-measures the other once every kExploreEvery steps of that bucket (costs drift as
 // contexts grow). The slower mode thus runs on at most ~1/kExploreEvery of a
-// bucket's steps after warm-up.
+// bucket's steps after warm-up. A step of one row is never split: there is no second
+// microbatch to overlap with.
 //
 // plan() returns the choice for every bucket as one bit mask, so that ranks in lock-step can
 // all follow the leader's plan for the size the group agreed on (every rank must split the

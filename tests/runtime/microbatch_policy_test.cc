@@ -58,13 +58,25 @@ TEST(MicrobatchPolicyTest, ASlowFirstStepDoesNotDecide) {
   // steps cost 1.5. A moving average started from the first step (5.0, 4.2, 3.56) would run
   // split; the warm-up keeps the lowest time and runs whole.
   MicrobatchPolicy policy;
-  const int64_t tokens = 1;
-  policy.record(tokens, false, 5.0);
-  policy.record(tokens, false, 1.0);
-  policy.record(tokens, false, 1.0);
-  for (int i = 0; i < MicrobatchPolicy::kWarmupSamples; ++i) policy.record(tokens, true, 1.5);
+  const int64_t tokens = 4;
+  const double t = static_cast<double>(tokens);  // record() takes the step's seconds
+  policy.record(tokens, false, 5.0 * t);
+  policy.record(tokens, false, 1.0 * t);
+  policy.record(tokens, false, 1.0 * t);
+  for (int i = 0; i < MicrobatchPolicy::kWarmupSamples; ++i) policy.record(tokens, true, 1.5 * t);
   EXPECT_DOUBLE_EQ(policy.seconds_per_token(MicrobatchPolicy::bucket_of(tokens), false), 1.0);
   EXPECT_FALSE(policy.split(tokens));
+}
+
+TEST(MicrobatchPolicyTest, AStepOfOneRowNeverSplits) {
+  // Nothing to overlap: not in warm-up, and not even when split steps measured faster.
+  MicrobatchPolicy policy;
+  EXPECT_EQ(run(policy, 1, 2.0, 1.0, 4 * MicrobatchPolicy::kExploreEvery), 0);
+  for (int i = 0; i < 2 * MicrobatchPolicy::kWarmupSamples; ++i) policy.record(1, true, 0.1);
+  EXPECT_FALSE(policy.split(1));
+  EXPECT_FALSE((policy.plan() >> MicrobatchPolicy::bucket_of(1)) & 1);
+  // Two rows can split (warm-up tries it).
+  EXPECT_GT(run(policy, 2, 2.0, 1.0, 2 * MicrobatchPolicy::kWarmupSamples), 0);
 }
 
 TEST(MicrobatchPolicyTest, FollowsACostThatChanges) {
