@@ -194,10 +194,6 @@ Result<MpiWindows> parse_mpi_windows(std::string_view name) {
                           "' (expected auto or network)");
 }
 
-std::string_view mpi_windows_name(MpiWindows windows) {
-  return windows == MpiWindows::kNetwork ? "network" : "auto";
-}
-
 Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char*** argv,
                                                                MpiWindows windows) {
   int initialized = 0;
@@ -294,7 +290,7 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   PS_RETURN_IF_ERROR(barrier(timeout));
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
-  // On one node the window is shared memory that every rank can also store into directly.
+  // Shared windows (one node, MpiWindows::kAuto): memory every rank can also store into.
   Status allocated = impl_->check(
       impl_->shared_windows ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1,
                                                       MPI_INFO_NULL, impl_->comm, &base, &win)

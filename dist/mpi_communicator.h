@@ -38,7 +38,6 @@ namespace peerserve::dist {
 enum class MpiWindows { kAuto, kNetwork };
 
 Result<MpiWindows> parse_mpi_windows(std::string_view name);  // auto | network
-std::string_view mpi_windows_name(MpiWindows windows);
 
 class MpiCommunicator final : public Communicator {
  public:
