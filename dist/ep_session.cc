@@ -43,6 +43,8 @@ struct EpSession::Impl {
   Status install_placement(DeepseekModel& model, dist::ExpertPlacement new_placement);
   // At an agreed step: rebalances when the interval says so (every rank at the same step).
   Status maybe_rebalance(DeepseekModel& model, const dist::StepAgreement& agreement);
+  // Rebalances from the loads counted since the last rebalance (collective); `step` for the log.
+  Status rebalance(DeepseekModel& model, int64_t step);
 
   EpCli cli;
   std::string model_dir;
@@ -124,7 +126,8 @@ Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* optio
                                         static_cast<int>(config.n_routed_experts), size()));
   const int physical =
       static_cast<int>(config.n_routed_experts) + impl_->cli.eplb_redundant_experts;
-  if (impl_->cli.eplb_interval > 0 && physical % size() != 0) {
+  if ((impl_->cli.eplb_interval > 0 || impl_->cli.eplb_redundant_experts > 0) &&
+      physical % size() != 0) {
     return invalid_argument("--eplb-redundant-experts " +
                             std::to_string(impl_->cli.eplb_redundant_experts) + ": " +
                             std::to_string(config.n_routed_experts) +
@@ -177,6 +180,10 @@ Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
   if (cli.eplb_interval <= 0 || !agreement.step) return ok_status();
   if (agreement.step_index - last_rebalance_step < cli.eplb_interval) return ok_status();
   last_rebalance_step = agreement.step_index;
+  return rebalance(model, agreement.step_index);
+}
+
+Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   const auto timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
   PS_ASSIGN_OR_RETURN(dist::Rebalance rebalance,
                       dist::rebalance_experts(*comm, recorder->take(), *placement,
@@ -187,7 +194,7 @@ Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
     std::fprintf(stderr,
                  "eplb: step %lld: max/mean expert pairs per rank %.3f -> %.3f over %lld pairs "
                  "(%d redundant experts; rank 0 read %lld experts)\n",
-                 static_cast<long long>(agreement.step_index), rebalance.before_max_over_mean,
+                 static_cast<long long>(step), rebalance.before_max_over_mean,
                  rebalance.after_max_over_mean, static_cast<long long>(rebalance.pairs),
                  cli.eplb_redundant_experts,
                  static_cast<long long>(store->experts_read() - read_before));
@@ -255,6 +262,11 @@ Result<dist::StepAgreement> EpSession::agree_and_rebalance(DeepseekModel& model,
   PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree(rows, stop, mail, proposal));
   if (distributed()) PS_RETURN_IF_ERROR(impl_->maybe_rebalance(model, a));
   return a;
+}
+
+Status EpSession::rebalance_experts(DeepseekModel& model) {
+  if (!distributed()) return ok_status();
+  return impl_->rebalance(model, impl_->coordinator->steps());
 }
 
 Status EpSession::forward(DeepseekModel& model, std::span<const SequenceChunk> chunks,

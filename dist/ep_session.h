@@ -89,6 +89,9 @@ class EpSession {
                                                   bool stop = false,
                                                   std::span<const std::byte> mail = {},
                                                   uint64_t proposal = 0);
+  // Collective, between steps: an expert rebalance now, from the loads counted so far, with
+  // --eplb-redundant-experts copies (what --eplb-interval does every N steps).
+  Status rebalance_experts(DeepseekModel& model);
   // Leader: runs one forward in lock-step (agree, then forward).
   Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks, LatentKvCache& cache,
                  ForwardState& state, ForwardOutput* out);

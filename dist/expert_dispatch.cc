@@ -128,6 +128,8 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       dispatch_staging_(shape.num_ranks * layout_.dispatch_region_bytes),
       staged_tokens_(shape.num_ranks),
       staged_pairs_(shape.num_ranks),
+      rank_cost_(shape.num_ranks),
+      slot_touched_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
@@ -195,6 +197,8 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   const int64_t k = tokens.top_k, hidden = tokens.hidden_size;
   std::fill(staged_tokens_.begin(), staged_tokens_.end(), 0);
   std::fill(staged_pairs_.begin(), staged_pairs_.end(), 0);
+  std::fill(rank_cost_.begin(), rank_cost_.end(), 0);
+  std::fill(slot_touched_.begin(), slot_touched_.end(), 0);
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
   const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
@@ -208,12 +212,42 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   for (int64_t t = 0; t < tokens.num_tokens; ++t) {
     const float* x = tokens.activations.data() + t * hidden;
     const int32_t* ids = tokens.expert_ids.data() + t * k;
+    // Where each (token, expert) pair goes (position: the expert's slot on the owner,
+    // replaced by the result position below). Experts with one copy first; then each
+    // replicated expert goes to the copy on the rank with the least work in this call so
+    // far, where a pair costs 1 and the first pair of a physical expert kTouchCost more (its
+    // weights are streamed once per call however many tokens it gets: at decode sizes,
+    // spreading an expert's few tokens over its copies would read its weights twice).
+    // Ties go by a rotation with the token index. Copies hold the same weights, so the
+    // choice changes no result.
+    auto assign = [&](int64_t j, const PhysicalExpert& copy) {
+      owner_of[t * k + j] = copy.rank;
+      position[t * k + j] = copy.local_slot;
+      uint8_t& touched = slot_touched_[copy.rank * shape_.slots_per_rank + copy.local_slot];
+      rank_cost_[copy.rank] += 1 + (touched ? 0 : kTouchCost);
+      touched = 1;
+    };
     for (int64_t j = 0; j < k; ++j) {
       std::span<const PhysicalExpert> copies = placement.copies(tokens.layer, ids[j]);
-      // Spread a replicated expert's tokens over its copies (deterministic).
-      const PhysicalExpert& copy = copies[(t + me) % static_cast<int64_t>(copies.size())];
-      owner_of[t * k + j] = copy.rank;
-      position[t * k + j] = copy.local_slot;  // replaced by the result position below
+      if (copies.size() == 1) assign(j, copies[0]);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      std::span<const PhysicalExpert> copies = placement.copies(tokens.layer, ids[j]);
+      if (copies.size() == 1) continue;
+      const int64_t n = static_cast<int64_t>(copies.size());
+      const PhysicalExpert* best = nullptr;
+      int64_t best_cost = 0;
+      for (int64_t c = 0; c < n; ++c) {
+        const PhysicalExpert& copy = copies[(t + me + c) % n];
+        const bool touched =
+            slot_touched_[copy.rank * shape_.slots_per_rank + copy.local_slot] != 0;
+        const int64_t cost = rank_cost_[copy.rank] + 1 + (touched ? 0 : kTouchCost);
+        if (best == nullptr || cost < best_cost) {
+          best = &copy;
+          best_cost = cost;
+        }
+      }
+      assign(j, *best);
     }
     // The token is converted once, straight into its first owner's message, and copied
     // from there into the others' (no staging copy).

@@ -71,6 +71,8 @@ bool parse(int argc, char** argv, Args* args) {
       args->ep.ep = std::atoi(value().c_str());
     } else if (flag == "--ep-dispatch-dtype") {
       args->ep.dispatch_dtype = value();
+    } else if (flag == "--eplb-redundant-experts") {
+      args->ep.eplb_redundant_experts = std::atoi(value().c_str());
     } else if (flag == "--ep-transport") {
       args->ep.windows = value();
     } else if (flag == "--ep-split-rows") {
@@ -98,6 +100,10 @@ bool parse(int argc, char** argv, Args* args) {
           "                                     every step (default measured)\n"
           "  --ep N                             expert parallelism over the N MPI ranks\n"
           "  --ep-dispatch-dtype int8|bf16|fp32 dispatch payload (default int8)\n"
+          "  --eplb-redundant-experts N         N extra expert slots per layer: after one\n"
+          "                                     untimed run of the first batch, one EPLB\n"
+          "                                     rebalance copies the hottest experts\n"
+          "                                     (default 0: contiguous experts, no copies)\n"
           "  --ep-transport auto|network        shared memory on one host, or MPI puts\n"
           "                                     (default auto)\n"
           "  --ep-split-rows N                  split the attention projections, dense MLPs\n"
@@ -125,6 +131,10 @@ bool parse(int argc, char** argv, Args* args) {
     std::fprintf(stderr, "--microbatch-split must be measured or always\n");
     return false;
   }
+  if (args->ep.eplb_redundant_experts < 0) {
+    std::fprintf(stderr, "--eplb-redundant-experts must be >= 0\n");
+    return false;
+  }
   if (args->ep.split_rows < 0) {
     std::fprintf(stderr, "--ep-split-rows must be >= 0\n");
     return false;
@@ -140,8 +150,11 @@ int64_t my_share(int64_t batch, int rank, int ranks) {
   return batch / ranks + (rank < batch % ranks ? 1 : 0);
 }
 
+// `salt` changes the tokens (the EPLB warm-up runs on other tokens than the timed runs, so
+// that the copies it places are not fitted to the very routing they are timed on).
 Result<double> decode_tokens_per_second(const Args& args, EpSession& session, DeepseekModel& model,
-                                        MicrobatchPipeline* pipeline, int64_t batch) {
+                                        MicrobatchPipeline* pipeline, int64_t batch,
+                                        int64_t salt = 0) {
   const int64_t mine = my_share(batch, session.rank(), session.size());
   const KvLayout layout = model.kv_layout(16, DType::kBF16);
   const int64_t per_seq = layout.blocks_for_tokens(args.context + args.steps);
@@ -150,8 +163,9 @@ Result<double> decode_tokens_per_second(const Args& args, EpSession& session, De
   std::vector<std::vector<int32_t>> tokens(mine), blocks(mine);
   for (int64_t s = 0; s < mine; ++s) {
     for (int64_t i = 0; i < args.context + args.steps; ++i) {
-      tokens[s].push_back(static_cast<int32_t>(2 + (s * 131 + i * 17 + session.rank() * 7) %
-                                                       (model.config().vocab_size - 2)));
+      tokens[s].push_back(
+          static_cast<int32_t>(2 + (s * 131 + i * 17 + session.rank() * 7 + salt * 1009) %
+                                       (model.config().vocab_size - 2)));
     }
     for (int64_t b = 0; b < per_seq; ++b)
       blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
@@ -207,6 +221,13 @@ int run(int argc, char** argv) {
         &model, args.split == "always" ? MicrobatchSplit::kAlways : MicrobatchSplit::kMeasured);
   }
 
+  if (args.ep.eplb_redundant_experts > 0 && session.distributed()) {
+    // Loads to place the copies by: one untimed run of the first batch, on other tokens.
+    auto warmup =
+        decode_tokens_per_second(args, session, model, pipeline.get(), args.batches[0], 1);
+    if (!warmup.ok()) return session.fail(warmup.status());
+    if (Status s = session.rebalance_experts(model); !s.ok()) return session.fail(s);
+  }
   for (int64_t batch : args.batches) {
     const MicrobatchStats before = pipeline ? pipeline->stats() : MicrobatchStats{};
     std::vector<double> rates;

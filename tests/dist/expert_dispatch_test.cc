@@ -1,0 +1,136 @@
+// Where ExpertExchange::dispatch sends a token's pairs when experts have copies.
+#include "dist/expert_dispatch.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <set>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "dist/expert_placement.h"
+#include "dist/in_process_communicator.h"
+
+namespace peerserve::dist {
+namespace {
+
+constexpr int64_t kHidden = 8;
+constexpr int kLayer = 1;
+
+// 4 experts on 2 ranks with 3 slots each: expert 0 only on rank 0, expert 3 only on rank 1,
+// experts 1 and 2 on both.
+ExpertPlacement two_copies_placement() {
+  plan::ExpertLayout layout;
+  layout.num_experts = 4;
+  layout.num_ranks = 2;
+  layout.slots_per_rank = 3;
+  layout.physical_to_logical = {{0, 1, 2, 3, 1, 2}};
+  auto placement = ExpertPlacement::create(layout, {kLayer});
+  PS_CHECK(placement.ok()) << placement.status().to_string();
+  return *placement;
+}
+
+// What each rank received: pairs, and the distinct expert slots they use.
+struct Received {
+  std::array<int, 2> pairs = {-1, -1};
+  std::array<int, 2> experts = {-1, -1};
+};
+
+// Rank 0 dispatches one token per entry of `tokens` (each its top-k ids; rank 1 none), and
+// both ranks complete the step (results and combine).
+Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens) {
+  const ExpertPlacement placement = two_copies_placement();
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
+  const int64_t k = static_cast<int64_t>(tokens[0].size());
+  std::vector<int32_t> ids;
+  for (const auto& t : tokens) ids.insert(ids.end(), t.begin(), t.end());
+  InProcessGroup group(2);
+  Received got;
+  std::array<Status, 2> status;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      ExchangeShape shape;
+      shape.num_ranks = 2;
+      shape.max_tokens_per_rank = static_cast<int>(n_tokens);
+      shape.hidden_size = kHidden;
+      shape.top_k = static_cast<int>(k);
+      shape.slots_per_rank = placement.slots_per_rank();
+      shape.dtype = DispatchDtype::kFp32;
+      auto exchange = ExpertExchange::create(*comm, shape, std::chrono::milliseconds(20000));
+      if (!exchange.ok()) {
+        status[rank] = exchange.status();
+        return;
+      }
+      const int64_t n = rank == 0 ? n_tokens : 0;
+      std::vector<float> x(n * kHidden, 1.0f), w(n * k, 0.5f), out(n * kHidden);
+      RoutedTokens routed;
+      routed.layer = kLayer;
+      routed.num_tokens = n;
+      routed.hidden_size = kHidden;
+      routed.top_k = k;
+      routed.activations = x;
+      routed.expert_ids = std::span<const int32_t>(ids).first(n * k);
+      routed.weights = w;
+      ExpertExchange& e = **exchange;
+      status[rank] = e.dispatch(0, routed, placement);
+      if (status[rank].ok()) status[rank] = e.wait_dispatch(0);
+      if (!status[rank].ok()) return;
+      got.pairs[rank] = e.received_pairs(0, 0);
+      std::set<int32_t> slots;
+      for (int i = 0; i < e.received_tokens(0, 0); ++i) {
+        const ReceivedToken token = e.received(0, 0, i);
+        slots.insert(token.local_slots, token.local_slots + token.num_entries);
+      }
+      got.experts[rank] = static_cast<int>(slots.size());
+      const std::vector<float> row(kHidden, 2.0f);
+      for (int p = 0; p < got.pairs[rank]; ++p) e.stage_result(0, 0, p, row.data());
+      status[rank] = e.send_results(0);
+      if (status[rank].ok()) status[rank] = e.combine(0, routed, out);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : status) EXPECT_TRUE(s.ok()) << s.to_string();
+  return got;
+}
+
+std::array<int, 2> pairs_per_rank(std::vector<int32_t> ids) {
+  return received_per_rank({ids}).pairs;
+}
+
+TEST(ExpertDispatchTest, AReplicatedExpertGoesToTheRankWithFewerPairs) {
+  // Expert 0 fixes one pair on rank 0; expert 1 has a copy on each rank and goes to rank 1.
+  // (Before, copies were taken by token index alone: both pairs went to rank 0.)
+  EXPECT_EQ(pairs_per_rank({0, 1}), (std::array<int, 2>{1, 1}));
+  EXPECT_EQ(pairs_per_rank({1, 0}), (std::array<int, 2>{1, 1}));
+  EXPECT_EQ(pairs_per_rank({3, 2}), (std::array<int, 2>{1, 1}));
+}
+
+TEST(ExpertDispatchTest, ReplicatedExpertsOfOneTokenSpreadOverTheRanks) {
+  EXPECT_EQ(pairs_per_rank({1, 2}), (std::array<int, 2>{1, 1}));
+  EXPECT_EQ(pairs_per_rank({2, 1}), (std::array<int, 2>{1, 1}));
+  // Fixed experts are where they are: 0 and 3 split, and 1 and 2 take one rank each.
+  EXPECT_EQ(pairs_per_rank({0, 3, 1, 2}), (std::array<int, 2>{2, 2}));
+  // 0 fixes rank 0, 1 goes to rank 1, and 2 ties: token 0 of rank 0 starts at the first copy.
+  EXPECT_EQ(pairs_per_rank({0, 1, 2}), (std::array<int, 2>{2, 1}));
+}
+
+TEST(ExpertDispatchTest, AnExpertsTokensStayOnOneCopyWhileTheRanksAreBalanced) {
+  // Token 0 puts expert 1 on rank 0 and expert 2 on rank 1. Token 1 chooses them again:
+  // each follows its first copy (its weights are read there anyway). Balancing pairs alone
+  // would have sent token 1's expert 1 to rank 1, reading expert 1's weights on both ranks.
+  const Received got = received_per_rank({{1, 2}, {1, 2}});
+  EXPECT_EQ(got.pairs, (std::array<int, 2>{2, 2}));
+  EXPECT_EQ(got.experts, (std::array<int, 2>{1, 1}));
+  // Many tokens of one replicated expert, nothing else: its copy on the idle rank pays for
+  // reading the weights a second time, and the tokens split over both.
+  const Received hot = received_per_rank(std::vector<std::vector<int32_t>>(40, {1}));
+  EXPECT_EQ(hot.experts, (std::array<int, 2>{1, 1}));
+  EXPECT_GE(hot.pairs[0], 12);
+  EXPECT_GE(hot.pairs[1], 12);
+}
+
+}  // namespace
+}  // namespace peerserve::dist
