@@ -172,10 +172,14 @@ class ExpertExchange {
   std::vector<int32_t> staged_tokens_, staged_pairs_;  // per owner
   // Routing among EPLB copies (dispatch): the work given to each rank in this call, in
   // pairs plus kTouchCost per physical expert first used, and which experts are used.
-  // kTouchCost: streaming an expert's weights once against one token row's product on a
-  // CPU core: mini, 3 MB at ~20 GB/s = 150 us against 3.1 MFLOP at 50-100 GFLOP/s = 31-62
-  // us; DeepSeek-V3 in INT8, 44 MB against 88 MFLOP at ~200 GFLOP/s: both ~2.5-5 rows.
-  static constexpr int64_t kTouchCost = 4;
+  // kTouchCost: by bandwidth alone, streaming an expert's weights once costs what 2.5-5
+  // rows of its product do on a CPU core (mini: 3 MB at ~20 GB/s = 150 us against 3.1
+  // MFLOP at 50-100 GFLOP/s; DeepSeek-V3 in INT8 about the same). But the choice is greedy:
+  // later tokens even the ranks out anyway, while a split expert's weights stay read twice.
+  // Mini EP=2 batch 64 with 16 copies: a cost of 4 measured 0.80-0.97x of no copies, never
+  // splitting a used expert 0.92-0.96x. 64 splits nothing at decode sizes and still spreads
+  // a hot expert of a long prefill over its copies (64 of a 512-token prefill's 3,072 pairs).
+  static constexpr int64_t kTouchCost = 64;
   std::vector<int64_t> rank_cost_;
   std::vector<uint8_t> slot_touched_;  // [rank * slots_per_rank + slot]
   // Result staging: one region per source, laid out as in the source's buffer.
