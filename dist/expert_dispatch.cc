@@ -130,6 +130,7 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       staged_pairs_(shape.num_ranks),
       rank_cost_(shape.num_ranks),
       slot_touched_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank),
+      token_copies_(shape.top_k),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
@@ -228,11 +229,11 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       touched = 1;
     };
     for (int64_t j = 0; j < k; ++j) {
-      std::span<const PhysicalExpert> copies = placement.copies(tokens.layer, ids[j]);
-      if (copies.size() == 1) assign(j, copies[0]);
+      token_copies_[j] = placement.copies(tokens.layer, ids[j]);
+      if (token_copies_[j].size() == 1) assign(j, token_copies_[j][0]);
     }
     for (int64_t j = 0; j < k; ++j) {
-      std::span<const PhysicalExpert> copies = placement.copies(tokens.layer, ids[j]);
+      const std::span<const PhysicalExpert> copies = token_copies_[j];
       if (copies.size() == 1) continue;
       const int64_t n = static_cast<int64_t>(copies.size());
       const PhysicalExpert* best = nullptr;

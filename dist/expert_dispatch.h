@@ -181,7 +181,8 @@ class ExpertExchange {
   // a hot expert of a long prefill over its copies (64 of a 512-token prefill's 3,072 pairs).
   static constexpr int64_t kTouchCost = 64;
   std::vector<int64_t> rank_cost_;
-  std::vector<uint8_t> slot_touched_;  // [rank * slots_per_rank + slot]
+  std::vector<uint8_t> slot_touched_;                          // [rank * slots_per_rank + slot]
+  std::vector<std::span<const PhysicalExpert>> token_copies_;  // [top_k]: the token's copies
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;
 };

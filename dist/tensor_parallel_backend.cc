@@ -290,18 +290,11 @@ Result<bool> TensorParallelBackend::run_projection(const ComputeContext& ctx, in
   grouped_linear(ctx, std::span<const LinearProblem>(problems, count));
   PS_ASSIGN_OR_RETURN(const int buffer, gather_columns(local_.data(), width, "its columns"));
 
-  // out[j][i, r * part_j + c] = rank r's block [mine + i, offset_j + c].
-  for (int r = 0; r < ranks_; ++r) {
-    const float* block = received_floats(buffer, r);
-    int64_t offset = 0;
-    for (size_t j = 0; j < count; ++j) {
-      const int64_t part = slice->weights[j].rows, full = part * ranks_;
-      for (int64_t i = 0; i < rows; ++i) {
-        std::memcpy(out[j] + i * full + r * part, block + (mine_ + i) * width + offset,
-                    float_bytes(part));
-      }
-      offset += part;
-    }
+  int64_t offset = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const int64_t part = slice->weights[j].rows;
+    copy_own_rows(buffer, rows, width, offset, part, out[j]);
+    offset += part;
   }
   return true;
 }
@@ -338,14 +331,20 @@ Result<bool> TensorParallelBackend::run_mlp(const ComputeContext& ctx, int64_t l
   linear(ctx, inter_.data(), total_, s.mlp.down, local_.data());
   PS_ASSIGN_OR_RETURN(const int out_buffer,
                       gather_columns(local_.data(), hidden_part, "its output columns"));
+  copy_own_rows(out_buffer, rows, hidden_part, 0, hidden_part, out);
+  return true;
+}
+
+void TensorParallelBackend::copy_own_rows(int buffer, int64_t rows, int64_t width, int64_t offset,
+                                          int64_t part, float* out) const {
+  const int64_t full = part * ranks_;
   for (int r = 0; r < ranks_; ++r) {
-    const float* block = received_floats(out_buffer, r);
+    const float* block = received_floats(buffer, r);
     for (int64_t i = 0; i < rows; ++i) {
-      std::memcpy(out + i * hidden + r * hidden_part, block + (mine_ + i) * hidden_part,
-                  float_bytes(hidden_part));
+      std::memcpy(out + i * full + r * part, block + (mine_ + i) * width + offset,
+                  float_bytes(part));
     }
   }
-  return true;
 }
 
 }  // namespace peerserve::dist

@@ -123,6 +123,10 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   // rank's contribution has arrived here.
   Status all_gather(int buffer, uint64_t sequence, std::span<const std::byte> mine,
                     const char* what);
+  // out[i, r * part + c] = rank r's block [mine_ + i, offset + c] of a column gather, for
+  // this rank's `rows` rows (out has part * ranks columns).
+  void copy_own_rows(int buffer, int64_t rows, int64_t width, int64_t offset, int64_t part,
+                     float* out) const;
   const std::byte* received(int buffer, int source) const;
   const float* received_floats(int buffer, int source) const {
     return reinterpret_cast<const float*>(received(buffer, source));
