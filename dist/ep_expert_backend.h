@@ -68,6 +68,10 @@ class EpExpertBackend final : public ExpertBackend {
   bool collective() const override { return true; }
 
   const ExpertExchange& exchange() const { return *exchange_; }
+  // The coming step, as the ranks agreed on it (ExpertExchange::set_step).
+  void set_step(int ranks_with_tokens, int64_t step_tokens) {
+    exchange_->set_step(ranks_with_tokens, step_tokens);
+  }
 
   // Use create().
   EpExpertBackend(EpExpertBackendOptions options, std::unique_ptr<ExpertExchange> exchange,

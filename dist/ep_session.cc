@@ -54,6 +54,10 @@ struct EpSession::Impl {
   std::unique_ptr<dist::ExpertWeightsStore> store;
   std::shared_ptr<const dist::ExpertWeightsStore::Set> experts;  // this rank's, for placement
   std::shared_ptr<ExpertLoadRecorder> recorder;                  // wraps the EP backend
+  dist::EpExpertBackend* ep_backend = nullptr;                   // owned by recorder
+  // The last agreement's counts (ExpertExchange::set_step), for each new EP backend.
+  int64_t step_ranks_with_work = 0;
+  int64_t step_tokens = 0;
   dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
   int64_t max_rows = 0;
   int64_t last_rebalance_step = 0;
@@ -165,6 +169,8 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
   o.pool = nullptr;
   o.peer_timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
   PS_ASSIGN_OR_RETURN(auto backend, dist::EpExpertBackend::create(std::move(o)));
+  ep_backend = backend.get();
+  ep_backend->set_step(static_cast<int>(step_ranks_with_work), step_tokens);
   recorder =
       std::make_shared<ExpertLoadRecorder>(std::move(backend), layers, config.n_routed_experts);
   model.set_expert_backend(recorder);
@@ -252,7 +258,13 @@ Result<dist::StepAgreement> EpSession::agree(int64_t rows, bool stop,
     if (!mail.empty()) a.mail.emplace_back(mail.begin(), mail.end());
     return a;
   }
-  return impl_->coordinator->agree(rows, stop, mail, proposal);
+  PS_ASSIGN_OR_RETURN(dist::StepAgreement a, impl_->coordinator->agree(rows, stop, mail, proposal));
+  impl_->step_ranks_with_work = a.ranks_with_work;
+  impl_->step_tokens = a.tokens;
+  if (impl_->ep_backend != nullptr) {
+    impl_->ep_backend->set_step(static_cast<int>(a.ranks_with_work), a.tokens);
+  }
+  return a;
 }
 
 Result<dist::StepAgreement> EpSession::agree_and_rebalance(DeepseekModel& model, int64_t rows,

@@ -124,6 +124,12 @@ class ExpertExchange {
   const ExchangeLayout& layout() const { return layout_; }
   Communicator& communicator() { return comm_; }
 
+  // The step the next dispatches belong to, the same on every rank (the ranks' step
+  // agreement): how many ranks bring tokens to it and how many tokens they bring in all.
+  // Used to route among EPLB copies (dispatch). Until called (or with 0 ranks), every rank
+  // is taken to bring tokens to a small step.
+  void set_step(int ranks_with_tokens, int64_t step_tokens);
+
   // Source side. Routes every (token, j) pair to a copy of its logical expert, converts
   // and writes the tokens into the owners' buffers of `slot`, and signals every rank.
   // The spans of `tokens` must stay valid until combine() of this slot returns.
@@ -181,7 +187,9 @@ class ExpertExchange {
   // a hot expert of a long prefill over its copies (64 of a 512-token prefill's 3,072 pairs).
   static constexpr int64_t kTouchCost = 64;
   std::vector<int64_t> rank_cost_;
-  std::vector<uint8_t> slot_touched_;                          // [rank * slots_per_rank + slot]
+  int step_sources_ = 0;               // set_step; 0 = not told (every rank)
+  int64_t step_tokens_ = 0;            // set_step
+  std::vector<uint8_t> slot_touched_;  // [rank * slots_per_rank + slot]
   std::vector<std::span<const PhysicalExpert>> token_copies_;  // [top_k]: the token's copies
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;

@@ -38,9 +38,12 @@ struct Received {
   std::array<int, 2> experts = {-1, -1};
 };
 
-// Rank 0 dispatches one token per entry of `tokens` (each its top-k ids; rank 1 none), and
-// both ranks complete the step (results and combine).
-Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens) {
+// Rank 0 dispatches one token per entry of `tokens` (each its top-k ids), and rank 1 the
+// same tokens when `both_send` (else none); the step is announced to both exchanges as the
+// ranks' agreement would (set_step), and both ranks complete it (results and combine).
+// Received: the pairs and distinct experts each rank got from all sources.
+Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens,
+                           bool both_send = false) {
   const ExpertPlacement placement = two_copies_placement();
   const int64_t n_tokens = static_cast<int64_t>(tokens.size());
   const int64_t k = static_cast<int64_t>(tokens[0].size());
@@ -64,7 +67,7 @@ Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens) {
         status[rank] = exchange.status();
         return;
       }
-      const int64_t n = rank == 0 ? n_tokens : 0;
+      const int64_t n = rank == 0 || both_send ? n_tokens : 0;
       std::vector<float> x(n * kHidden, 1.0f), w(n * k, 0.5f), out(n * kHidden);
       RoutedTokens routed;
       routed.layer = kLayer;
@@ -75,18 +78,25 @@ Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens) {
       routed.expert_ids = std::span<const int32_t>(ids).first(n * k);
       routed.weights = w;
       ExpertExchange& e = **exchange;
+      const int senders = both_send ? 2 : 1;
+      e.set_step(senders, senders * n_tokens);
       status[rank] = e.dispatch(0, routed, placement);
       if (status[rank].ok()) status[rank] = e.wait_dispatch(0);
       if (!status[rank].ok()) return;
-      got.pairs[rank] = e.received_pairs(0, 0);
+      got.pairs[rank] = 0;
       std::set<int32_t> slots;
-      for (int i = 0; i < e.received_tokens(0, 0); ++i) {
-        const ReceivedToken token = e.received(0, 0, i);
-        slots.insert(token.local_slots, token.local_slots + token.num_entries);
+      const std::vector<float> row(kHidden, 2.0f);
+      for (int source = 0; source < 2; ++source) {
+        got.pairs[rank] += e.received_pairs(0, source);
+        for (int i = 0; i < e.received_tokens(0, source); ++i) {
+          const ReceivedToken token = e.received(0, source, i);
+          slots.insert(token.local_slots, token.local_slots + token.num_entries);
+        }
+        for (int p = 0; p < e.received_pairs(0, source); ++p) {
+          e.stage_result(0, source, p, row.data());
+        }
       }
       got.experts[rank] = static_cast<int>(slots.size());
-      const std::vector<float> row(kHidden, 2.0f);
-      for (int p = 0; p < got.pairs[rank]; ++p) e.stage_result(0, 0, p, row.data());
       status[rank] = e.send_results(0);
       if (status[rank].ok()) status[rank] = e.combine(0, routed, out);
     });
@@ -130,6 +140,28 @@ TEST(ExpertDispatchTest, AnExpertsTokensStayOnOneCopyWhileTheRanksAreBalanced) {
   EXPECT_EQ(hot.experts, (std::array<int, 2>{1, 1}));
   EXPECT_GE(hot.pairs[0], 12);
   EXPECT_GE(hot.pairs[1], 12);
+}
+
+TEST(ExpertDispatchTest, SourcesOfASmallStepSendAnExpertToOneCopy) {
+  // Both ranks bring the same two tokens. Balancing each source's own pairs, rank 0 put
+  // expert 1 on rank 0 and rank 1 put it on rank 1 (and expert 2 the other way round), so
+  // both experts were read on both ranks: 4 experts read instead of 2.
+  const Received got = received_per_rank({{1, 2}, {2, 1}}, /*both_send=*/true);
+  EXPECT_EQ(got.experts[0] + got.experts[1], 2);
+  EXPECT_EQ(got.pairs[0] + got.pairs[1], 8);
+  // Replicated and fixed experts mixed: 0 and 3 stay where they are, 1 and 2 once each.
+  const Received mixed = received_per_rank({{0, 1}, {3, 2}, {1, 2}}, /*both_send=*/true);
+  EXPECT_EQ(mixed.experts[0] + mixed.experts[1], 4);
+}
+
+TEST(ExpertDispatchTest, SourcesOfALargeStepStillSpreadAHotExpert) {
+  // 2 x 130 tokens all on expert 1: 260 pairs outweigh reading it twice (kTouchCost 64 per
+  // expert, 4 experts), so each source balances its pairs over both copies.
+  const Received hot =
+      received_per_rank(std::vector<std::vector<int32_t>>(130, {1}), /*both_send=*/true);
+  EXPECT_EQ(hot.experts, (std::array<int, 2>{1, 1}));
+  EXPECT_GE(hot.pairs[0], 80);
+  EXPECT_GE(hot.pairs[1], 80);
 }
 
 }  // namespace
