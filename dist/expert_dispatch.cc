@@ -130,7 +130,6 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       staged_pairs_(shape.num_ranks),
       rank_cost_(shape.num_ranks),
       slot_touched_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank),
-      token_copies_(shape.top_k),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
@@ -141,8 +140,7 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
   }
 }
 
-Status ExpertExchange::check_tokens(const RoutedTokens& tokens,
-                                    const ExpertPlacement& placement) const {
+Status ExpertExchange::check_tokens(const RoutedTokens& tokens, const ExpertPlacement& placement) {
   const int64_t n = tokens.num_tokens, k = tokens.top_k;
   if (n < 0 || n > shape_.max_tokens_per_rank) {
     return invalid_argument("expert dispatch: " + std::to_string(n) +
@@ -171,19 +169,27 @@ Status ExpertExchange::check_tokens(const RoutedTokens& tokens,
     return invalid_argument("expert dispatch: layer " + std::to_string(tokens.layer) +
                             " has no routed experts");
   }
+  // An expert seen twice in a token: its stamp already holds the token's number (one load
+  // and store per pair, not k^2 / 2 comparisons per token).
+  const uint32_t num_experts = static_cast<uint32_t>(placement.num_experts());
+  if (expert_stamp_.size() < num_experts) expert_stamp_.assign(num_experts, 0);
+  if (stamp_ > UINT32_MAX - static_cast<uint32_t>(n)) {
+    std::fill(expert_stamp_.begin(), expert_stamp_.end(), 0);
+    stamp_ = 0;
+  }
   for (int64_t t = 0; t < n; ++t) {
     const int32_t* ids = tokens.expert_ids.data() + t * k;
+    const uint32_t stamp = ++stamp_;
     for (int64_t j = 0; j < k; ++j) {
-      if (ids[j] < 0 || ids[j] >= placement.num_experts()) {
+      if (static_cast<uint32_t>(ids[j]) >= num_experts) {
         return invalid_argument("expert dispatch: expert id " + std::to_string(ids[j]) +
-                                " outside [0, " + std::to_string(placement.num_experts()) + ")");
+                                " outside [0, " + std::to_string(num_experts) + ")");
       }
-      for (int64_t i = 0; i < j; ++i) {
-        if (ids[i] == ids[j]) {
-          return invalid_argument("expert dispatch: token " + std::to_string(t) +
-                                  " selects expert " + std::to_string(ids[j]) + " twice");
-        }
+      if (expert_stamp_[ids[j]] == stamp) {
+        return invalid_argument("expert dispatch: token " + std::to_string(t) + " selects expert " +
+                                std::to_string(ids[j]) + " twice");
       }
+      expert_stamp_[ids[j]] = stamp;
     }
   }
   return ok_status();
@@ -203,8 +209,11 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   const int64_t k = tokens.top_k, hidden = tokens.hidden_size;
   std::fill(staged_tokens_.begin(), staged_tokens_.end(), 0);
   std::fill(staged_pairs_.begin(), staged_pairs_.end(), 0);
-  std::fill(rank_cost_.begin(), rank_cost_.end(), 0);
-  std::fill(slot_touched_.begin(), slot_touched_.end(), 0);
+  const ExpertPlacement::LayerCopies layer = placement.layer_copies(tokens.layer);
+  if (layer.replicated) {
+    std::fill(rank_cost_.begin(), rank_cost_.end(), 0);
+    std::fill(slot_touched_.begin(), slot_touched_.end(), 0);
+  }
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
   const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
@@ -242,18 +251,20 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     auto assign = [&](int64_t j, const PhysicalExpert& copy) {
       owner_of[t * k + j] = copy.rank;
       position[t * k + j] = copy.local_slot;
+      if (!layer.replicated) return;  // the work per rank only matters to choose a copy
       uint8_t& touched = slot_touched_[copy.rank * shape_.slots_per_rank + copy.local_slot];
       rank_cost_[copy.rank] += 1 + (touched ? 0 : kTouchCost);
       touched = 1;
     };
     for (int64_t j = 0; j < k; ++j) {
-      token_copies_[j] = placement.copies(tokens.layer, ids[j]);
-      if (token_copies_[j].size() == 1) assign(j, token_copies_[j][0]);
+      if (layer.begin[ids[j] + 1] - layer.begin[ids[j]] == 1) {
+        assign(j, layer.copies[layer.begin[ids[j]]]);
+      }
     }
-    for (int64_t j = 0; j < k; ++j) {
-      const std::span<const PhysicalExpert> copies = token_copies_[j];
-      if (copies.size() == 1) continue;
-      const int64_t n = static_cast<int64_t>(copies.size());
+    for (int64_t j = 0; j < k && layer.replicated; ++j) {
+      const PhysicalExpert* copies = layer.copies + layer.begin[ids[j]];
+      const int64_t n = layer.begin[ids[j] + 1] - layer.begin[ids[j]];
+      if (n == 1) continue;
       if (one_copy_everywhere) {
         assign(j, copies[(static_cast<uint64_t>(ids[j]) + sequence) % n]);
         continue;

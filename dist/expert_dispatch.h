@@ -159,7 +159,7 @@ class ExpertExchange {
                  std::chrono::milliseconds timeout);
 
  private:
-  Status check_tokens(const RoutedTokens& tokens, const ExpertPlacement& placement) const;
+  Status check_tokens(const RoutedTokens& tokens, const ExpertPlacement& placement);
   Status wait_all(int slot, bool results, const char* what);
 
   Communicator& comm_;
@@ -187,10 +187,13 @@ class ExpertExchange {
   // a hot expert of a long prefill over its copies (64 of a 512-token prefill's 3,072 pairs).
   static constexpr int64_t kTouchCost = 64;
   std::vector<int64_t> rank_cost_;
+  // check_tokens: per logical expert, the number of the last token that chose it (grown to
+  // the placement's experts on first use).
+  std::vector<uint32_t> expert_stamp_;
+  uint32_t stamp_ = 0;
   int step_sources_ = 0;               // set_step; 0 = not told (every rank)
   int64_t step_tokens_ = 0;            // set_step
   std::vector<uint8_t> slot_touched_;  // [rank * slots_per_rank + slot]
-  std::vector<std::span<const PhysicalExpert>> token_copies_;  // [top_k]: the token's copies
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;
 };

@@ -96,12 +96,20 @@ std::span<const int> ExpertPlacement::local_experts(int64_t layer, int rank) con
 }
 
 std::span<const PhysicalExpert> ExpertPlacement::copies(int64_t layer, int expert) const {
+  PS_CHECK(expert >= 0 && expert < num_experts()) << "layer " << layer << " expert " << expert;
+  const LayerCopies c = layer_copies(layer);
+  return std::span<const PhysicalExpert>(c.copies + c.begin[expert],
+                                         c.begin[expert + 1] - c.begin[expert]);
+}
+
+ExpertPlacement::LayerCopies ExpertPlacement::layer_copies(int64_t layer) const {
   const int r = row(layer);
-  PS_CHECK(r >= 0 && expert >= 0 && expert < num_experts())
-      << "layer " << layer << " expert " << expert;
-  const std::vector<int>& begin = copy_begin_[r];
-  return std::span<const PhysicalExpert>(copies_[r])
-      .subspan(begin[expert], begin[expert + 1] - begin[expert]);
+  PS_CHECK(r >= 0) << "layer " << layer;
+  LayerCopies c;
+  c.copies = copies_[r].data();
+  c.begin = copy_begin_[r].data();
+  c.replicated = copies_[r].size() > static_cast<size_t>(num_experts());
+  return c;
 }
 
 }  // namespace peerserve::dist

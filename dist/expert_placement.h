@@ -55,6 +55,16 @@ class ExpertPlacement {
   // Copies of logical `expert` at `layer` (>= 1), in slot order. REQUIRES: has_layer(layer).
   std::span<const PhysicalExpert> copies(int64_t layer, int expert) const;
 
+  // One layer's copies for a hot loop: the copies of expert e are
+  // copies[begin[e] .. begin[e + 1]); `replicated` when some expert has more than one.
+  struct LayerCopies {
+    const PhysicalExpert* copies = nullptr;
+    const int* begin = nullptr;  // num_experts + 1 entries
+    bool replicated = false;
+  };
+  // REQUIRES: has_layer(layer).
+  LayerCopies layer_copies(int64_t layer) const;
+
   ExpertPlacement() = default;  // empty: no layers, no ranks (use the factories)
 
  private:

@@ -406,6 +406,21 @@ TEST(EpExpertBackend, BadInputIsAClearError) {
   status = ep.run(bad_id.tokens, *call, std::span<float>(out).first(2 * moe.hidden));
   EXPECT_NE(status.message().find("expert id 16 outside [0, 16)"), std::string::npos)
       << status.message();
+  bad_id.expert_ids[3] = -1;
+  status = ep.run(bad_id.tokens, *call, std::span<float>(out).first(2 * moe.hidden));
+  EXPECT_NE(status.message().find("expert id -1 outside [0, 16)"), std::string::npos)
+      << status.message();
+  // Token 1 (ids [4, 8) at top 4) choosing an expert twice.
+  TokenBatch twice(moe, 1, 2, 1);
+  twice.expert_ids[6] = twice.expert_ids[5];
+  status = ep.run(twice.tokens, *call, std::span<float>(out).first(2 * moe.hidden));
+  EXPECT_NE(status.message().find("token 1 selects expert " + std::to_string(twice.expert_ids[5]) +
+                                  " twice"),
+            std::string::npos)
+      << status.message();
+  // A valid call after the refused ones still runs (nothing half-sent).
+  TokenBatch good(moe, 1, 2, 1);
+  EXPECT_TRUE(ep.run(good.tokens, *call, std::span<float>(out).first(2 * moe.hidden)).ok());
   EXPECT_FALSE(ep.compute(*call).ok());  // out of order: nothing dispatched
 }
 

@@ -23,6 +23,7 @@ TEST(ExpertPlacement, ContiguousShardsExpertsOverRanks) {
   ASSERT_EQ(copies.size(), 1u);
   EXPECT_EQ(copies[0].rank, 2);
   EXPECT_EQ(copies[0].local_slot, 1);
+  EXPECT_FALSE(placement->layer_copies(1).replicated);
 }
 
 TEST(ExpertPlacement, EpThatDoesNotDivideTheExpertsIsAClearError) {
@@ -49,6 +50,12 @@ TEST(ExpertPlacement, RedundantCopiesAreListedWithTheirRanks) {
   EXPECT_EQ(copies[1].rank, 1);
   EXPECT_EQ(copies[1].local_slot, 1);
   EXPECT_EQ(placement->copies(5, 1).size(), 1u);
+  // The hot-loop view lists the same copies.
+  const ExpertPlacement::LayerCopies layer = placement->layer_copies(5);
+  EXPECT_TRUE(layer.replicated);
+  ASSERT_EQ(layer.begin[4] - layer.begin[3], 2);
+  EXPECT_EQ(layer.copies[layer.begin[3] + 1].rank, 1);
+  EXPECT_EQ(layer.copies[layer.begin[3] + 1].local_slot, 1);
 }
 
 TEST(ExpertPlacement, InvalidLayoutsAreRejected) {
