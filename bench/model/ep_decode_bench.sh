@@ -5,13 +5,16 @@
 # batch 1, 16 and 64 (paper 000 Figure 20's shape). The four configurations run in
 # interleaved rounds, so that a busy machine slows them alike; the table shows medians
 # over rounds of each run's median, and each EP figure as a ratio of the single process
-# with the same pipeline setting.
+# with the same pipeline setting. With COPIES > 0, each round also runs EP=2 (one
+# microbatch) with that many redundant EPLB experts, placed after an untimed warm-up
+# (--eplb-redundant-experts).
 #
-#   bench/model/ep_decode_bench.sh BUILD_DIR [ROUNDS] [MODEL_DIR]
+#   bench/model/ep_decode_bench.sh BUILD_DIR [ROUNDS] [MODEL_DIR] [COPIES]
 set -euo pipefail
-build=${1:?usage: ep_decode_bench.sh BUILD_DIR [ROUNDS] [MODEL_DIR]}
+build=${1:?usage: ep_decode_bench.sh BUILD_DIR [ROUNDS] [MODEL_DIR] [COPIES]}
 rounds=${2:-3}
 model=${3:-${TMPDIR:-/tmp}/peerserve_bench_mini}
+copies=${4:-16}
 bin=$build/bench/model/peerserve_bench_ep_decode
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [[ -f $model/config.json ]] || "$build/apps/peerserve" make-test-model --preset mini --out "$model" >&2
@@ -30,8 +33,12 @@ for ((r = 0; r < rounds; r++)); do
     mpirun -np 2 --oversubscribe "$bin" "${common[@]}" --threads 1 --ep 2 "${flags[@]}" \
       >>"$out/ep2_$cfg"
   done
+  if ((copies > 0)); then
+    mpirun -np 2 --oversubscribe "$bin" "${common[@]}" --threads 1 --ep 2 --microbatches 1 \
+      --eplb-redundant-experts "$copies" >>"$out/ep2_copies"
+  fi
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$copies" <<'PY'
 import re, statistics, sys, os
 out = sys.argv[1]
 def rates(name):
@@ -54,5 +61,14 @@ for b in sorted(single["mb1"]):
           f"{e['mb1'][b]:.1f} | {e['mb2'][b]:.1f} | {e['mb2always'][b]:.1f} | "
           f"{e['mb1'][b] / s['mb1'][b]:.2f}x | {s['mb2'][b] / s['mb1'][b]:.2f}x | "
           f"{e['mb2'][b] / e['mb1'][b]:.2f}x | {e['mb2always'][b] / e['mb1'][b]:.2f}x |")
+copies = int(sys.argv[2])
+if copies > 0:
+    c = rates("ep2_copies")
+    print()
+    print(f"EP=2 x 1 thread, one microbatch, with {copies} redundant EPLB experts")
+    print("| batch | tokens/s | / 1 proc x 2 thr | / EP=2 without copies |")
+    print("|---|---|---|---|")
+    for b in sorted(c):
+        print(f"| {b} | {c[b]:.1f} | {c[b] / single['mb1'][b]:.2f}x | {c[b] / ep['mb1'][b]:.2f}x |")
 PY
 rm -rf "$out"
