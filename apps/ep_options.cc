@@ -43,10 +43,22 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
       ->capture_default_str();
   command
       ->add_option("--eplb-redundant-experts", cli->eplb_redundant_experts,
-                   "Extra expert slots per MoE layer for copies of the hottest experts; experts "
-                   "+ redundant must be a multiple of --ep")
+                   "Extra expert slots per MoE layer for copies of the hottest experts, placed "
+                   "at each rebalance (needs --eplb-interval); experts + redundant must be a "
+                   "multiple of --ep. Copies let a lone request's experts spread over the ranks "
+                   "(docs/expert_parallelism.md: mini EP=2 batch 1 +10-19%) at the cost of "
+                   "their memory")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
+  // Copies are only placed by a rebalance: without one the slots would stay empty, silently.
+  command->parse_complete_callback([cli] {
+    if (cli->eplb_redundant_experts > 0 && cli->eplb_interval == 0) {
+      throw CLI::ValidationError("--eplb-redundant-experts " +
+                                 std::to_string(cli->eplb_redundant_experts) +
+                                 ": copies are placed when the experts are rebalanced; add "
+                                 "--eplb-interval STEPS");
+    }
+  });
 }
 
 }  // namespace peerserve

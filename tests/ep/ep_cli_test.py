@@ -276,6 +276,8 @@ case("--ep 3 does not divide 8 experts", bad(base + ["--ep", "3"], 3, "--ep"))
 case("--ep 2 under mpirun -np 4", bad(base + ["--ep", "2"], 4, "mpirun started 4"))
 case("--ep 2 without mpirun", bad(base + ["--ep", "2"], 1, "not started by mpirun"))
 case("mpirun -np 2 without --ep", bad(base, 2, "pass --ep 2"))
+case("copies without rebalances",
+     bad(base + ["--eplb-redundant-experts", "8"], 1, "add --eplb-interval STEPS"))
 
 
 def rank_pids(p):
