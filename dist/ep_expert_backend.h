@@ -68,6 +68,11 @@ class EpExpertBackend final : public ExpertBackend {
   bool collective() const override { return true; }
 
   const ExpertExchange& exchange() const { return *exchange_; }
+  // ExpertExchange::last_dispatch_load and count_experts_up_to.
+  ExpertExchange::DispatchLoad last_dispatch_load() const {
+    return exchange_->last_dispatch_load();
+  }
+  void count_experts_up_to(int64_t max_tokens) { exchange_->count_experts_up_to(max_tokens); }
   // The coming step, as the ranks agreed on it (ExpertExchange::set_step).
   void set_step(int ranks_with_tokens, int64_t step_tokens) {
     exchange_->set_step(ranks_with_tokens, step_tokens);

@@ -1,5 +1,6 @@
 #include "dist/ep_session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +172,8 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
   PS_ASSIGN_OR_RETURN(auto backend, dist::EpExpertBackend::create(std::move(o)));
   ep_backend = backend.get();
   ep_backend->set_step(static_cast<int>(step_ranks_with_work), step_tokens);
+  // The shared experts' placement (TensorParallelBackend) needs them in split steps only.
+  ep_backend->count_experts_up_to(cli.split_rows);
   recorder =
       std::make_shared<ExpertLoadRecorder>(std::move(backend), layers, config.n_routed_experts);
   model.set_expert_backend(recorder);
@@ -220,9 +223,22 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
     if (const DecoderLayerWeights* l = model.decoder_layer(layer); l != nullptr) {
       weights.attention = &l->attention;
       if (l->dense_mlp) weights.mlp = &*l->dense_mlp;
-      if (l->moe && l->moe->shared) weights.mlp = &*l->moe->shared;
+      if (l->moe && l->moe->shared) {
+        weights.mlp = &*l->moe->shared;
+        weights.shared_expert = true;
+      }
     }
   }
+  // The shared expert goes where this step's routed experts are fewest, from what each
+  // rank's dispatch of the layer just sent (the EP backend is installed after this one).
+  split.routed_experts = [impl = impl_.get()](int64_t layer, std::span<int32_t> out) {
+    if (impl->ep_backend == nullptr) return false;
+    const dist::ExpertExchange::DispatchLoad load = impl->ep_backend->last_dispatch_load();
+    if (load.layer != layer || load.experts_per_rank.size() != out.size()) return false;
+    std::copy(load.experts_per_rank.begin(), load.experts_per_rank.end(), out.begin());
+    return true;
+  };
+  split.routed_intermediate = config.moe_intermediate_size;
   split.lm_head = model.lm_head();
   split.hidden_size = config.hidden_size;
   split.max_rows_per_rank = impl_->cli.split_rows;

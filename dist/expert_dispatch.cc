@@ -129,7 +129,8 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       staged_tokens_(shape.num_ranks),
       staged_pairs_(shape.num_ranks),
       rank_cost_(shape.num_ranks),
-      slot_touched_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank),
+      slot_stamp_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank, 0),
+      experts_per_rank_(shape.num_ranks),
       result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
@@ -195,6 +196,10 @@ Status ExpertExchange::check_tokens(const RoutedTokens& tokens, const ExpertPlac
   return ok_status();
 }
 
+void ExpertExchange::count_experts_up_to(int64_t max_tokens) {
+  count_experts_up_to_ = max_tokens;
+}
+
 void ExpertExchange::set_step(int ranks_with_tokens, int64_t step_tokens) {
   step_sources_ = ranks_with_tokens;
   step_tokens_ = step_tokens;
@@ -210,10 +215,18 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   std::fill(staged_tokens_.begin(), staged_tokens_.end(), 0);
   std::fill(staged_pairs_.begin(), staged_pairs_.end(), 0);
   const ExpertPlacement::LayerCopies layer = placement.layer_copies(tokens.layer);
-  if (layer.replicated) {
-    std::fill(rank_cost_.begin(), rank_cost_.end(), 0);
-    std::fill(slot_touched_.begin(), slot_touched_.end(), 0);
+  if (layer.replicated) std::fill(rank_cost_.begin(), rank_cost_.end(), 0);
+  // A physical expert is used in this call when its stamp is this call's.
+  if (++call_stamp_ == 0) {
+    std::fill(slot_stamp_.begin(), slot_stamp_.end(), 0);
+    call_stamp_ = 1;
   }
+  // Which experts are used: for the choice among copies, and for last_dispatch_load.
+  const bool count_experts = tokens.num_tokens <= count_experts_up_to_;
+  const bool stamp_experts = count_experts || layer.replicated;
+  std::vector<int32_t>& experts_per_rank = experts_per_rank_;
+  std::fill(experts_per_rank.begin(), experts_per_rank.end(), 0);
+  dispatched_layer_ = count_experts ? tokens.layer : -1;
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
   const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
@@ -251,10 +264,12 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     auto assign = [&](int64_t j, const PhysicalExpert& copy) {
       owner_of[t * k + j] = copy.rank;
       position[t * k + j] = copy.local_slot;
-      if (!layer.replicated) return;  // the work per rank only matters to choose a copy
-      uint8_t& touched = slot_touched_[copy.rank * shape_.slots_per_rank + copy.local_slot];
-      rank_cost_[copy.rank] += 1 + (touched ? 0 : kTouchCost);
-      touched = 1;
+      if (!stamp_experts) return;
+      uint32_t& stamp = slot_stamp_[copy.rank * shape_.slots_per_rank + copy.local_slot];
+      const bool first_use = stamp != call_stamp_;
+      stamp = call_stamp_;
+      experts_per_rank[copy.rank] += first_use;
+      if (layer.replicated) rank_cost_[copy.rank] += 1 + (first_use ? kTouchCost : 0);
     };
     for (int64_t j = 0; j < k; ++j) {
       if (layer.begin[ids[j] + 1] - layer.begin[ids[j]] == 1) {
@@ -274,7 +289,7 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       for (int64_t c = 0; c < n; ++c) {
         const PhysicalExpert& copy = copies[(t + me + c) % n];
         const bool touched =
-            slot_touched_[copy.rank * shape_.slots_per_rank + copy.local_slot] != 0;
+            slot_stamp_[copy.rank * shape_.slots_per_rank + copy.local_slot] == call_stamp_;
         const int64_t cost = rank_cost_[copy.rank] + 1 + (touched ? 0 : kTouchCost);
         if (best == nullptr || cost < best_cost) {
           best = &copy;
@@ -340,6 +355,10 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     PS_RETURN_IF_ERROR(window_->signal(owner, layout_.dispatch_flag(slot, me), sequence));
   }
   return ok_status();
+}
+
+ExpertExchange::DispatchLoad ExpertExchange::last_dispatch_load() const {
+  return {dispatched_layer_, experts_per_rank_};
 }
 
 Status ExpertExchange::wait_all(int slot, bool results, const char* what) {

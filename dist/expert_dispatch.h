@@ -135,6 +135,19 @@ class ExpertExchange {
   // The spans of `tokens` must stay valid until combine() of this slot returns.
   Status dispatch(int slot, const RoutedTokens& tokens, const ExpertPlacement& placement);
 
+  // What this rank's most recent dispatch (of either slot) asked of each rank: the distinct
+  // physical experts it sent tokens to there (their weights are streamed once per call),
+  // and its layer (-1 before the first dispatch, or when that dispatch had more tokens than
+  // count_experts_up_to allows: counting costs ~1 ns per pair). Lets work every rank can do
+  // (the shared expert) go where the routed experts are fewest.
+  struct DispatchLoad {
+    int64_t layer = -1;
+    std::span<const int32_t> experts_per_rank;  // [num_ranks]
+  };
+  DispatchLoad last_dispatch_load() const;
+  // Count the experts of dispatches of at most this many tokens (default 0: none).
+  void count_experts_up_to(int64_t max_tokens);
+
   // Owner side: waits until every rank's dispatch of this step has arrived.
   Status wait_dispatch(int slot);
   // The messages received from `source` (valid until send_results of this slot).
@@ -191,9 +204,15 @@ class ExpertExchange {
   // the placement's experts on first use).
   std::vector<uint32_t> expert_stamp_;
   uint32_t stamp_ = 0;
-  int step_sources_ = 0;               // set_step; 0 = not told (every rank)
-  int64_t step_tokens_ = 0;            // set_step
-  std::vector<uint8_t> slot_touched_;  // [rank * slots_per_rank + slot]
+  int step_sources_ = 0;     // set_step; 0 = not told (every rank)
+  int64_t step_tokens_ = 0;  // set_step
+  // [rank * slots_per_rank + slot]: call_stamp_ when the physical expert is used in this
+  // dispatch (no clearing per call).
+  std::vector<uint32_t> slot_stamp_;
+  uint32_t call_stamp_ = 0;
+  std::vector<int32_t> experts_per_rank_;  // last_dispatch_load
+  int64_t dispatched_layer_ = -1;
+  int64_t count_experts_up_to_ = 0;
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;
 };

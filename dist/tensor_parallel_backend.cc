@@ -14,6 +14,9 @@ namespace peerserve::dist {
 namespace {
 
 constexpr size_t kLine = 64;
+// A row gather's header: int64 rows, int32 1 when loads follow, int32 loads[ranks].
+constexpr size_t kLoadsFlagAt = 8, kLoadsAt = 12;
+constexpr int kMaxBalancedRanks = static_cast<int>((kLine - kLoadsAt) / sizeof(int32_t));
 
 size_t round_up(size_t bytes) {
   return (bytes + kLine - 1) / kLine * kLine;
@@ -129,12 +132,21 @@ TensorParallelBackend::TensorParallelBackend(TensorParallelOptions options,
     max_input_ = head_->input_width;
     max_local_ = head_->weights[0].rows;
   }
-  for (const LayerSlices& layer : slices_) {
+  const bool balances =
+      options_.routed_experts && options_.routed_intermediate > 0 && ranks_ <= kMaxBalancedRanks;
+  for (size_t l = 0; l < slices_.size(); ++l) {
+    const LayerSlices& layer = slices_[l];
     if (layer.mlp) {
       max_input_ = std::max(max_input_, options_.hidden_size);
       max_local_ = std::max({max_local_, layer.mlp->inter, options_.hidden_size / ranks_});
       max_inter_ = std::max(max_inter_, layer.mlp->inter * ranks_);
       max_up = std::max(max_up, layer.mlp->inter);
+      if (balances && options_.layers[l].shared_expert) {
+        // A whole shared expert: gate and up over all of I, the output over all of hidden.
+        max_up = std::max(max_up, layer.mlp->inter * ranks_);
+        max_local_ = std::max(max_local_, options_.hidden_size);
+        balances_shared_ = true;
+      }
     }
     for (const std::optional<ProjectionSlice>& p : layer.projections) {
       if (!p) continue;
@@ -156,6 +168,8 @@ TensorParallelBackend::TensorParallelBackend(TensorParallelOptions options,
   }
   send_.resize(rows_bytes);
   counts_.resize(ranks_);
+  loads_.resize(ranks_);
+  routed_total_.resize(ranks_);
   x_all_.resize(most_rows * max_input_);
   local_.resize(most_rows * max_local_);
   up_.resize(most_rows * max_up);
@@ -181,6 +195,12 @@ Status TensorParallelBackend::init_window() {
 
 Status TensorParallelBackend::all_gather(int buffer, uint64_t sequence,
                                          std::span<const std::byte> mine, const char* what) {
+  PS_RETURN_IF_ERROR(post_gather(buffer, sequence, mine));
+  return wait_gather(buffer, sequence, what);
+}
+
+Status TensorParallelBackend::post_gather(int buffer, uint64_t sequence,
+                                          std::span<const std::byte> mine) {
   const int me = options_.communicator->rank();
   const size_t place = buffer_offset_[buffer] + buffer_bytes_[buffer] * me;
   const size_t flag = static_cast<size_t>(buffer * ranks_ + me) * kLine;
@@ -194,6 +214,10 @@ Status TensorParallelBackend::all_gather(int buffer, uint64_t sequence,
     }
     PS_RETURN_IF_ERROR(window_->signal(r, flag, sequence));
   }
+  return ok_status();
+}
+
+Status TensorParallelBackend::wait_gather(int buffer, uint64_t sequence, const char* what) {
   const Clock::time_point deadline = Clock::now() + options_.peer_timeout;
   for (int r = 0; r < ranks_; ++r) {
     const size_t from = static_cast<size_t>(buffer * ranks_ + r) * kLine;
@@ -211,11 +235,19 @@ const std::byte* TensorParallelBackend::received(int buffer, int source) const {
   return window_->local().data() + buffer_offset_[buffer] + buffer_bytes_[buffer] * source;
 }
 
-Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, int64_t cols) {
+Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, int64_t cols,
+                                                std::span<const int32_t> loads) {
   const int64_t cap = options_.max_rows_per_rank;
   const uint64_t sequence = ++row_gathers_;
   const int buffer = static_cast<int>(sequence & 1);
+  std::memset(send_.data(), 0, kLine);
   std::memcpy(send_.data(), &rows, sizeof rows);
+  if (!loads.empty()) {
+    PS_CHECK(static_cast<int>(loads.size()) == ranks_ && ranks_ <= kMaxBalancedRanks);
+    const int32_t flag = 1;
+    std::memcpy(send_.data() + kLoadsFlagAt, &flag, sizeof flag);
+    std::memcpy(send_.data() + kLoadsAt, loads.data(), loads.size_bytes());
+  }
   size_t send_bytes = kLine;
   if (rows > 0 && rows <= cap) {
     std::memcpy(send_.data() + kLine, x, float_bytes(rows * cols));
@@ -224,11 +256,25 @@ Result<bool> TensorParallelBackend::gather_rows(const float* x, int64_t rows, in
   PS_RETURN_IF_ERROR(all_gather(buffer, sequence, {send_.data(), send_bytes}, "its rows"));
   bool fits = true;
   total_ = 0;
+  routed_known_ = ranks_ <= kMaxBalancedRanks;
+  if (routed_known_) std::fill(routed_total_.begin(), routed_total_.end(), 0);
   for (int r = 0; r < ranks_; ++r) {
     std::memcpy(&counts_[r], received(buffer, r), sizeof(int64_t));
     if (counts_[r] < 0) {
       return internal_error("tensor-parallel gather: rank " + std::to_string(r) +
                             " sent a row count of " + std::to_string(counts_[r]));
+    }
+    int32_t has_loads = 0;
+    std::memcpy(&has_loads, received(buffer, r) + kLoadsFlagAt, sizeof has_loads);
+    routed_known_ = routed_known_ && has_loads == 1;
+    for (int owner = 0; owner < ranks_ && routed_known_; ++owner) {
+      int32_t load = 0;
+      std::memcpy(&load, received(buffer, r) + kLoadsAt + owner * sizeof(int32_t), sizeof load);
+      if (load < 0) {
+        return internal_error("tensor-parallel gather: rank " + std::to_string(r) +
+                              " sent a routed load of " + std::to_string(load));
+      }
+      routed_total_[owner] += load;
     }
     fits = fits && counts_[r] <= cap;
     if (r == options_.communicator->rank()) mine_ = total_;
@@ -256,6 +302,7 @@ Result<int> TensorParallelBackend::gather_columns(const float* local, int64_t wi
 Result<bool> TensorParallelBackend::run_projection(const ComputeContext& ctx, int64_t layer,
                                                    ReplicatedProjection which, const float* x,
                                                    int64_t rows, std::span<float* const> out) {
+  PS_RETURN_IF_ERROR(finish_mlp());
   const std::optional<ProjectionSlice>* chosen = &head_;
   if (which != ReplicatedProjection::kLmHead) {
     if (layer < 0 || layer >= static_cast<int64_t>(slices_.size())) return false;
@@ -301,16 +348,34 @@ Result<bool> TensorParallelBackend::run_projection(const ComputeContext& ctx, in
 
 Result<bool> TensorParallelBackend::run_mlp(const ComputeContext& ctx, int64_t layer,
                                             const float* x, int64_t rows, float* out) {
+  PS_RETURN_IF_ERROR(finish_mlp());
   if (layer < 0 || layer >= static_cast<int64_t>(slices_.size()) || !slices_[layer].mlp) {
     return false;
   }
   const MlpSlice& s = *slices_[layer].mlp;
   const int64_t hidden = options_.hidden_size, part = s.inter, inter = part * ranks_;
   const int64_t hidden_part = hidden / ranks_;
-  PS_ASSIGN_OR_RETURN(const bool fits, gather_rows(x, rows, hidden));
+  // A rank whose dispatch has no loads for this layer sends none, and then every rank sees
+  // routed_known_ false alike.
+  const bool shared = balances_shared_ && options_.layers[layer].shared_expert;
+  const bool with_loads = shared && options_.routed_experts(layer, loads_);
+  PS_ASSIGN_OR_RETURN(const bool fits, gather_rows(x, rows, hidden,
+                                                   with_loads ? std::span<const int32_t>(loads_)
+                                                              : std::span<const int32_t>()));
   if (!fits) return false;
   ++split_calls_;
   if (total_ == 0) return true;
+  if (shared && routed_known_) {
+    const MlpWeights& full = *options_.layers[layer].mlp;
+    const int whole =
+        shared_expert_rank(routed_total_, static_cast<double>(inter) /
+                                              static_cast<double>(options_.routed_intermediate));
+    if (whole >= 0) {
+      ++whole_shared_calls_;
+      PS_RETURN_IF_ERROR(run_whole_mlp(ctx, full, whole, rows, out));
+      return true;
+    }
+  }
 
   // This rank's intermediate columns for every row; gathered, the whole intermediate.
   const LinearProblem gate_up[2] = {
@@ -333,6 +398,58 @@ Result<bool> TensorParallelBackend::run_mlp(const ComputeContext& ctx, int64_t l
                       gather_columns(local_.data(), hidden_part, "its output columns"));
   copy_own_rows(out_buffer, rows, hidden_part, 0, hidden_part, out);
   return true;
+}
+
+Status TensorParallelBackend::run_whole_mlp(const ComputeContext& ctx, const MlpWeights& w,
+                                            int whole, int64_t rows, float* out) {
+  const int64_t hidden = options_.hidden_size, inter = w.gate.rows;
+  const bool mine = options_.communicator->rank() == whole;
+  if (mine) {
+    // As the single process runs it (DeepseekModel's run_mlp): gate and up in one grouped
+    // product, SiLU(gate) * up, then down.
+    const LinearProblem gate_up[2] = {
+        {.x = x_all_.data(), .w = &w.gate, .y = inter_.data(), .m = total_},
+        {.x = x_all_.data(), .w = &w.up, .y = up_.data(), .m = total_}};
+    grouped_bf16_linear(ctx, gate_up);
+    kernels::silu_mul(inter_.data(), up_.data(), inter_.data(), total_ * inter);
+    linear(ctx, inter_.data(), total_, w.down, local_.data());
+  }
+  // Posted, not awaited: finish_mlp takes the rows.
+  const uint64_t sequence = ++column_gathers_;
+  const int buffer = 2 + static_cast<int>(sequence & 1);
+  const std::span<const float> block(local_.data(),
+                                     static_cast<size_t>(mine ? total_ * hidden : 0));
+  PS_RETURN_IF_ERROR(post_gather(buffer, sequence, std::as_bytes(block)));
+  pending_ =
+      PendingMlp{.buffer = buffer, .sequence = sequence, .whole = whole, .rows = rows, .out = out};
+  return ok_status();
+}
+
+Status TensorParallelBackend::finish_mlp() {
+  if (!pending_) return ok_status();
+  const PendingMlp p = *pending_;
+  pending_.reset();
+  PS_RETURN_IF_ERROR(wait_gather(p.buffer, p.sequence, "the shared expert"));
+  const int64_t hidden = options_.hidden_size;
+  const float* block = received_floats(p.buffer, p.whole);
+  std::memcpy(p.out, block + mine_ * hidden, float_bytes(p.rows * hidden));
+  return ok_status();
+}
+
+int TensorParallelBackend::shared_expert_rank(std::span<const int64_t> routed,
+                                              double shared_units) {
+  if (routed.size() < 2 || shared_units <= 0.0) return -1;
+  const auto lightest = std::min_element(routed.begin(), routed.end());
+  int64_t heaviest = 0, heaviest_other = 0;
+  for (auto it = routed.begin(); it != routed.end(); ++it) {
+    heaviest = std::max(heaviest, *it);
+    if (it != lightest) heaviest_other = std::max(heaviest_other, *it);
+  }
+  const double even =
+      static_cast<double>(heaviest) + shared_units / static_cast<double>(routed.size());
+  const double whole =
+      std::max(static_cast<double>(heaviest_other), static_cast<double>(*lightest) + shared_units);
+  return whole < even ? static_cast<int>(lightest - routed.begin()) : -1;
 }
 
 void TensorParallelBackend::copy_own_rows(int buffer, int64_t rows, int64_t width, int64_t offset,

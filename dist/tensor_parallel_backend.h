@@ -33,6 +33,18 @@
 // buffer for gather k + 2 has seen every peer's part of gather k + 1, sent after that peer
 // finished reading gather k.
 //
+// The shared expert of an MoE layer runs after that layer's dispatch, whose routing makes
+// some ranks stream more routed experts than others (at batch 1 a token's 6 experts split
+// 3-3 over 2 ranks only a third of the time). Each rank puts into its row gather how many
+// distinct routed experts its dispatch sent to each rank (options.routed_experts); every
+// rank sums the same numbers and, when that pays (shared_expert_rank), the rank with the
+// fewest runs the whole shared expert on the gathered rows and the others take their rows
+// from its column gather; otherwise the shared expert splits evenly as above. Nobody waits
+// for that gather in run_mlp: the other ranks go on with their routed experts, and
+// finish_mlp (before the model's combine reads the output) takes the rows. The whole
+// product uses the layer's full weights with the kernels the single process uses, so the
+// results are the same bits either way.
+//
 // Weights with an INT8 form, and weights whose output width the ranks do not divide, are
 // not split (every rank declines them alike). Buffers are allocated at creation; a call
 // allocates nothing. One thread drives the backend; calls must not interleave
@@ -42,6 +54,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -57,6 +70,7 @@ namespace peerserve::dist {
 // The replicated weights of one decoder layer (nullptr: absent).
 struct ReplicatedLayerWeights {
   const MlpWeights* mlp = nullptr;  // the dense MLP or shared expert
+  bool shared_expert = false;       // mlp is an MoE layer's shared expert
   const AttentionWeights* attention = nullptr;
 };
 
@@ -68,6 +82,13 @@ struct TensorParallelOptions {
   int64_t hidden_size = 0;
   // Split a call only when no rank brings more rows than this (0: never split).
   int max_rows_per_rank = 0;
+  // For the shared experts' placement: fills the distinct routed experts this rank's last
+  // dispatch of `layer` sent to each rank ([ranks]) and returns true, or returns false when
+  // it has none for that layer. Null: shared experts always split evenly.
+  std::function<bool(int64_t layer, std::span<int32_t> experts_per_rank)> routed_experts;
+  // A routed expert's intermediate width: a shared expert of width I counts as I / this
+  // many routed experts (0: shared experts always split evenly).
+  int64_t routed_intermediate = 0;
   std::chrono::milliseconds peer_timeout{60000};
 };
 
@@ -82,9 +103,18 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
                        float* out) override;
   Result<bool> run_projection(const ComputeContext& ctx, int64_t layer, ReplicatedProjection which,
                               const float* x, int64_t rows, std::span<float* const> out) override;
+  Status finish_mlp() override;
 
-  // Calls split so far (every rank counts the same).
+  // Calls split so far (every rank counts the same), and of those the shared-expert calls
+  // run whole on one rank.
   int64_t split_calls() const { return split_calls_; }
+  int64_t whole_shared_calls() const { return whole_shared_calls_; }
+
+  // The rank that should run a whole shared expert of `shared_units` routed experts' work,
+  // given the routed experts each rank streams in this step, or -1 for an even split: the
+  // rank with the fewest (the first on ties) when its load plus the whole shared expert
+  // stays below the heaviest rank's load plus an even share.
+  static int shared_expert_rank(std::span<const int64_t> routed, double shared_units);
   // Layers with at least one weight split.
   int split_layers() const;
   bool splits_lm_head() const { return head_.has_value(); }
@@ -114,15 +144,23 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
 
   // Gather rows: x [rows, cols] of every rank into x_all_ [total_, cols]; false when a
   // rank brings more than the limit (every rank alike). Sets total_ and mine_.
-  Result<bool> gather_rows(const float* x, int64_t rows, int64_t cols);
+  // With `loads` (one per rank), every rank's are summed into routed_total_ (all ranks must
+  // send them, else routed_known_ is false).
+  Result<bool> gather_rows(const float* x, int64_t rows, int64_t cols,
+                           std::span<const int32_t> loads = {});
+  // The shared expert of `layer` on the gathered rows, whole on rank `whole`.
+  Status run_whole_mlp(const ComputeContext& ctx, const MlpWeights& w, int whole, int64_t rows,
+                       float* out);
   // Gather columns: local [total_, width] of every rank; returns the buffer where rank r's
   // block is at received(buffer, r).
   Result<int> gather_columns(const float* local, int64_t width, const char* what);
   // Writes `mine` into `buffer` of every rank (at this rank's place), signals `sequence`
   // (the gather's number among those of its kind: flags only grow), and waits until every
-  // rank's contribution has arrived here.
+  // rank's contribution has arrived here (post_gather, then wait_gather).
   Status all_gather(int buffer, uint64_t sequence, std::span<const std::byte> mine,
                     const char* what);
+  Status post_gather(int buffer, uint64_t sequence, std::span<const std::byte> mine);
+  Status wait_gather(int buffer, uint64_t sequence, const char* what);
   // out[i, r * part + c] = rank r's block [mine_ + i, offset + c] of a column gather, for
   // this rank's `rows` rows (out has part * ranks columns).
   void copy_own_rows(int buffer, int64_t rows, int64_t width, int64_t offset, int64_t part,
@@ -148,7 +186,20 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   std::vector<float> x_all_;                       // [T, K]
   std::vector<float> local_, up_;                  // [T, this rank's columns]
   std::vector<float> inter_;                       // [T, I]
-  int64_t split_calls_ = 0;
+  std::vector<int32_t> loads_;                     // [N] routed experts of this rank's dispatch
+  std::vector<int64_t> routed_total_;              // [N] summed over the ranks' row gathers
+  bool routed_known_ = false;
+  bool balances_shared_ = false;  // some shared expert may run whole on one rank
+  // A whole shared expert's column gather, posted by run_mlp and taken by finish_mlp.
+  struct PendingMlp {
+    int buffer = 0;
+    uint64_t sequence = 0;
+    int whole = 0;  // the rank that computed it
+    int64_t rows = 0;
+    float* out = nullptr;
+  };
+  std::optional<PendingMlp> pending_;
+  int64_t split_calls_ = 0, whole_shared_calls_ = 0;
 };
 
 }  // namespace peerserve::dist

@@ -349,8 +349,12 @@ Status DeepseekModel::Impl::combine(ForwardState& state, const StepLayer& layer)
   PS_RETURN_IF_ERROR(
       experts->combine(expert_call(state), {state.branch.data(), static_cast<size_t>(count)}));
   const int64_t rows = state.rows.num_rows;
-  if (layer.weights->moe->shared)
+  if (layer.weights->moe->shared) {
+    if (replicated_weights != nullptr && !state.interleaved) {
+      PS_RETURN_IF_ERROR(replicated_weights->finish_mlp());
+    }
     add_rows(ctx, state.branch.data(), state.shared.data(), rows, config.hidden_size);
+  }
   add_rows(ctx, state.x.data(), state.branch.data(), rows, config.hidden_size);
   next_layer(state);
   return ok_status();

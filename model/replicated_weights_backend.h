@@ -39,6 +39,10 @@ class ReplicatedWeightsBackend {
   // [rows, hidden]).
   virtual Result<bool> run_mlp(const ComputeContext& ctx, int64_t layer, const float* x,
                                int64_t rows, float* out) = 0;
+  // A run_mlp that returned true may complete `out` only here: an MoE layer's shared expert
+  // may run on another rank while this one goes on with its routed experts. The model calls
+  // this before it reads that output; the backend's next call completes it too.
+  virtual Status finish_mlp() { return ok_status(); }
   // out[j][rows, W_j.rows] = x[rows, W_j.cols] W_j^T for the weights W_j of `which` at decoder
   // layer `layer` (dense outputs); `layer` is ignored for kLmHead (called once per step,
   // after the last layer).

@@ -36,6 +36,9 @@ ExpertPlacement two_copies_placement() {
 struct Received {
   std::array<int, 2> pairs = {-1, -1};
   std::array<int, 2> experts = {-1, -1};
+  // Rank 0's own account of its dispatch (ExpertExchange::last_dispatch_load).
+  int64_t load_layer = -2;
+  std::array<int, 2> load = {-1, -1};
 };
 
 // Rank 0 dispatches one token per entry of `tokens` (each its top-k ids), and rank 1 the
@@ -80,7 +83,13 @@ Received received_per_rank(const std::vector<std::vector<int32_t>>& tokens,
       ExpertExchange& e = **exchange;
       const int senders = both_send ? 2 : 1;
       e.set_step(senders, senders * n_tokens);
+      e.count_experts_up_to(n_tokens);
       status[rank] = e.dispatch(0, routed, placement);
+      if (rank == 0) {
+        const ExpertExchange::DispatchLoad load = e.last_dispatch_load();
+        got.load_layer = load.layer;
+        got.load = {load.experts_per_rank[0], load.experts_per_rank[1]};
+      }
       if (status[rank].ok()) status[rank] = e.wait_dispatch(0);
       if (!status[rank].ok()) return;
       got.pairs[rank] = 0;
@@ -140,6 +149,19 @@ TEST(ExpertDispatchTest, AnExpertsTokensStayOnOneCopyWhileTheRanksAreBalanced) {
   EXPECT_EQ(hot.experts, (std::array<int, 2>{1, 1}));
   EXPECT_GE(hot.pairs[0], 12);
   EXPECT_GE(hot.pairs[1], 12);
+}
+
+TEST(ExpertDispatchTest, TheSourceCountsTheExpertsItUsesOnEachRank) {
+  // Experts 0 (rank 0) and 3 (rank 1) by three tokens: one expert on each rank, however
+  // many pairs.
+  Received got = received_per_rank({{0, 3}, {3, 0}, {0, 3}});
+  EXPECT_EQ(got.load_layer, kLayer);
+  EXPECT_EQ(got.load, (std::array<int, 2>{1, 1}));
+  // A replicated expert counts on the rank of the copy it went to: 0 fixes rank 0, 1 goes to
+  // rank 1 (fewer pairs), 2 to rank 0 (a tie).
+  got = received_per_rank({{0, 1, 2}});
+  EXPECT_EQ(got.load, (std::array<int, 2>{2, 1}));
+  EXPECT_EQ(got.experts, got.load);
 }
 
 TEST(ExpertDispatchTest, SourcesOfASmallStepSendAnExpertToOneCopy) {

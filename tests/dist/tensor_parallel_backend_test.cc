@@ -66,11 +66,14 @@ struct Weights {
     if (int8) moe.add_int8(false, 5);
   }
 
-  TensorParallelOptions options(Communicator* comm, int max_rows) const {
+  TensorParallelOptions options(Communicator* comm, int max_rows,
+                                bool shared_experts = false) const {
     TensorParallelOptions o;
     o.communicator = comm;
     for (int layer = 0; layer < kLayers; ++layer) {
-      o.layers.push_back({.mlp = &moe.experts[layer][0], .attention = &attention[layer]});
+      o.layers.push_back({.mlp = &moe.experts[layer][0],
+                          .shared_expert = shared_experts,
+                          .attention = &attention[layer]});
     }
     o.lm_head = &head;
     o.hidden_size = kHidden;
@@ -135,7 +138,12 @@ std::vector<std::vector<float>> local_products(const ComputeContext& ctx, const 
 Result<bool> split_products(TensorParallelBackend& backend, const ComputeContext& ctx, int layer,
                             Kind kind, const float* x, int64_t rows,
                             std::vector<std::vector<float>>& out) {
-  if (kind == Kind::kMlp) return backend.run_mlp(ctx, layer, x, rows, out[0].data());
+  if (kind == Kind::kMlp) {
+    // As the model does: the output may be completed only by finish_mlp.
+    Result<bool> done = backend.run_mlp(ctx, layer, x, rows, out[0].data());
+    if (done.ok() && *done) PS_RETURN_IF_ERROR(backend.finish_mlp());
+    return done;
+  }
   std::vector<float*> outs;
   for (std::vector<float>& o : out) outs.push_back(o.data());
   const ReplicatedProjection which =
@@ -161,6 +169,11 @@ struct Case {
   int max_rows = 8;
   int calls = 30;
   std::function<int64_t(int rank, int call)> rows_of;
+  // When set, every layer's MLP is a shared expert and this gives the routed experts rank
+  // `rank`'s dispatch sent to each rank before call `call` (empty: it has none); the shared
+  // expert counts as one routed expert. whole_shared gets each rank's whole_shared_calls().
+  std::function<std::vector<int32_t>(int rank, int call)> routed = nullptr;
+  std::vector<int64_t>* whole_shared = nullptr;
 };
 
 // Runs the calls (cycling through the kinds and layers) on every rank; returns the number of
@@ -172,10 +185,22 @@ std::vector<int64_t> run_case(const Case& c) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < c.ranks; ++rank) {
     threads.emplace_back([&, rank, comm = group.communicator(rank)] {
-      auto backend = TensorParallelBackend::create(weights.options(comm.get(), c.max_rows));
+      int call = 0;
+      TensorParallelOptions options =
+          weights.options(comm.get(), c.max_rows, static_cast<bool>(c.routed));
+      if (c.routed) {
+        options.routed_experts = [&, rank](int64_t, std::span<int32_t> out) {
+          const std::vector<int32_t> loads = c.routed(rank, call);
+          if (loads.empty()) return false;
+          std::copy(loads.begin(), loads.end(), out.begin());
+          return true;
+        };
+        options.routed_intermediate = kInter;
+      }
+      auto backend = TensorParallelBackend::create(std::move(options));
       ASSERT_TRUE(backend.ok()) << backend.status().to_string();
       const ComputeContext ctx{.pool = nullptr, .precision = c.precision};
-      for (int call = 0; call < c.calls; ++call) {
+      for (call = 0; call < c.calls; ++call) {
         const Kind kind = kKinds[call % kNumKinds];
         const int layer = (call / kNumKinds) % kLayers;
         const int64_t rows = c.rows_of(rank, call);
@@ -201,6 +226,7 @@ std::vector<int64_t> run_case(const Case& c) {
         }
       }
       splits[rank] = (*backend)->split_calls();
+      if (c.whole_shared != nullptr) (*c.whole_shared)[rank] = (*backend)->whole_shared_calls();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -242,6 +268,95 @@ TEST(TensorParallelBackendTest, OneRankWithTheOnlyTokenAndIdlePeers) {
   const std::vector<int64_t> splits =
       run_case({.ranks = 4, .rows_of = [](int rank, int) { return rank == 0 ? int64_t{1} : 0; }});
   EXPECT_EQ(splits, (std::vector<int64_t>(4, 30)));
+}
+
+TEST(TensorParallelBackendTest, TheSharedExpertGoesToTheRankWithFewerRoutedExperts) {
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{4, 2}, 1.0), 1);
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{2, 5}, 1.0), 0);
+  // Balanced: an even split is better.
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{3, 3}, 1.0), -1);
+  // Two routed experts' worth of shared expert over a gap of one: even (4.5 + 1 vs 3 + 2).
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{4, 3}, 2.0), -1);
+  // Four ranks: the first lightest takes it when that lowers the maximum.
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{2, 1, 1, 2}, 1.0), 1);
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{2, 2, 2, 1}, 1.0), 3);
+  EXPECT_EQ(TensorParallelBackend::shared_expert_rank(std::vector<int64_t>{2, 2, 2, 2}, 1.0), -1);
+}
+
+TEST(TensorParallelBackendTest, AWholeSharedExpertEqualsOneProcess) {
+  // Rank 0's dispatch sends 4 routed experts to rank 0 and 2 to rank 1 before even calls,
+  // 3 and 3 before odd ones; rank 1 brings rows but routes nothing. The MLP calls are calls
+  // 3, 8, 13, 18, 23, 28; 3 is declined (rank 1 over the limit), and 8, 18 and 28 run
+  // whole on rank 1. Outputs are checked bitwise against one process by run_case.
+  std::vector<int64_t> whole(2, -1);
+  run_case({.ranks = 2,
+            .rows_of = uneven_rows,
+            .routed =
+                [](int rank, int call) {
+                  if (rank != 0) return std::vector<int32_t>{0, 0};
+                  return call % 2 == 0 ? std::vector<int32_t>{4, 2} : std::vector<int32_t>{3, 3};
+                },
+            .whole_shared = &whole});
+  EXPECT_EQ(whole, (std::vector<int64_t>{3, 3}));
+  // Four ranks, one token on rank 0 whose experts are on ranks 0, 0, 1, 3 and 3: rank 2
+  // takes the shared expert at every MLP call (6 of 30).
+  std::vector<int64_t> four(4, -1);
+  run_case(
+      {.ranks = 4,
+       .rows_of = [](int rank, int) { return rank == 0 ? int64_t{1} : 0; },
+       .routed =
+           [](int rank, int) {
+             return rank == 0 ? std::vector<int32_t>{2, 1, 0, 2} : std::vector<int32_t>{0, 0, 0, 0};
+           },
+       .whole_shared = &four});
+  EXPECT_EQ(four, (std::vector<int64_t>(4, 6)));
+  // A rank without loads for the layer: every rank splits evenly.
+  std::vector<int64_t> unknown(2, -1);
+  run_case({.ranks = 2,
+            .rows_of = uneven_rows,
+            .routed =
+                [](int rank, int) {
+                  return rank == 0 ? std::vector<int32_t>{4, 2} : std::vector<int32_t>{};
+                },
+            .whole_shared = &unknown});
+  EXPECT_EQ(unknown, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(TensorParallelBackendTest, TheNextCallCompletesAWholeSharedExpert) {
+  // run_mlp leaves the whole shared expert's rows to finish_mlp; without it, the next call
+  // (here the output projection) takes them first.
+  const Weights weights(false);
+  InProcessGroup group(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      TensorParallelOptions options = weights.options(comm.get(), 8, /*shared_experts=*/true);
+      options.routed_experts = [rank](int64_t, std::span<int32_t> out) {
+        out[0] = rank == 0 ? 4 : 0;
+        out[1] = rank == 0 ? 2 : 0;
+        return true;
+      };
+      options.routed_intermediate = kInter;
+      auto backend = TensorParallelBackend::create(std::move(options));
+      ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+      const ComputeContext ctx{.pool = nullptr, .precision = kernels::ActivationPrecision::kFp32};
+      const int64_t rows = rank == 0 ? 2 : 1;
+      const std::vector<float> x = random_rows(rows, kHidden, 7 + rank);
+      const std::vector<std::vector<float>> want =
+          local_products(ctx, weights, 1, Kind::kMlp, x.data(), rows);
+      std::vector<float> mlp(rows * kHidden, -7.0f), y(rows * kHidden);
+      Result<bool> done = (*backend)->run_mlp(ctx, 1, x.data(), rows, mlp.data());
+      ASSERT_TRUE(done.ok() && *done) << done.status().to_string();
+      EXPECT_EQ((*backend)->whole_shared_calls(), 1);
+      float* outs[] = {y.data()};
+      done = (*backend)->run_projection(ctx, 1, ReplicatedProjection::kAttentionOutput, x.data(),
+                                        rows, outs);
+      ASSERT_TRUE(done.ok() && *done) << done.status().to_string();
+      EXPECT_EQ(std::memcmp(mlp.data(), want[0].data(), mlp.size() * sizeof(float)), 0)
+          << "rank " << rank;
+    });
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 TEST(TensorParallelBackendTest, ZeroLimitNeverSplits) {
