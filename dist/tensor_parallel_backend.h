@@ -148,7 +148,8 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   // send them, else routed_known_ is false).
   Result<bool> gather_rows(const float* x, int64_t rows, int64_t cols,
                            std::span<const int32_t> loads = {});
-  // The shared expert of `layer` on the gathered rows, whole on rank `whole`.
+  // A shared expert on the gathered rows, computed whole on rank `whole`; posts its column
+  // gather and leaves the rows to finish_mlp.
   Status run_whole_mlp(const ComputeContext& ctx, const MlpWeights& w, int whole, int64_t rows,
                        float* out);
   // Gather columns: local [total_, width] of every rank; returns the buffer where rank r's
