@@ -432,7 +432,7 @@ Status TensorParallelBackend::finish_mlp() {
   PS_RETURN_IF_ERROR(wait_gather(p.buffer, p.sequence, "the shared expert"));
   const int64_t hidden = options_.hidden_size;
   const float* block = received_floats(p.buffer, p.whole);
-  std::memcpy(p.out, block + mine_ * hidden, float_bytes(p.rows * hidden));
+  if (p.rows > 0) std::memcpy(p.out, block + mine_ * hidden, float_bytes(p.rows * hidden));
   return ok_status();
 }
 
