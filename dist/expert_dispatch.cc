@@ -224,8 +224,7 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   // Which experts are used: for the choice among copies, and for last_dispatch_load.
   const bool count_experts = tokens.num_tokens <= count_experts_up_to_;
   const bool stamp_experts = count_experts || layer.replicated;
-  std::vector<int32_t>& experts_per_rank = experts_per_rank_;
-  std::fill(experts_per_rank.begin(), experts_per_rank.end(), 0);
+  std::fill(experts_per_rank_.begin(), experts_per_rank_.end(), 0);
   dispatched_layer_ = count_experts ? tokens.layer : -1;
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
@@ -268,7 +267,7 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       uint32_t& stamp = slot_stamp_[copy.rank * shape_.slots_per_rank + copy.local_slot];
       const bool first_use = stamp != call_stamp_;
       stamp = call_stamp_;
-      experts_per_rank[copy.rank] += first_use;
+      experts_per_rank_[copy.rank] += first_use;
       if (layer.replicated) rank_cost_[copy.rank] += 1 + (first_use ? kTouchCost : 0);
     };
     for (int64_t j = 0; j < k; ++j) {

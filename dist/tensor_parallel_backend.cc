@@ -402,18 +402,10 @@ Result<bool> TensorParallelBackend::run_mlp(const ComputeContext& ctx, int64_t l
 
 Status TensorParallelBackend::run_whole_mlp(const ComputeContext& ctx, const MlpWeights& w,
                                             int whole, int64_t rows, float* out) {
-  const int64_t hidden = options_.hidden_size, inter = w.gate.rows;
+  const int64_t hidden = options_.hidden_size;
   const bool mine = options_.communicator->rank() == whole;
-  if (mine) {
-    // As the single process runs it (DeepseekModel's run_mlp): gate and up in one grouped
-    // product, SiLU(gate) * up, then down.
-    const LinearProblem gate_up[2] = {
-        {.x = x_all_.data(), .w = &w.gate, .y = inter_.data(), .m = total_},
-        {.x = x_all_.data(), .w = &w.up, .y = up_.data(), .m = total_}};
-    grouped_bf16_linear(ctx, gate_up);
-    kernels::silu_mul(inter_.data(), up_.data(), inter_.data(), total_ * inter);
-    linear(ctx, inter_.data(), total_, w.down, local_.data());
-  }
+  // As the single process runs it (DeepseekModel's run_mlp).
+  if (mine) bf16_mlp(ctx, w, x_all_.data(), total_, inter_.data(), up_.data(), local_.data());
   // Posted, not awaited: finish_mlp takes the rows.
   const uint64_t sequence = ++column_gathers_;
   const int buffer = 2 + static_cast<int>(sequence & 1);

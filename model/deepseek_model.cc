@@ -11,7 +11,6 @@
 
 #include "base/check.h"
 #include "base/thread_pool.h"
-#include "kernels/activation.h"
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_int8.h"
@@ -235,14 +234,7 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
     return;
   }
   state.up.resize(rows * inter);
-  const LinearProblem problems[2] = {{.x = x, .w = &w.gate, .y = state.gate.data(), .m = rows},
-                                     {.x = x, .w = &w.up, .y = state.up.data(), .m = rows}};
-  grouped_bf16_linear(ctx, problems);
-  for_row_ranges(ctx, rows, [&](int64_t r0, int64_t r1, int) {
-    kernels::silu_mul(state.gate.data() + r0 * inter, state.up.data() + r0 * inter,
-                      state.gate.data() + r0 * inter, (r1 - r0) * inter);
-  });
-  linear(ctx, state.gate.data(), rows, w.down, out);
+  bf16_mlp(ctx, w, x, rows, state.gate.data(), state.up.data(), out);
 }
 
 Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {

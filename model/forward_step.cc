@@ -3,6 +3,7 @@
 #include <atomic>
 #include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/matmul_packed_bf16.h"
 
@@ -80,6 +81,18 @@ void grouped_bf16_linear(const ComputeContext& ctx, std::span<const LinearProble
   }
   if (!packed.empty()) kernels::grouped_matmul_packed_bf16(packed, ctx.pool);
   if (!plain.empty()) kernels::grouped_matmul_bf16(plain, ctx.precision, ctx.pool);
+}
+
+void bf16_mlp(const ComputeContext& ctx, const MlpWeights& w, const float* x, int64_t rows,
+              float* gate, float* up, float* out) {
+  const int64_t inter = w.gate.rows;
+  const LinearProblem problems[2] = {{.x = x, .w = &w.gate, .y = gate, .m = rows},
+                                     {.x = x, .w = &w.up, .y = up, .m = rows}};
+  grouped_bf16_linear(ctx, problems);
+  for_row_ranges(ctx, rows, [&](int64_t r0, int64_t r1, int) {
+    kernels::silu_mul(gate + r0 * inter, up + r0 * inter, gate + r0 * inter, (r1 - r0) * inter);
+  });
+  linear(ctx, gate, rows, w.down, out);
 }
 
 void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems) {

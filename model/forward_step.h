@@ -88,6 +88,13 @@ void grouped_linear(const ComputeContext& ctx, std::span<const LinearProblem> pr
 // between packed and checkpoint layout); records nothing (callers record what they want).
 void grouped_bf16_linear(const ComputeContext& ctx, std::span<const LinearProblem> problems);
 
+// out[rows, hidden] = down(SiLU(x gate^T) * (x up^T)) of an MLP without an INT8 gate/up form:
+// gate and up as one grouped BF16 product, then the down projection (linear()). gate and up
+// are scratch of rows * inter floats each. The model's MLPs and shared experts run here, and
+// so does a shared expert run whole on another rank, so both give the same bits.
+void bf16_mlp(const ComputeContext& ctx, const MlpWeights& w, const float* x, int64_t rows,
+              float* gate, float* up, float* out);
+
 // Calibration hook (model/int8_calibration.h): sees the input of every linear layer the
 // forward runs in BF16 (linear(), grouped_linear(), the local routed experts). Off by default;
 // when off the forward pays one relaxed load per call. Process-wide: set it only while one
