@@ -7,11 +7,14 @@ cd "$(dirname "$0")/.."
 ./scripts/install-test-js.sh
 # Dependency direction first: it takes a second, the build takes minutes.
 python3 scripts/check_layers.py
+# Both build trees need about 3 GB; a full disk otherwise shows only as a failed link.
+echo "test.sh: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the disk of $(pwd)"
 ./scripts/build.sh
 jobs=$(nproc)
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
 
 # Sanitizer configuration: libraries and unit tests only (the servers and slow tests run above).
+echo "test.sh: $(df -h --output=avail . | tail -1 | tr -d ' ') free before the sanitizer build"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPEERSERVE_SANITIZE=ON \
   -DPEERSERVE_UNIT_TESTS_ONLY=ON >/dev/null
 ninja -C build-asan -j "$jobs"
