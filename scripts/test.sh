@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ./scripts/install-test-js.sh
 # Dependency direction first: it takes a second, the build takes minutes.
 python3 scripts/check_layers.py
-# Both build trees need about 3 GB; a full disk otherwise shows only as a failed link.
+# Both build trees need about 2 GB; a full disk otherwise shows only as a failed link.
 echo "test.sh: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the disk of $(pwd)"
 ./scripts/build.sh
 jobs=$(nproc)
