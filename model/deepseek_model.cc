@@ -92,6 +92,12 @@ struct DeepseekModel::Impl {
   MlaAttention attention_layer;
   std::shared_ptr<ExpertBackend> experts;
   std::shared_ptr<ReplicatedWeightsBackend> replicated_weights;  // null: run_mlp
+
+  // The replicated-weights backend a step may use: none in an interleaved step, whose
+  // stages alternate with another microbatch's and would interleave the collective calls.
+  ReplicatedWeightsBackend* replicated_for(const ForwardState& state) const {
+    return state.interleaved ? nullptr : replicated_weights.get();
+  }
 };
 
 Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView> chunks,
@@ -247,10 +253,9 @@ Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& laye
       ctx,
       {.x = state.x.data(), .out = state.x_norm.data(), .rows = t_rows, .dim = hidden, .eps = eps},
       w.input_norm.data());
-  PS_RETURN_IF_ERROR(
-      attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot, state.x_norm.data(),
-                              *state.cache, state.attention, state.branch.data(),
-                              state.interleaved ? nullptr : replicated_weights.get(), w.index));
+  PS_RETURN_IF_ERROR(attention_layer.forward(ctx, w.attention, state.rows, layer.kv_slot,
+                                             state.x_norm.data(), *state.cache, state.attention,
+                                             state.branch.data(), replicated_for(state), w.index));
   add_rows(ctx, state.x.data(), state.branch.data(), t_rows, hidden);
   rmsnorm_rows(
       ctx,
@@ -263,10 +268,9 @@ Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& laye
 Status DeepseekModel::Impl::replicated_mlp(ForwardState& state, const StepLayer& layer,
                                            const MlpWeights& w, float* out) {
   const int64_t rows = state.rows.num_rows;
-  if (replicated_weights != nullptr && !state.interleaved) {
-    PS_ASSIGN_OR_RETURN(
-        const bool done,
-        replicated_weights->run_mlp(ctx, layer.weights->index, state.x_norm.data(), rows, out));
+  if (ReplicatedWeightsBackend* split = replicated_for(state); split != nullptr) {
+    PS_ASSIGN_OR_RETURN(const bool done,
+                        split->run_mlp(ctx, layer.weights->index, state.x_norm.data(), rows, out));
     if (done) return ok_status();
   }
   run_mlp(state, w, state.x_norm.data(), rows, out);
@@ -342,8 +346,8 @@ Status DeepseekModel::Impl::combine(ForwardState& state, const StepLayer& layer)
       experts->combine(expert_call(state), {state.branch.data(), static_cast<size_t>(count)}));
   const int64_t rows = state.rows.num_rows;
   if (layer.weights->moe->shared) {
-    if (replicated_weights != nullptr && !state.interleaved) {
-      PS_RETURN_IF_ERROR(replicated_weights->finish_mlp());
+    if (ReplicatedWeightsBackend* split = replicated_for(state); split != nullptr) {
+      PS_RETURN_IF_ERROR(split->finish_mlp());
     }
     add_rows(ctx, state.branch.data(), state.shared.data(), rows, config.hidden_size);
   }
@@ -397,7 +401,7 @@ Status DeepseekModel::Impl::head(ForwardState& state) {
   out->logits.resize(num_out * vocab);
   // The main model's head may be split over expert-parallel ranks (the MTP head is not).
   ReplicatedWeightsBackend* split =
-      state.head == &weights.lm_head && !state.interleaved ? replicated_weights.get() : nullptr;
+      state.head == &weights.lm_head ? replicated_for(state) : nullptr;
   auto head_product = [&](const float* x) -> Status {
     if (split != nullptr) {
       float* const logits[1] = {out->logits.data()};
