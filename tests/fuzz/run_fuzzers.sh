@@ -2,8 +2,10 @@
 # Builds the libFuzzer targets with clang (a separate small build: the main build uses g++)
 # and runs each for a bounded time: the checkpoint header and config parsers, and the
 # parsers of untrusted text (chat template, tokenizer.json, OpenAI request bodies,
-# encode/decode, tool calls in model output), and the cache server's block-stream requests. Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus the
-# large inputs generated below. Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
+# encode/decode, tool calls in model output), the cache server's block-stream requests, and
+# the data-parallel front end's engine requests and outputs between ranks. Seeds:
+# tests/fuzz/corpus/<target>/ (each past finding is one) plus the inputs generated below.
+# Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
 mkdir -p "$work"
@@ -20,6 +22,8 @@ common=("$src/base/status.cc" "$src/base/check.cc" "$src/tensor/dtype.cc"
 "$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
   "$src/tests/fuzz/block_stream_protocol_fuzzer.cc" "$src/cache/block_stream_protocol.cc" \
   "$src/base/status.cc" "$src/base/check.cc"
+"$clangxx" "${flags[@]}" -o request_codec_fuzzer "$src/tests/fuzz/request_codec_fuzzer.cc" \
+  "$src/runtime/request_codec.cc" "$src/base/status.cc" "$src/base/check.cc"
 
 # Seeds: a valid two-tensor file and a valid config.
 rm -rf corpus_safetensors corpus_config
@@ -113,6 +117,34 @@ open("corpus_block_stream/put", "wb").write(request(2, [(b"kv", 7, 46080)]))
 PY
 ./block_stream_protocol_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
   -print_final_stats=1 corpus_block_stream
+# Seeds: an engine request and two engine outputs (first byte 0: request, 1: output).
+rm -rf corpus_request_codec
+mkdir -p corpus_request_codec
+/usr/bin/python3 - <<'PY'
+import struct
+d = "corpus_request_codec"
+def u64(n): return struct.pack("<Q", n)
+def i32(n): return struct.pack("<i", n)
+def f32(x): return struct.pack("<f", x)
+def b(v): return bytes([1 if v else 0])
+def arr(xs): return u64(len(xs)) + b"".join(i32(x) for x in xs)
+def s(t): t = t.encode(); return u64(len(t)) + t
+sampling = (f32(0.7) + i32(40) + f32(0.9) + f32(0.0) + f32(0.1) + f32(0.2) + f32(1.1) +
+            b(True) + u64(1234) + b(True) + i32(3) + i32(2) + arr([1]) + arr([5, 6]))
+request = (arr([1, 2, 3, 4]) + sampling + b(True) + i32(16) + u64(2) + s("\n\n") + s("END") +
+           b(False) + arr([7]) + b(False) + i32(2) + b(True) + s("127.0.0.1:9000"))
+open(f"{d}/request", "wb").write(b"\x00" + request)
+choice = (i32(0) + arr([5, 6]) + s("hi") + u64(2) +
+          i32(5) + f32(-0.5) + u64(1) + i32(5) + f32(-0.5) +
+          i32(6) + f32(-1.5) + u64(0) +
+          b(True) + i32(0) + b(True) + s("END") + b(False))
+output = (u64(42) + u64(1) + choice + b(True) + struct.pack("<qqq", 4, 2, 0) + i32(0) + s(""))
+open(f"{d}/output", "wb").write(b"\x01" + output)
+error = (u64(43) + u64(0) + b(True) + struct.pack("<qqq", 4, 0, 0) + i32(8) + s("peer down"))
+open(f"{d}/output_error", "wb").write(b"\x01" + error)
+PY
+./request_codec_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
+  -print_final_stats=1 corpus_request_codec
 ./safetensors_header_fuzzer -max_total_time="$seconds" -max_len=2048 -timeout=10 \
   -dict="$src/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus_safetensors
 ./model_config_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=2048 -timeout=10 \
