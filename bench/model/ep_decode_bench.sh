@@ -7,7 +7,8 @@
 # over rounds of each run's median, and each EP figure as a ratio of the single process
 # with the same pipeline setting. With COPIES > 0, each round also runs EP=2 (one
 # microbatch) with that many redundant EPLB experts, placed after an untimed warm-up
-# (--eplb-redundant-experts).
+# (--eplb-redundant-experts). A last table gives the key ratios per round (two runs of the
+# same round), whose spread shows how much of a median is the machine's drift.
 #
 #   bench/model/ep_decode_bench.sh BUILD_DIR [ROUNDS] [MODEL_DIR] [COPIES]
 set -euo pipefail
@@ -41,13 +42,15 @@ done
 python3 - "$out" "$copies" <<'PY'
 import re, statistics, sys, os
 out = sys.argv[1]
-def rates(name):
+def per_round(name):
     by_batch = {}
     for line in open(os.path.join(out, name)):
         m = re.match(r"decode batch (\d+): ([\d.]+) tok/s", line)
         if m:
             by_batch.setdefault(int(m.group(1)), []).append(float(m.group(2)))
-    return {b: statistics.median(v) for b, v in by_batch.items()}
+    return by_batch
+def rates(name):
+    return {b: statistics.median(v) for b, v in per_round(name).items()}
 cfgs = ("mb1", "mb2", "mb2always")
 single = {c: rates(f"single_{c}") for c in cfgs}
 ep = {c: rates(f"ep2_{c}") for c in cfgs}
@@ -70,5 +73,23 @@ if copies > 0:
     print("|---|---|---|---|")
     for b in sorted(c):
         print(f"| {b} | {c[b]:.1f} | {c[b] / single['mb1'][b]:.2f}x | {c[b] / ep['mb1'][b]:.2f}x |")
+# The machine's speed drifts between rounds; a ratio of two runs of the same round cancels
+# most of that drift, so each round's ratios show the spread the medians above hide.
+pairs = [("EP=2 / 1 proc", "ep2_mb1", "single_mb1"),
+         ("mb2 / mb1 (EP=2)", "ep2_mb2", "ep2_mb1")]
+if copies > 0:
+    pairs += [("EP=2 + copies / 1 proc", "ep2_copies", "single_mb1"),
+              ("copies / no copies", "ep2_copies", "ep2_mb1")]
+print()
+print("Per round (each ratio of two runs of the same round; median [lowest..highest])")
+print("| batch | " + " | ".join(p[0] for p in pairs) + " |")
+print("|---|" + "---|" * len(pairs))
+data = {f: per_round(f) for p in pairs for f in p[1:]}
+for b in sorted(data["single_mb1"]):
+    cells = []
+    for _, num, den in pairs:
+        r = [x / y for x, y in zip(data[num][b], data[den][b])]
+        cells.append(f"{statistics.median(r):.2f}x [{min(r):.2f}..{max(r):.2f}]")
+    print(f"| {b} | " + " | ".join(cells) + " |")
 PY
 rm -rf "$out"
