@@ -453,8 +453,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
     PS_RETURN_IF_ERROR(quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool));
   }
   if (packs_bf16_weights(options)) {
-    // The checkpoint's copy is read again only by the embedding lookup and the absorbed
-    // attention's kv_b slices (which fault their pages back in): not kept resident.
+    PS_RETURN_IF_ERROR(
+        pack_absorbed_attention_bf16(impl->weights, checkpoint.config(), &impl->pool));
+    // The checkpoint's copy is read again only by the embedding lookup: not kept resident.
     PS_RETURN_IF_ERROR(pack_weights_bf16(impl->weights, &impl->pool, [&](const LinearWeight& w) {
       checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
     }));

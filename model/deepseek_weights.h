@@ -62,8 +62,12 @@ struct AttentionWeights {
   LinearWeight kv_b;                   // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
   LinearWeight o_proj;                 // [hidden, heads * v_head_dim]
   // W_UK of head h transposed, for the absorbed form: [heads, kv_lora_rank, qk_nope_head_dim],
-  // w_uk_t[h][c][d] = kv_b[h * (nope + v) + d][c]. Owned.
+  // w_uk_t[h][c][d] = kv_b[h * (nope + v) + d][c]. Owned; freed once packed (below).
   std::vector<bf16> w_uk_t;
+  // With packed BF16 weights (model/weight_packing.h): the absorbed form's per-head products
+  // packed, W_UK of head h from w_uk_t ([kv_lora_rank, nope]) and W_UV from kv_b's value rows
+  // ([v_head_dim, kv_lora_rank]); empty otherwise.
+  std::vector<std::shared_ptr<const kernels::PackedBf16Matrix>> w_uk_packed, w_uv_packed;
 };
 
 struct MoeWeights {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
+#include <span>
 #include <type_traits>
 
 #include "base/check.h"
@@ -305,20 +307,55 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   }
   // {num_rows, heads, lora + rope}: [q_nope W_UK ; q_pe] per head.
   s.q_full.resize(num_rows * heads * width);
-  std::vector<kernels::MatmulBf16Args>& problems = s.problems;
-  problems.assign(heads, {});
-  for (int64_t h = 0; h < heads; ++h) {
-    kernels::MatmulBf16Args& p = problems[h];
-    p.x = s.q_abs.data() + h * qk;
-    p.x_stride = heads * qk;
-    p.w = w.w_uk_t.data() + h * lora * nope;
-    p.y = s.q_full.data() + h * width;
-    p.y_stride = heads * width;
-    p.m = num_rows;
-    p.n = lora;
-    p.k = nope;
+  // Per-head products: head h's x block at x + h * x_width of each row, its y block at
+  // y + h * y_width. In the packed layout where the model packed W_UK and W_UV (bf16 inputs;
+  // at decode these are GEMVs, which the checkpoint-layout kernel runs at well under the
+  // packed kernel's bandwidth), else over the checkpoint layout: head h's [n, k] weight at
+  // weights + h * w_head, rows w_stride apart.
+  const bool packed_heads = !w.w_uk_packed.empty() && !w.w_uv_packed.empty() &&
+                            ctx.precision == kernels::ActivationPrecision::kBf16;
+  auto packed_per_head =
+      [&](const float* x, int64_t x_width,
+          std::span<const std::shared_ptr<const kernels::PackedBf16Matrix>> weights, float* y,
+          int64_t y_width) {
+        std::vector<kernels::MatmulPackedBf16Args>& packed = s.packed_problems;
+        packed.assign(heads, {});
+        for (int64_t h = 0; h < heads; ++h) {
+          packed[h] = {.x = x + h * x_width,
+                       .x_stride = heads * x_width,
+                       .w = weights[h].get(),
+                       .y = y + h * y_width,
+                       .y_stride = heads * y_width,
+                       .m = num_rows};
+        }
+        kernels::grouped_matmul_packed_bf16(packed, ctx.pool);
+      };
+  auto checkpoint_per_head = [&](const float* x, int64_t x_width, const bf16* weights,
+                                 int64_t w_head, int64_t w_stride, int64_t n, int64_t k, float* y,
+                                 int64_t y_width) {
+    std::vector<kernels::MatmulBf16Args>& problems = s.problems;
+    problems.assign(heads, {});
+    for (int64_t h = 0; h < heads; ++h) {
+      problems[h] = {.x = x + h * x_width,
+                     .x_stride = heads * x_width,
+                     .w = weights + h * w_head,
+                     .w_stride = w_stride,
+                     .y = y + h * y_width,
+                     .y_stride = heads * y_width,
+                     .m = num_rows,
+                     .n = n,
+                     .k = k};
+    }
+    kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
+  };
+  if (packed_heads) {
+    packed_per_head(s.q_abs.data(), qk, w.w_uk_packed, s.q_full.data(), width);
+  } else {
+    PS_CHECK(!w.w_uk_t.empty()) << "absorbed attention: W_UK was packed, and the step's GEMM "
+                                   "inputs are not bf16";
+    checkpoint_per_head(s.q_abs.data(), qk, w.w_uk_t.data(), lora * nope, nope, lora, nope,
+                        s.q_full.data(), width);
   }
-  kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
   for (int64_t a = 0; a < num_rows * heads; ++a) {
     std::memcpy(s.q_full.data() + a * width + lora, s.q_abs.data() + a * qk + nope,
                 rope * sizeof(float));
@@ -427,20 +464,12 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
 
   // {num_rows, heads * v}: W_UV per head, then back into the step's rows.
   s.attn_abs.resize(num_rows * heads * v);
-  for (int64_t h = 0; h < heads; ++h) {
-    kernels::MatmulBf16Args& p = problems[h];
-    p = {};
-    p.x = s.o_lat.data() + h * lora;
-    p.x_stride = heads * lora;
-    p.w = w.kv_b.data + (h * (nope + v) + nope) * lora;
-    p.w_stride = lora;
-    p.y = s.attn_abs.data() + h * v;
-    p.y_stride = heads * v;
-    p.m = num_rows;
-    p.n = v;
-    p.k = lora;
+  if (packed_heads) {
+    packed_per_head(s.o_lat.data(), lora, w.w_uv_packed, s.attn_abs.data(), v);
+  } else {
+    checkpoint_per_head(s.o_lat.data(), lora, w.kv_b.data + nope * lora, (nope + v) * lora, lora, v,
+                        lora, s.attn_abs.data(), v);
   }
-  kernels::grouped_matmul_bf16(problems, ctx.precision, ctx.pool);
   for (size_t c = 0; c < chunks.size(); ++c) {
     std::memcpy(s.attn.data() + chunks[c]->row_begin * heads * v,
                 s.attn_abs.data() + first_row[c] * heads * v,

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/bf16_panels.h"
+#include "kernels/matmul_packed_bf16.h"
 #include "kv/latent_kv_cache.h"
 #include "model/forward_step.h"
 #include "model/model_config.h"
@@ -45,6 +46,7 @@ struct MlaScratch {
   std::vector<float> q_abs, q_full, o_lat, attn_abs;
   std::vector<kernels::Bf16Panels> key_panels, value_panels;  // per head (plain form, bf16)
   std::vector<kernels::MatmulBf16Args> problems;
+  std::vector<kernels::MatmulPackedBf16Args> packed_problems;  // per head, packed weights
 };
 
 class ReplicatedWeightsBackend;

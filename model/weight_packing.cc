@@ -56,6 +56,46 @@ Status pack_mlp_bf16(MlpWeights& mlp) {
   return ok_status();
 }
 
+Status pack_absorbed_attention_bf16(DeepseekWeights& weights, const ModelConfig& config,
+                                    ThreadPool* pool) {
+  const int64_t heads = config.num_attention_heads, nope = config.qk_nope_head_dim;
+  const int64_t v = config.v_head_dim, lora = config.kv_lora_rank;
+  std::vector<AttentionWeights*> layers;
+  for (DecoderLayerWeights& layer : weights.layers) layers.push_back(&layer.attention);
+  if (weights.mtp) layers.push_back(&weights.mtp->layer.attention);
+  for (AttentionWeights* a : layers) {
+    if (a->kv_b.data == nullptr || a->kv_b.rows != heads * (nope + v) || a->kv_b.cols != lora ||
+        static_cast<int64_t>(a->w_uk_t.size()) != heads * lora * nope) {
+      return internal_error("packing the absorbed attention: kv_b is not [" +
+                            std::to_string(heads * (nope + v)) + ", " + std::to_string(lora) +
+                            "] with its W_UK copy");
+    }
+    a->w_uk_packed.assign(static_cast<size_t>(heads), nullptr);
+    a->w_uv_packed.assign(static_cast<size_t>(heads), nullptr);
+  }
+  const int64_t per_layer = 2 * heads;
+  PS_RETURN_IF_ERROR(parallel_for_each(
+      pool, static_cast<int64_t>(layers.size()) * per_layer, [&](int64_t i) -> Status {
+        AttentionWeights& a = *layers[static_cast<size_t>(i / per_layer)];
+        const int64_t h = (i % per_layer) / 2;
+        const bool uk = i % 2 == 0;
+        const kernels::MatrixView<bf16> view =
+            uk ? kernels::MatrixView<bf16>{a.w_uk_t.data() + h * lora * nope, lora, nope, 0}
+               : kernels::MatrixView<bf16>{a.kv_b.data + (h * (nope + v) + nope) * lora, v, lora,
+                                           0};
+        auto packed = kernels::PackedBf16Matrix::pack(view);
+        if (!packed.ok()) {
+          return packed.status().with_context("packing the absorbed attention's head " +
+                                              std::to_string(h));
+        }
+        (uk ? a.w_uk_packed : a.w_uv_packed)[static_cast<size_t>(h)] =
+            std::make_shared<const kernels::PackedBf16Matrix>(std::move(packed).value());
+        return ok_status();
+      }));
+  for (AttentionWeights* a : layers) std::vector<bf16>().swap(a->w_uk_t);
+  return ok_status();
+}
+
 Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
                          const std::function<void(const LinearWeight&)>& packed_fn) {
   std::vector<Target> targets;

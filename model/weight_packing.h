@@ -5,8 +5,8 @@
 // projections (kv_b included: the prefill decompresses the context with it), dense, shared
 // and routed expert MLPs, the MTP projection and head, the LM head — that has BF16 data and
 // no INT8 form gets a packed copy of the same values. The BF16 views stay: the embedding
-// lookup and the absorbed attention's per-head kv_b slices read them, and products at
-// ActivationPrecision::kFp32 use them.
+// lookup reads them, and products at ActivationPrecision::kFp32 use them. The absorbed
+// attention's per-head W_UK and W_UV are packed separately (pack_absorbed_attention_bf16).
 #pragma once
 
 #include <functional>
@@ -24,6 +24,14 @@ namespace peerserve {
 // readable, e.g. Checkpoint::release_pages).
 Status pack_weights_bf16(DeepseekWeights& weights, ThreadPool* pool,
                          const std::function<void(const LinearWeight&)>& packed = {});
+// The absorbed attention's per-head W_UK and W_UV of every layer (the MTP layer too), packed
+// (AttentionWeights::w_uk_packed / w_uv_packed): at decode they are GEMVs that the
+// checkpoint-layout kernel ran at well under the packed kernel's bandwidth. The packed W_UK
+// replaces w_uk_t, which is then freed (a packing model's products take bf16 inputs, so
+// nothing reads it). Reads kv_b's BF16 data: call it before pack_weights_bf16 releases those
+// pages.
+Status pack_absorbed_attention_bf16(DeepseekWeights& weights, const ModelConfig& config,
+                                    ThreadPool* pool);
 // One weight's packed copy (its BF16 data must be set), on the calling thread.
 Status pack_linear_bf16(LinearWeight& w);
 // One MLP's gate, up and down (a routed expert read later, e.g. by an expert-parallel rank),
