@@ -74,6 +74,9 @@ struct DeepseekModel::Impl {
 
   // The stages (forward_state.h).
   Status attention(ForwardState& state, const StepLayer& layer);
+  // Before the last layer's attention: rows whose output the step does not return write
+  // their KV and leave the step (ModelOptions::skip_unreturned_rows).
+  void drop_unreturned_rows(ForwardState& state, const StepLayer& layer);
   Status dense_mlp(ForwardState& state, const StepLayer& layer);
   void route(ForwardState& state, const StepLayer& layer);
   Status dispatch(ForwardState& state, const StepLayer& layer);
@@ -243,8 +246,94 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
   bf16_mlp(ctx, w, x, rows, state.gate.data(), state.up.data(), out);
 }
 
+void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLayer& layer) {
+  StepRows& rows = state.rows;
+  // Rows kept per chunk: all of them when the chunk returns every row, else the last.
+  auto kept = [&](size_t c) {
+    const ChunkView& view = state.views[c];
+    return view.all_logits || view.all_hidden ? rows.chunks[c].num_tokens : int64_t{1};
+  };
+  const int64_t hidden = config.hidden_size, half = config.qk_rope_head_dim / 2;
+  StepRows& dropped = state.kv_only_rows;
+  dropped.chunks.clear();
+  dropped.num_rows = 0;
+  for (size_t c = 0; c < rows.chunks.size(); ++c) {
+    const StepChunk& chunk = rows.chunks[c];
+    const int64_t n = chunk.num_tokens - kept(c);
+    if (n == 0) continue;
+    dropped.chunks.push_back({.row_begin = dropped.num_rows,
+                              .num_tokens = n,
+                              .start_pos = chunk.start_pos,
+                              .block_table = chunk.block_table});
+    dropped.num_rows += n;
+  }
+  if (dropped.num_rows == 0) return;
+
+  // The dropped rows: gathered, normed and projected to their latents, which go into the
+  // cache; the kept rows then attend over them like over any context token.
+  state.kv_only_x_norm.resize(dropped.num_rows * hidden);
+  dropped.positions.resize(dropped.num_rows);
+  dropped.rope_cos.resize(dropped.num_rows * half);
+  dropped.rope_sin.resize(dropped.num_rows * half);
+  int64_t d = 0;
+  for (size_t c = 0; c < rows.chunks.size(); ++c) {
+    const StepChunk& chunk = rows.chunks[c];
+    for (int64_t i = 0; i < chunk.num_tokens - kept(c); ++i, ++d) {
+      const int64_t t = chunk.row_begin + i;
+      std::memcpy(state.kv_only_x_norm.data() + d * hidden, state.x.data() + t * hidden,
+                  hidden * sizeof(float));
+      dropped.positions[d] = rows.positions[t];
+      std::memcpy(dropped.rope_cos.data() + d * half, rows.rope_cos.data() + t * half,
+                  half * sizeof(float));
+      std::memcpy(dropped.rope_sin.data() + d * half, rows.rope_sin.data() + t * half,
+                  half * sizeof(float));
+    }
+  }
+  const DecoderLayerWeights& w = *layer.weights;
+  rmsnorm_rows(ctx,
+               {.x = state.kv_only_x_norm.data(),
+                .out = state.kv_only_x_norm.data(),
+                .rows = dropped.num_rows,
+                .dim = hidden,
+                .eps = static_cast<float>(config.rms_norm_eps)},
+               w.input_norm.data());
+  attention_layer.write_latents(ctx, w.attention, dropped, layer.kv_slot,
+                                state.kv_only_x_norm.data(), *state.cache, state.attention);
+
+  // The kept rows move down in place (a row only ever moves to a lower index). Each chunk
+  // keeps its attention form, so its kept rows compute what they would have with the others.
+  int64_t r = 0;
+  for (size_t c = 0; c < rows.chunks.size(); ++c) {
+    StepChunk& chunk = rows.chunks[c];
+    const int64_t keep = kept(c), skip = chunk.num_tokens - keep;
+    for (int64_t i = 0; i < keep; ++i, ++r) {
+      const int64_t t = chunk.row_begin + skip + i;
+      if (t == r) continue;
+      std::memmove(state.x.data() + r * hidden, state.x.data() + t * hidden,
+                   hidden * sizeof(float));
+      rows.positions[r] = rows.positions[t];
+      std::memmove(rows.rope_cos.data() + r * half, rows.rope_cos.data() + t * half,
+                   half * sizeof(float));
+      std::memmove(rows.rope_sin.data() + r * half, rows.rope_sin.data() + t * half,
+                   half * sizeof(float));
+    }
+    chunk.row_begin = r - keep;
+    chunk.start_pos += skip;
+    chunk.num_tokens = keep;
+  }
+  rows.num_rows = r;
+  state.x.resize(r * hidden);
+  rows.positions.resize(r);
+  rows.rope_cos.resize(r * half);
+  rows.rope_sin.resize(r * half);
+}
+
 Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
   const DecoderLayerWeights& w = *layer.weights;
+  if (options.skip_unreturned_rows && replicated_for(state) == nullptr &&
+      state.layer_index + 1 == static_cast<int64_t>(state.layers.size())) {
+    drop_unreturned_rows(state, layer);
+  }
   const int64_t t_rows = state.rows.num_rows, hidden = config.hidden_size;
   const float eps = static_cast<float>(config.rms_norm_eps);
   state.x_norm.resize(t_rows * hidden);

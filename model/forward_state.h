@@ -103,6 +103,10 @@ struct ForwardState {
   // MTP prelude: [rows, 2 * hidden] concat of the normed embedding and hidden state.
   std::vector<float> concat;
   std::vector<float> head_input;  // logits rows gathered for the LM head (all_hidden chunks)
+  // The last layer's rows that only write their KV (DeepseekModel's drop_unreturned_rows),
+  // and their normed inputs.
+  StepRows kv_only_rows;
+  std::vector<float> kv_only_x_norm;
   MlaScratch attention;
   // The expert backend's state of this microbatch, and which backend made it.
   std::unique_ptr<ExpertBackend::Call> expert_call;

@@ -87,41 +87,18 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
                                                     s.q_a.data(), {s.q.data()}));
     if (!up_done) linear(ctx, s.q_a.data(), t_rows, *w.q_b, s.q.data());
   }
-  rmsnorm_rows(ctx,
-               {.x = s.kv_a.data(),
-                .x_stride = width,
-                .out = s.kv_a.data(),
-                .out_stride = width,
-                .rows = t_rows,
-                .dim = lora,
-                .eps = eps},
-               w.kv_a_norm.data());
   const int64_t half = rope / 2;
   for_row_ranges(ctx, t_rows, [&](int64_t t0, int64_t t1, int) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* cos = rows.rope_cos.data() + t * half;
       const float* sin = rows.rope_sin.data() + t * half;
-      rope_.rotate(cos, sin, s.kv_a.data() + t * width + lora);
       for (int64_t h = 0; h < heads; ++h)
         rope_.rotate(cos, sin, s.q.data() + (t * heads + h) * qk + nope);
     }
   });
-
   // The new tokens' latents go into the cache first; attention then reads every context
   // token from the cache, so a token's keys are the same whichever step wrote them.
-  // (Distinct tokens write distinct cache rows: the ranges can run at once.)
-  const int64_t block_size = cache.layout().block_size;
-  for (const StepChunk& chunk : rows.chunks) {
-    for_row_ranges(ctx, chunk.num_tokens, [&](int64_t i0, int64_t i1, int) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t pos = chunk.start_pos + i;
-        const float* entry = s.kv_a.data() + (chunk.row_begin + i) * width;
-        cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
-                          {entry, static_cast<size_t>(lora)},
-                          {entry + lora, static_cast<size_t>(rope)});
-      }
-    });
-  }
+  store_latents(ctx, w, rows, kv_layer, cache, s);
 
   s.attn.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}
   for (const StepChunk& chunk : rows.chunks) {
@@ -149,6 +126,50 @@ void MlaAttention::gather_context(const StepChunk& chunk, int64_t kv_layer,
     } else {
       std::memcpy(dst, src, static_cast<size_t>(tokens * width) * sizeof(float));
     }
+  }
+}
+
+void MlaAttention::write_latents(const ComputeContext& ctx, const AttentionWeights& w,
+                                 const StepRows& rows, int64_t kv_layer, const float* x_norm,
+                                 LatentKvCache& cache, MlaScratch& s) const {
+  s.kv_a.resize(rows.num_rows * (config_.kv_lora_rank + config_.qk_rope_head_dim));
+  linear(ctx, x_norm, rows.num_rows, w.kv_a, s.kv_a.data());
+  store_latents(ctx, w, rows, kv_layer, cache, s);
+}
+
+void MlaAttention::store_latents(const ComputeContext& ctx, const AttentionWeights& w,
+                                 const StepRows& rows, int64_t kv_layer, LatentKvCache& cache,
+                                 MlaScratch& s) const {
+  const int64_t t_rows = rows.num_rows, lora = config_.kv_lora_rank;
+  const int64_t rope = config_.qk_rope_head_dim, width = lora + rope;
+  rmsnorm_rows(ctx,
+               {.x = s.kv_a.data(),
+                .x_stride = width,
+                .out = s.kv_a.data(),
+                .out_stride = width,
+                .rows = t_rows,
+                .dim = lora,
+                .eps = static_cast<float>(config_.rms_norm_eps)},
+               w.kv_a_norm.data());
+  const int64_t half = rope / 2;
+  for_row_ranges(ctx, t_rows, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      rope_.rotate(rows.rope_cos.data() + t * half, rows.rope_sin.data() + t * half,
+                   s.kv_a.data() + t * width + lora);
+    }
+  });
+  // Distinct tokens write distinct cache rows: the ranges can run at once.
+  const int64_t block_size = cache.layout().block_size;
+  for (const StepChunk& chunk : rows.chunks) {
+    for_row_ranges(ctx, chunk.num_tokens, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t pos = chunk.start_pos + i;
+        const float* entry = s.kv_a.data() + (chunk.row_begin + i) * width;
+        cache.write_token(kv_layer, chunk.block_table[pos / block_size], pos % block_size,
+                          {entry, static_cast<size_t>(lora)},
+                          {entry + lora, static_cast<size_t>(rope)});
+      }
+    });
   }
 }
 

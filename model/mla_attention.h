@@ -64,7 +64,17 @@ class MlaAttention {
                  float* out, ReplicatedWeightsBackend* replicated = nullptr,
                  int64_t layer = 0) const;
 
+  // The KV part of forward alone: writes the rows' latents into cache layer slot `kv_layer`,
+  // the same bits forward writes for them. For rows whose attention output nothing reads (the
+  // model's last layer, DeepseekModel::Impl::drop_unreturned_rows).
+  void write_latents(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
+                     int64_t kv_layer, const float* x_norm, LatentKvCache& cache,
+                     MlaScratch& scratch) const;
+
  private:
+  // kv_a output in s.kv_a -> normed c_kv and rotated k_pe, written into the cache.
+  void store_latents(const ComputeContext& ctx, const AttentionWeights& w, const StepRows& rows,
+                     int64_t kv_layer, LatentKvCache& cache, MlaScratch& s) const;
   void attend_plain(const ComputeContext& ctx, const AttentionWeights& w, const StepChunk& chunk,
                     int64_t kv_layer, const LatentKvCache& cache, MlaScratch& s) const;
   // The plain form's scores and sums as packed bf16 products (ActivationPrecision::kBf16),

@@ -47,6 +47,13 @@ struct ModelOptions {
   // pages are dropped from memory once packed, so resident memory stays about the model's
   // size; the load takes longer (the copy). Default: true.
   bool pack_bf16 = true;
+  // In a step's last layer, only the rows whose output the step returns (a chunk's last
+  // token, or every token of a chunk asking for all logits or hidden states) run attention,
+  // the output projection and the MLP; the others only write their KV. The returned rows
+  // come out bitwise the same either way (batch-invariant kernels). Not with a
+  // replicated-weights backend (its products are collective). Default: true; false for
+  // tests that compare.
+  bool skip_unreturned_rows = true;
 };
 
 }  // namespace peerserve

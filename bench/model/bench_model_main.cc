@@ -96,17 +96,30 @@ struct ModelCost {
   }
   double expert_bytes() const { return matrix_bytes() * static_cast<double>(expert_params()); }
   // Multiply-accumulates of a prefill of n tokens from position 0 (logits of the last
-  // token only), in the plain attention form the model uses for it.
+  // token only), in the plain attention form the model uses for it. In the last layer only
+  // the last token runs attention and the MLP; the others write their latents (kv_a), and
+  // the plain form still decompresses every context token (kv_b).
   double prefill_macs(int64_t n) const {
-    const int64_t moe = num_moe_layers(), dense = c.num_hidden_layers - moe;
-    const double per_token = static_cast<double>(
-        c.num_hidden_layers * attention_params() + dense * 3 * c.hidden_size * c.intermediate_size +
-        moe * (c.n_routed_experts * c.hidden_size +
-               (c.num_experts_per_tok + c.n_shared_experts) * expert_params()));
-    const double causal_pairs = static_cast<double>(n) * (n + 1) / 2.0;
-    const double attention = c.num_hidden_layers * causal_pairs * c.num_attention_heads *
-                             static_cast<double>(c.qk_head_dim() + c.v_head_dim);
-    return per_token * n + attention + static_cast<double>(c.vocab_size) * c.hidden_size;
+    const int64_t heads = c.num_attention_heads, last = c.num_hidden_layers - 1;
+    const double kv_a = static_cast<double>(c.hidden_size * (c.kv_lora_rank + c.qk_rope_head_dim));
+    auto mlp = [&](int64_t layer) {
+      return static_cast<double>(
+          c.is_moe_layer(layer) ? c.n_routed_experts * c.hidden_size +
+                                      (c.num_experts_per_tok + c.n_shared_experts) * expert_params()
+                                : 3 * c.hidden_size * c.intermediate_size);
+    };
+    const double tokens = static_cast<double>(n);
+    const double causal_pairs = tokens * (tokens + 1) / 2.0;
+    const double pair_macs = static_cast<double>(heads * (c.qk_head_dim() + c.v_head_dim));
+    double macs = 0;
+    for (int64_t l = 0; l < last; ++l) {
+      macs +=
+          tokens * (static_cast<double>(attention_params()) + mlp(l)) + causal_pairs * pair_macs;
+    }
+    macs += tokens * (kv_a + static_cast<double>(kv_b_params())) +
+            (static_cast<double>(attention_params() - kv_b_params()) - kv_a + mlp(last)) +
+            tokens * pair_macs;
+    return macs + static_cast<double>(c.vocab_size) * c.hidden_size;
   }
 };
 

@@ -271,6 +271,111 @@ TEST(DeepseekModelTest, RaggedBatchEqualsSequencesRunOneByOneBitwise) {
   }
 }
 
+// The last layer runs only the rows a step returns (ModelOptions::skip_unreturned_rows);
+// the others only write their KV. Against a model that runs every row: the same logits,
+// hidden states and cache bytes, bitwise, for prefill chunks in both attention forms,
+// continued prefills, decode tokens, chunks asking for every row, and the MTP layer.
+TEST(DeepseekModelTest, SkippingUnreturnedRowsChangesNoReturnedBit) {
+  struct Case {
+    const char* name;
+    ModelOptions options;
+  };
+  std::vector<Case> cases;
+  ModelOptions inference;  // bf16 activations, packed weights where fast, auto form
+  inference.num_threads = 2;
+  cases.push_back({"inference defaults", inference});
+  cases.push_back({"fp32", fp32_options()});
+  cases.push_back({"fp32 plain form", fp32_options(AttentionForm::kPlain)});
+  cases.push_back({"fp32 absorbed form", fp32_options(AttentionForm::kAbsorbed)});
+  ModelOptions int8 = inference;
+  int8.quantize = WeightQuantization::kInt8;
+  cases.push_back({"int8", int8});
+  ModelOptions one_thread = inference;
+  one_thread.num_threads = 1;
+  cases.push_back({"one thread", one_thread});
+
+  for (const Case& test_case : cases) {
+    SCOPED_TRACE(test_case.name);
+    ModelOptions all_rows_options = test_case.options;
+    all_rows_options.skip_unreturned_rows = false;
+    auto skipping = load_model(tiny_checkpoint_dir(), test_case.options);
+    auto all_rows = load_model(tiny_checkpoint_dir(), all_rows_options);
+    ASSERT_TRUE(skipping->has_mtp());
+    const int64_t vocab = skipping->config().vocab_size;
+    LatentKvCache cache_s = make_cache(*skipping, 4, DType::kBF16, 40);
+    LatentKvCache cache_a = make_cache(*all_rows, 4, DType::kBF16, 40);
+    std::vector<TestSequence> seqs = {
+        {test_tokens(60, vocab, 11), iota_blocks(16, 0), 0},
+        {test_tokens(40, vocab, 12), iota_blocks(12, 16), 0},
+        {test_tokens(30, vocab, 13), iota_blocks(12, 28), 0},
+    };
+    // Tokens per sequence per step; sequence 1 asks for every row's logits, sequence 2
+    // for every row's hidden state (as a speculative step does).
+    const std::vector<std::vector<int64_t>> plan = {{37, 17, 9}, {1, 5, 3}, {13, 1, 1}, {1, 2, 6}};
+    for (size_t step_index = 0; step_index < plan.size(); ++step_index) {
+      std::vector<SequenceChunk> chunks;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        SequenceChunk chunk = seqs[i].next_chunk(plan[step_index][i], /*all_logits=*/i == 1);
+        chunk.all_hidden = i == 2;
+        chunks.push_back(chunk);
+      }
+      ForwardOutput out_s, out_a;
+      ASSERT_TRUE(skipping->forward(chunks, cache_s, &out_s).ok());
+      ASSERT_TRUE(all_rows->forward(chunks, cache_a, &out_a).ok());
+      EXPECT_EQ(out_s.row_offsets, out_a.row_offsets);
+      EXPECT_EQ(out_s.hidden_row_offsets, out_a.hidden_row_offsets);
+      ASSERT_EQ(out_s.logits.size(), out_a.logits.size());
+      EXPECT_EQ(0, std::memcmp(out_s.logits.data(), out_a.logits.data(),
+                               out_s.logits.size() * sizeof(float)))
+          << "step " << step_index << ": max rel diff " << max_rel_diff(out_a.logits, out_s.logits);
+      ASSERT_EQ(out_s.hidden.size(), out_a.hidden.size());
+      EXPECT_EQ(0, std::memcmp(out_s.hidden.data(), out_a.hidden.data(),
+                               out_s.hidden.size() * sizeof(float)))
+          << "step " << step_index;
+
+      // The MTP layer over each chunk's positions (its hidden rows for sequence 2, fresh
+      // rows of the main model's scale for the others): only the last row's logits return.
+      std::vector<std::vector<float>> hidden(seqs.size());
+      std::vector<MtpChunk> mtp(seqs.size());
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t n = plan[step_index][i];
+        const int64_t h = skipping->config().hidden_size;
+        if (i == 2) {
+          const std::span<const float> rows = out_s.sequence_hidden(2);
+          hidden[i].assign(rows.begin(), rows.end());
+        } else {
+          for (int64_t r = 0; r < n * h; ++r) hidden[i].push_back(0.01f * ((r * 37 + i) % 101));
+        }
+        const int64_t next = seqs[i].cached + 1;
+        const int64_t count =
+            std::min<int64_t>(n, static_cast<int64_t>(seqs[i].tokens.size()) - next);
+        mtp[i].next_tokens = std::span<const int32_t>(seqs[i].tokens).subspan(next, count);
+        mtp[i].hidden = std::span<const float>(hidden[i]).first(count * h);
+        mtp[i].start_pos = seqs[i].cached;
+        mtp[i].block_table = seqs[i].blocks;
+      }
+      ASSERT_TRUE(skipping->forward_mtp(mtp, cache_s, &out_s).ok());
+      ASSERT_TRUE(all_rows->forward_mtp(mtp, cache_a, &out_a).ok());
+      ASSERT_EQ(out_s.logits.size(), out_a.logits.size());
+      EXPECT_EQ(0, std::memcmp(out_s.logits.data(), out_a.logits.data(),
+                               out_s.logits.size() * sizeof(float)))
+          << "MTP, step " << step_index;
+      ASSERT_EQ(out_s.hidden.size(), out_a.hidden.size());
+      EXPECT_EQ(0, std::memcmp(out_s.hidden.data(), out_a.hidden.data(),
+                               out_s.hidden.size() * sizeof(float)))
+          << "MTP, step " << step_index;
+      for (size_t i = 0; i < seqs.size(); ++i) seqs[i].cached += plan[step_index][i];
+      // Every layer's KV, the MTP layer's included, for every block.
+      for (int64_t b = 0; b < cache_s.num_blocks(); ++b) {
+        const std::span<const std::byte> kv_s = cache_s.block_bytes(b),
+                                         kv_a = cache_a.block_bytes(b);
+        ASSERT_EQ(0, std::memcmp(kv_s.data(), kv_a.data(), kv_s.size()))
+            << "step " << step_index << ", block " << b;
+      }
+    }
+  }
+}
+
 TEST(DeepseekModelTest, PackedBf16WeightsGiveTheCheckpointLayoutsLogits) {
   // Where the CPU has the packed kernel (avx512_bf16) the inference defaults repack the BF16
   // weights at load; the products then sum each output in another order (k in sequence per
@@ -391,9 +496,10 @@ TEST(DeepseekModelTest, RoutedExpertsGoThroughTheExpertBackend) {
   LatentKvCache cache2 = make_cache(*model, 8, DType::kF32, 4);
   TestSequence seq2{seq.tokens, iota_blocks(1), 0};
   const std::vector<float> without = step(*model, cache2, seq2, 5, false);
-  // Layers 1 and 2 are MoE (first_k_dense_replace = 1); each sees the 5 tokens.
+  // Layers 1 and 2 are MoE (first_k_dense_replace = 1). Layer 1 sees the 5 tokens; layer 2,
+  // the last, only the one whose logits the step returns (ModelOptions::skip_unreturned_rows).
   EXPECT_EQ(backend->layers, (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(backend->rows, 10);
+  EXPECT_EQ(backend->rows, 5 + 1);
   EXPECT_GT(max_rel_diff(with_experts, without), 1e-3);
 }
 
