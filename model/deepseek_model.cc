@@ -330,7 +330,9 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
 
 Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
   const DecoderLayerWeights& w = *layer.weights;
-  if (options.skip_unreturned_rows && replicated_for(state) == nullptr &&
+  // (The dropped rows' latents are projected here, not offered to a replicated-weights
+  // backend: its collective calls stay the same on every rank, with the kept rows.)
+  if (options.skip_unreturned_rows &&
       state.layer_index + 1 == static_cast<int64_t>(state.layers.size())) {
     drop_unreturned_rows(state, layer);
   }

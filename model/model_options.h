@@ -50,9 +50,8 @@ struct ModelOptions {
   // In a step's last layer, only the rows whose output the step returns (a chunk's last
   // token, or every token of a chunk asking for all logits or hidden states) run attention,
   // the output projection and the MLP; the others only write their KV. The returned rows
-  // come out bitwise the same either way (batch-invariant kernels). Not with a
-  // replicated-weights backend (its products are collective). Default: true; false for
-  // tests that compare.
+  // come out bitwise the same either way (batch-invariant kernels). Default: true; false
+  // for tests that compare.
   bool skip_unreturned_rows = true;
 };
 
