@@ -246,6 +246,23 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
   bf16_mlp(ctx, w, x, rows, state.gate.data(), state.up.data(), out);
 }
 
+namespace {
+
+// Row t of (x_from, from) to row r of (x_to, to): its activations, position and RoPE tables.
+// (memmove: compaction moves rows within the same storage.)
+void move_row(const float* x_from, const StepRows& from, int64_t t, float* x_to, StepRows& to,
+              int64_t r, int64_t hidden) {
+  const size_t half = from.rope_cos.size() / from.positions.size();
+  std::memmove(x_to + r * hidden, x_from + t * hidden, hidden * sizeof(float));
+  to.positions[r] = from.positions[t];
+  std::memmove(to.rope_cos.data() + r * half, from.rope_cos.data() + t * half,
+               half * sizeof(float));
+  std::memmove(to.rope_sin.data() + r * half, from.rope_sin.data() + t * half,
+               half * sizeof(float));
+}
+
+}  // namespace
+
 void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLayer& layer) {
   StepRows& rows = state.rows;
   // Rows kept per chunk: all of them when the chunk returns every row, else the last.
@@ -279,14 +296,8 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
   for (size_t c = 0; c < rows.chunks.size(); ++c) {
     const StepChunk& chunk = rows.chunks[c];
     for (int64_t i = 0; i < chunk.num_tokens - kept(c); ++i, ++d) {
-      const int64_t t = chunk.row_begin + i;
-      std::memcpy(state.kv_only_x_norm.data() + d * hidden, state.x.data() + t * hidden,
-                  hidden * sizeof(float));
-      dropped.positions[d] = rows.positions[t];
-      std::memcpy(dropped.rope_cos.data() + d * half, rows.rope_cos.data() + t * half,
-                  half * sizeof(float));
-      std::memcpy(dropped.rope_sin.data() + d * half, rows.rope_sin.data() + t * half,
-                  half * sizeof(float));
+      move_row(state.x.data(), rows, chunk.row_begin + i, state.kv_only_x_norm.data(), dropped, d,
+               hidden);
     }
   }
   const DecoderLayerWeights& w = *layer.weights;
@@ -308,14 +319,7 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
     const int64_t keep = kept(c), skip = chunk.num_tokens - keep;
     for (int64_t i = 0; i < keep; ++i, ++r) {
       const int64_t t = chunk.row_begin + skip + i;
-      if (t == r) continue;
-      std::memmove(state.x.data() + r * hidden, state.x.data() + t * hidden,
-                   hidden * sizeof(float));
-      rows.positions[r] = rows.positions[t];
-      std::memmove(rows.rope_cos.data() + r * half, rows.rope_cos.data() + t * half,
-                   half * sizeof(float));
-      std::memmove(rows.rope_sin.data() + r * half, rows.rope_sin.data() + t * half,
-                   half * sizeof(float));
+      if (t != r) move_row(state.x.data(), rows, t, state.x.data(), rows, r, hidden);
     }
     chunk.row_begin = r - keep;
     chunk.start_pos += skip;
