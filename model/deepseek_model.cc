@@ -265,11 +265,8 @@ void move_row(const float* x_from, const StepRows& from, int64_t t, float* x_to,
 
 void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLayer& layer) {
   StepRows& rows = state.rows;
-  // Rows kept per chunk: all of them when the chunk returns every row, else the last.
-  auto kept = [&](size_t c) {
-    const ChunkView& view = state.views[c];
-    return view.all_logits || view.all_hidden ? rows.chunks[c].num_tokens : int64_t{1};
-  };
+  // Rows kept per chunk: the rows it returns (all, the last, or none).
+  auto kept = [&](size_t c) { return state.views[c].hidden_rows(rows.chunks[c].num_tokens); };
   const int64_t hidden = config.hidden_size, half = config.qk_rope_head_dim / 2;
   StepRows& dropped = state.kv_only_rows;
   dropped.chunks.clear();
@@ -470,9 +467,9 @@ Status DeepseekModel::Impl::head(ForwardState& state) {
   for (size_t c = 0; c < state.views.size(); ++c) {
     const ChunkView& view = state.views[c];
     const int64_t n = state.rows.chunks[c].num_tokens;
-    num_out += view.all_logits ? n : 1;
-    num_hidden += view.all_logits || view.all_hidden ? n : 1;
-    same_rows = same_rows && (view.all_logits || !view.all_hidden || n == 1);
+    num_out += view.logits_rows(n);
+    num_hidden += view.hidden_rows(n);
+    same_rows = same_rows && view.logits_rows(n) == view.hidden_rows(n);
     out->row_offsets.push_back(num_out);
     out->hidden_row_offsets.push_back(num_hidden);
   }
@@ -481,7 +478,7 @@ Status DeepseekModel::Impl::head(ForwardState& state) {
   for (size_t c = 0; c < state.views.size(); ++c) {
     const StepChunk& chunk = state.rows.chunks[c];
     const ChunkView& view = state.views[c];
-    const int64_t first = view.all_logits || view.all_hidden ? 0 : chunk.num_tokens - 1;
+    const int64_t first = chunk.num_tokens - view.hidden_rows(chunk.num_tokens);
     for (int64_t i = first; i < chunk.num_tokens; ++i, ++r) {
       std::memcpy(out->hidden.data() + r * hidden, state.x.data() + (chunk.row_begin + i) * hidden,
                   hidden * sizeof(float));
@@ -516,7 +513,7 @@ Status DeepseekModel::Impl::head(ForwardState& state) {
     int64_t o = 0;
     for (size_t c = 0; c < state.views.size(); ++c) {
       const int64_t begin = out->hidden_row_offsets[c], end = out->hidden_row_offsets[c + 1];
-      const int64_t first = state.views[c].all_logits ? begin : end - 1;
+      const int64_t first = end - state.views[c].logits_rows(end - begin);
       for (int64_t h = first; h < end; ++h, ++o) {
         std::memcpy(state.head_input.data() + o * hidden, out->hidden.data() + h * hidden,
                     hidden * sizeof(float));
@@ -693,7 +690,11 @@ Status DeepseekModel::begin_forward_mtp(ForwardState& state, std::span<const Mtp
                               std::to_string(c.next_tokens.size()) + " x " +
                               std::to_string(hidden));
     }
-    views.push_back({c.next_tokens, c.start_pos, c.block_table, c.all_logits});
+    views.push_back({.tokens = c.next_tokens,
+                     .start_pos = c.start_pos,
+                     .block_table = c.block_table,
+                     .all_logits = c.all_logits,
+                     .kv_only = c.kv_only});
   }
   const int64_t mtp_slot = m.config.num_hidden_layers;
   PS_RETURN_IF_ERROR(m.validate("forward_mtp", views, cache, mtp_slot + 1));

@@ -46,6 +46,10 @@ struct MtpChunk {
   int64_t start_pos = 0;
   std::span<const int32_t> block_table;  // covers [0, start_pos + next_tokens.size())
   bool all_logits = false;
+  // true: only write the MTP layer's KV at these positions; no logits and no hidden rows
+  // come back for the chunk (a sequence that does not draft this step keeps its MTP KV
+  // complete at the cost of eh_proj and kv_a per token).
+  bool kv_only = false;
 };
 
 struct ForwardOutput {
@@ -53,7 +57,7 @@ struct ForwardOutput {
   int64_t hidden_size = 0;
   // [num_rows, vocab_size] fp32 logits. Sequence s owns rows
   // [row_offsets[s], row_offsets[s + 1]): one row per new token when all_logits, else one
-  // row (the last new token).
+  // row (the last new token); none for a kv_only MTP chunk.
   std::vector<float> logits;
   // num_sequences + 1 entries.
   std::vector<int64_t> row_offsets;

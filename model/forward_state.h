@@ -58,6 +58,11 @@ struct ChunkView {
   std::span<const int32_t> block_table;
   bool all_logits = false;
   bool all_hidden = false;
+  bool kv_only = false;  // MtpChunk::kv_only: nothing is returned
+
+  // Of n new tokens, how many rows of logits and of hidden states the step returns.
+  int64_t logits_rows(int64_t n) const { return kv_only ? 0 : all_logits ? n : 1; }
+  int64_t hidden_rows(int64_t n) const { return kv_only ? 0 : all_logits || all_hidden ? n : 1; }
 };
 
 // One decoder layer of the step's layer list (the main model's layers, or the MTP layer).

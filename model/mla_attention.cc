@@ -102,7 +102,8 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
 
   s.attn.assign(t_rows * heads * v, 0.0f);  // {t_rows, heads * v}
   for (const StepChunk& chunk : rows.chunks) {
-    if (!chunk.absorbed) attend_plain(ctx, w, chunk, kv_layer, cache, s);
+    // (A chunk whose rows were all dropped has no query left: DeepseekModel's last layer.)
+    if (!chunk.absorbed && chunk.num_tokens > 0) attend_plain(ctx, w, chunk, kv_layer, cache, s);
   }
   attend_absorbed(ctx, w, rows, kv_layer, cache, s);
   PS_ASSIGN_OR_RETURN(const bool out_done,
@@ -312,7 +313,7 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   std::vector<int64_t> first_row;  // of each absorbed chunk within the absorbed rows
   int64_t num_rows = 0;
   for (const StepChunk& chunk : rows.chunks) {
-    if (!chunk.absorbed) continue;
+    if (!chunk.absorbed || chunk.num_tokens == 0) continue;
     chunks.push_back(&chunk);
     first_row.push_back(num_rows);
     num_rows += chunk.num_tokens;

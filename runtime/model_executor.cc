@@ -141,6 +141,8 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     mtp.hidden = hidden.first(next.size() * static_cast<size_t>(hidden_size));
     mtp.start_pos = c.start_pos;
     mtp.block_table = c.block_table;
+    // A sequence that drafts nothing this step only needs the MTP layer's KV.
+    mtp.kv_only = !c.sample || c.num_lookahead < 1;
     mtp_chunks.push_back(mtp);
   }
   if (mtp_chunks.empty()) return ok_status();
@@ -154,10 +156,9 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
   std::vector<std::vector<float>> mtp_hidden(n);
   std::vector<size_t> drafting;
   for (size_t i = 0; i < n; ++i) {
-    const ScheduledChunk& c = plan.chunks[i];
-    if (!c.sample || c.num_lookahead < 1) continue;
-    last_pos[i] = c.start_pos + static_cast<int64_t>(next_tokens[i].size()) - 1;
-    row_of[i] = i;
+    if (mtp_chunks[i].kv_only) continue;  // no output row
+    last_pos[i] = plan.chunks[i].start_pos + static_cast<int64_t>(next_tokens[i].size()) - 1;
+    row_of[i] = drafting.size();  // the kv_only chunks before it returned no row
     drafting.push_back(i);
   }
   while (!drafting.empty()) {
@@ -246,7 +247,9 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
       }
       return out;
     };
-    const std::vector<MtpChunk> mtp_one = mtp_chunks(1), mtp_two = mtp_chunks(2);
+    std::vector<MtpChunk> mtp_kv_only = mtp_chunks(1);
+    for (MtpChunk& c : mtp_kv_only) c.kv_only = true;
+    const std::vector<MtpChunk> mtp_two = mtp_chunks(2);
     const std::vector<SequenceChunk> decode = chunks(context - 1, 1, false, false);
     const std::vector<SequenceChunk> verify = chunks(context - 1, 2, true, true);
     auto median_seconds = [&](auto&& run) -> Result<double> {
@@ -268,7 +271,7 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
                         }));
     PS_ASSIGN_OR_RETURN(cost.decode_mtp_s, median_seconds([&]() -> Status {
                           PS_RETURN_IF_ERROR(model_->forward(decode, cache_, *state_, &output_));
-                          return model_->forward_mtp(mtp_one, cache_, *state_, &mtp_output_);
+                          return model_->forward_mtp(mtp_kv_only, cache_, *state_, &mtp_output_);
                         }));
     PS_ASSIGN_OR_RETURN(cost.speculative_s, median_seconds([&]() -> Status {
                           PS_RETURN_IF_ERROR(model_->forward(verify, cache_, *state_, &output_));

@@ -28,7 +28,8 @@ namespace peerserve {
 struct SpeculativeCost {
   int32_t batch = 0;
   double decode_s = 0;       // one decode step of `batch` sequences
-  double decode_mtp_s = 0;   // the same, then the MTP layer over one position per sequence
+  double decode_mtp_s = 0;   // the same, then the MTP layer's KV only (MtpChunk::kv_only) at
+                             // one position per sequence: a step that drafts nothing
   double speculative_s = 0;  // the main model over 2 tokens per sequence (all logits), then
                              // the MTP layer over 2 positions per sequence
   // Never below 0: a speculative step timed cheaper than a decode step (timing noise on a

@@ -274,7 +274,8 @@ TEST(DeepseekModelTest, RaggedBatchEqualsSequencesRunOneByOneBitwise) {
 // The last layer runs only the rows a step returns (ModelOptions::skip_unreturned_rows);
 // the others only write their KV. Against a model that runs every row: the same logits,
 // hidden states and cache bytes, bitwise, for prefill chunks in both attention forms,
-// continued prefills, decode tokens, chunks asking for every row, and the MTP layer.
+// continued prefills, decode tokens, chunks asking for every row, and the MTP layer (a
+// chunk of which may only write its KV).
 TEST(DeepseekModelTest, SkippingUnreturnedRowsChangesNoReturnedBit) {
   struct Case {
     const char* name;
@@ -334,7 +335,8 @@ TEST(DeepseekModelTest, SkippingUnreturnedRowsChangesNoReturnedBit) {
           << "step " << step_index;
 
       // The MTP layer over each chunk's positions (its hidden rows for sequence 2, fresh
-      // rows of the main model's scale for the others): only the last row's logits return.
+      // rows of the main model's scale for the others): only the last row's logits return,
+      // and none for sequence 0, which only writes its MTP KV (kv_only).
       std::vector<std::vector<float>> hidden(seqs.size());
       std::vector<MtpChunk> mtp(seqs.size());
       for (size_t i = 0; i < seqs.size(); ++i) {
@@ -353,9 +355,13 @@ TEST(DeepseekModelTest, SkippingUnreturnedRowsChangesNoReturnedBit) {
         mtp[i].hidden = std::span<const float>(hidden[i]).first(count * h);
         mtp[i].start_pos = seqs[i].cached;
         mtp[i].block_table = seqs[i].blocks;
+        mtp[i].kv_only = i == 0;
       }
       ASSERT_TRUE(skipping->forward_mtp(mtp, cache_s, &out_s).ok());
       ASSERT_TRUE(all_rows->forward_mtp(mtp, cache_a, &out_a).ok());
+      EXPECT_EQ(out_s.row_offsets, (std::vector<int64_t>{0, 0, 1, 2}));
+      EXPECT_EQ(out_a.row_offsets, out_s.row_offsets);
+      EXPECT_EQ(out_s.hidden_row_offsets, out_s.row_offsets);
       ASSERT_EQ(out_s.logits.size(), out_a.logits.size());
       EXPECT_EQ(0, std::memcmp(out_s.logits.data(), out_a.logits.data(),
                                out_s.logits.size() * sizeof(float)))

@@ -148,6 +148,84 @@ class TinyPresetTest : public ::testing::Test {
 std::filesystem::path TinyPresetTest::dir_;
 std::unique_ptr<DeepseekModel> TinyPresetTest::model_;
 
+// A sequence's sampled tokens and drafts do not depend on the chunks before it in its step,
+// in particular on chunks that draft nothing (their MTP pass only writes KV and returns no
+// row, so the drafting chunks' MTP rows are not at their chunk indices).
+TEST_F(TinyPresetTest, DraftsDoNotDependOnTheOtherChunksOfTheStep) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  ModelExecutorOptions options;
+  options.block_size = 4;
+  options.num_blocks = 16;
+  options.kv_dtype = DType::kF32;
+  options.num_speculative_tokens = 1;
+  auto alone = ModelExecutor::create(model_.get(), options);
+  auto shared = ModelExecutor::create(model_.get(), options);
+  ASSERT_TRUE(alone.ok() && shared.ok());
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<TokenId> x = prompt(10, 1, vocab), y = prompt(12, 2, vocab);
+  const std::vector<BlockId> x_blocks = {0, 1, 2, 3}, y_blocks = {4, 5, 6, 7};
+
+  auto chunk = [](SequenceId id, int64_t start, std::vector<TokenId> tokens,
+                  const std::vector<BlockId>& blocks) {
+    ScheduledChunk c;
+    c.seq_id = id;
+    c.start_pos = start;
+    c.tokens = std::move(tokens);
+    c.block_table = blocks;
+    return c;
+  };
+  // Step 1: x's whole prompt (samples, drafts one); in the shared executor after the first
+  // half of y's prompt (neither samples nor drafts).
+  ScheduledChunk x1 = chunk(1, 0, x, x_blocks);
+  x1.sample = true;
+  x1.sampling = &greedy;
+  x1.num_lookahead = 1;
+  ScheduledChunk y1 = chunk(2, 0, {y.begin(), y.begin() + 6}, y_blocks);
+  y1.next_token = y[6];
+  StepPlan plan_alone, plan_shared;
+  plan_alone.speculative = plan_shared.speculative = true;
+  plan_alone.chunks = {x1};
+  plan_shared.chunks = {y1, x1};
+  auto a1 = (*alone)->execute(plan_alone);
+  auto s1 = (*shared)->execute(plan_shared);
+  ASSERT_TRUE(a1.ok() && s1.ok());
+  ASSERT_EQ(a1->chunks[0].tokens.size(), 1u);
+  ASSERT_EQ(a1->chunks[0].drafts.size(), 1u);
+  ASSERT_EQ(s1->chunks[1].tokens.size(), 1u);
+  ASSERT_EQ(s1->chunks[1].drafts.size(), 1u);
+  EXPECT_EQ(s1->chunks[1].tokens[0].token, a1->chunks[0].tokens[0].token);
+  EXPECT_EQ(s1->chunks[1].drafts[0].token, a1->chunks[0].drafts[0].token);
+  EXPECT_TRUE(s1->chunks[0].tokens.empty() && s1->chunks[0].drafts.empty());
+
+  // Step 2: x verifies its draft; y's second half samples but drafts nothing.
+  const std::vector<TokenId> generated = {a1->chunks[0].tokens[0].token};
+  const std::vector<DraftToken> drafts = {a1->chunks[0].drafts[0]};
+  ScheduledChunk x2 = chunk(1, 10, {generated[0], drafts[0].token}, x_blocks);
+  x2.sample = true;
+  x2.sampling = &greedy;
+  x2.generated = generated;
+  x2.drafts = drafts;
+  x2.num_lookahead = 1;
+  ScheduledChunk y2 = chunk(2, 6, {y.begin() + 6, y.end()}, y_blocks);
+  y2.sample = true;
+  y2.sampling = &greedy;
+  plan_alone.chunks = {x2};
+  plan_shared.chunks = {y2, x2};
+  auto a2 = (*alone)->execute(plan_alone);
+  auto s2 = (*shared)->execute(plan_shared);
+  ASSERT_TRUE(a2.ok() && s2.ok());
+  ASSERT_FALSE(a2->chunks[0].drafts.empty());
+  ASSERT_EQ(s2->chunks[1].tokens.size(), a2->chunks[0].tokens.size());
+  for (size_t i = 0; i < a2->chunks[0].tokens.size(); ++i) {
+    EXPECT_EQ(s2->chunks[1].tokens[i].token, a2->chunks[0].tokens[i].token) << i;
+  }
+  ASSERT_EQ(s2->chunks[1].drafts.size(), a2->chunks[0].drafts.size());
+  EXPECT_EQ(s2->chunks[1].drafts[0].token, a2->chunks[0].drafts[0].token);
+  EXPECT_EQ(s2->chunks[0].tokens.size(), 1u);
+  EXPECT_TRUE(s2->chunks[0].drafts.empty());
+}
+
 TEST_F(TinyPresetTest, GreedyTokensEqualNonSpeculativeWithPreemption) {
   const int vocab = static_cast<int>(model_->config().vocab_size);
   std::vector<EngineRequest> requests;
