@@ -370,6 +370,14 @@ TEST(DeepseekModelTest, SkippingUnreturnedRowsChangesNoReturnedBit) {
       EXPECT_EQ(0, std::memcmp(out_s.hidden.data(), out_a.hidden.data(),
                                out_s.hidden.size() * sizeof(float)))
           << "MTP, step " << step_index;
+      // Every chunk KV-only (a step in which nobody drafts): no row comes back, and the same
+      // MTP KV is written again.
+      for (MtpChunk& m : mtp) m.kv_only = true;
+      ASSERT_TRUE(skipping->forward_mtp(mtp, cache_s, &out_s).ok());
+      ASSERT_TRUE(all_rows->forward_mtp(mtp, cache_a, &out_a).ok());
+      EXPECT_EQ(out_s.row_offsets, (std::vector<int64_t>{0, 0, 0, 0}));
+      EXPECT_EQ(out_a.row_offsets, out_s.row_offsets);
+      EXPECT_TRUE(out_s.logits.empty() && out_s.hidden.empty());
       for (size_t i = 0; i < seqs.size(); ++i) seqs[i].cached += plan[step_index][i];
       // Every layer's KV, the MTP layer's included, for every block.
       for (int64_t b = 0; b < cache_s.num_blocks(); ++b) {
