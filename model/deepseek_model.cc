@@ -246,56 +246,40 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
   bf16_mlp(ctx, w, x, rows, state.gate.data(), state.up.data(), out);
 }
 
-namespace {
-
-// Row t of (x_from, from) to row r of (x_to, to): its activations, position and RoPE tables.
-// (memmove: compaction moves rows within the same storage.)
-void move_row(const float* x_from, const StepRows& from, int64_t t, float* x_to, StepRows& to,
-              int64_t r, int64_t hidden) {
-  const size_t half = from.rope_cos.size() / from.positions.size();
-  std::memmove(x_to + r * hidden, x_from + t * hidden, hidden * sizeof(float));
-  to.positions[r] = from.positions[t];
-  std::memmove(to.rope_cos.data() + r * half, from.rope_cos.data() + t * half,
-               half * sizeof(float));
-  std::memmove(to.rope_sin.data() + r * half, from.rope_sin.data() + t * half,
-               half * sizeof(float));
-}
-
-}  // namespace
-
 void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLayer& layer) {
   StepRows& rows = state.rows;
-  // Rows kept per chunk: the rows it returns (all, the last, or none).
-  auto kept = [&](size_t c) { return state.views[c].hidden_rows(rows.chunks[c].num_tokens); };
-  const int64_t hidden = config.hidden_size, half = config.qk_rope_head_dim / 2;
-  StepRows& dropped = state.kv_only_rows;
-  dropped.chunks.clear();
-  dropped.num_rows = 0;
+  const int64_t hidden = config.hidden_size;
+  // Per chunk, the rows it returns (all, the last, or none) stay; the ones before them only
+  // write their KV. Both sets are laid out again by plan(), as views of the chunk's tokens.
+  std::vector<ChunkView> dropped_views, kept_views;
+  std::vector<bool> absorbed;
   for (size_t c = 0; c < rows.chunks.size(); ++c) {
     const StepChunk& chunk = rows.chunks[c];
-    const int64_t n = chunk.num_tokens - kept(c);
-    if (n == 0) continue;
-    dropped.chunks.push_back({.row_begin = dropped.num_rows,
-                              .num_tokens = n,
-                              .start_pos = chunk.start_pos,
-                              .block_table = chunk.block_table});
-    dropped.num_rows += n;
+    const ChunkView& view = state.views[c];
+    const int64_t skip = chunk.num_tokens - view.hidden_rows(chunk.num_tokens);
+    if (skip > 0) {
+      dropped_views.push_back({.tokens = view.tokens.first(skip),
+                               .start_pos = chunk.start_pos,
+                               .block_table = chunk.block_table});
+    }
+    kept_views.push_back({.tokens = view.tokens.subspan(skip),
+                          .start_pos = chunk.start_pos + skip,
+                          .block_table = chunk.block_table});
+    absorbed.push_back(chunk.absorbed);
   }
-  if (dropped.num_rows == 0) return;
+  if (dropped_views.empty()) return;
 
   // The dropped rows: gathered, normed and projected to their latents, which go into the
   // cache; the kept rows then attend over them like over any context token.
+  StepRows& dropped = state.kv_only_rows;
+  plan(dropped_views, &dropped);
   state.kv_only_x_norm.resize(dropped.num_rows * hidden);
-  dropped.positions.resize(dropped.num_rows);
-  dropped.rope_cos.resize(dropped.num_rows * half);
-  dropped.rope_sin.resize(dropped.num_rows * half);
-  int64_t d = 0;
-  for (size_t c = 0; c < rows.chunks.size(); ++c) {
+  for (size_t c = 0, d = 0; c < rows.chunks.size(); ++c) {
     const StepChunk& chunk = rows.chunks[c];
-    for (int64_t i = 0; i < chunk.num_tokens - kept(c); ++i, ++d) {
-      move_row(state.x.data(), rows, chunk.row_begin + i, state.kv_only_x_norm.data(), dropped, d,
-               hidden);
-    }
+    const int64_t skip = chunk.num_tokens - static_cast<int64_t>(kept_views[c].tokens.size());
+    if (skip == 0) continue;
+    std::memcpy(state.kv_only_x_norm.data() + dropped.chunks[d++].row_begin * hidden,
+                state.x.data() + chunk.row_begin * hidden, skip * hidden * sizeof(float));
   }
   const DecoderLayerWeights& w = *layer.weights;
   rmsnorm_rows(ctx,
@@ -312,21 +296,18 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
   // keeps its attention form, so its kept rows compute what they would have with the others.
   int64_t r = 0;
   for (size_t c = 0; c < rows.chunks.size(); ++c) {
-    StepChunk& chunk = rows.chunks[c];
-    const int64_t keep = kept(c), skip = chunk.num_tokens - keep;
-    for (int64_t i = 0; i < keep; ++i, ++r) {
-      const int64_t t = chunk.row_begin + skip + i;
-      if (t != r) move_row(state.x.data(), rows, t, state.x.data(), rows, r, hidden);
+    const StepChunk& chunk = rows.chunks[c];
+    const int64_t keep = static_cast<int64_t>(kept_views[c].tokens.size());
+    const int64_t from = chunk.row_begin + chunk.num_tokens - keep;
+    if (from != r) {
+      std::memmove(state.x.data() + r * hidden, state.x.data() + from * hidden,
+                   keep * hidden * sizeof(float));
     }
-    chunk.row_begin = r - keep;
-    chunk.start_pos += skip;
-    chunk.num_tokens = keep;
+    r += keep;
   }
-  rows.num_rows = r;
   state.x.resize(r * hidden);
-  rows.positions.resize(r);
-  rows.rope_cos.resize(r * half);
-  rows.rope_sin.resize(r * half);
+  plan(kept_views, &rows);
+  for (size_t c = 0; c < rows.chunks.size(); ++c) rows.chunks[c].absorbed = absorbed[c];
 }
 
 Status DeepseekModel::Impl::attention(ForwardState& state, const StepLayer& layer) {
