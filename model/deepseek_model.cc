@@ -249,6 +249,12 @@ void DeepseekModel::Impl::run_mlp(ForwardState& state, const MlpWeights& w, cons
 void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLayer& layer) {
   StepRows& rows = state.rows;
   const int64_t hidden = config.hidden_size;
+  // Decode steps drop nothing: leave before building anything.
+  bool any = false;
+  for (size_t c = 0; c < rows.chunks.size() && !any; ++c) {
+    any = state.views[c].hidden_rows(rows.chunks[c].num_tokens) < rows.chunks[c].num_tokens;
+  }
+  if (!any) return;
   // Per chunk, the rows it returns (all, the last, or none) stay; the ones before them only
   // write their KV. Both sets are laid out again by plan(), as views of the chunk's tokens.
   std::vector<ChunkView> dropped_views, kept_views;
@@ -267,7 +273,6 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
                           .block_table = chunk.block_table});
     absorbed.push_back(chunk.absorbed);
   }
-  if (dropped_views.empty()) return;
 
   // The dropped rows: gathered, normed and projected to their latents, which go into the
   // cache; the kept rows then attend over them like over any context token.
