@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "base/scratch_vector.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_weights.h"
 #include "model/expert_backend.h"
@@ -98,20 +99,21 @@ struct ForwardState {
   StepRows rows;
 
   // Activations [rows, hidden]: the residual stream, its normed copy, a layer's branch.
-  std::vector<float> x, x_norm, branch;
+  ScratchVector<float> x, x_norm, branch;
   // Dense / shared-expert MLP scratch and the shared experts' output.
-  std::vector<float> gate, up, shared;
+  ScratchVector<float> gate, up, shared;
   // Routing: router logits [rows, n_routed], selection scratch (2 x n_routed per part of
   // for_row_ranges), ids and weights [rows, top_k].
-  std::vector<float> router_logits, route_scratch, route_weights;
+  ScratchVector<float> router_logits;
+  std::vector<float> route_scratch, route_weights;
   std::vector<int32_t> route_ids;
   // MTP prelude: [rows, 2 * hidden] concat of the normed embedding and hidden state.
-  std::vector<float> concat;
-  std::vector<float> head_input;  // logits rows gathered for the LM head (all_hidden chunks)
+  ScratchVector<float> concat;
+  ScratchVector<float> head_input;  // logits rows gathered for the LM head (all_hidden chunks)
   // The last layer's rows that only write their KV (DeepseekModel's drop_unreturned_rows),
   // and their normed inputs.
   StepRows kv_only_rows;
-  std::vector<float> kv_only_x_norm;
+  ScratchVector<float> kv_only_x_norm;
   MlaScratch attention;
   // The expert backend's state of this microbatch, and which backend made it.
   std::unique_ptr<ExpertBackend::Call> expert_call;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "base/scratch_vector.h"
 #include "kernels/activation.h"
 #include "kernels/matmul_int8.h"
 #include "kernels/vector_ops.h"
@@ -16,11 +17,11 @@ namespace {
 struct LocalCall final : ExpertBackend::Call {
   RoutedTokens tokens;
   std::span<const MlpWeights> experts;
-  std::vector<int64_t> first_slot;    // [num_experts + 1]: expert e owns slots [first, next)
-  std::vector<int64_t> next_slot;     // [num_experts]
-  std::vector<int32_t> local_ids;     // [num_tokens * top_k]: index into experts
-  std::vector<int64_t> slot_of_pair;  // [num_tokens * top_k]
-  std::vector<float> x, gate, up, down;
+  std::vector<int64_t> first_slot;         // [num_experts + 1]: expert e owns slots [first, next)
+  std::vector<int64_t> next_slot;          // [num_experts]
+  std::vector<int32_t> local_ids;          // [num_tokens * top_k]: index into experts
+  std::vector<int64_t> slot_of_pair;       // [num_tokens * top_k]
+  ScratchVector<float> x, gate, up, down;  // each written in full by its stage
   std::vector<LinearProblem> problems;
   bool dispatched = false, computed = false;
 };

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/scratch_vector.h"
 #include "kernels/bf16_panels.h"
 #include "kernels/matmul_packed_bf16.h"
 #include "kv/latent_kv_cache.h"
@@ -42,8 +43,9 @@ bool choose_absorbed_form(const ModelConfig& config, AttentionForm form, int64_t
 // The attention's per-step buffers. Owned by the caller (a ForwardState), reused across
 // layers and steps; MlaAttention itself holds no mutable state.
 struct MlaScratch {
-  std::vector<float> q_a, q, kv_a, attn, ctx, kv, keys_t, rope_keys_t;
-  std::vector<float> q_abs, q_full, o_lat, attn_abs;
+  // Each written in full before it is read, except attn and o_lat (zeroed per step).
+  ScratchVector<float> q_a, q, kv_a, ctx, kv, keys_t, rope_keys_t, q_abs, q_full, attn_abs;
+  std::vector<float> attn, o_lat;
   std::vector<kernels::Bf16Panels> key_panels, value_panels;  // per head (plain form, bf16)
   std::vector<kernels::MatmulBf16Args> problems;
   std::vector<kernels::MatmulPackedBf16Args> packed_problems;  // per head, packed weights
