@@ -391,6 +391,28 @@ Status ExpertExchange::wait_dispatch(int slot) {
                        " tokens / " + std::to_string(header.pairs) + " pairs, expected step " +
                        std::to_string(sequence_[slot]) + " (ranks out of lock-step?)");
     }
+    // Each message's entries index this rank's scratch and the source's result slots: a
+    // message that does not add up to its header is refused before anything reads it.
+    uint64_t pairs = 0;
+    for (uint32_t m = 0; m < header.tokens; ++m) {
+      const ReceivedToken token = received(slot, source, static_cast<int>(m));
+      bool ok = token.num_entries >= 1 && token.num_entries <= shape_.top_k;
+      for (int e = 0; ok && e < token.num_entries; ++e) {
+        ok = token.pair_slots[e] >= 0 && uint64_t(token.pair_slots[e]) < header.pairs;
+      }
+      if (!ok) {
+        return data_loss("expert dispatch: rank " + std::to_string(source) + " sent token " +
+                         std::to_string(m) + " with " + std::to_string(token.num_entries) +
+                         " entries or a result slot outside its " + std::to_string(header.pairs) +
+                         " pairs (top " + std::to_string(shape_.top_k) + ")");
+      }
+      pairs += static_cast<uint64_t>(token.num_entries);
+    }
+    if (pairs != header.pairs) {
+      return data_loss("expert dispatch: rank " + std::to_string(source) + " sent " +
+                       std::to_string(pairs) + " pairs in its messages, " +
+                       std::to_string(header.pairs) + " in its header");
+    }
   }
   return ok_status();
 }

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <chrono>
+#include <functional>
+#include <future>
 #include <set>
 #include <span>
 #include <thread>
@@ -184,6 +186,79 @@ TEST(ExpertDispatchTest, SourcesOfALargeStepStillSpreadAHotExpert) {
   EXPECT_EQ(hot.experts, (std::array<int, 2>{1, 1}));
   EXPECT_GE(hot.pairs[0], 80);
   EXPECT_GE(hot.pairs[1], 80);
+}
+
+// Rank 0 sends rank 1 one token for experts {0, 3, 1}; the test then rewrites the message
+// in rank 1's window (as a corrupt or mismatched peer would) before rank 1 reads it.
+Status receive_rewritten_message(const std::function<void(int32_t* fields)>& rewrite) {
+  const ExpertPlacement placement = two_copies_placement();
+  const std::vector<int32_t> ids = {0, 3, 1};
+  InProcessGroup group(2);
+  std::array<Status, 2> status;
+  std::promise<void> sent;
+  std::shared_future<void> sent_future = sent.get_future().share();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      ExchangeShape shape;
+      shape.num_ranks = 2;
+      shape.max_tokens_per_rank = 1;
+      shape.hidden_size = kHidden;
+      shape.top_k = 3;
+      shape.slots_per_rank = placement.slots_per_rank();
+      shape.dtype = DispatchDtype::kFp32;
+      auto exchange = ExpertExchange::create(*comm, shape, std::chrono::milliseconds(2000));
+      if (!exchange.ok()) {
+        status[rank] = exchange.status();
+        if (rank == 0) sent.set_value();
+        return;
+      }
+      const int64_t n = rank == 0 ? 1 : 0;
+      std::vector<float> x(n * kHidden, 1.0f), w(n * 3, 0.5f);
+      RoutedTokens routed;
+      routed.layer = kLayer;
+      routed.num_tokens = n;
+      routed.hidden_size = kHidden;
+      routed.top_k = 3;
+      routed.activations = x;
+      routed.expert_ids = std::span<const int32_t>(ids).first(n * 3);
+      routed.weights = w;
+      ExpertExchange& e = **exchange;
+      e.set_step(1, 1);
+      status[rank] = e.dispatch(0, routed, placement);
+      if (rank == 0) {
+        sent.set_value();
+        return;  // never completes the step: rank 1 must refuse the message, not wait
+      }
+      sent_future.wait();
+      if (!status[rank].ok()) return;
+      // The message's fields: token, entry count, scale, reserved, then slots.
+      const ReceivedToken token = e.received(0, 0, 0);
+      rewrite(reinterpret_cast<int32_t*>(const_cast<std::byte*>(token.header)));
+      status[rank] = e.wait_dispatch(0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(status[0].ok()) << status[0].to_string();
+  return status[1];
+}
+
+TEST(ExpertDispatchTest, AMessageThatDoesNotAddUpToItsHeaderIsRefused) {
+  // As sent: rank 1 holds expert 3 of the token, and expert 1 when its copy there is chosen.
+  int32_t sent_entries = 0;
+  EXPECT_TRUE(receive_rewritten_message([&](int32_t* f) { sent_entries = f[1]; }).ok());
+  ASSERT_GE(sent_entries, 1);
+  ASSERT_LE(sent_entries, 2);
+  for (const int32_t entries : {0, sent_entries == 1 ? 2 : 1, 4, -1, 1 << 30}) {
+    const Status s = receive_rewritten_message([&](int32_t* f) { f[1] = entries; });
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << entries << ": " << s.to_string();
+    EXPECT_NE(s.message().find("rank 0"), std::string::npos) << s.to_string();
+  }
+  // A result slot outside the source's pairs (4 fields, then 3 local slots, then pair slots).
+  for (const int32_t pair : {sent_entries, -1, 1 << 30}) {
+    const Status s = receive_rewritten_message([&](int32_t* f) { f[4 + 3] = pair; });
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << pair << ": " << s.to_string();
+  }
 }
 
 }  // namespace
