@@ -491,6 +491,7 @@ int run_serve(const ServeCli& cli) {
           return a;
         });
     engine_options.lockstep = [r = router.get()](int64_t rows) { return r->lockstep(rows); };
+    engine_options.lockstep_broken = [r = router.get()](const Status& why) { r->break_group(why); };
   }
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
   if (!engine.ok()) return session.fail(engine.status());

@@ -66,6 +66,13 @@ void DataParallelRouter::mark_done(Status status) {
   done_cv_.notify_all();
 }
 
+void DataParallelRouter::break_group(const Status& why) {
+  const Status broken = unavailable("a step failed on rank " + std::to_string(rank_) +
+                                    ", so the ranks are out of lock-step: " + why.message());
+  end_remote(FinishReason::kError, unavailable("expert-parallel group lost: " + broken.message()));
+  mark_done(broken);
+}
+
 std::vector<int64_t> DataParallelRouter::outstanding() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return outstanding_seqs_;

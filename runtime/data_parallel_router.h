@@ -63,6 +63,10 @@ class DataParallelRouter final : public EngineClient {
   // group. A no-op when the group already broke or stopped.
   Status finish();
 
+  // EngineOptions::lockstep_broken: this rank's engine gave the group up (a step failed):
+  // remote requests end with the error and the group is done, as when a rank is lost.
+  void break_group(const Status& why);
+
   // Every rank: blocks until the group stopped (ok) or broke (the error).
   Status wait_until_done();
   // Non-blocking: true once the group stopped or broke.

@@ -459,16 +459,8 @@ void Engine::lockstep_step() {
   if (scheduler_->has_work()) plan = scheduler_->schedule();
   Result<bool> go = options_.lockstep(plan.num_batched_tokens);
   if (!go.ok()) {
-    // The group is broken: nothing can run any more. Every live request ends with the error.
     if (!plan.empty()) scheduler_->abandon(plan);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      lockstep_error_ = unavailable("expert-parallel group lost: " + go.status().message());
-    }
-    lockstep_lost_ = true;
-    std::vector<RequestId> ids;
-    for (const auto& [id, request] : live_) ids.push_back(id);
-    for (RequestId id : ids) abort_now(id, FinishReason::kError, go.status());
+    lose_group(go.status());
     return;
   }
   if (*go) {
@@ -476,6 +468,18 @@ void Engine::lockstep_step() {
   } else if (!plan.empty()) {
     scheduler_->abandon(plan);  // not stepping now: the plan is made again next time
   }
+}
+
+void Engine::lose_group(const Status& why) {
+  // Nothing can run any more: every live request ends with the error, new ones are refused.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lockstep_error_ = unavailable("expert-parallel group lost: " + why.message());
+  }
+  lockstep_lost_ = true;
+  std::vector<RequestId> ids;
+  for (const auto& [id, request] : live_) ids.push_back(id);
+  for (RequestId id : ids) abort_now(id, FinishReason::kError, why);
 }
 
 void Engine::step(StepPlan plan) {
@@ -493,6 +497,13 @@ void Engine::step(StepPlan plan) {
   if (!result.ok()) {
     scheduler_->abandon(plan);
     fail_plan(plan, result.status());
+    // Under lock-step a step that failed on this rank left the group's exchanges uneven
+    // (the others waited out their timeout, or this rank stopped before its dispatch), so
+    // the ranks' step counters no longer agree: the group cannot go on.
+    if (options_.lockstep) {
+      lose_group(result.status());
+      if (options_.lockstep_broken) options_.lockstep_broken(result.status());
+    }
     return;
   }
   if (plan.empty()) return;  // a lock-step dummy step

@@ -54,6 +54,9 @@ struct EngineOptions {
   // An error (a lost peer) fails every live request; the engine then refuses new ones.
   // Default: none (step only when there is work).
   std::function<Result<bool>(int64_t rows)> lockstep;
+  // Told when this engine gives the group up on its own (a step failed under lock-step,
+  // leaving the ranks' exchanges uneven), so that whatever watches the group ends too.
+  std::function<void(const Status& why)> lockstep_broken;
   std::chrono::milliseconds lockstep_idle_poll{2};
   // A shared caching pool for context caching (runtime/kv_pool_connector.h): prompts look
   // up their full blocks there after the local prefix cache, and new full prompt blocks are
@@ -161,6 +164,8 @@ class Engine final : public EngineClient {
   void step(StepPlan plan);
   // One iteration under EngineOptions::lockstep.
   void lockstep_step();
+  // The expert-parallel group cannot step together any more (EngineOptions::lockstep).
+  void lose_group(const Status& why);
   void fail_plan(const StepPlan& plan, const Status& error);
   void abort_now(RequestId id, FinishReason reason, const Status& error);
   // Applies one sequence update to its request's choice and delta.

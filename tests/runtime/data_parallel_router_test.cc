@@ -107,8 +107,12 @@ class Group {
       options.lockstep = [router = rank.router.get()](int64_t rows) {
         return router->lockstep(rows);
       };
-      auto engine =
-          Engine::create(options, std::make_unique<testing::FakeExecutor>(128, 4, kVocab), nullptr);
+      options.lockstep_broken = [router = rank.router.get()](const Status& why) {
+        router->break_group(why);
+      };
+      auto executor = std::make_unique<testing::FakeExecutor>(128, 4, kVocab);
+      rank.executor = executor.get();
+      auto engine = Engine::create(options, std::move(executor), nullptr);
       PS_CHECK(engine.ok()) << engine.status().to_string();
       rank.engine = std::move(engine).value();
       rank.router->attach(rank.engine.get());
@@ -123,6 +127,7 @@ class Group {
   DataParallelRouter& front() { return *ranks_[0].router; }
   DataParallelRouter& router(int r) { return *ranks_[r].router; }
   Engine& engine(int r) { return *ranks_[r].engine; }
+  testing::FakeExecutor& executor(int r) { return *ranks_[r].executor; }
 
  private:
   struct Rank {
@@ -130,6 +135,7 @@ class Group {
     std::unique_ptr<dist::StepCoordinator> coordinator;
     std::unique_ptr<DataParallelRouter> router;
     std::unique_ptr<Engine> engine;
+    testing::FakeExecutor* executor = nullptr;  // owned by engine
   };
   dist::InProcessGroup group_;
   std::vector<Rank> ranks_;
@@ -277,6 +283,42 @@ TEST(DataParallelRouterTest, LostRankIsAnErrorEverywhereNeverAHang) {
   }
   EXPECT_FALSE(group.front().running());
   EXPECT_EQ(group.front().submit({prompt(1), greedy(2)}, collector.sink()).status().code(),
+            StatusCode::kUnavailable);
+}
+
+TEST(DataParallelRouterTest, AStepThatFailsOnOneRankEndsTheGroupNeverAHang) {
+  // The failed rank skipped that step's exchanges while the others waited for it, so the
+  // ranks' step counters disagree from then on: the group ends, as when a rank is lost,
+  // instead of stepping on out of lock-step.
+  Group group(3, milliseconds(300));
+  Collector collector;
+  GenerationParams endless = greedy(200);
+  endless.ignore_eos = true;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(group.front().submit({prompt(i), endless}, collector.sink()).value());
+  for (RequestId id : ids) ASSERT_TRUE(collector.wait_first(id));
+  group.executor(2).fail_next(1);
+  // Bounded: without the group ending, rank 2's router would wait for ever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!group.router(2).done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_TRUE(group.router(2).done()) << "rank 2 went on after its step failed";
+  const Status failed = group.router(2).wait_until_done();
+  EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.to_string();
+  EXPECT_NE(failed.message().find("injected executor failure"), std::string::npos)
+      << failed.message();
+  EXPECT_FALSE(group.front().wait_until_done().ok());
+  EXPECT_FALSE(group.router(1).wait_until_done().ok());
+  for (RequestId id : ids) {
+    auto outputs = collector.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_EQ(finish_of(outputs), FinishReason::kError);
+  }
+  EXPECT_EQ(group.front().submit({prompt(1), greedy(2)}, collector.sink()).status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(group.engine(2).submit({prompt(1), greedy(2)}, collector.sink()).status().code(),
             StatusCode::kUnavailable);
 }
 
