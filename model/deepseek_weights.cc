@@ -66,7 +66,18 @@ Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t 
                             int64_t inter) {
   MlpWeights w;
   const std::string gate = prefix + "gate_proj.weight", up = prefix + "up_proj.weight";
-  if (r.is_int8(gate) && r.is_int8(up)) {
+  const std::string down = prefix + "down_proj.weight";
+  // The MLP kernels run one precision per MLP (fused INT8 gate/up/SiLU, or BF16 products).
+  const bool gate_int8 = r.is_int8(gate), up_int8 = r.is_int8(up), down_int8 = r.is_int8(down);
+  if (gate_int8 != up_int8 || up_int8 != down_int8) {
+    auto kind = [](bool int8) { return int8 ? "I8" : "not I8"; };
+    return invalid_argument(prefix +
+                            "{gate,up,down}_proj.weight: an MLP's three projections must "
+                            "all be stored I8 or none (gate " +
+                            kind(gate_int8) + ", up " + kind(up_int8) + ", down " +
+                            kind(down_int8) + ")");
+  }
+  if (gate_int8) {
     // Stored INT8: only the fused gate/up form the kernels read is built.
     PS_ASSIGN_OR_RETURN(Int8WeightTensor g, r.int8(gate, inter, hidden));
     PS_ASSIGN_OR_RETURN(Int8WeightTensor u, r.int8(up, inter, hidden));
@@ -87,7 +98,7 @@ Result<MlpWeights> load_mlp(WeightReader& r, const std::string& prefix, int64_t 
     PS_ASSIGN_OR_RETURN(w.gate, r.gemm_weight(gate, inter, hidden));
     PS_ASSIGN_OR_RETURN(w.up, r.gemm_weight(up, inter, hidden));
   }
-  PS_ASSIGN_OR_RETURN(w.down, r.gemm_weight(prefix + "down_proj.weight", hidden, inter));
+  PS_ASSIGN_OR_RETURN(w.down, r.gemm_weight(down, hidden, inter));
   return w;
 }
 
@@ -162,6 +173,15 @@ Result<DecoderLayerWeights> load_layer(WeightReader& r, const ModelConfig& c, in
     }
     PS_ASSIGN_OR_RETURN(MlpWeights expert,
                         load_mlp(r, expert_prefix(index, e), hidden, c.moe_intermediate_size));
+    // A layer's routed experts run as one grouped call of one precision.
+    if (!moe.experts.empty() &&
+        (expert.gate_up_int8 != nullptr) != (moe.experts.front().gate_up_int8 != nullptr)) {
+      return invalid_argument("layer " + std::to_string(index) + ": routed expert " +
+                              std::to_string(e) + " is " + (expert.gate_up_int8 ? "" : "not ") +
+                              "stored I8 and expert " + std::to_string(moe.expert_ids.front()) +
+                              " is " + (moe.experts.front().gate_up_int8 ? "" : "not ") +
+                              "(a layer's routed experts must all be I8 or none)");
+    }
     moe.experts.push_back(std::move(expert));
   }
   if (c.n_shared_experts > 0) {

@@ -301,6 +301,50 @@ TEST(Int8CheckpointTest, ErrorCompensationOnGateOrUpIsRefused) {
       << model.status().message();
 }
 
+TEST(Int8CheckpointTest, MlpsOfMixedPrecisionAreRefusedByName) {
+  // Tensors of the BF16 source put back in place of INT8 ones (their scales removed): the
+  // MLP kernels run one precision per MLP and per layer's routed experts, so such a file
+  // is refused at load, not at its first forward pass.
+  auto source = Checkpoint::open(tiny_checkpoint_dir());
+  ASSERT_TRUE(source.ok());
+  auto restore_bf16 = [&](std::map<std::string, TensorToWrite>& t, const std::string& name) {
+    auto raw = source->get_raw(name);
+    PS_CHECK(raw.ok()) << name;
+    const auto* bytes = static_cast<const std::byte*>(raw->data);
+    t[name] = {name, raw->dtype, raw->shape, {bytes, bytes + raw->nbytes()}};
+    t.erase(int8_scale_name(name));
+  };
+  const std::string expert = "model.layers.1.mlp.experts.3.";
+  struct Case {
+    const char* what;
+    std::vector<std::string> restored;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"up only", {expert + "up_proj.weight"}, "up not I8"},
+      {"down only", {expert + "down_proj.weight"}, "down not I8"},
+      {"one whole expert",
+       {expert + "gate_proj.weight", expert + "up_proj.weight", expert + "down_proj.weight"},
+       "routed expert 3 is not stored I8"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_mixed", true);
+    rewrite(dir, [&](std::map<std::string, TensorToWrite>& t) {
+      for (const std::string& name : c.restored) restore_bf16(t, name);
+    });
+    auto model = DeepseekModel::load(dir, options(WeightQuantization::kNone, false));
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(model.status().message().find(c.expected), std::string::npos)
+        << model.status().message();
+    if (c.restored.size() == 1) {
+      EXPECT_NE(model.status().message().find("experts.3."), std::string::npos)
+          << model.status().message();
+    }
+  }
+}
+
 TEST(Int8CheckpointTest, RefusesItsSourceAndInt8Sources) {
   auto same = write_int8_checkpoint(tiny_checkpoint_dir(), tiny_checkpoint_dir());
   ASSERT_FALSE(same.ok());
