@@ -253,6 +253,61 @@ Status read_quantization(const FieldReader& f, ModelConfig& c) {
   return ok_status();
 }
 
+// Each field is bounded on its own; the weights' shapes are products of fields, and the
+// loader and the KV layout multiply them. Every product below stays under 2^40 elements (a
+// real checkpoint's largest weight is ~2^31), so no size computed from the config overflows.
+Status check_weight_sizes(const std::string& source, const ModelConfig& c) {
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  constexpr int64_t kMaxLayers = 1024, kMaxRoutedExperts = int64_t{1} << 16;
+  if (c.num_hidden_layers > kMaxLayers) {
+    return invalid_argument(source +
+                            ": field 'num_hidden_layers' = " + std::to_string(c.num_hidden_layers) +
+                            ", expected at most " + std::to_string(kMaxLayers));
+  }
+  if (c.n_routed_experts > kMaxRoutedExperts) {
+    return invalid_argument(source +
+                            ": field 'n_routed_experts' = " + std::to_string(c.n_routed_experts) +
+                            ", expected at most " + std::to_string(kMaxRoutedExperts));
+  }
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;  // each <= 2^40: no overflow
+  const int64_t latent = c.kv_lora_rank + c.qk_rope_head_dim;
+  const int64_t q_lora = c.q_lora_rank.value_or(1);
+  struct Product {
+    const char* fields;
+    std::initializer_list<int64_t> factors;
+  };
+  const Product products[] = {
+      {"vocab_size x hidden_size", {c.vocab_size, c.hidden_size}},
+      {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim) x hidden_size",
+       {c.num_attention_heads, qk, c.hidden_size}},
+      {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim) x q_lora_rank",
+       {c.num_attention_heads, qk, q_lora}},
+      {"q_lora_rank x hidden_size", {q_lora, c.hidden_size}},
+      {"(kv_lora_rank + qk_rope_head_dim) x hidden_size", {latent, c.hidden_size}},
+      {"num_attention_heads x (qk_nope_head_dim + v_head_dim) x kv_lora_rank",
+       {c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank}},
+      {"num_attention_heads x v_head_dim x hidden_size",
+       {c.num_attention_heads, c.v_head_dim, c.hidden_size}},
+      {"2 x intermediate_size x hidden_size", {2, c.intermediate_size, c.hidden_size}},
+      {"2 x moe_intermediate_size x max(n_shared_experts, 1) x hidden_size",
+       {2, c.moe_intermediate_size, std::max<int64_t>(c.n_shared_experts, 1), c.hidden_size}},
+      {"n_routed_experts x hidden_size", {c.n_routed_experts, c.hidden_size}},
+      {"2 x hidden_size x hidden_size (MTP eh_proj)", {2, c.hidden_size, c.hidden_size}},
+  };
+  for (const Product& p : products) {
+    int64_t n = 1;
+    bool overflow = false;
+    for (const int64_t factor : p.factors)
+      overflow = overflow || __builtin_mul_overflow(n, factor, &n);
+    if (overflow || n > kMaxElements) {
+      return invalid_argument(source + ": " + p.fields + " is " +
+                              (overflow ? std::string("beyond 2^63") : std::to_string(n)) +
+                              ", more than the 2^40 elements a weight may have");
+    }
+  }
+  return ok_status();
+}
+
 Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   if (!root.is_object()) {
     return invalid_argument(source + ": expected a JSON object at the top level");
@@ -377,6 +432,7 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
       return f.error(name, *id, "< vocab_size (" + std::to_string(c.vocab_size) + ")");
     }
   }
+  PS_RETURN_IF_ERROR(check_weight_sizes(source, c));
   PS_RETURN_IF_ERROR(read_quantization(f, c));
   return c;
 }

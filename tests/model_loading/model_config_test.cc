@@ -225,7 +225,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"quantization_config.quant_method", "gptq", StatusCode::kUnimplemented},
         BadField{"quantization_config.fmt", "e5m2", StatusCode::kUnimplemented},
         BadField{"quantization_config.weight_block_size", {128}, StatusCode::kInvalidArgument},
-        BadField{"quantization_config.weight_block_size", {128, 0}, StatusCode::kInvalidArgument}));
+        BadField{"quantization_config.weight_block_size", {128, 0}, StatusCode::kInvalidArgument},
+        // Each field within its own bound, the weights they shape too large (products that
+        // overflowed int64 before they were checked).
+        BadField{"num_attention_heads", int64_t{1} << 40, StatusCode::kInvalidArgument},
+        BadField{"qk_nope_head_dim", int64_t{1} << 39, StatusCode::kInvalidArgument},
+        BadField{"vocab_size", int64_t{1} << 30, StatusCode::kInvalidArgument},
+        BadField{"hidden_size", int64_t{1} << 40, StatusCode::kInvalidArgument},
+        BadField{"num_hidden_layers", 5000, StatusCode::kInvalidArgument},
+        BadField{"n_routed_experts", int64_t{1} << 20, StatusCode::kInvalidArgument}));
 
 TEST(ModelConfigTest, RejectsBadJson) {
   const Status s = parse_model_config("{\"hidden_size\": 12,", "x/config.json").status();
