@@ -387,7 +387,9 @@ int run_serve(const ServeCli& cli) {
       return session.fail(
           invalid_argument("--kv-pool needs prefix caching (drop --no-prefix-caching)"), true);
     }
-    auto pool = open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry);
+    // Speculation as configured (mtp or auto), not as auto's calibration came out: two
+    // instances of one configuration get one identity on any machine.
+    auto pool = open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry, speculative->num_tokens > 0);
     if (!pool.ok()) return session.fail(pool.status(), true);
     engine_options.kv_pool = pool->store;
     engine_options.kv_pool_options = pool->connector;

@@ -39,10 +39,11 @@ struct KvPoolSetup {
   std::string description;  // for the start-up log
 };
 
-// Opens the pool the flags name, for a model in `model_dir` whose KV blocks have `layout`.
-// Errors name the flag (a bad member list, size, namespace or timeout; an unreadable
-// checkpoint for the fingerprint).
+// Opens the pool the flags name, for a model in `model_dir` whose KV blocks have `layout`
+// (and the MTP layer's KV written when `mtp_kv`: KvNamespace::mtp_kv). Errors name the flag
+// (a bad member list, size, namespace or timeout; an unreadable checkpoint for the
+// fingerprint).
 Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
-                                 const KvLayout& layout);
+                                 const KvLayout& layout, bool mtp_kv);
 
 }  // namespace peerserve

@@ -45,6 +45,7 @@ std::string KvNamespace::canonical_identity() const {
   s += field("rope", std::to_string(layout.rope_dim));
   s += field("block", std::to_string(layout.block_size));
   s += field("layout", std::to_string(layout_version));
+  if (mtp_kv) s += field("mtp", "1");
   return s;
 }
 

@@ -31,6 +31,12 @@ struct KvNamespace {
   std::string model_id;            // identity of the weights, e.g. from model_identity()
   KvLayout layout;                 // geometry and dtype of a block
   uint32_t layout_version = kKvBlockLayoutVersion;
+  // Whether the engines write the MTP layer's KV slot (speculative decoding configured): an
+  // engine that does not leaves it unwritten, so its blocks are no use to one that drafts.
+  // (Their chains differ anyway, kv/prefix_hash.h's lookahead; this makes a mismatch of two
+  // instances an error at start-up.) Part of the identity only when set, so identities of
+  // engines without speculation, and the pools persisted under them, stay as they were.
+  bool mtp_kv = false;
 
   // Errors name the field: a bad tenant name, an empty model id, an invalid layout.
   Status validate() const;

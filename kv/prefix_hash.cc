@@ -47,13 +47,18 @@ BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens) {
 }
 
 void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size, BlockHash root,
-                             std::vector<BlockHash>* chain) {
+                             std::vector<BlockHash>* chain, int32_t lookahead) {
   PS_CHECK(block_size > 0);
-  const size_t num_full = tokens.size() / static_cast<size_t>(block_size);
-  PS_CHECK_LE(chain->size(), num_full);
+  PS_CHECK(lookahead == 0 || lookahead == 1) << lookahead;
+  const size_t usable = tokens.size() < static_cast<size_t>(lookahead)
+                            ? 0
+                            : tokens.size() - static_cast<size_t>(lookahead);
+  const size_t num_full = usable / static_cast<size_t>(block_size);
+  PS_CHECK_LE(chain->size(), tokens.size() / static_cast<size_t>(block_size));
   for (size_t b = chain->size(); b < num_full; ++b) {
     const BlockHash parent = b == 0 ? root : (*chain)[b - 1];
-    chain->push_back(hash_block_tokens(parent, tokens.subspan(b * block_size, block_size)));
+    chain->push_back(
+        hash_block_tokens(parent, tokens.subspan(b * block_size, block_size + lookahead)));
   }
 }
 

@@ -34,9 +34,16 @@ BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens);
 // Extends `chain` (hashes of the first chain->size() full blocks of `tokens`) with the hashes
 // of every further full block of `tokens`, the first block hashed under `root`. A trailing
 // partial block is not hashed.
-// REQUIRES: block_size > 0 and `chain` was built from the same tokens, block size and root.
+//
+// With `lookahead` = 1 a block is hashed together with the token after it, and only once that
+// token exists: the KV of the MTP layer at a block's last position is computed from the next
+// token (the MTP input at position p is token p + 1), so with MTP KV in the cache a block's
+// bytes depend on that token too. Such hashes never equal those without lookahead (the
+// length is mixed in). Each element keeps the mode it was appended in.
+// REQUIRES: block_size > 0, lookahead in {0, 1}, and `chain` was built from the same tokens,
+// block size and root.
 void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size, BlockHash root,
-                             std::vector<BlockHash>* chain);
+                             std::vector<BlockHash>* chain, int32_t lookahead = 0);
 
 // The same under kRootBlockHash (a chain private to one engine).
 void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size,

@@ -248,7 +248,8 @@ void Engine::admit(Pending pending) {
     const std::vector<TokenId>& prompt = pending.request.prompt_tokens;
     const int32_t bs = options_.scheduler.block_pool.block_size;
     std::vector<BlockHash> chain;
-    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain);
+    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain,
+                            scheduler_->block_hash_lookahead());
     chain.resize(std::min(chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs)));
     const int64_t local = scheduler_->cached_prefix_blocks(chain);
     if (local < static_cast<int64_t>(chain.size())) {
@@ -373,7 +374,8 @@ void Engine::push_computed_prompts(const StepPlan& plan) {
     request.kv_pushed = true;
     // The blocks the decode instance reuses: full ones before the last prompt token.
     std::vector<BlockHash> chain;
-    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain);
+    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain,
+                            scheduler_->block_hash_lookahead());
     const size_t end = std::min(
         {chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs), chunk.block_table.size()});
     const KvPushTarget& target = *request.request.kv_push;

@@ -265,7 +265,7 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   std::vector<BlockId> shared;
   if (pool_.prefix_caching_enabled()) {
     extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
-                            &seq.block_hashes);
+                            &seq.block_hashes, block_hash_lookahead());
     const size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
     std::span<const BlockHash> lookup(seq.block_hashes.data(),
                                       std::min(max_hit_blocks, seq.block_hashes.size()));
@@ -415,11 +415,22 @@ void Scheduler::abandon(const StepPlan& plan) {
   in_step_ = false;
 }
 
+void Scheduler::disable_speculation() {
+  if (speculation_disabled_) return;
+  speculation_disabled_ = true;
+  // Hashes of blocks not published yet were built with lookahead for MTP KV these blocks
+  // will not get: they are hashed again, without it, when they are published or looked up.
+  for (auto& [id, seq] : sequences_) {
+    const size_t keep = static_cast<size_t>(seq->num_published_blocks);
+    if (seq->block_hashes.size() > keep) seq->block_hashes.resize(keep);
+  }
+}
+
 void Scheduler::publish_computed_blocks(Sequence& seq) {
   if (!pool_.prefix_caching_enabled()) return;
   const int64_t bs = pool_.block_size();
   extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
-                          &seq.block_hashes);
+                          &seq.block_hashes, block_hash_lookahead());
   const int64_t num_full = std::min<int64_t>(seq.num_computed_tokens / bs,
                                              static_cast<int64_t>(seq.block_hashes.size()));
   for (int64_t b = seq.num_published_blocks; b < num_full; ++b) {

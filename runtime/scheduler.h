@@ -122,11 +122,17 @@ class Scheduler {
   void abandon(const StepPlan& plan);
 
   // Speculative decoding off for good (what the guard does when drafts are rarely accepted):
-  // no more drafts, and plans no longer ask for the MTP layer.
-  void disable_speculation() { speculation_disabled_ = true; }
+  // no more drafts, and plans no longer ask for the MTP layer. Blocks computed from then on
+  // hold no MTP KV, so they are hashed without lookahead (below).
+  void disable_speculation();
   bool speculation_enabled() const {
     return options_.num_speculative_tokens > 0 && !speculation_disabled_;
   }
+  // The lookahead prefix hashes are built with (kv/prefix_hash.h): 1 while the steps write
+  // the MTP layer's KV, whose entry at a block's last position is computed from the token
+  // after the block; 0 otherwise. Whoever hashes this engine's prompts for its caches (the
+  // caching pool's lookups, a prefill instance's push) uses the same.
+  int32_t block_hash_lookahead() const { return speculation_enabled() ? 1 : 0; }
   // Drafts verified and accepted since the start.
   int64_t drafts_verified() const { return drafts_verified_; }
   int64_t drafts_accepted() const { return drafts_accepted_; }

@@ -106,6 +106,32 @@ TEST(BlockPoolTest, DifferentPrefixSameBlockTokensDoNotMatch) {
   EXPECT_EQ(pool.match_prefix(a).size(), 2u);
 }
 
+TEST(BlockPoolTest, LookaheadHashesCoverTheTokenAfterTheBlock) {
+  // With MTP KV a block's bytes depend on the token after it: it is hashed with that token,
+  // only once it exists, and never like a block hashed without it.
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<BlockHash> plain, ahead, short_ahead, other_next;
+  extend_block_hash_chain(tokens, 4, kRootBlockHash, &plain);
+  extend_block_hash_chain(tokens, 4, kRootBlockHash, &ahead, 1);
+  extend_block_hash_chain(std::span(tokens).first(8), 4, kRootBlockHash, &short_ahead, 1);
+  extend_block_hash_chain(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 10}, 4, kRootBlockHash,
+                          &other_next, 1);
+  ASSERT_EQ(plain.size(), 2u);
+  ASSERT_EQ(ahead.size(), 2u);
+  ASSERT_EQ(short_ahead.size(), 1u);  // the second block's next token is not there yet
+  ASSERT_EQ(other_next.size(), 2u);
+  EXPECT_EQ(ahead[0], hash_block_tokens(kRootBlockHash, std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(ahead[1], hash_block_tokens(ahead[0], std::vector<int32_t>{5, 6, 7, 8, 9}));
+  EXPECT_EQ(short_ahead[0], ahead[0]);
+  EXPECT_EQ(other_next[0], ahead[0]);
+  EXPECT_NE(other_next[1], ahead[1]);
+  EXPECT_NE(plain[0], ahead[0]);
+  EXPECT_NE(plain[1], ahead[1]);
+  // Extending a lookahead chain once more tokens arrived gives the same chain.
+  extend_block_hash_chain(tokens, 4, kRootBlockHash, &short_ahead, 1);
+  EXPECT_EQ(short_ahead, ahead);
+}
+
 TEST(BlockPoolTest, FreedCachedBlocksStayFindableUntilEvictedInLruOrder) {
   BlockPool pool = make_pool(3);
   std::vector<BlockId> blocks = allocate(pool, 3);

@@ -32,6 +32,7 @@ TEST(KvNamespaceTest, EveryFieldChangesTheRoot) {
       [](KvNamespace& n) { n.layout.rope_dim = 64; },
       [](KvNamespace& n) { n.layout.block_size = 32; },
       [](KvNamespace& n) { n.layout_version = 2; },
+      [](KvNamespace& n) { n.mtp_kv = true; },
   };
   std::set<BlockHash> roots = {base.root_hash(), kRootBlockHash};
   for (size_t i = 0; i < changes.size(); ++i) {
@@ -40,6 +41,9 @@ TEST(KvNamespaceTest, EveryFieldChangesTheRoot) {
     EXPECT_TRUE(roots.insert(changed.root_hash()).second) << "change " << i << " kept the root";
   }
   EXPECT_EQ(mini_namespace().root_hash(), base.root_hash());  // deterministic
+  // Without MTP KV the identity is the one engines had before the field existed (pools
+  // persisted under it stay valid).
+  EXPECT_EQ(base.canonical_identity().find("mtp"), std::string::npos);
 }
 
 TEST(KvNamespaceTest, ChainsUnderDifferentRootsShareNoHash) {

@@ -305,6 +305,90 @@ TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
   EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
 }
 
+// With speculative decoding the MTP layer's KV at a block's last position is computed from
+// the token after the block, so a block is shared only when that token matches too.
+TEST(SchedulerTest, WithMtpKvABlockIsSharedOnlyWhenTheTokenAfterItMatches) {
+  SchedulerOptions o = small_options(64);
+  o.num_speculative_tokens = 1;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(23);
+  const std::vector<TokenId> prefix = random_tokens(rng, 12);  // 3 full blocks of 4
+  std::vector<TokenId> a = prefix, b = prefix, c = prefix;
+  a.insert(a.end(), {30, 40});
+  b.insert(b.end(), {31, 40});  // differs in the token after the third block
+  c.insert(c.end(), {30, 41});  // the same token after it
+  ASSERT_TRUE(s->add(spec(1, a, 6, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);
+  auto first_chunk_start = [&](SequenceId id, const std::vector<TokenId>& prompt) {
+    EXPECT_TRUE(s->add(spec(id, prompt, 6, std::nullopt)).ok());
+    StepPlan p = s->schedule();
+    EXPECT_EQ(p.chunks.size(), 1u);
+    const int64_t start = p.chunks.empty() ? -1 : p.chunks[0].start_pos;
+    auto r = ex.execute(p);
+    EXPECT_TRUE(r.ok());
+    for (const auto& u : s->update(p, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+    }
+    run_to_completion(*s, ex, &out);
+    return start;
+  };
+  EXPECT_EQ(first_chunk_start(2, b), 8);   // blocks 0 and 1 only
+  EXPECT_EQ(first_chunk_start(3, c), 12);  // all three
+  EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
+  EXPECT_EQ(out[3], reference_generate(c, 6, kVocab, std::nullopt));
+
+  // Without speculation the same prompts share all three blocks (no MTP KV to match).
+  auto plain = make(small_options(64));
+  FakeExecutor plain_ex(64, 4, kVocab);
+  ASSERT_TRUE(plain->add(spec(1, a, 6, std::nullopt)).ok());
+  run_to_completion(*plain, plain_ex, &out);
+  ASSERT_TRUE(plain->add(spec(2, b, 6, std::nullopt)).ok());
+  const StepPlan p = plain->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].start_pos, 12);
+  plain->abandon(p);
+}
+
+// Once speculation is off for good, blocks computed from then on (no MTP KV) are hashed
+// without lookahead: they are never handed to a lookup that expects MTP KV.
+TEST(SchedulerTest, BlocksComputedAfterSpeculationStoppedAreHashedWithoutLookahead) {
+  SchedulerOptions o = small_options(64);
+  o.num_speculative_tokens = 1;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(29);
+  const std::vector<TokenId> prompt = random_tokens(rng, 14);
+  ASSERT_TRUE(s->add(spec(1, prompt, 10, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  // The prompt in one step: blocks 0-2 get their MTP KV and are published with lookahead.
+  StepPlan p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  ASSERT_EQ(p.chunks[0].tokens.size(), prompt.size());
+  auto r = ex.execute(p);
+  ASSERT_TRUE(r.ok());
+  for (const auto& u : s->update(p, *r)) {
+    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+  }
+  EXPECT_EQ(s->block_hash_lookahead(), 1);
+  s->disable_speculation();
+  EXPECT_EQ(s->block_hash_lookahead(), 0);
+  run_to_completion(*s, ex, &out);
+  std::vector<TokenId> tokens = prompt;
+  tokens.insert(tokens.end(), out[1].begin(), out[1].end());
+  ASSERT_EQ(tokens.size(), 24u);  // 23 computed: blocks 0-4 full
+  std::vector<BlockHash> mixed, ahead, plain;
+  extend_block_hash_chain(std::span(tokens).first(13), 4, o.prefix_root, &mixed, 1);
+  ASSERT_EQ(mixed.size(), 3u);
+  extend_block_hash_chain(tokens, 4, o.prefix_root, &mixed);
+  extend_block_hash_chain(tokens, 4, o.prefix_root, &ahead, 1);
+  extend_block_hash_chain(tokens, 4, o.prefix_root, &plain);
+  EXPECT_EQ(s->cached_prefix_blocks(mixed), 5);
+  EXPECT_EQ(s->cached_prefix_blocks(ahead), 3);  // blocks 3-4 have no MTP KV
+  EXPECT_EQ(s->cached_prefix_blocks(plain), 0);
+}
+
 // A prefill instance's pushed partial block (SequenceSpec::prefilled_tail_block): used only
 // at the first admission right after all the prompt's full blocks, otherwise released;
 // never leaked.
