@@ -56,13 +56,24 @@ struct MpiCommunicator::Impl {
   }
   // Polls a non-blocking collective until it completes or the timeout passes.
   Status wait_request(MPI_Request& request, const char* what, std::chrono::milliseconds timeout) {
-    const Clock::time_point deadline = Clock::now() + timeout;
+    const Clock::time_point start = Clock::now(), deadline = start + timeout;
     for (int spin = 0;; ++spin) {
       int done = 0;
       PS_RETURN_IF_ERROR(check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what));
       if (done) return ok_status();
       if (spin < kSpinsBeforeYield) continue;
-      if (Clock::now() > deadline) {
+      const Clock::time_point now = Clock::now();
+      if (!arrivals_flushed && now > start + kArrivalsFlushAfter) {
+        PS_RETURN_IF_ERROR(flush_arrivals(timeout));
+      }
+      if (now > deadline) {
+        const std::string missing = missing_ranks();
+        if (!missing.empty()) {
+          const bool one = missing.rfind("rank ", 0) == 0;
+          return fail(unavailable(missing + " did not deliver " + (one ? "its" : "their") +
+                                  " part of " + what + " to rank " + std::to_string(rank) +
+                                  " within " + std::to_string(timeout.count()) + " ms (lost?)"));
+        }
         return fail(unavailable(std::string(what) + ": not every one of the " +
                                 std::to_string(size) + " ranks arrived within " +
                                 std::to_string(timeout.count()) + " ms (rank " +
@@ -70,6 +81,119 @@ struct MpiCommunicator::Impl {
       }
       sched_yield();
     }
+  }
+
+  // Arrival counters. A non-blocking collective that times out cannot say who is missing,
+  // so before each one a rank stores how many collectives it has entered into its slot of
+  // every peer's arrivals window; on a timeout the slots behind this rank's count name the
+  // ranks that never came. The window is made at the first collective (every rank makes
+  // the same calls in the same order).
+  MPI_Win arrivals_win = MPI_WIN_NULL;
+  uint64_t* arrivals = nullptr;            // slot r: collectives rank r entered
+  std::vector<uint64_t*> arrivals_direct;  // shared memory: every rank's slots
+  uint64_t entered = 0;
+  uint64_t entered_sent = 0;  // the origin buffer of the puts (network windows)
+  // Network windows: a put may wait at its origin until flushed, so a collective that is
+  // slow to complete flushes this rank's count once (not on the fast path: a round trip
+  // per peer). A flush to a lost peer blocks; the watchdog then names that peer.
+  static constexpr std::chrono::milliseconds kArrivalsFlushAfter{10};
+  bool arrivals_flushed = true;
+
+  Status flush_arrivals(std::chrono::milliseconds timeout) {
+    arrivals_flushed = true;
+    if (shared_windows || arrivals_win == MPI_WIN_NULL || entered == 0) return ok_status();
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const CallWatchdog::Guard guard = watchdog->guard("MPI_Win_flush (arrivals)", r, timeout);
+      PS_RETURN_IF_ERROR(check(MPI_Win_flush(r, arrivals_win), "MPI_Win_flush (arrivals)", r));
+    }
+    return ok_status();
+  }
+
+  Status open_arrivals(std::chrono::milliseconds timeout) {
+    if (arrivals_win != MPI_WIN_NULL) return ok_status();
+    MPI_Request request;
+    PS_RETURN_IF_ERROR(check(MPI_Ibarrier(comm, &request), "MPI_Ibarrier"));
+    PS_RETURN_IF_ERROR(wait_request(request, "barrier", timeout));
+    void* base = nullptr;
+    const MPI_Aint bytes = static_cast<MPI_Aint>(size * sizeof(uint64_t));
+    constexpr int kUnit = sizeof(uint64_t);
+    PS_RETURN_IF_ERROR(
+        check(shared_windows
+                  ? MPI_Win_allocate_shared(bytes, kUnit, MPI_INFO_NULL, comm, &base, &arrivals_win)
+                  : MPI_Win_allocate(bytes, kUnit, MPI_INFO_NULL, comm, &base, &arrivals_win),
+              "MPI_Win_allocate (arrivals)"));
+    MPI_Win_set_errhandler(arrivals_win, MPI_ERRORS_RETURN);
+    arrivals = static_cast<uint64_t*>(base);
+    std::fill(arrivals, arrivals + size, 0);
+    if (shared_windows) {
+      for (int r = 0; r < size; ++r) {
+        MPI_Aint peer_bytes = 0;
+        int unit = 0;
+        void* peer = nullptr;
+        PS_RETURN_IF_ERROR(check(MPI_Win_shared_query(arrivals_win, r, &peer_bytes, &unit, &peer),
+                                 "MPI_Win_shared_query (arrivals)"));
+        arrivals_direct.push_back(static_cast<uint64_t*>(peer));
+      }
+    }
+    PS_RETURN_IF_ERROR(
+        check(MPI_Win_lock_all(MPI_MODE_NOCHECK, arrivals_win), "MPI_Win_lock_all (arrivals)"));
+    // Nobody stores before every rank has zeroed its slots.
+    PS_RETURN_IF_ERROR(check(MPI_Ibarrier(comm, &request), "MPI_Ibarrier"));
+    return wait_request(request, "barrier", timeout);
+  }
+
+  // Called on entering a collective: this rank's count, into its slot at every peer.
+  Status announce(std::chrono::milliseconds timeout) {
+    PS_RETURN_IF_ERROR(open_arrivals(timeout));
+    ++entered;
+    if (shared_windows) {
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        std::atomic_ref<uint64_t>(arrivals_direct[r][rank])
+            .store(entered, std::memory_order_release);
+      }
+      return ok_status();
+    }
+    for (int r = 0; r < size && entered > 1; ++r) {
+      // The previous collective's puts read entered_sent: complete them before it changes.
+      if (r == rank) continue;
+      const CallWatchdog::Guard guard =
+          watchdog->guard("MPI_Win_flush_local (arrivals)", r, timeout);
+      PS_RETURN_IF_ERROR(
+          check(MPI_Win_flush_local(r, arrivals_win), "MPI_Win_flush_local (arrivals)", r));
+    }
+    entered_sent = entered;
+    arrivals_flushed = false;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const CallWatchdog::Guard guard = watchdog->guard("MPI_Put (arrivals)", r, timeout);
+      PS_RETURN_IF_ERROR(
+          check(MPI_Put(&entered_sent, 1, MPI_UINT64_T, r, rank, 1, MPI_UINT64_T, arrivals_win),
+                "MPI_Put (arrivals)", r));
+    }
+    return ok_status();
+  }
+
+  // "rank 2" or "ranks 1 and 3": the peers whose count is behind this rank's; empty when
+  // none is (or nothing is known).
+  std::string missing_ranks() {
+    if (arrivals_win == MPI_WIN_NULL || entered == 0) return "";
+    if (MPI_Win_sync(arrivals_win) != MPI_SUCCESS) return "";
+    std::vector<int> behind;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      if (std::atomic_ref<uint64_t>(arrivals[r]).load(std::memory_order_acquire) < entered) {
+        behind.push_back(r);
+      }
+    }
+    if (behind.empty()) return "";
+    std::string list = behind.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < behind.size(); ++i) {
+      if (i > 0) list += i + 1 == behind.size() ? " and " : ", ";
+      list += std::to_string(behind[i]);
+    }
+    return list;
   }
 };
 
@@ -233,6 +357,10 @@ MpiCommunicator::MpiCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(i
 
 MpiCommunicator::~MpiCommunicator() {
   if (impl_->broken) return;  // MPI_Finalize would wait for the lost rank
+  if (impl_->arrivals_win != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(impl_->arrivals_win);
+    MPI_Win_free(&impl_->arrivals_win);
+  }
   MPI_Comm_free(&impl_->comm);
   MPI_Finalize();
 }
@@ -254,6 +382,7 @@ std::string_view MpiCommunicator::name() const {
 }
 
 Status MpiCommunicator::barrier(std::chrono::milliseconds timeout) {
+  PS_RETURN_IF_ERROR(impl_->announce(timeout));
   MPI_Request request;
   PS_RETURN_IF_ERROR(impl_->check(MPI_Ibarrier(impl_->comm, &request), "MPI_Ibarrier"));
   return impl_->wait_request(request, "barrier", timeout);
@@ -261,6 +390,7 @@ Status MpiCommunicator::barrier(std::chrono::milliseconds timeout) {
 
 Status MpiCommunicator::allreduce(std::span<int64_t> values, ReduceOp op,
                                   std::chrono::milliseconds timeout) {
+  PS_RETURN_IF_ERROR(impl_->announce(timeout));
   MPI_Request request;
   PS_RETURN_IF_ERROR(impl_->check(
       MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T,
@@ -276,6 +406,7 @@ Status MpiCommunicator::allgather(std::span<const std::byte> mine, std::span<std
                             " bytes, expected " + std::to_string(impl_->size) + " x " +
                             std::to_string(mine.size()));
   }
+  PS_RETURN_IF_ERROR(impl_->announce(timeout));
   MPI_Request request;
   const int count = static_cast<int>(mine.size());
   PS_RETURN_IF_ERROR(impl_->check(MPI_Iallgather(mine.data(), count, MPI_BYTE, all.data(), count,

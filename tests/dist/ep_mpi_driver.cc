@@ -36,6 +36,9 @@ struct Flags {
   int kill_step = 2;
   int timeout_ms = 30000;
   bool direct_stores = true;
+  // Each step starts with an allgather, as the ranks' step agreement does: --kill-rank then
+  // dies outside any exchange, and the others must name it from the collective's timeout.
+  bool agree = false;
   MpiWindows windows = MpiWindows::kAuto;
 };
 
@@ -53,6 +56,8 @@ Result<Flags> parse_flags(int argc, char** argv) {
       flags.kill_rank = std::atoi(value.c_str());
     } else if (arg == "--kill-step") {
       flags.kill_step = std::atoi(value.c_str());
+    } else if (arg == "--agree") {
+      flags.agree = value != "0";
     } else if (arg == "--direct") {
       flags.direct_stores = value != "0";
     } else if (arg == "--transport") {
@@ -125,6 +130,7 @@ Status run(Communicator& comm, const Flags& flags) {
   }
   constexpr int kWarmup = 2;
   int64_t allocations_before = 0;
+  std::vector<std::byte> agreement(sizeof(int64_t) * static_cast<size_t>(comm.size()));
   for (int step = 0; step < flags.steps; ++step) {
     if (step == flags.kill_step && comm.rank() == flags.kill_rank) {
       std::fprintf(stderr, "rank %d: killing itself at step %d\n", comm.rank(), step);
@@ -132,6 +138,11 @@ Status run(Communicator& comm, const Flags& flags) {
       std::raise(SIGKILL);
     }
     if (step == kWarmup) allocations_before = testing::allocations_on_this_thread();
+    if (flags.agree) {
+      const int64_t mine = step;
+      PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(&mine, 1)), agreement,
+                                        std::chrono::milliseconds(flags.timeout_ms)));
+    }
     PS_RETURN_IF_ERROR(ep.dispatch(batches[0][step]->tokens, *calls[0]));
     PS_RETURN_IF_ERROR(ep.dispatch(batches[1][step]->tokens, *calls[1]));
     PS_RETURN_IF_ERROR(ep.compute(*calls[0]));

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # Kills rank 2 of 4 mid-run and checks that every other rank exits non-zero with an error
-# naming rank 2, within the timeout (no hang). Usage: expect_lost_rank.sh MPIRUN DRIVER [network]
+# naming rank 2, within the timeout (no hang).
+# Usage: expect_lost_rank.sh MPIRUN DRIVER [network|shared] [agreement]
 # "network": the windows are MPI one-sided puts over TCP (the path across hosts), where a
 # flush to the dead rank blocks inside MPI and the call watchdog must end the survivors.
+# "agreement": each step starts with an allgather (the step agreement) and rank 2 dies
+# before it, outside any exchange: the others' collective times out and must name it.
 # --enable-recovery keeps mpirun from killing the survivors itself, so that their own
 # error handling is what is tested; each rank's exit status is printed by a wrapping shell.
 set -uo pipefail
 mpirun=$1 driver=$2
-mca=() transport=()
+mca=() transport=() agree=()
 if [[ ${3:-} == network ]]; then
   mca=(--mca osc pt2pt --mca btl self,tcp --mca btl_tcp_if_include lo)
   transport=(--transport network)
 fi
+if [[ ${4:-} == agreement ]]; then agree=(--agree 1); fi
 start=$(date +%s)
 out=$(timeout 50 "$mpirun" --oversubscribe --bind-to none --enable-recovery "${mca[@]}" -np 4 \
   bash -c '"$0" "$@"; echo "exit status $? of rank $OMPI_COMM_WORLD_RANK"' \
   "$driver" --dtype fp32 --steps 6 --kill-rank 2 --kill-step 2 --timeout-ms 5000 \
-  "${transport[@]}" 2>&1)
+  "${transport[@]}" "${agree[@]}" 2>&1)
 rc=$?
 echo "$out"
 elapsed=$(( $(date +%s) - start ))
