@@ -36,6 +36,7 @@ struct MpiCommunicator::Impl {
   int size = 1;
   std::string name;
   bool broken = false;
+  Status broken_status;  // the first failure, once broken
   // Every rank on one node and MpiWindows::kAuto: windows are MPI_Win_allocate_shared.
   bool shared_windows = false;
   // Bounds the window calls that take no timeout (a flush to a dead peer can block forever).
@@ -43,6 +44,7 @@ struct MpiCommunicator::Impl {
 
   // Records the failure; every later teardown skips the collective MPI calls.
   Status fail(Status status) {
+    if (!broken) broken_status = status;
     broken = true;
     return status;
   }
@@ -145,6 +147,9 @@ struct MpiCommunicator::Impl {
 
   // Called on entering a collective: this rank's count, into its slot at every peer.
   Status announce(std::chrono::milliseconds timeout) {
+    // A collective that failed may still be pending inside MPI, over buffers its caller has
+    // since freed: no further call may drive MPI's progress and complete it.
+    if (broken) return unavailable("the group is broken: " + broken_status.message());
     PS_RETURN_IF_ERROR(open_arrivals(timeout));
     ++entered;
     if (shared_windows) {
@@ -214,6 +219,13 @@ class MpiWindow final : public Window {
 
   ~MpiWindow() override {
     if (comm_->broken) return;  // MPI_Win_free is collective: a lost peer would hang it
+    // It takes no timeout either (a window is freed at every EPLB swap, not only at the
+    // end): meet first, with one; a peer that does not come leaves the window to the OS.
+    MPI_Request request;
+    if (!comm_->check(MPI_Ibarrier(comm_->comm, &request), "MPI_Ibarrier").ok() ||
+        !comm_->wait_request(request, "barrier before freeing a window", timeout_).ok()) {
+      return;
+    }
     MPI_Win_unlock_all(win_);
     MPI_Win_free(&win_);
   }
@@ -417,8 +429,21 @@ Status MpiCommunicator::allgather(std::span<const std::byte> mine, std::span<std
 
 Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
                                                                std::chrono::milliseconds timeout) {
-  // MPI_Win_allocate blocks until every rank calls it: meet first, with a timeout.
-  PS_RETURN_IF_ERROR(barrier(timeout));
+  // MPI_Win_allocate blocks until every rank calls it: meet first, with a timeout, and
+  // compare sizes (each rank allocates its own part, and the exchanges store into a peer's
+  // part as if it were their own size: ranks started with other options must not pair).
+  const uint64_t mine = bytes;
+  std::vector<uint64_t> sizes(static_cast<size_t>(impl_->size));
+  PS_RETURN_IF_ERROR(allgather(std::as_bytes(std::span(&mine, 1)),
+                               std::as_writable_bytes(std::span(sizes)), timeout));
+  for (int r = 0; r < impl_->size; ++r) {
+    if (sizes[r] != mine) {
+      return invalid_argument("window of " + std::to_string(mine) + " bytes on rank " +
+                              std::to_string(impl_->rank) + ", " + std::to_string(sizes[r]) +
+                              " on rank " + std::to_string(r) +
+                              " (were the ranks started with different options?)");
+    }
+  }
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
   // Shared windows (one node, MpiWindows::kAuto): memory every rank can also store into.

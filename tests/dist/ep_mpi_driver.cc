@@ -39,6 +39,9 @@ struct Flags {
   // Each step starts with an allgather, as the ranks' step agreement does: --kill-rank then
   // dies outside any exchange, and the others must name it from the collective's timeout.
   bool agree = false;
+  // Only a window whose size differs on the last rank (as after other --max-num-batched-
+  // tokens): every rank must refuse it, naming the sizes.
+  bool skew_window = false;
   MpiWindows windows = MpiWindows::kAuto;
 };
 
@@ -56,6 +59,8 @@ Result<Flags> parse_flags(int argc, char** argv) {
       flags.kill_rank = std::atoi(value.c_str());
     } else if (arg == "--kill-step") {
       flags.kill_step = std::atoi(value.c_str());
+    } else if (arg == "--skew-window") {
+      flags.skew_window = value != "0";
     } else if (arg == "--agree") {
       flags.agree = value != "0";
     } else if (arg == "--direct") {
@@ -97,6 +102,10 @@ double relative_error(const std::vector<float>& out, const std::vector<float>& r
 }
 
 Status run(Communicator& comm, const Flags& flags) {
+  if (flags.skew_window) {
+    const size_t bytes = comm.rank() + 1 == comm.size() ? 8192 : 4096;
+    return comm.create_window(bytes, std::chrono::milliseconds(flags.timeout_ms)).status();
+  }
   const RandomMoe moe(/*hidden=*/128, /*inter=*/48, /*experts=*/16, /*top_k=*/4,
                       /*layers=*/{1, 2, 3}, /*seed=*/9);
   PS_ASSIGN_OR_RETURN(ExpertPlacement placement,
