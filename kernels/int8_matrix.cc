@@ -210,7 +210,10 @@ Result<PackedInt8Matrix> PackedInt8Matrix::pack_rows(std::span<const Int8Weights
   const int64_t cols = parts[0].values.cols;
   PackedInt8Matrix m(rows, cols, gate_up);
   int64_t row = 0;
-  for (const Int8WeightsView& v : parts) {
+  for (size_t part = 0; part < parts.size(); ++part) {
+    const Int8WeightsView& v = parts[part];
+    // Which input a row index refers to: the gate/up form is packed from two.
+    const std::string of = gate_up ? (part == 0 ? " of gate" : " of up") : "";
     const int64_t stride = v.values.stride == 0 ? v.values.cols : v.values.stride;
     for (int64_t r = 0; r < v.values.rows; ++r, ++row) {
       const int8_t* values = v.values.data + r * stride;
@@ -220,13 +223,13 @@ Result<PackedInt8Matrix> PackedInt8Matrix::pack_rows(std::span<const Int8Weights
       if (lowest == -128) {
         const int64_t p = std::find(values, values + cols, int8_t{-128}) - values;
         return invalid_argument(std::string(what) + ": value -128 at row " + std::to_string(r) +
-                                ", column " + std::to_string(p) +
+                                of + ", column " + std::to_string(p) +
                                 " (symmetric int8 weights are in [-127, 127])");
       }
       const float scale = v.scales[r];
       if (!std::isfinite(scale) || scale < 0.0f) {
-        return invalid_argument(std::string(what) + ": scale of row " + std::to_string(r) + " is " +
-                                std::to_string(scale) + ", expected finite and >= 0");
+        return invalid_argument(std::string(what) + ": scale of row " + std::to_string(r) + of +
+                                " is " + std::to_string(scale) + ", expected finite and >= 0");
       }
       m.set_row(row, values, scale);
     }

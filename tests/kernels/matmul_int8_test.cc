@@ -196,6 +196,20 @@ TEST_F(MatmulInt8Test, RejectsBadWeightsWithAClearError) {
   auto bad_scale = PackedInt8Matrix::pack({{values.data(), 2, 2, 0}, scales.data()});
   ASSERT_FALSE(bad_scale.ok());
   EXPECT_NE(bad_scale.status().message().find("scale of row 1"), std::string::npos);
+  // The fused gate/up form: the error says which of its two inputs the row is in.
+  std::vector<float> good_scales = {1.0f, 1.0f};
+  values[1] = -128;
+  const std::vector<int8_t> good = {1, 2, 3, 4};
+  auto bad_up = PackedInt8Matrix::pack_gate_up({{good.data(), 2, 2, 0}, good_scales.data()},
+                                               {{values.data(), 2, 2, 0}, good_scales.data()});
+  ASSERT_FALSE(bad_up.ok());
+  EXPECT_NE(bad_up.status().message().find("-128 at row 0 of up, column 1"), std::string::npos)
+      << bad_up.status().message();
+  auto bad_gate_scale = PackedInt8Matrix::pack_gate_up(
+      {{good.data(), 2, 2, 0}, scales.data()}, {{good.data(), 2, 2, 0}, good_scales.data()});
+  ASSERT_FALSE(bad_gate_scale.ok());
+  EXPECT_NE(bad_gate_scale.status().message().find("scale of row 1 of gate"), std::string::npos)
+      << bad_gate_scale.status().message();
 
   std::vector<float> w = {1, 2, std::numeric_limits<float>::quiet_NaN(), 4};
   auto nan = PackedInt8Matrix::quantize(MatrixView<float>{w.data(), 2, 2, 0});
