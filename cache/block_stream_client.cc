@@ -11,6 +11,9 @@ using namespace block_stream;  // NOLINT: the protocol's constants and helpers
 
 namespace {
 
+// The buffer a block nobody can take is read through (and dropped).
+constexpr size_t kDiscardChunk = size_t{64} << 10;
+
 // Reads a status written by append_status into *remote; the result is the read's own.
 Status read_status(int fd, PoolDeadline deadline, const std::string& what, Status* remote) {
   std::byte head[6];
@@ -118,9 +121,17 @@ std::vector<BlockLookup> BlockStreamClient::get_once(std::span<const PoolKey> ke
       }
       std::span<std::byte> dst = sinks[answered](static_cast<size_t>(size));
       if (dst.size() != size) {
-        // Keep the stream in step, then report the mismatch for this block only.
-        discard.resize(static_cast<size_t>(size));
-        if (Status s = read_exact(fd->get(), discard, deadline, what); !s.ok()) return fail_rest(s);
+        // Keep the stream in step, then report the mismatch for this block only. The bytes
+        // go through a fixed buffer: the size is the member's word, up to 64 GiB.
+        discard.resize(kDiscardChunk);
+        for (uint64_t left = size; left > 0;) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kDiscardChunk));
+          if (Status s = read_exact(fd->get(), std::span(discard).first(n), deadline, what);
+              !s.ok()) {
+            return fail_rest(s);
+          }
+          left -= n;
+        }
         out[answered] = BlockLookup::failed(invalid_argument(
             "cache block " + to_string(keys[answered]) + " is " + std::to_string(size) +
             " bytes, the destination " + std::to_string(dst.size())));

@@ -227,5 +227,40 @@ TEST(BlockStreamClientTest, SilentMemberIsAnErrorByTheDeadline) {
   EXPECT_EQ(r.error.code(), StatusCode::kUnavailable);
 }
 
+TEST(BlockStreamClientTest, AHitOfTheWrongSizeIsAnErrorNotAHugeBuffer) {
+  // A member (buggy, or a stray listener on its port) claims a hit of almost 64 GiB for a
+  // 100-byte destination and then hangs up: the client reads through a fixed buffer and
+  // reports the block, instead of zero-filling a buffer of the claimed size.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::listen(listener, 4);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread member([listener] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    char request[256];
+    (void)::recv(fd, request, sizeof request, 0);
+    std::string reply;
+    block_stream::append_u8(&reply, block_stream::kHit);
+    block_stream::append_u64(&reply, (uint64_t{1} << 36) - 1);
+    reply.append(1 << 20, 'x');  // some of it, then nothing more
+    (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  });
+  BlockStreamClient client("127.0.0.1", ntohs(addr.sin_port), "lying member");
+  std::vector<std::byte> out(100);
+  const PoolKey key{"kv", 1};
+  const BlockSink sink = sink_into(out);
+  BlockLookup r = client.get({&key, 1}, {&sink, 1}, PoolClock::now() + milliseconds(5000))[0];
+  member.join();
+  ::close(listener);
+  EXPECT_EQ(r.kind, BlockLookup::Kind::kError);
+  EXPECT_NE(r.error.message().find("lying member"), std::string::npos) << r.error.message();
+}
+
 }  // namespace
 }  // namespace peerserve
