@@ -87,6 +87,15 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   out.put<int32_t>(p.n);
   out.put_bool(p.skip_special_tokens);
   out.put_string(request.prefill_hint);
+  // A prefill instance's hand-off target travels too: a request rank 0 hands to another
+  // rank must still push its KV to the decode instance waiting for it.
+  out.put_bool(request.kv_push.has_value());
+  if (request.kv_push) {
+    out.put_string(request.kv_push->endpoint);
+    out.put_string(request.kv_push->transfer);
+    out.put<int64_t>(request.kv_push->first_block);
+    out.put_bool(request.kv_push->tail);
+  }
 }
 
 Result<EngineRequest> decode_request(ByteReader& in) {
@@ -103,6 +112,17 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   p.n = in.get<int32_t>();
   p.skip_special_tokens = in.get_bool();
   request.prefill_hint = in.get_string();
+  if (in.get_bool()) {
+    KvPushTarget& push = request.kv_push.emplace();
+    push.endpoint = in.get_string();
+    push.transfer = in.get_string();
+    push.first_block = in.get<int64_t>();
+    push.tail = in.get_bool();
+    if (in.ok() && push.first_block < 0) {
+      return data_loss("engine request message: kv_push.first_block = " +
+                       std::to_string(push.first_block));
+    }
+  }
   if (!in.ok()) return data_loss("engine request message is truncated or corrupt");
   return request;
 }

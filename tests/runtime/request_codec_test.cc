@@ -34,6 +34,8 @@ EngineRequest full_request() {
   r.params.n = 3;
   r.params.skip_special_tokens = false;
   r.prefill_hint = "127.0.0.1:8101";
+  r.kv_push = KvPushTarget{
+      .endpoint = "10.0.0.7:9100", .transfer = "handoff-42", .first_block = 3, .tail = true};
   return r;
 }
 
@@ -102,6 +104,12 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(decoded->params.n, 3);
   EXPECT_FALSE(decoded->params.skip_special_tokens);
   EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");
+  // A prefill instance's request handed to another rank still pushes its KV.
+  ASSERT_TRUE(decoded->kv_push.has_value());
+  EXPECT_EQ(decoded->kv_push->endpoint, "10.0.0.7:9100");
+  EXPECT_EQ(decoded->kv_push->transfer, "handoff-42");
+  EXPECT_EQ(decoded->kv_push->first_block, 3);
+  EXPECT_TRUE(decoded->kv_push->tail);
 
   // Unset optionals stay unset.
   EngineRequest plain;
@@ -114,6 +122,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   ASSERT_TRUE(plain_decoded.ok());
   EXPECT_FALSE(plain_decoded->params.max_tokens.has_value());
   EXPECT_FALSE(plain_decoded->params.sampling.seed.has_value());
+  EXPECT_FALSE(plain_decoded->kv_push.has_value());
 }
 
 TEST(RequestCodecTest, OutputRoundTripsEveryField) {
