@@ -161,8 +161,10 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
           http_call(endpoint, "POST", "/v1/completions", body.dump(), timeout_);
       if (!reply.ok()) {
         status = reply.status();
-      } else if (reply->status >= 400 && reply->status < 500) {
-        // The request, not the instance: the others would refuse it too.
+      } else if (reply->status >= 400 && reply->status < 500 && reply->status != 429) {
+        // The request, not the instance: the others would refuse it too. (429 is the
+        // instance: its queue is full, so it backs off like one that failed and the next is
+        // tried.)
         std::lock_guard<std::mutex> lock(mutex_);
         --instances_[pick].in_flight;
         ++instances_[pick].calls;

@@ -1,0 +1,85 @@
+// The decode instance's choice of prefill instance: a busy instance (429) is passed over for
+// the next one, a refused prompt (other 4xx) is not retried elsewhere.
+#include "serve/prefill_dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serve/http_server.h"
+
+namespace peerserve {
+namespace {
+
+constexpr const char* kIdentity = "peerserve-kv/1;test;";
+
+// A fake prefill instance: its card names kIdentity; completions answer `status`.
+class FakePrefill {
+ public:
+  explicit FakePrefill(int status) : status_(status) {
+    HttpServerOptions options;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    auto server =
+        HttpServer::create(options, [this](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+          if (req.path() == "/v1/models") {
+            ex->respond(200, "application/json",
+                        std::string(R"({"data":[{"id":"m","peerserve":{"kv_namespace":")") +
+                            kIdentity + R"("}}]})");
+            return;
+          }
+          ++completions_;
+          ex->respond(status_, "application/json",
+                      status_ == 200 ? R"({"choices":[{"text":"x"}]})" : R"({"error":"no"})");
+        });
+    PS_CHECK(server.ok()) << server.status().to_string();
+    server_ = std::move(server).value();
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~FakePrefill() {
+    server_->stop();
+    thread_.join();
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+  int completions() const { return completions_.load(); }
+
+ private:
+  const int status_;
+  std::atomic<int> completions_{0};
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+};
+
+TEST(PrefillDispatcherTest, ABusyInstanceIsPassedOverForTheNext) {
+  FakePrefill busy(429), idle(200);
+  auto dispatcher = PrefillDispatcher::create(busy.endpoint() + "," + idle.endpoint(), kIdentity,
+                                              std::chrono::milliseconds(5000));
+  ASSERT_TRUE(dispatcher.ok()) << dispatcher.status().to_string();
+  (*dispatcher)->set_preferred(0);
+  const std::vector<TokenId> prompt = {1, 2, 3};
+  const Status s = (*dispatcher)->prefill(prompt);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(busy.completions(), 1);
+  EXPECT_EQ(idle.completions(), 1);
+  EXPECT_EQ((*dispatcher)->counters().retries, 1);
+}
+
+TEST(PrefillDispatcherTest, ARefusedPromptIsNotTriedElsewhere) {
+  FakePrefill refusing(400), idle(200);
+  auto dispatcher = PrefillDispatcher::create(refusing.endpoint() + "," + idle.endpoint(),
+                                              kIdentity, std::chrono::milliseconds(5000));
+  ASSERT_TRUE(dispatcher.ok()) << dispatcher.status().to_string();
+  (*dispatcher)->set_preferred(0);
+  const std::vector<TokenId> prompt = {1, 2, 3};
+  const Status s = (*dispatcher)->prefill(prompt);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("refused the prompt (400)"), std::string::npos) << s.message();
+  EXPECT_EQ(idle.completions(), 0);
+}
+
+}  // namespace
+}  // namespace peerserve
