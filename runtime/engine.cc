@@ -481,6 +481,7 @@ void Engine::lose_group(const Status& why) {
   lockstep_lost_ = true;
   std::vector<RequestId> ids;
   for (const auto& [id, request] : live_) ids.push_back(id);
+  for (const auto& [id, request] : loading_) ids.push_back(id);  // still fetching KV
   for (RequestId id : ids) abort_now(id, FinishReason::kError, why);
 }
 
