@@ -688,6 +688,7 @@ void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
     // Still waiting for its pool lookup: nothing is in the scheduler yet. Reserved blocks
     // may still be written into; they are freed when the lookup comes back.
     Pending pending = std::move(loading->second.pending);
+    if (connector_) connector_->cancel(id);  // a queued load gives its blocks back at once
     if (!loading->second.reservation.fresh.empty()) {
       Scheduler::Reservation& reserved = loading->second.reservation;
       if (loading->second.tail_block) reserved.fresh.push_back(*loading->second.tail_block);

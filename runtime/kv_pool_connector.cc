@@ -48,6 +48,19 @@ void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashe
   wake_.notify_one();
 }
 
+void KvPoolConnector::cancel(RequestId request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto job = jobs_.begin(); job != jobs_.end(); ++job) {
+    if (job->request != request) continue;
+    jobs_.erase(job);
+    Loaded dropped;
+    dropped.request = request;
+    loaded_.push_back(std::move(dropped));
+    ++counters_.loads_cancelled;
+    return;
+  }
+}
+
 std::vector<KvPoolConnector::Loaded> KvPoolConnector::take_loaded() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Loaded> out;

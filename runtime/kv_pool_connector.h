@@ -66,6 +66,7 @@ struct KvPoolConnectorOptions {
 
 struct KvPoolCounters {
   int64_t loads = 0;             // requests looked up in the pool
+  int64_t loads_cancelled = 0;   // aborted before their lookup started (not in `loads`)
   int64_t blocks_looked_up = 0;  // blocks asked for
   int64_t blocks_hit = 0;        // blocks loaded (the leading run of hits)
   int64_t bytes_loaded = 0;
@@ -114,6 +115,11 @@ class KvPoolConnector {
   void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt,
                   int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {},
                   std::span<std::byte> tail_destination = {}, std::string prefill_hint = {});
+  // The request was aborted: if its load has not started, it is dropped (no lookup, no
+  // remote prefill) and comes back from take_loaded() at once with nothing landed, so its
+  // reserved blocks are freed now rather than after the jobs queued before it. A load that
+  // is running finishes on its own (each of its calls is bounded by a timeout).
+  void cancel(RequestId request);
   // Finished lookups (possibly with no blocks), in completion order.
   std::vector<Loaded> take_loaded();
   // Writes blocks[i] under hashes[i] in the background (best effort). Behind a pending push

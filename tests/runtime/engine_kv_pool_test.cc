@@ -487,6 +487,40 @@ TEST(EngineKvPoolTest, AbortWhileTheHandoffRunsFreesTheReservedBlocksAfterwards)
   EXPECT_EQ(tokens_of(out2), reference_generate(prompt, 4, kVocab, std::nullopt));
 }
 
+TEST(EngineKvPoolTest, AnAbortedLoadThatHasNotStartedNeverRunsAndFreesItsBlocksAtOnce) {
+  // Two connector workers, three loads: the third waits for a worker. Aborted while it
+  // waits, it must not run its remote prefill later, and its reserved blocks come back
+  // without waiting for the two loads before it.
+  DirectHandoff setup;
+  setup.delay = std::chrono::milliseconds(600);
+  Collector collector;
+  std::vector<RequestId> ids;
+  for (int salt : {21, 22, 23}) {
+    auto id = setup.decode().submit({long_prompt(salt), greedy(2)}, collector.sink());
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(setup.calls.load(), 2);  // the third is queued
+  EXPECT_EQ(setup.decode().metrics().scheduler.num_used_blocks, 30);
+  setup.decode().abort(ids[2]);
+  auto aborted = collector.wait(ids[2]);
+  ASSERT_FALSE(aborted.empty());
+  EXPECT_EQ(aborted.back().choices.back().finish_reason, FinishReason::kAbort);
+  // Freed while the two running loads still hold theirs.
+  auto m =
+      metrics_when(setup.decode(), [](const auto& s) { return s.scheduler.num_used_blocks <= 20; });
+  EXPECT_EQ(m.scheduler.num_used_blocks, 20);
+  EXPECT_EQ(m.kv_pool.loads_cancelled, 1);
+  for (size_t i = 0; i < 2; ++i) {
+    auto out = collector.wait(ids[i]);
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(tokens_of(out),
+              reference_generate(long_prompt(21 + static_cast<int>(i)), 2, kVocab, std::nullopt));
+  }
+  EXPECT_EQ(setup.calls.load(), 2);  // the aborted prompt was never sent to a prefill instance
+}
+
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
   auto pool = local_pool();
   EngineOptions options;
