@@ -419,8 +419,9 @@ int run_serve(const ServeCli& cli) {
                            ": expected >= 1"),
           true);
     }
-    auto dispatcher = PrefillDispatcher::create(cli.prefill_instances, kv_identity,
-                                                std::chrono::milliseconds(cli.prefill_timeout_ms));
+    auto dispatcher =
+        PrefillDispatcher::create(cli.prefill_instances, kv_identity,
+                                  std::chrono::milliseconds(cli.prefill_timeout_ms), cli.api_key);
     if (!dispatcher.ok()) return session.fail(dispatcher.status(), true);
     std::vector<std::string> unreachable;
     if (Status s = (*dispatcher)->check(&unreachable); !s.ok()) return session.fail(s, true);

@@ -34,15 +34,17 @@ int run_router_role(const RouterRoleOptions& options) {
   }
   // A health check waits at most one interval (and never more than 2 s).
   const auto interval = std::chrono::milliseconds(options.health_interval_ms);
+  const std::string api_key = options.api_key.value_or("");
   auto backends = RouterBackends::create(options.decode_instances, interval,
-                                         std::min(interval, std::chrono::milliseconds(2000)));
+                                         std::min(interval, std::chrono::milliseconds(2000)),
+                                         "decode instance", "--decode", api_key);
   if (!backends.ok()) return fail(backends.status());
   std::shared_ptr<RouterBackends> shared = std::move(backends).value();
   std::shared_ptr<RouterBackends> prefill;
   if (!options.prefill_instances.empty()) {
     auto created = RouterBackends::create(options.prefill_instances, interval,
                                           std::min(interval, std::chrono::milliseconds(2000)),
-                                          "prefill instance", "--prefill");
+                                          "prefill instance", "--prefill", api_key);
     if (!created.ok()) return fail(created.status());
     prefill = std::move(created).value();
     prefill->share_identity_with(shared.get());  // same model and KV namespace as the decoders

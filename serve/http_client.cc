@@ -17,7 +17,8 @@ using tcp = asio::ip::tcp;
 
 Result<HttpCallResult> http_call(const std::string& endpoint, const std::string& method,
                                  const std::string& target, const std::string& body,
-                                 std::chrono::milliseconds timeout, uint64_t max_body_bytes) {
+                                 std::chrono::milliseconds timeout, uint64_t max_body_bytes,
+                                 const std::string& api_key) {
   const size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
     return invalid_argument("endpoint '" + endpoint + "': expected HOST:PORT");
@@ -44,6 +45,7 @@ Result<HttpCallResult> http_call(const std::string& endpoint, const std::string&
     http::request<http::string_body> request(verb, target, 11);
     request.set(http::field::host, host);
     request.set(http::field::user_agent, "peerserve");
+    if (!api_key.empty()) request.set(http::field::authorization, "Bearer " + api_key);
     if (!body.empty()) {
       request.set(http::field::content_type, "application/json");
       request.body() = body;

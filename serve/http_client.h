@@ -20,11 +20,14 @@ struct HttpCallResult {
 };
 
 // `endpoint` is "host:port"; `target` the path ("/v1/completions"). A body is sent as
-// application/json when non-empty. Errors: Unavailable (connect, I/O, timeout, malformed
-// reply), InvalidArgument (a bad endpoint), ResourceExhausted (a reply over max_body_bytes).
+// application/json when non-empty; `api_key`, when not empty, as 'Authorization: Bearer'
+// (peers of one deployment share its --api-key). Errors: Unavailable (connect, I/O,
+// timeout, malformed reply), InvalidArgument (a bad endpoint), ResourceExhausted (a reply
+// over max_body_bytes).
 Result<HttpCallResult> http_call(const std::string& endpoint, const std::string& method,
                                  const std::string& target, const std::string& body,
                                  std::chrono::milliseconds timeout,
-                                 uint64_t max_body_bytes = 16u << 20);
+                                 uint64_t max_body_bytes = 16u << 20,
+                                 const std::string& api_key = {});
 
 }  // namespace peerserve

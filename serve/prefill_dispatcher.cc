@@ -15,19 +15,27 @@ namespace peerserve {
 using json = nlohmann::json;
 
 Result<std::unique_ptr<PrefillDispatcher>> PrefillDispatcher::create(
-    const std::string& members, std::string kv_identity, std::chrono::milliseconds timeout) {
+    const std::string& members, std::string kv_identity, std::chrono::milliseconds timeout,
+    std::string api_key) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints,
                       parse_endpoint_list(members, "--prefill"));
   std::vector<Instance> instances(endpoints.size());
   for (size_t k = 0; k < endpoints.size(); ++k) instances[k].endpoint = std::move(endpoints[k]);
-  return std::unique_ptr<PrefillDispatcher>(
-      new PrefillDispatcher(std::move(instances), std::move(kv_identity), timeout));
+  return std::unique_ptr<PrefillDispatcher>(new PrefillDispatcher(
+      std::move(instances), std::move(kv_identity), timeout, std::move(api_key)));
 }
 
 Status PrefillDispatcher::handshake(const std::string& endpoint, std::string* model_name) const {
-  PS_ASSIGN_OR_RETURN(HttpCallResult reply,
-                      http_call(endpoint, "GET", "/v1/models", "",
-                                std::min(timeout_, std::chrono::milliseconds(5000))));
+  PS_ASSIGN_OR_RETURN(
+      HttpCallResult reply,
+      http_call(endpoint, "GET", "/v1/models", "",
+                std::min(timeout_, std::chrono::milliseconds(5000)), 16u << 20, api_key_));
+  if (reply.status == 401) {
+    // Configuration, not a passing failure: say which key to fix.
+    return invalid_argument("prefill instance " + endpoint +
+                            " refused this instance's API key (401): give both the same "
+                            "--api-key");
+  }
   if (reply.status != 200) {
     return unavailable("prefill instance " + endpoint + ": /v1/models answered " +
                        std::to_string(reply.status));
@@ -157,8 +165,8 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
                                      {"first_block", push->first_block},
                                      {"tail", push->tail}};
       }
-      Result<HttpCallResult> reply =
-          http_call(endpoint, "POST", "/v1/completions", body.dump(), timeout_);
+      Result<HttpCallResult> reply = http_call(endpoint, "POST", "/v1/completions", body.dump(),
+                                               timeout_, 16u << 20, api_key_);
       if (!reply.ok()) {
         status = reply.status();
       } else if (reply->status >= 400 && reply->status < 500 && reply->status != 429) {

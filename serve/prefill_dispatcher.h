@@ -48,9 +48,12 @@ class PrefillDispatcher {
  public:
   // `members`: "host:port,host:port,..."; `kv_identity`: this instance's
   // KvNamespace::canonical_identity(). InvalidArgument on a malformed list.
+  // `api_key`: sent to the instances as a bearer token (this instance's --api-key; the
+  // instances of one deployment share it), none when empty.
   static Result<std::unique_ptr<PrefillDispatcher>> create(const std::string& members,
                                                            std::string kv_identity,
-                                                           std::chrono::milliseconds timeout);
+                                                           std::chrono::milliseconds timeout,
+                                                           std::string api_key = {});
 
   // Tries instance `index` (list order) first whenever it is up; -1: no preference.
   void set_preferred(int index);
@@ -96,8 +99,11 @@ class PrefillDispatcher {
     std::chrono::milliseconds backoff{0};
   };
   PrefillDispatcher(std::vector<Instance> instances, std::string kv_identity,
-                    std::chrono::milliseconds timeout)
-      : instances_(std::move(instances)), kv_identity_(std::move(kv_identity)), timeout_(timeout) {}
+                    std::chrono::milliseconds timeout, std::string api_key)
+      : instances_(std::move(instances)),
+        kv_identity_(std::move(kv_identity)),
+        timeout_(timeout),
+        api_key_(std::move(api_key)) {}
 
   // Fetches and compares the instance's card; fills model_name. Not under mutex_.
   Status handshake(const std::string& endpoint, std::string* model_name) const;
@@ -107,6 +113,7 @@ class PrefillDispatcher {
   std::vector<Instance> instances_;
   const std::string kv_identity_;
   const std::chrono::milliseconds timeout_;
+  const std::string api_key_;
   PrefillDispatcherCounters counters_;
   int preferred_ = -1;
 };

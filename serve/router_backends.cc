@@ -16,22 +16,25 @@ Result<std::unique_ptr<RouterBackends>> RouterBackends::create(const std::string
                                                                std::chrono::milliseconds interval,
                                                                std::chrono::milliseconds timeout,
                                                                std::string role,
-                                                               const std::string& flag) {
+                                                               const std::string& flag,
+                                                               std::string api_key) {
   PS_ASSIGN_OR_RETURN(std::vector<std::string> endpoints, parse_endpoint_list(members, flag));
   if (interval.count() < 1 || timeout.count() < 1) {
     return invalid_argument("router health checks: interval and timeout must be >= 1 ms");
   }
-  return std::unique_ptr<RouterBackends>(
-      new RouterBackends(std::move(endpoints), interval, timeout, std::move(role)));
+  return std::unique_ptr<RouterBackends>(new RouterBackends(std::move(endpoints), interval, timeout,
+                                                            std::move(role), std::move(api_key)));
 }
 
 RouterBackends::RouterBackends(std::vector<std::string> endpoints,
                                std::chrono::milliseconds interval,
-                               std::chrono::milliseconds timeout, std::string role)
+                               std::chrono::milliseconds timeout, std::string role,
+                               std::string api_key)
     : endpoints_(std::move(endpoints)),
       interval_(interval),
       timeout_(timeout),
       role_(std::move(role)),
+      api_key_(std::move(api_key)),
       states_(endpoints_.size()) {}
 
 void RouterBackends::share_identity_with(RouterBackends* other) {
@@ -67,7 +70,13 @@ Status RouterBackends::probe(size_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (states_[index].verified) return ok_status();
   }
-  PS_ASSIGN_OR_RETURN(HttpCallResult reply, http_call(endpoint, "GET", "/v1/models", "", timeout_));
+  PS_ASSIGN_OR_RETURN(HttpCallResult reply,
+                      http_call(endpoint, "GET", "/v1/models", "", timeout_, 16u << 20, api_key_));
+  if (reply.status == 401) {
+    return unavailable(
+        "/v1/models answered 401: it refuses the router's API key (give the "
+        "router and its instances the same --api-key)");
+  }
   const json card = json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
   if (reply.status != 200 || !card.is_object() || !card.contains("data") ||
       !card["data"].is_array() || card["data"].empty() || !card["data"][0].is_object() ||

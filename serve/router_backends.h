@@ -42,12 +42,14 @@ class RouterBackends {
  public:
   // `members`: "host:port,host:port,..." (InvalidArgument when malformed or repeated);
   // `role` names them in errors and logs ("decode instance", "prefill instance"), `flag` is
-  // the option they came from.
+  // the option they came from; `api_key` (the router's --api-key, shared by the deployment)
+  // is sent with the card checks, none when empty.
   static Result<std::unique_ptr<RouterBackends>> create(const std::string& members,
                                                         std::chrono::milliseconds interval,
                                                         std::chrono::milliseconds timeout,
                                                         std::string role = "decode instance",
-                                                        const std::string& flag = "--decode");
+                                                        const std::string& flag = "--decode",
+                                                        std::string api_key = {});
   ~RouterBackends();
 
   // Checks every instance now (health and card). InvalidArgument naming two instances that
@@ -83,7 +85,7 @@ class RouterBackends {
     uint64_t last_chosen = 0;
   };
   RouterBackends(std::vector<std::string> endpoints, std::chrono::milliseconds interval,
-                 std::chrono::milliseconds timeout, std::string role);
+                 std::chrono::milliseconds timeout, std::string role, std::string api_key);
   // One health check (and the card comparison when not verified yet). Not under mutex_.
   Status probe(size_t index);
   void set_up(size_t index, bool up, const std::string& why);
@@ -95,6 +97,7 @@ class RouterBackends {
   const std::vector<std::string> endpoints_;
   const std::chrono::milliseconds interval_, timeout_;
   const std::string role_;
+  const std::string api_key_;
   RouterBackends* peer_ = nullptr;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -17,15 +17,21 @@ namespace {
 
 constexpr const char* kIdentity = "peerserve-kv/1;test;";
 
-// A fake prefill instance: its card names kIdentity; completions answer `status`.
+// A fake prefill instance: its card names kIdentity; completions answer `status`. With a
+// `key`, every route wants it as a bearer token (401 otherwise), as serve --api-key does.
 class FakePrefill {
  public:
-  explicit FakePrefill(int status) : status_(status) {
+  explicit FakePrefill(int status, std::string key = {}) : status_(status), key_(std::move(key)) {
     HttpServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
     auto server =
         HttpServer::create(options, [this](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+          const std::string* auth = req.header("authorization");
+          if (!key_.empty() && (auth == nullptr || *auth != "Bearer " + key_)) {
+            ex->respond(401, "application/json", R"({"error":"key"})");
+            return;
+          }
           if (req.path() == "/v1/models") {
             ex->respond(200, "application/json",
                         std::string(R"({"data":[{"id":"m","peerserve":{"kv_namespace":")") +
@@ -49,6 +55,7 @@ class FakePrefill {
 
  private:
   const int status_;
+  const std::string key_;
   std::atomic<int> completions_{0};
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
@@ -79,6 +86,26 @@ TEST(PrefillDispatcherTest, ARefusedPromptIsNotTriedElsewhere) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("refused the prompt (400)"), std::string::npos) << s.message();
   EXPECT_EQ(idle.completions(), 0);
+}
+
+TEST(PrefillDispatcherTest, TheDeploymentsApiKeyIsSentAndAWrongOneIsNamed) {
+  FakePrefill locked(200, "sesame");
+  const std::vector<TokenId> prompt = {1, 2, 3};
+  auto with_key = PrefillDispatcher::create(locked.endpoint(), kIdentity,
+                                            std::chrono::milliseconds(5000), "sesame");
+  ASSERT_TRUE(with_key.ok());
+  std::vector<std::string> unreachable;
+  EXPECT_TRUE((*with_key)->check(&unreachable).ok());
+  EXPECT_TRUE(unreachable.empty());
+  EXPECT_TRUE((*with_key)->prefill(prompt).ok());
+  EXPECT_EQ(locked.completions(), 1);
+
+  auto without =
+      PrefillDispatcher::create(locked.endpoint(), kIdentity, std::chrono::milliseconds(5000));
+  ASSERT_TRUE(without.ok());
+  const Status s = (*without)->check(&unreachable);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("--api-key"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -340,6 +340,35 @@ def refused_and_unavailable():
     assert lone.wait(timeout=20) == 0
 
 
+def with_api_key():
+    """An instance and a router that share --api-key: the router's card check sends the key
+    (without it the instance answered 401 and was never used), clients send it too."""
+    key = "sesame"
+    inst_port, front_port = free_port(), free_port()
+    inst = serve(inst_port, "--api-key", key)
+    front, _ = router(front_port, [inst_port], "--api-key", key)
+    body = {"model": NAME, "prompt": "The kernel", "max_tokens": 4, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{front_port}/v1/completions",
+                                 json.dumps(body).encode(),
+                                 {"Content-Type": "application/json",
+                                  "Authorization": f"Bearer {key}"})
+    got = None
+    deadline = time.monotonic() + 20
+    while got is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                got = json.load(r)["choices"][0]["text"]
+        except urllib.error.HTTPError as e:
+            assert e.code == 503, f"{e.code} {e.read().decode()[:300]}"
+            time.sleep(0.3)  # not checked yet
+    assert got is not None, "the instance never came up behind the router"
+    assert got == post(ref_port, "/v1/completions", body), got
+    assert status_of(front_port, "/v1/completions", body)[0] == 401  # no key from the client
+    for p in (front, inst):
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+
+
 def labelled(port, name, endpoint):
     """The value of metric `name` whose labels include instance="endpoint" (0 when absent)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -398,6 +427,7 @@ try:
          refused_and_unavailable)
     case("router --prefill: it suggests the least loaded prefill instance, the decode "
          "instance uses it (only its own)", router_suggests_prefill_instances)
+    case("router and instance with one --api-key: the router's checks send it", with_api_key)
 finally:
     stop_all(children)
 sys.exit(exit_code())
