@@ -28,7 +28,7 @@ void ThreadPool::run_parts(uint32_t generation) {
     if (part >= num_threads_) return;
     if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
     // The job cannot finish (and job_ cannot change) while this claimed part is pending.
-    (*job_)(part, num_threads_);
+    job_(part, num_threads_);
     parts_done_.fetch_add(1, std::memory_order_acq_rel);
     claim = claim_.load(std::memory_order_acquire);
   }
@@ -54,13 +54,13 @@ void ThreadPool::worker_loop() {
   }
 }
 
-void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
+void ThreadPool::run_on_all(FunctionRef<void(int, int)> fn) {
   if (num_threads_ == 1) {
     fn(0, 1);
     return;
   }
   const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
-  job_ = &fn;
+  job_ = fn;
   parts_done_.store(0, std::memory_order_relaxed);
   claim_.store(uint64_t{gen} << 32, std::memory_order_release);
   {
@@ -70,11 +70,10 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
   wake_.notify_all();
   run_parts(gen);
   while (parts_done_.load(std::memory_order_acquire) != num_threads_) __builtin_ia32_pause();
-  job_ = nullptr;
+  job_ = {};
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                              int64_t grain) {
+void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn, int64_t grain) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t chunks = (n + grain - 1) / grain;

@@ -13,10 +13,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "base/function_ref.h"
 
 namespace peerserve {
 
@@ -32,12 +33,11 @@ class ThreadPool {
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n); returns when all are done.
   // Ranges are aligned to `grain` elements (except the last one).
-  void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
-                    int64_t grain = 1);
+  void parallel_for(int64_t n, FunctionRef<void(int64_t begin, int64_t end)> fn, int64_t grain = 1);
 
   // Calls fn(part_idx, num_parts) once for every part_idx in [0, num_threads()), spread
   // over the pool's threads; returns when all parts are done.
-  void run_on_all(const std::function<void(int part_idx, int num_parts)>& fn);
+  void run_on_all(FunctionRef<void(int part_idx, int num_parts)> fn);
 
  private:
   void worker_loop();
@@ -48,7 +48,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  const std::function<void(int, int)>* job_ = nullptr;
+  FunctionRef<void(int, int)> job_;  // the loop running now
   // High 32 bits: the job's generation; low 32 bits: the next unclaimed part.
   std::atomic<uint64_t> claim_{0};
   std::atomic<int> parts_done_{0};

@@ -180,8 +180,9 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
 
 template <typename Args>
 void run_checked(std::span<const Args> problems, const char* what, ThreadPool* pool) {
-  std::vector<Problem> checked_problems;
-  checked_problems.reserve(problems.size());
+  // Kept between calls: no allocation per product (the caller's thread runs one at a time).
+  thread_local std::vector<Problem> checked_problems;
+  checked_problems.clear();
   for (const Args& a : problems) checked_problems.push_back(checked(a, what));
   run_problems(checked_problems, pool);
 }

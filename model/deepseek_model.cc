@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "base/check.h"
@@ -115,33 +114,35 @@ Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView
         std::to_string(kv_layers_needed) + " layers, latent " +
         std::to_string(config.kv_lora_rank) + ", rope " + std::to_string(config.qk_rope_head_dim));
   }
-  std::unordered_map<int32_t, size_t> writer_of_block;
+  // (block, chunk) of every block a chunk writes; kept between calls (no allocation per step).
+  thread_local std::vector<std::pair<int32_t, size_t>> writers;
+  writers.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ChunkView& chunk = chunks[i];
-    const std::string label = seq_label(what, i);
+    auto label = [&] { return seq_label(what, i); };  // built only for an error
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    if (n == 0) return invalid_argument(label + "no new tokens, expected at least one");
+    if (n == 0) return invalid_argument(label() + "no new tokens, expected at least one");
     for (int64_t t = 0; t < n; ++t) {
       if (chunk.tokens[t] < 0 || chunk.tokens[t] >= config.vocab_size) {
-        return invalid_argument(label + "token id " + std::to_string(chunk.tokens[t]) +
+        return invalid_argument(label() + "token id " + std::to_string(chunk.tokens[t]) +
                                 " at index " + std::to_string(t) +
                                 " is outside the vocabulary [0, " +
                                 std::to_string(config.vocab_size) + ")");
       }
     }
     if (chunk.start_pos < 0) {
-      return invalid_argument(label + "start_pos = " + std::to_string(chunk.start_pos) +
+      return invalid_argument(label() + "start_pos = " + std::to_string(chunk.start_pos) +
                               ", expected >= 0");
     }
     const int64_t end = chunk.start_pos + n;
     if (end > config.max_position_embeddings) {
-      return out_of_range(label + "positions [" + std::to_string(chunk.start_pos) + ", " +
+      return out_of_range(label() + "positions [" + std::to_string(chunk.start_pos) + ", " +
                           std::to_string(end) + ") go beyond max_position_embeddings = " +
                           std::to_string(config.max_position_embeddings));
     }
     const int64_t blocks_needed = layout.blocks_for_tokens(end);
     if (static_cast<int64_t>(chunk.block_table.size()) < blocks_needed) {
-      return invalid_argument(label + "block table has " +
+      return invalid_argument(label() + "block table has " +
                               std::to_string(chunk.block_table.size()) +
                               " blocks, expected at least " + std::to_string(blocks_needed) +
                               " to cover positions [0, " + std::to_string(end) + ") with " +
@@ -150,19 +151,24 @@ Status DeepseekModel::Impl::validate(const char* what, std::span<const ChunkView
     for (int64_t b = 0; b < blocks_needed; ++b) {
       const int32_t id = chunk.block_table[b];
       if (id < 0 || id >= cache.num_blocks()) {
-        return invalid_argument(label + "block id " + std::to_string(id) +
+        return invalid_argument(label() + "block id " + std::to_string(id) +
                                 " at block table index " + std::to_string(b) +
                                 " is outside the cache [0, " + std::to_string(cache.num_blocks()) +
                                 ")");
       }
     }
     for (int64_t b = chunk.start_pos / layout.block_size; b < blocks_needed; ++b) {
-      const auto [it, inserted] = writer_of_block.emplace(chunk.block_table[b], i);
-      if (!inserted && it->second != i) {
-        return invalid_argument(label + "block " + std::to_string(chunk.block_table[b]) +
-                                " is also written by sequence " + std::to_string(it->second) +
-                                " in the same step");
-      }
+      writers.emplace_back(chunk.block_table[b], i);
+    }
+  }
+  std::sort(writers.begin(), writers.end());
+  for (size_t k = 1; k < writers.size(); ++k) {
+    const auto [block, first] = writers[k - 1];
+    const auto [same_block, other] = writers[k];
+    if (block == same_block && first != other) {
+      return invalid_argument(seq_label(what, other) + "block " + std::to_string(block) +
+                              " is also written by sequence " + std::to_string(first) +
+                              " in the same step");
     }
   }
   return ok_status();
@@ -257,8 +263,12 @@ void DeepseekModel::Impl::drop_unreturned_rows(ForwardState& state, const StepLa
   if (!any) return;
   // Per chunk, the rows it returns (all, the last, or none) stay; the ones before them only
   // write their KV. Both sets are laid out again by plan(), as views of the chunk's tokens.
-  std::vector<ChunkView> dropped_views, kept_views;
-  std::vector<bool> absorbed;
+  std::vector<ChunkView>& dropped_views = state.kv_only_views;
+  std::vector<ChunkView>& kept_views = state.kept_views;
+  std::vector<bool>& absorbed = state.kept_absorbed;
+  dropped_views.clear();
+  kept_views.clear();
+  absorbed.clear();
   for (size_t c = 0; c < rows.chunks.size(); ++c) {
     const StepChunk& chunk = rows.chunks[c];
     const ChunkView& view = state.views[c];
@@ -610,20 +620,21 @@ std::unique_ptr<ForwardState> DeepseekModel::new_forward_state(int slot) const {
 
 namespace {
 
-std::vector<ChunkView> views_of(std::span<const SequenceChunk> chunks) {
-  std::vector<ChunkView> views;
-  views.reserve(chunks.size());
+// Into `views` (its capacity is reused: no allocation per step).
+void views_of(std::span<const SequenceChunk> chunks, std::vector<ChunkView>* views) {
+  views->clear();
   for (const SequenceChunk& c : chunks) {
-    views.push_back({c.tokens, c.start_pos, c.block_table, c.all_logits, c.all_hidden});
+    views->push_back({c.tokens, c.start_pos, c.block_table, c.all_logits, c.all_hidden});
   }
-  return views;
 }
 
 }  // namespace
 
 Status DeepseekModel::validate_forward(std::span<const SequenceChunk> chunks,
                                        const LatentKvCache& cache) const {
-  return impl_->validate("forward", views_of(chunks), cache, impl_->config.num_hidden_layers);
+  thread_local std::vector<ChunkView> views;
+  views_of(chunks, &views);
+  return impl_->validate("forward", views, cache, impl_->config.num_hidden_layers);
 }
 
 void DeepseekModel::abandon(ForwardState& state) {
@@ -641,9 +652,11 @@ Status DeepseekModel::begin_forward(ForwardState& state, std::span<const Sequenc
                                     LatentKvCache& cache) {
   Impl& m = *impl_;
   PS_CHECK(state.current == ForwardStage::kIdle);  // take_output before the next step
-  std::vector<ChunkView> views = views_of(chunks);
-  PS_RETURN_IF_ERROR(m.validate("forward", views, cache, m.config.num_hidden_layers));
-  state.views = std::move(views);
+  views_of(chunks, &state.views);
+  if (Status s = m.validate("forward", state.views, cache, m.config.num_hidden_layers); !s.ok()) {
+    state.views.clear();
+    return s;
+  }
   state.layers.clear();
   for (const DecoderLayerWeights& layer : m.weights.layers) {
     state.layers.push_back({&layer, layer.index});
@@ -666,11 +679,12 @@ Status DeepseekModel::begin_forward_mtp(ForwardState& state, std::span<const Mtp
         std::to_string(m.config.num_nextn_predict_layers) + ")");
   }
   const int64_t hidden = m.config.hidden_size;
-  std::vector<ChunkView> views;
-  views.reserve(chunks.size());
+  std::vector<ChunkView>& views = state.views;  // its capacity is reused step after step
+  views.clear();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const MtpChunk& c = chunks[i];
     if (c.hidden.size() != c.next_tokens.size() * hidden) {
+      views.clear();
       return invalid_argument(seq_label("forward_mtp", i) + "hidden has " +
                               std::to_string(c.hidden.size()) + " values, expected " +
                               std::to_string(c.next_tokens.size()) + " x " +
@@ -683,9 +697,11 @@ Status DeepseekModel::begin_forward_mtp(ForwardState& state, std::span<const Mtp
                      .kv_only = c.kv_only});
   }
   const int64_t mtp_slot = m.config.num_hidden_layers;
-  PS_RETURN_IF_ERROR(m.validate("forward_mtp", views, cache, mtp_slot + 1));
+  if (Status s = m.validate("forward_mtp", views, cache, mtp_slot + 1); !s.ok()) {
+    views.clear();
+    return s;
+  }
   const MtpWeights& mtp = *m.weights.mtp;
-  state.views = std::move(views);
   state.layers.assign(1, {&mtp.layer, mtp_slot});
   state.head_norm = &mtp.head_norm;
   state.head = &mtp.head;

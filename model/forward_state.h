@@ -114,6 +114,9 @@ struct ForwardState {
   // and their normed inputs.
   StepRows kv_only_rows;
   ScratchVector<float> kv_only_x_norm;
+  // Their views, the kept rows' views and attention forms (reused: no allocation per step).
+  std::vector<ChunkView> kv_only_views, kept_views;
+  std::vector<bool> kept_absorbed;
   MlaScratch attention;
   // The expert backend's state of this microbatch, and which backend made it.
   std::unique_ptr<ExpertBackend::Call> expert_call;

@@ -23,6 +23,8 @@ struct LocalCall final : ExpertBackend::Call {
   std::vector<int64_t> slot_of_pair;       // [num_tokens * top_k]
   ScratchVector<float> x, gate, up, down;  // each written in full by its stage
   std::vector<LinearProblem> problems;
+  std::vector<kernels::GateUpInt8Args> gate_up_int8;
+  std::vector<kernels::MatmulInt8Args> down_int8;
   bool dispatched = false, computed = false;
 };
 
@@ -138,8 +140,10 @@ Status LocalExpertBackend::compute(Call& call_base) {
   if (int8) {
     // Fused gate/up/SiLU per expert, then down: grouped INT8 kernels (GEMV or GEMM inside
     // the kernel by the expert's row count).
-    std::vector<kernels::GateUpInt8Args> gate_up;
-    std::vector<kernels::MatmulInt8Args> down;
+    std::vector<kernels::GateUpInt8Args>& gate_up = call.gate_up_int8;
+    std::vector<kernels::MatmulInt8Args>& down = call.down_int8;
+    gate_up.clear();
+    down.clear();
     for (int64_t e = 0; e < num_experts; ++e) {
       const int64_t m = call.first_slot[e + 1] - call.first_slot[e];
       if (m == 0) continue;

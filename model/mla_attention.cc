@@ -309,8 +309,10 @@ void MlaAttention::attend_absorbed(const ComputeContext& ctx, const AttentionWei
   const KvLayout& layout = cache.layout();
   const int64_t block_size = layout.block_size;
 
-  std::vector<const StepChunk*> chunks;
-  std::vector<int64_t> first_row;  // of each absorbed chunk within the absorbed rows
+  std::vector<const StepChunk*>& chunks = s.absorbed_chunks;
+  std::vector<int64_t>& first_row = s.absorbed_first_row;  // within the absorbed rows
+  chunks.clear();
+  first_row.clear();
   int64_t num_rows = 0;
   for (const StepChunk& chunk : rows.chunks) {
     if (!chunk.absorbed || chunk.num_tokens == 0) continue;

@@ -49,6 +49,8 @@ struct MlaScratch {
   std::vector<kernels::Bf16Panels> key_panels, value_panels;  // per head (plain form, bf16)
   std::vector<kernels::MatmulBf16Args> problems;
   std::vector<kernels::MatmulPackedBf16Args> packed_problems;  // per head, packed weights
+  std::vector<const StepChunk*> absorbed_chunks;  // the absorbed form's chunks of the step
+  std::vector<int64_t> absorbed_first_row;        // of each within the absorbed rows
 };
 
 class ReplicatedWeightsBackend;
