@@ -79,6 +79,22 @@ RunStats run_to_completion(Scheduler& scheduler, FakeExecutor& executor,
   return stats;
 }
 
+// One schedule / execute / update round, its tokens added to `outputs`; the plan it ran.
+StepPlan step_once(Scheduler& scheduler, FakeExecutor& executor,
+                   std::map<SequenceId, std::vector<TokenId>>* outputs) {
+  StepPlan plan = scheduler.schedule();
+  auto result = executor.execute(plan);
+  EXPECT_TRUE(result.ok()) << result.status().to_string();
+  if (!result.ok()) {
+    scheduler.abandon(plan);
+    return plan;
+  }
+  for (const SequenceUpdate& u : scheduler.update(plan, *result)) {
+    for (const SampledToken& t : u.tokens) (*outputs)[u.seq_id].push_back(t.token);
+  }
+  return plan;
+}
+
 std::vector<TokenId> random_tokens(std::mt19937& rng, int n) {
   std::vector<TokenId> t(n);
   for (auto& x : t) x = static_cast<TokenId>(8 + rng() % (kVocab - 8));  // avoid EOS
@@ -323,16 +339,10 @@ TEST(SchedulerTest, WithMtpKvABlockIsSharedOnlyWhenTheTokenAfterItMatches) {
   run_to_completion(*s, ex, &out);
   auto first_chunk_start = [&](SequenceId id, const std::vector<TokenId>& prompt) {
     EXPECT_TRUE(s->add(spec(id, prompt, 6, std::nullopt)).ok());
-    StepPlan p = s->schedule();
+    const StepPlan p = step_once(*s, ex, &out);
     EXPECT_EQ(p.chunks.size(), 1u);
-    const int64_t start = p.chunks.empty() ? -1 : p.chunks[0].start_pos;
-    auto r = ex.execute(p);
-    EXPECT_TRUE(r.ok());
-    for (const auto& u : s->update(p, *r)) {
-      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
-    }
     run_to_completion(*s, ex, &out);
-    return start;
+    return p.chunks.empty() ? -1 : p.chunks[0].start_pos;
   };
   EXPECT_EQ(first_chunk_start(2, b), 8);   // blocks 0 and 1 only
   EXPECT_EQ(first_chunk_start(3, c), 12);  // all three
@@ -363,14 +373,9 @@ TEST(SchedulerTest, BlocksComputedAfterSpeculationStoppedAreHashedWithoutLookahe
   ASSERT_TRUE(s->add(spec(1, prompt, 10, std::nullopt)).ok());
   std::map<SequenceId, std::vector<TokenId>> out;
   // The prompt in one step: blocks 0-2 get their MTP KV and are published with lookahead.
-  StepPlan p = s->schedule();
+  const StepPlan p = step_once(*s, ex, &out);
   ASSERT_EQ(p.chunks.size(), 1u);
   ASSERT_EQ(p.chunks[0].tokens.size(), prompt.size());
-  auto r = ex.execute(p);
-  ASSERT_TRUE(r.ok());
-  for (const auto& u : s->update(p, *r)) {
-    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
-  }
   EXPECT_EQ(s->block_hash_lookahead(), 1);
   s->disable_speculation();
   EXPECT_EQ(s->block_hash_lookahead(), 0);
