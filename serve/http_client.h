@@ -19,6 +19,9 @@ struct HttpCallResult {
   std::string body;
 };
 
+// The largest reply http_call reads by default.
+inline constexpr uint64_t kHttpCallMaxReplyBytes = 16u << 20;
+
 // `endpoint` is "host:port"; `target` the path ("/v1/completions"). A body is sent as
 // application/json when non-empty; `api_key`, when not empty, as 'Authorization: Bearer'
 // (peers of one deployment share its --api-key). Errors: Unavailable (connect, I/O,
@@ -27,7 +30,7 @@ struct HttpCallResult {
 Result<HttpCallResult> http_call(const std::string& endpoint, const std::string& method,
                                  const std::string& target, const std::string& body,
                                  std::chrono::milliseconds timeout,
-                                 uint64_t max_body_bytes = 16u << 20,
+                                 uint64_t max_body_bytes = kHttpCallMaxReplyBytes,
                                  const std::string& api_key = {});
 
 }  // namespace peerserve

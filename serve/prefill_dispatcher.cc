@@ -26,10 +26,10 @@ Result<std::unique_ptr<PrefillDispatcher>> PrefillDispatcher::create(
 }
 
 Status PrefillDispatcher::handshake(const std::string& endpoint, std::string* model_name) const {
-  PS_ASSIGN_OR_RETURN(
-      HttpCallResult reply,
-      http_call(endpoint, "GET", "/v1/models", "",
-                std::min(timeout_, std::chrono::milliseconds(5000)), 16u << 20, api_key_));
+  PS_ASSIGN_OR_RETURN(HttpCallResult reply,
+                      http_call(endpoint, "GET", "/v1/models", "",
+                                std::min(timeout_, std::chrono::milliseconds(5000)),
+                                kHttpCallMaxReplyBytes, api_key_));
   if (reply.status == 401) {
     // Configuration, not a passing failure: say which key to fix.
     return invalid_argument("prefill instance " + endpoint +
@@ -166,7 +166,7 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
                                      {"tail", push->tail}};
       }
       Result<HttpCallResult> reply = http_call(endpoint, "POST", "/v1/completions", body.dump(),
-                                               timeout_, 16u << 20, api_key_);
+                                               timeout_, kHttpCallMaxReplyBytes, api_key_);
       if (!reply.ok()) {
         status = reply.status();
       } else if (reply->status >= 400 && reply->status < 500 && reply->status != 429) {

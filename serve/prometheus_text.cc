@@ -176,6 +176,9 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
     out.counter("peerserve:kv_pool_lookups_total",
                 "Requests whose prompt was looked up in the pool.", labels,
                 static_cast<double>(p.loads));
+    out.counter("peerserve:kv_pool_lookups_cancelled_total",
+                "Lookups dropped before they started because their request was aborted.", labels,
+                static_cast<double>(p.loads_cancelled));
     out.counter("peerserve:kv_pool_blocks_queried_total", "KV blocks asked of the caching pool.",
                 labels, static_cast<double>(p.blocks_looked_up));
     out.counter("peerserve:kv_pool_blocks_hit_total",

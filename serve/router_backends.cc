@@ -70,8 +70,8 @@ Status RouterBackends::probe(size_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (states_[index].verified) return ok_status();
   }
-  PS_ASSIGN_OR_RETURN(HttpCallResult reply,
-                      http_call(endpoint, "GET", "/v1/models", "", timeout_, 16u << 20, api_key_));
+  PS_ASSIGN_OR_RETURN(HttpCallResult reply, http_call(endpoint, "GET", "/v1/models", "", timeout_,
+                                                      kHttpCallMaxReplyBytes, api_key_));
   if (reply.status == 401) {
     return unavailable(
         "/v1/models answered 401: it refuses the router's API key (give the "
