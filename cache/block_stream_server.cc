@@ -150,6 +150,9 @@ bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std
         continue;
       }
       Result<bool> hit = backend_->get(e.key, [&](size_t size) {
+        // A stored block is never larger than a put may be; a larger size is a damaged
+        // file's word, refused (empty destination) rather than allocated.
+        if (size > options_.limits.max_block_bytes) return std::span<std::byte>();
         block.resize(size);
         return std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), size);
       });

@@ -47,6 +47,9 @@ class PoolServer::Service final : public wire::CachePool::Service {
       }
       std::string* data = nullptr;
       Result<bool> hit = store_->get(key, [&](size_t size) {
+        // A stored block is never larger than a put may be; a larger size is a damaged
+        // file's word, refused (empty destination) rather than allocated.
+        if (size > options_.max_block_bytes) return std::span<std::byte>();
         data = chunk.add_found_data();
         data->resize(size);
         return std::span<std::byte>(reinterpret_cast<std::byte*>(data->data()), size);

@@ -191,11 +191,19 @@ Status SsdTier::recover() {
     uint64_t file_bytes;
   };
   std::vector<Found> found;
+  // The error_code forms throughout: a damaged folder is an error to report, not an
+  // exception (range-for's increment and is_directory() without one throw).
   std::error_code ec;
-  for (const fs::directory_entry& tenant_dir : fs::directory_iterator(options_.dir, ec)) {
+  const fs::directory_iterator end;
+  for (fs::directory_iterator tenants(options_.dir, ec); !ec && tenants != end;
+       tenants.increment(ec)) {
+    const fs::directory_entry& tenant_dir = *tenants;
     const std::string tenant = tenant_dir.path().filename().string();
-    if (!tenant_dir.is_directory() || !validate_tenant_name(tenant).ok()) continue;
-    for (const fs::directory_entry& file : fs::directory_iterator(tenant_dir.path(), ec)) {
+    std::error_code type_ec;
+    if (!tenant_dir.is_directory(type_ec) || !validate_tenant_name(tenant).ok()) continue;
+    for (fs::directory_iterator files(tenant_dir.path(), ec); !ec && files != end;
+         files.increment(ec)) {
+      const fs::directory_entry& file = *files;
       const std::string name = file.path().filename().string();
       std::error_code remove_ec;
       if (name.starts_with(kTempPrefix)) {
@@ -219,6 +227,7 @@ Status SsdTier::recover() {
       }
       found.push_back(Found{file.last_write_time(remove_ec), key, file_bytes});
     }
+    if (ec) break;  // the tenants' increment would clear it
   }
   if (ec) return io_error("SSD tier: cannot scan " + options_.dir.string() + ": " + ec.message());
   // Oldest first, so that the newest ends at the LRU front.

@@ -23,6 +23,10 @@ TieredBlockStore::TieredBlockStore(ConstructionKey, std::unique_ptr<DramTier> dr
                                    std::unique_ptr<SsdTier> ssd)
     : dram_(std::move(dram)), ssd_(std::move(ssd)) {}
 
+TieredBlockStore::Stripe& TieredBlockStore::stripe_of(const PoolKey& key) {
+  return stripes_[(key.hash ^ std::hash<std::string>{}(key.tenant)) % kStripes];
+}
+
 Status TieredBlockStore::put(const PoolKey& key, std::span<const std::byte> bytes) {
   ++puts_;
   if (ssd_ == nullptr) {
@@ -34,6 +38,9 @@ Status TieredBlockStore::put(const PoolKey& key, std::span<const std::byte> byte
     return status;
   }
   Status status = ssd_->put(key, bytes);
+  Stripe& stripe = stripe_of(key);
+  std::lock_guard lock(stripe.mutex);
+  ++stripe.writes;  // a read of the older file under way must not promote it
   if (!status.ok()) {
     ++put_errors_;
     // Neither tier keeps a block that the SSD tier refused, so a later get cannot return a
@@ -52,11 +59,20 @@ Result<bool> TieredBlockStore::get(const PoolKey& key, const BlockSink& sink) {
   ++gets_;
   PS_ASSIGN_OR_RETURN(bool hit, dram_->get(key, sink));
   if (!hit && ssd_ != nullptr) {
+    Stripe& stripe = stripe_of(key);
+    uint64_t writes_before = 0;
+    {
+      std::lock_guard lock(stripe.mutex);
+      writes_before = stripe.writes;
+    }
     std::span<std::byte> landed;
     PS_ASSIGN_OR_RETURN(hit, ssd_->get(key, [&](size_t size) { return landed = sink(size); }));
     // Promote: the next read of this block is served from memory. Best effort: a DRAM tier
-    // full of pinned blocks just leaves it on SSD.
-    if (hit) (void)dram_->put(key, landed);
+    // full of pinned blocks just leaves it on SSD. Not after a write of the stripe.
+    if (hit) {
+      std::lock_guard lock(stripe.mutex);
+      if (stripe.writes == writes_before) (void)dram_->put(key, landed);
+    }
   }
   if (hit) ++hits_;
   return hit;
@@ -69,6 +85,9 @@ std::optional<uint64_t> TieredBlockStore::size_of(const PoolKey& key) const {
 }
 
 bool TieredBlockStore::remove(const PoolKey& key) {
+  Stripe& stripe = stripe_of(key);
+  std::lock_guard lock(stripe.mutex);
+  ++stripe.writes;
   const bool in_dram = dram_->remove(key);
   const bool in_ssd = ssd_ != nullptr && ssd_->remove(key);
   return in_dram || in_ssd;

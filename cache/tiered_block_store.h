@@ -4,15 +4,17 @@
 // before put() returns, so every acknowledged block survives a restart of the server (as
 // long as the SSD tier has not evicted it). DRAM evicts by its own LRU; an evicted block
 // stays on SSD. get() reads DRAM first, then SSD (verified by checksum), and promotes an SSD
-// hit back into DRAM.
+// hit back into DRAM, unless the key was written or removed while it read.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -65,8 +67,20 @@ class TieredBlockStore {
   const SsdTier* ssd() const { return ssd_.get(); }
 
  private:
+  // Writes of the keys of one stripe, counted. A read served from SSD promotes its bytes
+  // into DRAM only if no put or remove of its stripe came between the start of the read and
+  // the promotion (both under the stripe's mutex): else the older bytes could overwrite a
+  // newer write, or bring back a removed block.
+  struct Stripe {
+    std::mutex mutex;
+    uint64_t writes = 0;  // guarded by mutex
+  };
+  static constexpr size_t kStripes = 64;
+  Stripe& stripe_of(const PoolKey& key);
+
   std::unique_ptr<DramTier> dram_;
   std::unique_ptr<SsdTier> ssd_;
+  std::array<Stripe, kStripes> stripes_;
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> puts_{0};

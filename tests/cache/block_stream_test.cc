@@ -161,6 +161,21 @@ TEST_F(BlockStreamTest, BatchLandsInTheCallersBuffers) {
   EXPECT_TRUE(block_matches(right, 2));
 }
 
+TEST_F(BlockStreamTest, AStoredBlockLargerThanAPutMayBeIsAnErrorNotAnAllocation) {
+  // A block larger than the server's bound can only come from a damaged (or crafted) file of
+  // the SSD tier, or other options at an earlier start: the server answers an error for it
+  // instead of allocating a buffer of the size the store claims.
+  start();
+  const PoolKey big{"kv", 7};
+  ASSERT_TRUE(store_->put(big, make_block(7, (1 << 20) + 1)).ok());  // past the server's bound
+  std::vector<std::byte> out((1 << 20) + 1);
+  const BlockSink sink = sink_into(out);
+  const BlockLookup r = client_->get({&big, 1}, {&sink, 1}, soon())[0];
+  EXPECT_EQ(r.kind, BlockLookup::Kind::kError);
+  put_blocks(1, 1000);  // the connection and the server serve on
+  EXPECT_TRUE(block_reads_back(1, 1000));
+}
+
 TEST_F(BlockStreamTest, GarbageStallsAndOversizedBlocksLeaveTheServerServing) {
   start(milliseconds(60000), milliseconds(300));
   put_blocks(2, 1000);

@@ -64,6 +64,40 @@ TEST(TieredBlockStoreTest, DramOverflowIsServedFromSsdAndPromoted) {
   EXPECT_EQ(store->stats().ssd->hits, ssd_hits);
 }
 
+TEST(TieredBlockStoreTest, APromotionNeverOverwritesANewerWrite) {
+  // A read served from SSD is promoted into DRAM. A put of the same key that lands while the
+  // read is on its way (here: from inside the read's sink, after the old file was opened)
+  // must win: the promotion of the older bytes is dropped, and so is one after a remove.
+  ScratchDir dir("tiered_race");
+  auto store = open_store(store_options(1024, dir.path(), 1 << 20));  // DRAM: one block
+  const PoolKey key{"t", 1}, other{"t", 2};
+  for (const bool remove : {false, true}) {
+    SCOPED_TRACE(remove ? "remove during the read" : "put during the read");
+    ASSERT_TRUE(store->put(key, make_block(10, 1024)).ok());
+    ASSERT_TRUE(store->put(other, make_block(20, 1024)).ok());  // evicts `key` from DRAM
+    std::vector<std::byte> got;
+    Result<bool> hit = store->get(key, [&](size_t size) {
+      if (remove) {
+        store->remove(key);
+      } else {
+        EXPECT_TRUE(store->put(key, make_block(11, 1024)).ok());
+      }
+      got.resize(size);
+      return std::span<std::byte>(got);
+    });
+    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    ASSERT_TRUE(*hit);
+    EXPECT_TRUE(block_matches(got, 10));  // the bytes of the file it opened
+    auto after = read(*store, key);
+    if (remove) {
+      EXPECT_FALSE(after.has_value()) << "a removed block came back";
+    } else {
+      ASSERT_TRUE(after.has_value());
+      EXPECT_TRUE(block_matches(*after, 11)) << "the older bytes overwrote the newer write";
+    }
+  }
+}
+
 TEST(TieredBlockStoreTest, BlocksSurviveARestart) {
   ScratchDir dir("tiered");
   const TieredBlockStoreOptions options = store_options(1 << 20, dir.path(), 1 << 20);
