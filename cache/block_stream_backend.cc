@@ -13,7 +13,7 @@ class TieredBackend final : public BlockStreamBackend {
     return store_->get(key, sink);
   }
   Result<std::span<std::byte>> begin_put(const PoolKey&, size_t size,
-                                         std::vector<std::byte>& scratch) override {
+                                         ScratchVector<std::byte>& scratch) override {
     scratch.resize(size);
     return std::span<std::byte>(scratch);
   }

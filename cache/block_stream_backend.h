@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "base/scratch_vector.h"
 #include "base/status.h"
 #include "cache/block_sink.h"
 #include "cache/pool_key.h"
@@ -32,10 +33,12 @@ class BlockStreamBackend {
   virtual Result<bool> get(const PoolKey& key, const BlockSink& sink) = 0;
 
   // Where the `size` bytes of block `key` are to be received; `scratch` is the connection's
-  // own buffer, for backends that copy the block elsewhere afterwards. An error refuses the
-  // block (the server reads past it and reports the error to the client).
+  // own buffer, for backends that copy the block elsewhere afterwards (it grows without
+  // zero-filling: memory not yet received into is never touched, so a client that declares
+  // a large block and stalls pins no physical memory). An error refuses the block (the
+  // server reads past it and reports the error to the client).
   virtual Result<std::span<std::byte>> begin_put(const PoolKey& key, size_t size,
-                                                 std::vector<std::byte>& scratch) = 0;
+                                                 ScratchVector<std::byte>& scratch) = 0;
   // The block's bytes are in the span begin_put() gave (all of them when `complete`). The
   // status is the client's answer for the block (ignored when not complete).
   virtual Status end_put(const PoolKey& key, std::span<const std::byte> bytes, bool complete) = 0;

@@ -104,15 +104,15 @@ void BlockStreamServer::accept_loop() {
 
 void BlockStreamServer::serve(int fd) {
   // Buffers kept for the connection's life: no allocation per request once they have grown.
-  std::vector<std::byte> table;
+  ScratchVector<std::byte> table;
   std::string reply, block;
-  std::vector<std::byte> scratch;
+  ScratchVector<std::byte> scratch;
   while (!stopping_.load() && serve_request(fd, table, reply, block, scratch)) {
   }
 }
 
-bool BlockStreamServer::serve_request(int fd, std::vector<std::byte>& table, std::string& reply,
-                                      std::string& block, std::vector<std::byte>& scratch) {
+bool BlockStreamServer::serve_request(int fd, ScratchVector<std::byte>& table, std::string& reply,
+                                      std::string& block, ScratchVector<std::byte>& scratch) {
   std::byte header_bytes[kHeaderBytes];
   // Between requests the client may stay quiet up to the idle timeout.
   if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,

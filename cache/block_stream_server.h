@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/scratch_vector.h"
 #include "base/status.h"
 #include "cache/block_stream_backend.h"
 #include "cache/block_stream_protocol.h"
@@ -61,8 +62,10 @@ class BlockStreamServer {
   void accept_loop();
   void serve(int fd);
   // One request; false when the connection must close.
-  bool serve_request(int fd, std::vector<std::byte>& table, std::string& reply, std::string& block,
-                     std::vector<std::byte>& scratch);
+  // `table` and `scratch` grow without zero-filling (base/scratch_vector.h): what a client
+  // declares but does not send is never touched, so a stalled client pins no memory.
+  bool serve_request(int fd, ScratchVector<std::byte>& table, std::string& reply,
+                     std::string& block, ScratchVector<std::byte>& scratch);
 
   std::shared_ptr<BlockStreamBackend> backend_;
   const BlockStreamServerOptions options_;

@@ -75,7 +75,7 @@ Result<bool> KvHandoffReceiver::get(const PoolKey&, const BlockSink&) {
 }
 
 Result<std::span<std::byte>> KvHandoffReceiver::begin_put(const PoolKey& key, size_t size,
-                                                          std::vector<std::byte>&) {
+                                                          ScratchVector<std::byte>&) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = transfers_.find(key.tenant);
   if (it == transfers_.end() || it->second.closing) {

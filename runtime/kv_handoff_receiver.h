@@ -61,7 +61,7 @@ class KvHandoffReceiver final : public BlockStreamBackend {
   // BlockStreamBackend: gets always miss; puts land in the open transfers' blocks.
   Result<bool> get(const PoolKey& key, const BlockSink& sink) override;
   Result<std::span<std::byte>> begin_put(const PoolKey& key, size_t size,
-                                         std::vector<std::byte>& scratch) override;
+                                         ScratchVector<std::byte>& scratch) override;
   Status end_put(const PoolKey& key, std::span<const std::byte> bytes, bool complete) override;
 
  private:

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "cache/block_stream_client.h"
@@ -173,6 +174,40 @@ TEST_F(BlockStreamTest, AStoredBlockLargerThanAPutMayBeIsAnErrorNotAnAllocation)
   const BlockLookup r = client_->get({&big, 1}, {&sink, 1}, soon())[0];
   EXPECT_EQ(r.kind, BlockLookup::Kind::kError);
   put_blocks(1, 1000);  // the connection and the server serve on
+  EXPECT_TRUE(block_reads_back(1, 1000));
+}
+
+// Resident memory of this process, in bytes.
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+TEST_F(BlockStreamTest, ClientsThatDeclareBigTablesAndStallPinNoMemory) {
+  // Four connections each send a header announcing a table of 65,536 keys with 64-character
+  // tenants (about 4.8 MB), then nothing. The server waits for the table with its buffer
+  // allocated but untouched: resident memory must not grow by the tables' size (it grew by
+  // ~19 MB when the buffer was zero-filled first).
+  start();
+  std::vector<PoolKey> keys;
+  for (uint64_t i = 0; i < 65536; ++i) keys.push_back({std::string(64, 't'), i});
+  const std::string request = bs::encode_request(bs::kOpGet, keys);
+  ASSERT_GT(request.size(), size_t{4} << 20);
+  const int64_t before = resident_bytes();
+  std::vector<int> fds;
+  for (int c = 0; c < 4; ++c) {
+    const int fd = raw_connection();
+    ASSERT_EQ(::send(fd, request.data(), bs::kHeaderBytes, MSG_NOSIGNAL),
+              static_cast<ssize_t>(bs::kHeaderBytes));
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // each server thread is in its table read
+  const int64_t grown = resident_bytes() - before;
+  EXPECT_LT(grown, int64_t{8} << 20) << "resident memory grew by " << grown << " bytes";
+  for (int fd : fds) ::close(fd);
+  put_blocks(1, 1000);
   EXPECT_TRUE(block_reads_back(1, 1000));
 }
 
