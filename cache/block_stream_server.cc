@@ -60,12 +60,19 @@ void BlockStreamServer::stop() {
   ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
   if (acceptor_.joinable()) acceptor_.join();
   ::close(listen_fd_);
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (Connection& c : connections_) ::shutdown(c.fd, SHUT_RDWR);  // wakes poll()
-  for (Connection& c : connections_) {
+  std::list<Connection> closing;
+  {
+    // Under the mutex a connection's fd is open exactly while c.fd >= 0 (its thread closes
+    // it under the mutex too), so a shutdown never reaches a number reused by another socket.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Connection& c : connections_) {
+      if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);  // wakes poll()
+    }
+    closing.splice(closing.end(), connections_);  // nodes stay put: the threads hold them
+  }
+  for (Connection& c : closing) {
     if (c.thread.joinable()) c.thread.join();
   }
-  connections_.clear();
 }
 
 void BlockStreamServer::accept_loop() {
@@ -96,7 +103,9 @@ void BlockStreamServer::accept_loop() {
     c.fd = fd;
     c.thread = std::thread([this, &c] {
       serve(c.fd);
+      std::lock_guard<std::mutex> lock(mutex_);
       ::close(c.fd);
+      c.fd = -1;
       c.done.store(true);
     });
   }

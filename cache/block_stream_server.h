@@ -52,7 +52,7 @@ class BlockStreamServer {
 
  private:
   struct Connection {
-    int fd = -1;
+    int fd = -1;  // open while >= 0; its thread closes it and sets -1 under mutex_
     std::thread thread;
     std::atomic<bool> done{false};
   };
