@@ -13,27 +13,35 @@ namespace {
 
 enum class Command : uint8_t { kSubmit = 1, kAbort = 2 };
 
-// The letter of one agreement: a count, then `body`.
-std::vector<std::byte> letter(uint64_t count, std::vector<std::byte>* body) {
-  std::vector<std::byte> out;
-  if (count == 0) return out;
-  out.reserve(sizeof(uint64_t) + body->size());
-  ByteWriter(&out).put<uint64_t>(count);
-  out.insert(out.end(), body->begin(), body->end());
-  body->clear();
-  return out;
-}
-
 }  // namespace
 
-DataParallelRouter::DataParallelRouter(int rank, int size, Agree agree)
+DataParallelRouter::DataParallelRouter(int rank, int size, Agree agree, size_t max_letter_bytes)
     : rank_(rank),
       size_(size),
       agree_(std::move(agree)),
       outstanding_seqs_(static_cast<size_t>(size), 0),
       outstanding_tokens_(static_cast<size_t>(size), 0),
-      routed_total_(static_cast<size_t>(size), 0) {
+      routed_total_(static_cast<size_t>(size), 0),
+      max_letter_bytes_(max_letter_bytes) {
   PS_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " of " << size;
+}
+
+std::vector<std::byte> DataParallelRouter::take_letter(Outbox* box) const {
+  std::vector<std::byte> out;
+  if (box->ends.empty()) return out;
+  const size_t room =
+      max_letter_bytes_ > sizeof(uint64_t) ? max_letter_bytes_ - sizeof(uint64_t) : 0;
+  size_t records = static_cast<size_t>(std::upper_bound(box->ends.begin(), box->ends.end(), room) -
+                                       box->ends.begin());
+  records = std::max<size_t>(records, 1);
+  const size_t bytes = box->ends[records - 1];
+  out.reserve(sizeof(uint64_t) + bytes);
+  ByteWriter(&out).put<uint64_t>(records);
+  out.insert(out.end(), box->body.begin(), box->body.begin() + static_cast<ptrdiff_t>(bytes));
+  box->body.erase(box->body.begin(), box->body.begin() + static_cast<ptrdiff_t>(bytes));
+  box->ends.erase(box->ends.begin(), box->ends.begin() + static_cast<ptrdiff_t>(records));
+  for (size_t& end : box->ends) end -= bytes;
+  return out;
 }
 
 void DataParallelRouter::attach(Engine* engine) {
@@ -87,6 +95,14 @@ Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink s
   PS_CHECK(engine_ != nullptr) << "DataParallelRouter::submit before attach";
   if (rank_ != 0) return unavailable("requests are answered by rank 0 only");
   PS_RETURN_IF_ERROR(engine_->validate(request));
+  // Another rank gets it as mail; a request too large for one letter runs here instead.
+  std::vector<std::byte> encoded;
+  if (size_ > 1) {
+    ByteWriter out(&encoded);
+    encode_request(request, out);
+  }
+  constexpr size_t kRecordHead = sizeof(uint8_t) + sizeof(int32_t) + sizeof(uint64_t);
+  const bool mailable = encoded.size() + kRecordHead + sizeof(uint64_t) <= max_letter_bytes_;
   RequestId id = 0;
   int target = 0;
   {
@@ -95,7 +111,7 @@ Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink s
       return unavailable(done_status_.ok() ? std::string("the server is stopping")
                                            : done_status_.message());
     }
-    for (int r = 1; r < size_; ++r) {
+    for (int r = 1; r < size_ && mailable; ++r) {
       const auto key = [&](int k) {
         return std::tuple(outstanding_seqs_[k], outstanding_tokens_[k], k);
       };
@@ -113,12 +129,12 @@ Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink s
     ++routed_total_[target];
     routed_.emplace(id, std::move(routed));
     if (target != 0) {
-      ByteWriter out(&commands_);
+      ByteWriter out(&commands_.body);
       out.put<uint8_t>(static_cast<uint8_t>(Command::kSubmit));
       out.put<int32_t>(target);
       out.put<uint64_t>(id);
-      encode_request(request, out);
-      ++num_commands_;
+      commands_.body.insert(commands_.body.end(), encoded.begin(), encoded.end());
+      commands_.ends.push_back(commands_.body.size());
       return id;
     }
   }
@@ -150,11 +166,11 @@ void DataParallelRouter::abort(RequestId id) {
     if (it == routed_.end()) return;
     Routed& routed = it->second;
     if (routed.rank != 0) {
-      ByteWriter out(&commands_);
+      ByteWriter out(&commands_.body);
       out.put<uint8_t>(static_cast<uint8_t>(Command::kAbort));
       out.put<int32_t>(routed.rank);
       out.put<uint64_t>(id);
-      ++num_commands_;
+      commands_.ends.push_back(commands_.body.size());
       return;
     }
     routed.abort_requested = true;  // if submit() has not learnt the engine's id yet
@@ -219,8 +235,7 @@ void DataParallelRouter::end_remote(FinishReason reason, const Status& error) {
       ended.emplace_back(std::move(routed.sink), std::move(out));
       release(id);
     }
-    commands_.clear();
-    num_commands_ = 0;
+    commands_ = {};
   }
   for (auto& [sink, out] : ended) {
     if (sink) sink(std::move(out));
@@ -250,8 +265,7 @@ Result<bool> DataParallelRouter::lead(int64_t rows) {
   std::vector<std::byte> mail;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    mail = letter(num_commands_, &commands_);
-    num_commands_ = 0;
+    mail = take_letter(&commands_);
   }
   Result<dist::StepAgreement> agreement = agree_(rows, false, mail);
   Status broken;
@@ -290,8 +304,7 @@ Result<bool> DataParallelRouter::follow(int64_t rows) {
   std::vector<std::byte> mail;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    mail = letter(num_outputs_, &outputs_);
-    num_outputs_ = 0;
+    mail = take_letter(&outputs_);
   }
   Result<dist::StepAgreement> agreement = agree_(rows, false, mail);
   if (!agreement.ok()) {
@@ -316,10 +329,10 @@ Result<bool> DataParallelRouter::follow(int64_t rows) {
             engine_->submit(std::move(request).value(), [this, id](RequestOutput out) {
               if (out.finished) hosted_.erase(id);
               std::lock_guard<std::mutex> lock(mutex_);
-              ByteWriter writer(&outputs_);
+              ByteWriter writer(&outputs_.body);
               writer.put<uint64_t>(id);
               encode_output(out, writer);
-              ++num_outputs_;
+              outputs_.ends.push_back(outputs_.body.size());
             });
         if (engine_id.ok()) {
           hosted_[id].engine_id = *engine_id;
@@ -328,10 +341,10 @@ Result<bool> DataParallelRouter::follow(int64_t rows) {
           refused.finished = true;
           refused.error = engine_id.status();
           std::lock_guard<std::mutex> lock(mutex_);
-          ByteWriter writer(&outputs_);
+          ByteWriter writer(&outputs_.body);
           writer.put<uint64_t>(id);
           encode_output(refused, writer);
-          ++num_outputs_;
+          outputs_.ends.push_back(outputs_.body.size());
         }
       } else if (kind == static_cast<uint8_t>(Command::kAbort)) {
         if (target != rank_) continue;

@@ -47,7 +47,10 @@ class DataParallelRouter final : public EngineClient {
   using Agree = std::function<Result<dist::StepAgreement>(int64_t rows, bool stop,
                                                           std::span<const std::byte> mail)>;
 
-  DataParallelRouter(int rank, int size, Agree agree);
+  // `max_letter_bytes`: the most mail one agreement carries from this rank; what does not
+  // fit waits for the next agreement (tests make it small).
+  DataParallelRouter(int rank, int size, Agree agree,
+                     size_t max_letter_bytes = dist::StepCoordinator::kMaxMailBytes);
   ~DataParallelRouter() override = default;
   DataParallelRouter(const DataParallelRouter&) = delete;
   DataParallelRouter& operator=(const DataParallelRouter&) = delete;
@@ -123,12 +126,21 @@ class DataParallelRouter final : public EngineClient {
   std::vector<int64_t> outstanding_seqs_;
   std::vector<int64_t> outstanding_tokens_;
   std::vector<int64_t> routed_total_;
-  std::vector<std::byte> commands_;  // encoded submits and aborts for the next agreement
-  uint64_t num_commands_ = 0;
+  // Encoded records for the next agreements, and where each ends. A letter takes the
+  // leading records that fit max_letter_bytes_; the rest waits for the next agreement (a
+  // burst of long prompts during a long step must not exceed what one agreement carries).
+  struct Outbox {
+    std::vector<std::byte> body;
+    std::vector<size_t> ends;
+  };
+  // The next letter: a count, then the leading records that fit (one record alone goes
+  // even if it does not: the agreement then refuses it). Empty when there is nothing.
+  std::vector<std::byte> take_letter(Outbox* box) const;
+  const size_t max_letter_bytes_;
+  Outbox commands_;  // submits and aborts
   // Other ranks.
   std::unordered_map<RequestId, Hosted> hosted_;  // by rank 0's id; engine thread only
-  std::vector<std::byte> outputs_;                // encoded outputs for the next agreement
-  uint64_t num_outputs_ = 0;
+  Outbox outputs_;
 };
 
 }  // namespace peerserve

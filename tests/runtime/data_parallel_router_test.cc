@@ -86,16 +86,26 @@ GenerationParams greedy(int32_t max_tokens) {
 // N ranks, each with a communicator, a step coordinator, a router and an engine.
 class Group {
  public:
-  explicit Group(int size, milliseconds timeout = milliseconds(5000)) : group_(size) {
+  // `mail_limit` (when not 0): the most mail an agreement takes from a rank, as the step
+  // coordinator's own limit but small; the routers are told it.
+  explicit Group(int size, milliseconds timeout = milliseconds(5000), size_t mail_limit = 0)
+      : group_(size) {
     for (int r = 0; r < size; ++r) {
       Rank rank;
       rank.comm = group_.communicator(r);
       rank.coordinator = std::make_unique<dist::StepCoordinator>(rank.comm.get(), timeout);
       rank.router = std::make_unique<DataParallelRouter>(
           r, size,
-          [c = rank.coordinator.get()](int64_t rows, bool stop, std::span<const std::byte> mail) {
+          [c = rank.coordinator.get(), mail_limit](
+              int64_t rows, bool stop,
+              std::span<const std::byte> mail) -> Result<dist::StepAgreement> {
+            if (mail_limit > 0 && mail.size() > mail_limit) {
+              return invalid_argument("mail of " + std::to_string(mail.size()) +
+                                      " bytes is over the limit of " + std::to_string(mail_limit));
+            }
             return c->agree(rows, stop, mail);
-          });
+          },
+          mail_limit > 0 ? mail_limit : dist::StepCoordinator::kMaxMailBytes);
       EngineOptions options;
       options.scheduler.max_num_seqs = 8;
       options.scheduler.max_num_batched_tokens = 64;
@@ -175,6 +185,36 @@ TEST(DataParallelRouterTest, SpreadsRequestsOverTheRanksWithTheSameTokens) {
                   group.engine(r).metrics().requests_finished_total[1],
               2)
         << "rank " << r;
+}
+
+TEST(DataParallelRouterTest, MailOverOneAgreementsLimitWaitsForTheNext) {
+  // Agreements carry at most 700 bytes from a rank here. Twelve requests submitted at once
+  // need several agreements: each letter takes what fits and the rest waits, and the group
+  // stays up. A request too large for any letter runs on rank 0's own engine.
+  Group group(2, milliseconds(5000), 700);
+  Collector collector;
+  std::vector<RequestId> ids;
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 12; ++i) prompts.push_back(prompt(i + 20));  // 25..36 tokens
+  std::vector<TokenId> huge;
+  for (int k = 0; k < 200; ++k) huge.push_back(static_cast<TokenId>(k % kVocab));
+  prompts.push_back(huge);
+  for (const auto& p : prompts) {
+    auto id = group.front().submit({p, greedy(4)}, collector.sink());
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto outputs = collector.wait(ids[i]);
+    ASSERT_FALSE(outputs.empty()) << "request " << i << " never finished";
+    EXPECT_TRUE(outputs.back().error.ok()) << outputs.back().error.to_string();
+    EXPECT_EQ(tokens_of(outputs), reference_generate(prompts[i], 4, kVocab, std::nullopt))
+        << "request " << i;
+  }
+  EXPECT_FALSE(group.front().done()) << "the group broke";
+  const std::vector<int64_t> routed = group.front().routed_total();
+  EXPECT_GE(routed[1], 5);  // rank 1 got its share by mail
+  EXPECT_GE(routed[0], 1);  // the huge one among rank 0's
 }
 
 TEST(DataParallelRouterTest, LeastLoadedCountsChoicesAndFinishedRequests) {
