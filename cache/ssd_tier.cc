@@ -349,8 +349,9 @@ Result<bool> SsdTier::get(const PoolKey& key, const BlockSink& sink) {
     }
     lru_.splice(lru_.begin(), lru_, found->second);
   }
+  struct stat st {};  // of the file this read opened
   auto miss = [&](bool corrupt) -> Result<bool> {
-    if (corrupt) reject(key);
+    if (corrupt) reject(key, st);
     std::lock_guard lock(mutex_);
     ++counters_.misses;
     if (corrupt) ++counters_.checksum_failures;
@@ -359,7 +360,6 @@ Result<bool> SsdTier::get(const PoolKey& key, const BlockSink& sink) {
   const fs::path path = block_path(key);
   FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return miss(/*corrupt=*/false);  // evicted or removed meanwhile
-  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return miss(/*corrupt=*/false);
   const std::optional<BlockHeader> header =
       read_header(fd.get(), key, static_cast<uint64_t>(st.st_size));
@@ -381,8 +381,15 @@ Result<bool> SsdTier::get(const PoolKey& key, const BlockSink& sink) {
   return true;
 }
 
-void SsdTier::reject(const PoolKey& key) {
+void SsdTier::reject(const PoolKey& key, const struct stat& opened) {
   std::lock_guard lock(mutex_);
+  // Only if the path still names the file that failed: a put of the key renames its new
+  // file into place under this mutex, and that copy must stay.
+  struct stat now {};
+  if (::stat(block_path(key).c_str(), &now) != 0 || now.st_dev != opened.st_dev ||
+      now.st_ino != opened.st_ino) {
+    return;
+  }
   auto found = index_.find(key);
   if (found != index_.end()) erase_locked(found->second, /*unlink_file=*/true);
 }

@@ -24,6 +24,8 @@
 // index lock.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -102,8 +104,9 @@ class SsdTier {
   void erase_locked(EntryList::iterator it, bool unlink_file);
   // Deletes least recently used files until the tier (and the tenant) fit. Lock held.
   void enforce_capacity_locked(const std::string& tenant);
-  // Drops a block whose file failed verification (if the index still lists it).
-  void reject(const PoolKey& key);
+  // Drops a block whose file `opened` failed verification, if the path still names that file
+  // (not a newer copy put meanwhile) and the index still lists it.
+  void reject(const PoolKey& key, const struct stat& opened);
 
   SsdTierOptions options_;
   SsdRecovery recovery_;
