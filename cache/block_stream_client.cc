@@ -124,13 +124,8 @@ std::vector<BlockLookup> BlockStreamClient::get_once(std::span<const PoolKey> ke
         // Keep the stream in step, then report the mismatch for this block only. The bytes
         // go through a fixed buffer: the size is the member's word, up to 64 GiB.
         discard.resize(kDiscardChunk);
-        for (uint64_t left = size; left > 0;) {
-          const size_t n = static_cast<size_t>(std::min<uint64_t>(left, kDiscardChunk));
-          if (Status s = read_exact(fd->get(), std::span(discard).first(n), deadline, what);
-              !s.ok()) {
-            return fail_rest(s);
-          }
-          left -= n;
+        if (Status s = discard_exact(fd->get(), size, discard, deadline, what); !s.ok()) {
+          return fail_rest(s);
         }
         out[answered] = BlockLookup::failed(invalid_argument(
             "cache block " + to_string(keys[answered]) + " is " + std::to_string(size) +

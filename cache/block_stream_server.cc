@@ -189,16 +189,9 @@ bool BlockStreamServer::serve_request(int fd, ScratchVector<std::byte>& table, s
   // A refused block is read past (within the deadline) so that the next one lines up.
   auto skip = [&](uint64_t size) {
     block.resize(64 * 1024);
-    for (uint64_t left = size; left > 0;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(left, block.size()));
-      if (!read_exact(fd, std::span<std::byte>(reinterpret_cast<std::byte*>(block.data()), n),
-                      deadline, "block-stream put")
-               .ok()) {
-        return false;
-      }
-      left -= n;
-    }
-    return true;
+    return discard_exact(fd, size, std::as_writable_bytes(std::span(block)), deadline,
+                         "block-stream put")
+        .ok();
   };
   for (const TableEntry& e : *entries) {
     Status refused = validate_pool_key(e.key);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -128,6 +129,16 @@ Status read_exact(int fd, std::span<std::byte> data, SocketDeadline deadline,
       continue;
     }
     return unavailable(what + ": " + std::strerror(errno));
+  }
+  return ok_status();
+}
+
+Status discard_exact(int fd, uint64_t bytes, std::span<std::byte> buffer, SocketDeadline deadline,
+                     const std::string& what) {
+  for (uint64_t left = bytes; left > 0;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
+    PS_RETURN_IF_ERROR(read_exact(fd, buffer.first(n), deadline, what));
+    left -= n;
   }
   return ok_status();
 }

@@ -59,6 +59,10 @@ Status write_all(int fd, std::span<const std::byte> data, SocketDeadline deadlin
                  const std::string& what, bool more = false);
 Status read_exact(int fd, std::span<std::byte> data, SocketDeadline deadline,
                   const std::string& what);
+// Reads `bytes` bytes and drops them, through `buffer` (not empty): a block nobody takes is
+// read past, so the stream stays in step, without a buffer of the size the peer claims.
+Status discard_exact(int fd, uint64_t bytes, std::span<std::byte> buffer, SocketDeadline deadline,
+                     const std::string& what);
 
 // The parts of "HOST:PORT" as socket calls take them: the host without IPv6 brackets
 // ("[::1]:80" -> "::1"), and the port (0 when there is none or it is not a number).

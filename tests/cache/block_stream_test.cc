@@ -16,6 +16,7 @@
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_protocol.h"
 #include "cache/block_stream_server.h"
+#include "tests/base/resident_memory.h"
 #include "tests/cache/block_test_util.h"
 
 namespace peerserve {
@@ -177,14 +178,6 @@ TEST_F(BlockStreamTest, AStoredBlockLargerThanAPutMayBeIsAnErrorNotAnAllocation)
   EXPECT_TRUE(block_reads_back(1, 1000));
 }
 
-// Resident memory of this process, in bytes.
-int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
 TEST_F(BlockStreamTest, ClientsThatDeclareBigTablesAndStallPinNoMemory) {
   // Four connections each send a header announcing a table of 65,536 keys with 64-character
   // tenants (about 4.8 MB), then nothing. The server waits for the table with its buffer
@@ -195,7 +188,7 @@ TEST_F(BlockStreamTest, ClientsThatDeclareBigTablesAndStallPinNoMemory) {
   for (uint64_t i = 0; i < 65536; ++i) keys.push_back({std::string(64, 't'), i});
   const std::string request = bs::encode_request(bs::kOpGet, keys);
   ASSERT_GT(request.size(), size_t{4} << 20);
-  const int64_t before = resident_bytes();
+  const int64_t before = testing::resident_bytes();
   std::vector<int> fds;
   for (int c = 0; c < 4; ++c) {
     const int fd = raw_connection();
@@ -204,7 +197,7 @@ TEST_F(BlockStreamTest, ClientsThatDeclareBigTablesAndStallPinNoMemory) {
     fds.push_back(fd);
   }
   std::this_thread::sleep_for(milliseconds(300));  // each server thread is in its table read
-  const int64_t grown = resident_bytes() - before;
+  const int64_t grown = testing::resident_bytes() - before;
   EXPECT_LT(grown, int64_t{8} << 20) << "resident memory grew by " << grown << " bytes";
   for (int fd : fds) ::close(fd);
   put_blocks(1, 1000);
@@ -253,15 +246,10 @@ TEST_F(BlockStreamTest, KeptConnectionClosedByTheMemberIsRetriedOnce) {
 }
 
 TEST(BlockStreamClientTest, SilentMemberIsAnErrorByTheDeadline) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ::listen(listener, 4);  // accepts (the kernel does) and never answers
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  BlockStreamClient client("127.0.0.1", ntohs(addr.sin_port), "silent member");
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);  // accepts, never answers
+  ASSERT_GE(listener, 0);
+  BlockStreamClient client("127.0.0.1", port, "silent member");
   std::vector<std::byte> out(100);
   const PoolKey key{"kv", 1};
   const BlockSink sink = sink_into(out);
@@ -281,14 +269,9 @@ TEST(BlockStreamClientTest, AHitOfTheWrongSizeIsAnErrorNotAHugeBuffer) {
   // A member (buggy, or a stray listener on its port) claims a hit of almost 64 GiB for a
   // 100-byte destination and then hangs up: the client reads through a fixed buffer and
   // reports the block, instead of zero-filling a buffer of the claimed size.
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ::listen(listener, 4);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);
+  ASSERT_GE(listener, 0);
   std::thread member([listener] {
     const int fd = ::accept(listener, nullptr, nullptr);
     if (fd < 0) return;
@@ -301,7 +284,7 @@ TEST(BlockStreamClientTest, AHitOfTheWrongSizeIsAnErrorNotAHugeBuffer) {
     (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
     ::close(fd);
   });
-  BlockStreamClient client("127.0.0.1", ntohs(addr.sin_port), "lying member");
+  BlockStreamClient client("127.0.0.1", port, "lying member");
   std::vector<std::byte> out(100);
   const PoolKey key{"kv", 1};
   const BlockSink sink = sink_into(out);

@@ -48,6 +48,23 @@ inline int loopback_connection(int port) {
   return fd;
 }
 
+// A TCP socket listening on 127.0.0.1 (the kernel accepts connections; nobody answers
+// unless the test does), its port in *port; -1 when it cannot be had.
+inline int loopback_listener(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, 4) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 inline bool block_matches(const std::vector<std::byte>& block, uint64_t seed) {
   return block == make_block(seed, block.size());
 }

@@ -10,19 +10,11 @@
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
+#include "tests/base/resident_memory.h"
 #include "tests/model_loading/scratch_dir.h"
 
 namespace peerserve {
 namespace {
-
-int64_t resident_kib() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
 
 TEST(MemoryTest, Bf16CheckpointResidentGrowthBelow1Point2xItsSize) {
   testing::ScratchDir dir;
@@ -44,7 +36,7 @@ TEST(MemoryTest, Bf16CheckpointResidentGrowthBelow1Point2xItsSize) {
   }  // writer buffers freed here
   ASSERT_GT(file_bytes, 60ull << 20);
 
-  const int64_t before = resident_kib();
+  const int64_t before = testing::resident_bytes();
   Result<Checkpoint> ckpt = Checkpoint::open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   std::vector<WeightTensor> weights;
@@ -57,9 +49,9 @@ TEST(MemoryTest, Bf16CheckpointResidentGrowthBelow1Point2xItsSize) {
     for (int64_t i = 0; i < w->numel(); ++i) checksum += w->bf16_data()[i].bits;
     weights.push_back(*std::move(w));
   }
-  const int64_t after = resident_kib();
+  const int64_t after = testing::resident_bytes();
   EXPECT_EQ(checksum, static_cast<uint64_t>(file_bytes / 2) * 0x3f3f);
-  const double growth = static_cast<double>(after - before) * 1024.0;
+  const double growth = static_cast<double>(after - before);
   RecordProperty("resident_growth_bytes", std::to_string(growth));
   RecordProperty("checkpoint_bytes", std::to_string(file_bytes));
   EXPECT_LT(growth, 1.2 * static_cast<double>(file_bytes))
