@@ -17,6 +17,7 @@
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/avx2_math.h"
+#include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
 namespace {
@@ -185,8 +186,7 @@ inline void quantize8(__m256 v, __m256 inv, __m256i offset, uint8_t* out) {
 // 2-row steps; the first step of a group streams and prefetches its weights. A single row
 // (decode) takes 4 panels per step: 8 accumulators, 4 weight streams in flight.
 void avx2_matmul_int8(const Int8Tile& t) {
-  const int64_t row_block = min_of<int64_t>(
-      t.m, (kRowBlockBytes / t.x_stride + kBlockRows - 1) / kBlockRows * kBlockRows);
+  const int64_t row_block = rows_per_block(t.m, t.x_stride, kRowBlockBytes, kBlockRows);
   const int64_t group = t.m == 1 ? kGemvPanels : kBlockPanels;
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);

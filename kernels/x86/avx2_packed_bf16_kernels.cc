@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
 namespace {
@@ -175,8 +176,7 @@ void avx2_matmul_packed_bf16(const PackedBf16Tile& t) {
     for (; p < t.panel_end; ++p) block_rows<kRows, true>(static_cast<int>(t.m), t, x, xs, 0, p);
     return;
   }
-  const int64_t row_block =
-      min_of<int64_t>(t.m, (kRowBlockBytes / (xs * 4) + kRows - 1) / kRows * kRows);
+  const int64_t row_block = rows_per_block(t.m, xs * 4, kRowBlockBytes, kRows);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     for (int64_t p = t.panel_begin; p < t.panel_end; ++p) {

@@ -12,6 +12,7 @@
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/avx512_math.h"
+#include "kernels/x86/row_blocks.h"
 #include "kernels/x86/weight_prefetch.h"
 
 namespace peerserve::kernels::internal {
@@ -87,8 +88,7 @@ template <int MR, int NR>
 void dp_tile(const MatmulTile& t) {
   const uint16_t* x = static_cast<const uint16_t*>(t.x);
   const uint16_t* w = static_cast<const uint16_t*>(t.w);
-  const int64_t row_block =
-      min_of<int64_t>(t.m, (kRowBlockBytes / (t.x_stride * 2) + MR - 1) / MR * MR);
+  const int64_t row_block = rows_per_block(t.m, t.x_stride * 2, kRowBlockBytes, MR);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     int64_t j = t.n_begin;
@@ -235,8 +235,7 @@ void packed_block_rows(int rows, int panels, const PackedBf16Tile& t, int64_t i0
 // each panel), later ones find them in L1/L2.
 template <int MR, int NP>
 void packed_loop(const PackedBf16Tile& t) {
-  const int64_t row_block =
-      min_of<int64_t>(t.m, (kRowBlockBytes / (t.x_stride * 2) + MR - 1) / MR * MR);
+  const int64_t row_block = rows_per_block(t.m, t.x_stride * 2, kRowBlockBytes, MR);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     for (int64_t p = t.panel_begin; p < t.panel_end; p += NP) {

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
 namespace {
@@ -165,8 +166,7 @@ void block_rows(int rows, int panels, const Int8Tile& t, int64_t i0, int64_t p) 
 // group prefetched during the row steps, as the bf16 kernel does) was slower at every m
 // measured (docs/kernels.md), so there is no separate path.
 void matmul_int8(const Int8Tile& t) {
-  const int64_t row_block =
-      min_of<int64_t>(t.m, (kRowBlockBytes / t.x_stride + kGemmRows - 1) / kGemmRows * kGemmRows);
+  const int64_t row_block = rows_per_block(t.m, t.x_stride, kRowBlockBytes, kGemmRows);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     for (int64_t p = t.panel_begin; p < t.panel_end; p += kBlockPanels) {

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/x86/row_blocks.h"
 #include "kernels/x86/weight_prefetch.h"
 
 namespace peerserve::kernels::internal {
@@ -89,8 +90,7 @@ template <typename V, int MR, int NR, typename XT, typename WT>
 void fma_tile(const MatmulTile& t) {
   const XT* x = static_cast<const XT*>(t.x);
   const WT* w = static_cast<const WT*>(t.w);
-  const int64_t row_block =
-      min_of<int64_t>(t.m, (kRowBlockBytes / (t.k * int64_t{sizeof(XT)}) + MR - 1) / MR * MR);
+  const int64_t row_block = rows_per_block(t.m, t.k * int64_t{sizeof(XT)}, kRowBlockBytes, MR);
   for (int64_t i0 = 0; i0 < t.m; i0 += row_block) {
     const int64_t i1 = min_of(t.m, i0 + row_block);
     int64_t j = t.n_begin;

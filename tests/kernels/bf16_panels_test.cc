@@ -184,5 +184,31 @@ TEST(Bf16Panels, ARowsResultIsBitwiseTheSameWhateverTheOtherRowsAndLimits) {
   }
 }
 
+// A context past the row blocks' byte budget (x rows over 256 KiB: k_limit > 131072 bf16):
+// the prefill attention's values times probabilities at such a position used to never end.
+TEST(Bf16Panels, AContextWiderThanARowBlockStillEndsAndIsRight) {
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    Random rng(37);
+    const int64_t rows = 16, cols = 140002;
+    const std::vector<float> w = rng.floats(static_cast<size_t>(rows * cols));
+    Bf16Panels panels;
+    panels.reset(rows, cols);
+    panels.fill_rows(w.data(), cols, 0, cols);
+    for (const int64_t m : {int64_t{1}, int64_t{4}, int64_t{7}}) {
+      SCOPED_TRACE("m=" + std::to_string(m));
+      const int64_t k_limit = cols - 1;
+      const std::vector<float> x = rng.floats(static_cast<size_t>(m * k_limit));
+      const std::vector<bf16> xb = bf16_rows(x, m, k_limit, cols);
+      std::vector<float> y(static_cast<size_t>(m * rows), kUntouched);
+      testing::run_with_deadline(
+          level_label(level) + " m=" + std::to_string(m), std::chrono::seconds(120),
+          [&] { panels.multiply(xb.data(), cols, m, rows, k_limit, y.data(), rows, false); });
+      expect_product(x, m, k_limit, w, cols, rows, y, rows, nullptr);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace peerserve::kernels

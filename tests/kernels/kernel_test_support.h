@@ -2,11 +2,18 @@
 // floating-point error bounds the tolerances come from.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "kernels/cpu_features.h"
 #include "tensor/float_convert.h"
@@ -67,5 +74,24 @@ class Random {
  private:
   std::mt19937_64 engine_;
 };
+
+// Runs `body` on a thread of its own and waits at most `limit` for it: a kernel loop that
+// never advances fails with a message naming `what` instead of hanging the suite. A hung
+// thread cannot be stopped, so the process ends there.
+template <typename Body>
+void run_with_deadline(const std::string& what, std::chrono::seconds limit, Body&& body) {
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  std::thread([&body, &done] {
+    body();
+    done.set_value();
+  }).detach();
+  if (finished.wait_for(limit) == std::future_status::ready) return;
+  ADD_FAILURE() << what << " did not end within " << limit.count() << " s";
+  std::fprintf(stderr, "%s did not end within %lld s: exiting\n", what.c_str(),
+               static_cast<long long>(limit.count()));
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
 
 }  // namespace peerserve::kernels::testing

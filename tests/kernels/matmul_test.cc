@@ -127,6 +127,26 @@ class MatmulTest : public ::testing::Test {
   ThreadPool pool3_{3};
 };
 
+// Rows wider than a row block's byte budget (256 KiB: k > 65536 fp32, k > 131072 bf16).
+// The block must still take a register step of rows; it used to round down to zero rows,
+// and the loop over blocks never advanced.
+TEST_F(MatmulTest, RowsWiderThanARowBlockStillEndAndAreRight) {
+  const Shape shapes[] = {{4, 3, 70001}, {7, 2, 140001}, {1, 2, 140001}};
+  uint64_t seed = 500;
+  for (IsaLevel level : levels_to_test()) {
+    for (const Shape& s : shapes) {
+      testing::run_with_deadline(
+          level_label(level) + " m=" + std::to_string(s.m) + " k=" + std::to_string(s.k),
+          std::chrono::seconds(120), [&] {
+            check_case<bf16>(level, s, ActivationPrecision::kBf16, false, false, nullptr, ++seed);
+            check_case<bf16>(level, s, ActivationPrecision::kFp32, true, true, &pool2_, ++seed);
+            check_case<float>(level, s, ActivationPrecision::kFp32, false, false, nullptr, ++seed);
+          });
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_F(MatmulTest, Bf16WeightsMatchReferenceAtEveryLevel) {
   uint64_t seed = 1;
   for (IsaLevel level : levels_to_test()) {
