@@ -419,7 +419,9 @@ Result<Int8Transforms> calibrate_int8(const std::string& checkpoint_dir,
     }
     if (!mlp.members.empty()) groups.push_back(mlp);
   }
-  if (options.lm_head && !config.tie_word_embeddings) {
+  // The final norm's output is also the MTP layer's input (its hnorm re-normalizes it, so a
+  // per-channel 1/s there cannot be absorbed): with an MTP layer the head is not smoothed.
+  if (options.lm_head && !config.tie_word_embeddings && config.num_nextn_predict_layers == 0) {
     GroupSpec head = make_group("model.norm", "model.norm.weight");
     head.members.push_back({"lm_head.weight", stats_of("lm_head.weight")});
     groups.push_back(head);

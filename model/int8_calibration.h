@@ -8,7 +8,8 @@
 //
 //  - smoothing (SmoothQuant): for the weights that read an RMSNorm output (q_a or q_proj and
 //    kv_a: input_layernorm; q_b: q_a_layernorm; dense / shared / routed gate and up:
-//    post_attention_layernorm, whose output the router also reads; lm_head: the final norm)
+//    post_attention_layernorm, whose output the router also reads; lm_head: the final norm,
+//    only without an MTP layer, which reads the final norm's output too)
 //    one per-input-channel s per group: weight columns times s, the norm weight divided by s,
 //    the router's columns times s. s is rounded to a power of two, so the transform is exact
 //    in BF16 and fp32 (the BF16 model's logits and routing do not change at all) and the

@@ -182,6 +182,42 @@ TEST(Int8CalibrationTest, SmoothingAloneIsExact) {
   EXPECT_EQ(ra->ids, rb->ids);
 }
 
+// The MTP layer's drafts of the smoothed model are the source's, bit for bit: its input is
+// the final norm's output, so that norm is never smoothed while the model has an MTP layer.
+TEST(Int8CalibrationTest, SmoothingLeavesTheMtpDraftsExact) {
+  const Int8Transforms t = calibrated("smooth", /*guard=*/false);
+  EXPECT_EQ(t.norm_divisor.count("model.norm.weight"), 0u);
+  const std::string smoothed = write(t, "int8_smoothed_mtp", /*quantize=*/false);
+  ModelOptions options = bf16_options();
+  options.load_mtp = true;
+  auto a = load_model(tiny_checkpoint_dir(), options);
+  auto b = load_model(smoothed, options);
+  ASSERT_TRUE(a->has_mtp() && b->has_mtp());
+  const std::vector<int32_t> tokens = test_tokens(30, a->config().vocab_size, 5);
+  auto drafts = [&](DeepseekModel& model) {
+    LatentKvCache cache = make_cache(model, 16, DType::kBF16, 4);
+    const std::vector<int32_t> table = {0, 1};
+    std::vector<SequenceChunk> chunks(1);
+    chunks[0].tokens = std::span<const int32_t>(tokens).first(29);
+    chunks[0].block_table = table;
+    chunks[0].all_hidden = true;
+    ForwardOutput out, draft;
+    PS_CHECK(model.forward(chunks, cache, &out).ok());
+    MtpChunk mtp;
+    mtp.next_tokens = std::span<const int32_t>(tokens).subspan(1, 29);
+    mtp.hidden = out.hidden;
+    mtp.block_table = table;
+    mtp.all_logits = true;
+    PS_CHECK(model.forward_mtp({&mtp, 1}, cache, &draft).ok());
+    return draft.logits;
+  };
+  const std::vector<float> da = drafts(*a), db = drafts(*b);
+  ASSERT_EQ(da.size(), db.size());
+  ASSERT_FALSE(da.empty());
+  EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0)
+      << "max rel diff " << max_rel_diff(da, db);
+}
+
 // Every step keeps or lowers each group's objective against round to nearest; the search
 // (whose grid holds 0.5) is never worse than plain smoothing.
 TEST(Int8CalibrationTest, NoStepRaisesTheObjective) {
