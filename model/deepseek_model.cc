@@ -184,7 +184,9 @@ void DeepseekModel::Impl::plan(std::span<const ChunkView> chunks, StepRows* rows
     step.start_pos = c.start_pos;
     step.block_table = c.block_table;
     step.absorbed =
-        choose_absorbed_form(config, options.attention_form, step.num_tokens, step.context());
+        c.decode_form
+            ? choose_absorbed_form(config, options.attention_form, 1, step.start_pos + 1)
+            : choose_absorbed_form(config, options.attention_form, step.num_tokens, step.context());
     rows->chunks.push_back(step);
     rows->num_rows += step.num_tokens;
   }
@@ -624,7 +626,12 @@ namespace {
 void views_of(std::span<const SequenceChunk> chunks, std::vector<ChunkView>* views) {
   views->clear();
   for (const SequenceChunk& c : chunks) {
-    views->push_back({c.tokens, c.start_pos, c.block_table, c.all_logits, c.all_hidden});
+    views->push_back({.tokens = c.tokens,
+                      .start_pos = c.start_pos,
+                      .block_table = c.block_table,
+                      .all_logits = c.all_logits,
+                      .all_hidden = c.all_hidden,
+                      .decode_form = c.decode_form});
   }
 }
 

@@ -33,6 +33,11 @@ struct SequenceChunk {
   // only (speculative decoding feeds every position to the MTP layer; the LM head then runs
   // on one row instead of all of them).
   bool all_hidden = false;
+  // true: the tokens stand for consecutive decode steps (draft tokens under verification), so
+  // attention takes the form a one-token decode at start_pos takes, whatever the chunk's
+  // length. The forms agree only to ~4e-3 (AttentionForm), and verification must give the
+  // rows a decode would give, bit for bit.
+  bool decode_form = false;
 };
 
 // Input of the MTP (multi-token prediction) layer for one sequence. Entry i combines the

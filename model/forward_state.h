@@ -59,7 +59,8 @@ struct ChunkView {
   std::span<const int32_t> block_table;
   bool all_logits = false;
   bool all_hidden = false;
-  bool kv_only = false;  // MtpChunk::kv_only: nothing is returned
+  bool kv_only = false;      // MtpChunk::kv_only: nothing is returned
+  bool decode_form = false;  // SequenceChunk::decode_form
 
   // Of n new tokens, how many rows of logits and of hidden states the step returns.
   int64_t logits_rows(int64_t n) const { return kv_only ? 0 : all_logits ? n : 1; }

@@ -64,8 +64,9 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     chunk.tokens = c.tokens;
     chunk.start_pos = c.start_pos;
     chunk.block_table = c.block_table;
-    chunk.all_logits = !c.drafts.empty();  // a row per draft to verify, and one after them
-    chunk.all_hidden = speculative;        // every position feeds the MTP layer
+    chunk.all_logits = !c.drafts.empty();   // a row per draft to verify, and one after them
+    chunk.decode_form = !c.drafts.empty();  // the rows of the decode steps they stand for
+    chunk.all_hidden = speculative;         // every position feeds the MTP layer
     chunks.push_back(chunk);
   }
   if (pipeline_) {

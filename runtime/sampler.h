@@ -2,8 +2,10 @@
 //
 // Pure functions: the result depends only on the logits, the request's SamplingParams,
 // its generated tokens so far and its seed, never on the batch it ran in, so that a
-// seeded request reproduces exactly. The random draw for output position t of a request
-// is a counter-based hash of (seed, t), so no RNG state has to be carried or shared.
+// seeded request reproduces exactly (without speculative decoding; with it, whether a
+// position is verified against a draft depends on the schedule: docs/speculative_decoding.md). The
+// random draw for output position t of a request is a counter-based hash of (seed, t), so no RNG
+// state has to be carried or shared.
 //
 // Order of processing (transformers' logits-processor order):
 //   1. penalties over the tokens generated so far (not the prompt):

@@ -18,6 +18,7 @@
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/expert_backend.h"
+#include "model/mla_attention.h"
 #include "tests/model/forward_test_util.h"
 #include "tests/model/test_checkpoints.h"
 
@@ -178,6 +179,41 @@ TEST(DeepseekModelTest, ChunkedPrefillInOneFormGivesTheBitsOfOnePrefill) {
       }
     }
   }
+}
+
+// Draft verification: a chunk of K + 1 tokens marked decode_form gives, bit for bit, the
+// rows of K + 1 one-token decode steps, even where the automatic choice would take the
+// other attention form for a chunk of that length (here: 9 tokens after a 1-token prompt).
+TEST(DeepseekModelTest, AChunkInDecodeFormGivesTheBitsOfItsDecodeSteps) {
+  ModelOptions options;  // bf16 GEMM inputs, automatic attention form
+  options.num_threads = 2;
+  auto model = load_model(tiny_checkpoint_dir(), options);
+  const int64_t prompt = 1, k = 8;
+  ASSERT_FALSE(choose_absorbed_form(model->config(), AttentionForm::kAuto, k + 1, prompt + k + 1))
+      << "premise: a chunk of this length would take the plain form";
+  ASSERT_TRUE(choose_absorbed_form(model->config(), AttentionForm::kAuto, 1, prompt + 1));
+  const std::vector<int32_t> tokens = test_tokens(prompt + k + 1, model->config().vocab_size, 12);
+
+  LatentKvCache decode_cache = make_cache(*model, 16, DType::kBF16, 2);
+  TestSequence decoded{tokens, iota_blocks(2), 0};
+  step(*model, decode_cache, decoded, prompt, false);
+  std::vector<float> decode_rows;
+  for (int64_t i = 0; i <= k; ++i) {
+    const std::vector<float> row = step(*model, decode_cache, decoded, 1, false);
+    decode_rows.insert(decode_rows.end(), row.begin(), row.end());
+  }
+
+  LatentKvCache verify_cache = make_cache(*model, 16, DType::kBF16, 2);
+  TestSequence verified{tokens, iota_blocks(2), 0};
+  step(*model, verify_cache, verified, prompt, false);
+  SequenceChunk chunk = verified.next_chunk(k + 1, true);
+  chunk.decode_form = true;
+  ForwardOutput out;
+  ASSERT_TRUE(model->forward({&chunk, 1}, verify_cache, &out).ok());
+  ASSERT_EQ(out.logits.size(), decode_rows.size());
+  EXPECT_EQ(0,
+            std::memcmp(out.logits.data(), decode_rows.data(), decode_rows.size() * sizeof(float)))
+      << "max relative difference " << max_rel_diff(out.logits, decode_rows);
 }
 
 TEST(DeepseekModelTest, IncrementalDecodeOnPagedCacheEqualsFullRecomputation) {
