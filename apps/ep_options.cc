@@ -29,6 +29,13 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
   command
+      ->add_option("--ep-load-timeout-ms", cli->load_timeout_ms,
+                   "How long a rank waits for the others to finish loading (the model at "
+                   "start-up, the experts it newly holds at a rebalance) before it reports them "
+                   "lost; loading is slower and more uneven than an exchange")
+      ->check(CLI::Range(100, 86400000))
+      ->capture_default_str();
+  command
       ->add_option("--ep-split-rows", cli->split_rows,
                    "Split the attention projections, dense MLPs and shared experts over the "
                    "ranks (tensor parallel) in steps where no rank brings more rows than this; "

@@ -46,6 +46,8 @@ struct EpSession::Impl {
   Status maybe_rebalance(DeepseekModel& model, const dist::StepAgreement& agreement);
   // Rebalances from the loads counted since the last rebalance (collective); `step` for the log.
   Status rebalance(DeepseekModel& model, int64_t step);
+  // Collective: returns once every rank has loaded `what` (within cli.load_timeout_ms).
+  Status wait_for_loads(const char* what);
 
   EpCli cli;
   std::string model_dir;
@@ -148,6 +150,15 @@ Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* optio
   return ok_status();
 }
 
+Status EpSession::Impl::wait_for_loads(const char* what) {
+  const Status status = comm->barrier(std::chrono::milliseconds(cli.load_timeout_ms));
+  if (status.ok()) return status;
+  return Status(status.code(), "rank " + std::to_string(comm->rank()) +
+                                   " waited for every rank to finish loading " + what +
+                                   " (--ep-load-timeout-ms " + std::to_string(cli.load_timeout_ms) +
+                                   "): " + status.message());
+}
+
 Status EpSession::Impl::install_placement(DeepseekModel& model,
                                           dist::ExpertPlacement new_placement) {
   const ModelConfig& config = model.config();
@@ -156,6 +167,8 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
                       store->load(new_placement, comm->rank(), layers, [&](MlpWeights& expert) {
                         return model.prepare_routed_expert(expert);
                       }));
+  // The backend's window is made by a collective under the peer timeout.
+  PS_RETURN_IF_ERROR(wait_for_loads("its routed experts"));
   dist::EpExpertBackendOptions o;
   o.communicator = comm.get();
   o.placement = new_placement;
@@ -213,6 +226,7 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
 
 Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   if (!distributed()) return ok_status();
+  PS_RETURN_IF_ERROR(impl_->wait_for_loads("the model"));
   PS_ASSIGN_OR_RETURN(impl_->store, dist::ExpertWeightsStore::open(impl_->model_dir));
   impl_->max_rows = max_rows;
   const ModelConfig& config = model.config();

@@ -46,6 +46,10 @@ struct EpCli {
   int ep = 1;
   std::string dispatch_dtype = "int8";
   int peer_timeout_ms = 60000;
+  // How long a rank waits for the others to finish loading (the model at start-up, the
+  // experts it newly holds at a rebalance): reading weights takes longer than an exchange,
+  // and unevenly, so a rank still reading is not taken for lost after peer_timeout_ms.
+  int load_timeout_ms = 1800000;
   int64_t eplb_interval = 0;  // steps between expert rebalances; 0 = never
   int eplb_redundant_experts = 0;
   // Split the attention projections, dense MLPs and shared experts over the ranks when no

@@ -342,6 +342,53 @@ case("rank hung mid-run over MPI puts on TCP: rank 0 names it",
      lost_rank(signal.SIGSTOP, "rank 1 did not", network=True))
 
 
+def slow_loading_rank():
+    """Rank 1 reads its config.json 3 s late (a FIFO the test fills then), over an exchange
+    timeout of 1 s: the ranks wait for each other's loads at a barrier of their own
+    (--ep-load-timeout-ms), so rank 1 is not taken for lost and the tokens are right."""
+    import shutil
+    import threading
+    slow = os.path.join(SCRATCH, f"slow-config-{os.getpid()}")
+    shutil.rmtree(slow, ignore_errors=True)
+    os.makedirs(slow)
+    for name in os.listdir(shipped):
+        if name != "config.json":
+            os.symlink(os.path.abspath(os.path.join(shipped, name)), os.path.join(slow, name))
+    fifo = os.path.join(slow, "config.json")
+    os.mkfifo(fifo)
+
+    def fill_late():
+        time.sleep(3)
+        fd = os.open(fifo, os.O_WRONLY)  # rank 1 waits in its open
+        shutil.copy(os.path.join(shipped, "config.json"), fifo + ".tmp")
+        os.replace(fifo + ".tmp", fifo)  # later reads find a plain file
+        try:
+            with open(os.path.join(shipped, "config.json"), "rb") as f:
+                os.write(fd, f.read())
+        except BrokenPipeError:
+            pass  # the job ended without reading it; the assertions below say why
+        os.close(fd)
+
+    single = generate(shipped, 1, ["--precision", "fp32"])
+    common = ["generate", "--prompt-ids", PROMPT, "--max-tokens", "12", "--ignore-eos",
+              "--threads", "1", "--precision", "fp32", "--ep-dispatch-dtype", "fp32", "--ep", "2",
+              "--ep-timeout-ms", "1000"]
+    filler = threading.Thread(target=fill_late, daemon=True)
+    filler.start()
+    rc, out, err, took = run(["mpirun", "-np", "1", "--oversubscribe", BIN] + common +
+                             ["--model", shipped, ":", "-np", "1", "--oversubscribe", BIN] +
+                             common + ["--model", slow], timeout=120)
+    if filler.is_alive():  # rank 1 never opened it: unblock the thread's open
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    filler.join(5)
+    assert rc == 0, f"exit {rc} after {took:.1f} s: {err[-1500:]}"
+    assert took >= 3, f"rank 1 was not held back ({took:.1f} s)"
+    assert out.strip() == single, f"single {single!r} != ep2 {out.strip()!r}"
+
+
+case("a rank stopped while it loads, past --ep-timeout-ms: not lost", slow_loading_rank)
+
+
 def free_port():
     import socket
     with socket.socket() as probe:
