@@ -80,6 +80,13 @@ float quantize_row(const float* w, int64_t k, float absmax, int8_t* q, float rat
   }
   constexpr float kRound = 12582912.0f;
   const float inv = 127.0f / absmax;
+  if (!std::isfinite(inv)) {  // absmax below 127 / FLT_MAX (~3.7e-37): divide instead
+    for (int64_t p = 0; p < k; ++p) {
+      const float v = std::clamp(std::nearbyint(w[p] / absmax * 127.0f), -127.0f, 127.0f);
+      q[p] = static_cast<int8_t>(static_cast<int32_t>(v));
+    }
+    return absmax / 127.0f;
+  }
   for (int64_t p = 0; p < k; ++p) {
     // Unclipped, |w[p] * inv| <= 127 (1 + 2^-22) < 2^22, where the trick is exact. Clipped,
     // a value can be larger: its rounding may then be off, but it stays far beyond 127 with

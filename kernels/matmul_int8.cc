@@ -158,7 +158,10 @@ void run_problems(std::span<const Problem> problems, ThreadPool* pool) {
     task.fn = table.matmul_int8;
     task.panels_per_unit = p.epilogue == Int8Epilogue::kGateUpSilu ? 2 : 1;
     task.units = w.panels() / task.panels_per_unit;
-    task.cost_per_unit = task.panels_per_unit * kPanel * 4 * w.k_groups() * (p.m + kWeightByteCost);
+    // At least 1: split_by_cost gives a zero-cost item (k = 0) to no thread, and its y must
+    // still be written.
+    task.cost_per_unit = std::max<int64_t>(
+        1, task.panels_per_unit * kPanel * 4 * w.k_groups() * (p.m + kWeightByteCost));
     if (task.units > 0) tasks.push_back(task);
     xq += p.m * stride;
     scales += p.m;

@@ -77,9 +77,13 @@ float scalar_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint
   float absmax = 0.0f;
   for (int64_t p = 0; p < k; ++p) absmax = std::max(absmax, std::fabs(x[p]));
   const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+  // absmax below 127 / FLT_MAX (~3.7e-37): the inverse overflows, so every level divides
+  // element by element instead (the same fp32 operations everywhere).
+  const bool divide = !std::isfinite(inv);
   for (int64_t p = 0; p < k; ++p) {
     // fmax/fmin send a NaN product to -127, as the SIMD conversion + clamp does.
-    const float q = std::fmin(std::fmax(std::nearbyint(x[p] * inv), -127.0f), 127.0f);
+    const float scaled = divide ? x[p] / absmax * 127.0f : x[p] * inv;
+    const float q = std::fmin(std::fmax(std::nearbyint(scaled), -127.0f), 127.0f);
     out[p] = static_cast<uint8_t>(static_cast<int32_t>(q) + offset);
   }
   std::fill(out + k, out + k_padded, offset);

@@ -17,6 +17,7 @@
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/avx2_math.h"
+#include "kernels/x86/divide_quantize_row.h"
 #include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
@@ -226,7 +227,11 @@ float avx2_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_
   _mm256_store_ps(lanes, vmax);
   float absmax = 0.0f;
   for (float l : lanes) absmax = l > absmax ? l : absmax;
-  const __m256 inv = _mm256_set1_ps(absmax > 0.0f ? 127.0f / absmax : 0.0f);
+  const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+  if (inverse > 3.0e38f) {  // overflowed (absmax < ~3.7e-37): as the scalar reference
+    return divide_quantize_row_int8(x, k, k_padded, absmax, offset, out);
+  }
+  const __m256 inv = _mm256_set1_ps(inverse);
   const __m256i off = _mm256_set1_epi32(offset);
   for (p = 0; p + 8 <= k; p += 8) quantize8(_mm256_loadu_ps(x + p), inv, off, out + p);
   if (rest > 0) {

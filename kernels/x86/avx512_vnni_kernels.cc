@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/x86/divide_quantize_row.h"
 #include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
@@ -193,7 +194,11 @@ float quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t off
     vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(first_lanes(k - p), x + p)), vmax);
   }
   const float absmax = _mm512_reduce_max_ps(vmax);
-  const __m512 inv = _mm512_set1_ps(absmax > 0.0f ? 127.0f / absmax : 0.0f);
+  const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
+  if (inverse > 3.0e38f) {  // overflowed (absmax < ~3.7e-37): as the scalar reference
+    return divide_quantize_row_int8(x, k, k_padded, absmax, offset, out);
+  }
+  const __m512 inv = _mm512_set1_ps(inverse);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const __m512i off = _mm512_set1_epi32(offset);
   auto quantize = [&](__m512 v) {

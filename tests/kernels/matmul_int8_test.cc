@@ -106,6 +106,16 @@ TEST_F(MatmulInt8Test, QuantizesWeightsPerRowWithRoundToNearest) {
   EXPECT_EQ(packed->value(7, 7), 126);   // 126.5
   EXPECT_EQ(packed->value(7, 8), -126);  // -126.5
   EXPECT_EQ(packed->value(7, 9), 4);     // 3.5
+  // A row whose absmax is below 127 / FLT_MAX: 127 / absmax overflows, so the values are
+  // divided instead (they were 0 * inf, NaN, cast to int: undefined).
+  const std::vector<float> tiny = {3e-37f, 1e-39f, 0.0f, -3e-37f};
+  auto tiny_packed = PackedInt8Matrix::quantize(MatrixView<float>{tiny.data(), 1, 4, 4});
+  ASSERT_TRUE(tiny_packed.ok());
+  EXPECT_EQ(tiny_packed->scale(0), 3e-37f / 127.0f);
+  EXPECT_EQ(tiny_packed->value(0, 0), 127);
+  EXPECT_EQ(tiny_packed->value(0, 1), 0);
+  EXPECT_EQ(tiny_packed->value(0, 2), 0);
+  EXPECT_EQ(tiny_packed->value(0, 3), -127);
   std::vector<float> row(static_cast<size_t>(k));
   for (int64_t j = 0; j < n; ++j) {
     float absmax = 0;
@@ -237,7 +247,9 @@ TEST_F(MatmulInt8Test, RejectsBadWeightsWithAClearError) {
 TEST_F(MatmulInt8Test, ActivationQuantizationIsTheSameBitsAtEveryLevel) {
   Random rng(11);
   for (int64_t k : {1, 3, 8, 15, 16, 17, 33, 100, 1000}) {
-    for (float magnitude : {1e-30f, 1e-3f, 1.0f, 3e4f}) {
+    // 1e-37: below 127 / FLT_MAX the inverse of the absmax overflows (each element is then
+    // divided); its rows used to come out with positive values at -127 on the SIMD levels.
+    for (float magnitude : {1e-37f, 1e-30f, 1e-3f, 1.0f, 3e4f}) {
       std::vector<float> x = rng.floats(static_cast<size_t>(k), -magnitude, magnitude);
       if (k > 2) x[1] = 0.0f;
       std::vector<int8_t> ref(static_cast<size_t>(k));
@@ -261,6 +273,15 @@ TEST_F(MatmulInt8Test, ActivationQuantizationIsTheSameBitsAtEveryLevel) {
         EXPECT_EQ(q, ref) << level_label(level) << " k=" << k << " magnitude=" << magnitude;
       }
     }
+  }
+  // The smallest rows: signs and zeros kept at every level.
+  const std::vector<float> tiny = {1e-37f, 0.0f, -1e-37f, 5e-38f};
+  const std::vector<int8_t> tiny_q = {127, 0, -127, 64};
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    std::vector<int8_t> got(tiny.size());
+    EXPECT_EQ(internal::quantize_activation_row(tiny.data(), 4, got.data()), 1e-37f / 127.0f);
+    EXPECT_EQ(got, tiny_q) << level_label(level);
   }
   // An all-zero row: scale 0, values 0 (no division by zero).
   std::vector<float> zeros(20, 0.0f);
@@ -432,13 +453,16 @@ TEST_F(MatmulInt8Test, BatchInvariantAcrossRowsThreadsAndPaths) {
 
 TEST_F(MatmulInt8Test, GroupedEqualsEachProblemAlone) {
   Random rng(9);
-  const Shape shapes[] = {{1, 40, 64}, {0, 16, 64}, {5, 33, 100}, {2, 7, 31}, {12, 90, 200}};
+  // {2, 16, 0}: k = 0 costs nothing to compute but must still write its zeros (it was
+  // skipped when split over threads). y starts non-zero so that a skipped problem shows.
+  const Shape shapes[] = {{1, 40, 64}, {0, 16, 64},   {5, 33, 100},
+                          {2, 7, 31},  {12, 90, 200}, {2, 16, 0}};
   std::vector<PackedInt8Matrix> ws;
   std::vector<std::vector<float>> xs, ys;
   for (const Shape& s : shapes) {
     ws.push_back(random_weights(rng, s.n, s.k, s.k));
     xs.push_back(rng.floats(static_cast<size_t>(s.m * s.k)));
-    ys.emplace_back(static_cast<size_t>(s.m * s.n));
+    ys.emplace_back(static_cast<size_t>(s.m * s.n), 7.0f);
   }
   for (IsaLevel level : levels_to_test()) {
     ScopedIsaLevel isa(level);
