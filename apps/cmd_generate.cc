@@ -21,6 +21,7 @@
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
 #include "apps/speculative_options.h"
+#include "apps/threads_option.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -226,7 +227,7 @@ int run_generate(const GenerateCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = cli.speculative.method != "off";
-  apply_quantize_options(cli.quantize, &options);
+  if (Status s = apply_quantize_options(cli.quantize, &options); !s.ok()) return fail(s);
   options.attention_form = attention_form_named(cli.attention_form);
   if (options.load_mtp && session.distributed()) {
     return fail(invalid_argument(
@@ -327,7 +328,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--top-p", cli->top_p, "Nucleus sampling mass (default 1 = off)");
   sub->add_option("--top-k", cli->top_k, "Keep the k most likely tokens (default 0 = off)");
   sub->add_option("--seed", cli->seed, "Sampling seed (default 0)");
-  sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
+  add_threads_option(sub, &cli->threads);
   sub->add_option("--precision", cli->precision,
                   "GEMM activation precision: bf16 (default) or fp32");
   sub->add_flag("--ignore-eos", cli->ignore_eos, "Keep generating after the end-of-sequence token");

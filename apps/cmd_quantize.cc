@@ -10,6 +10,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
+#include "apps/threads_option.h"
 #include "model/int8_calibration.h"
 #include "model/int8_checkpoint.h"
 #include "tokenizer/tokenizer.h"
@@ -65,6 +66,11 @@ int run_quantize(const QuantizeCli& cli) {
   if (pipeline->any() && cli.calib.empty()) {
     std::fprintf(stderr, "error: --pipeline %s needs a calibration text (--calib FILE)\n",
                  pipeline_name.c_str());
+    return 2;
+  }
+  // Before the calibration, which can take long: nothing is overwritten.
+  if (Status s = check_int8_output_dir(cli.model_dir, cli.out_dir); !s.ok()) {
+    std::fprintf(stderr, "error: --out: %s\n", s.message().c_str());
     return 2;
   }
   Int8Transforms transforms;
@@ -151,7 +157,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto cli = std::make_shared<QuantizeCli>();
   sub->add_option("--model", cli->model_dir, "Source checkpoint directory (BF16, F32 or FP8)")
       ->required();
-  sub->add_option("--out", cli->out_dir, "Output directory (created; must not be the source)")
+  sub->add_option("--out", cli->out_dir,
+                  "Output directory: must not exist, or be empty (nothing is overwritten); written "
+                  "whole or not at all")
       ->required();
   sub->add_option("--scheme", cli->scheme,
                   "Quantization scheme: w8a8 (INT8 weights per output channel, activations "
@@ -183,7 +191,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "Input rows sampled per weight for the error objective")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--threads", cli->threads, "Threads (0: all)")->capture_default_str();
+  add_threads_option(sub, &cli->threads);
   sub->add_flag("--calib-report", cli->report, "Print each group's objective and choice");
   sub->callback([cli] { set_command_exit_code(run_quantize(*cli)); });
 });

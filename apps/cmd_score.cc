@@ -19,6 +19,7 @@
 #include "apps/ep_options.h"
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
+#include "apps/threads_option.h"
 #include "apps/token_id_list.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -54,7 +55,7 @@ int run_score(const ScoreCli& cli) {
   options.num_threads = cli.threads;
   options.gemm_precision = fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = false;
-  apply_quantize_options(cli.quantize, &options);
+  if (Status s = apply_quantize_options(cli.quantize, &options); !s.ok()) return fail(s);
   options.attention_form = attention_form_named(cli.attention_form);
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
@@ -112,7 +113,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--prompt-ids", cli->prompt_ids, "Comma-separated token ids")->required();
   sub->add_option("--out", cli->out_path, "Output JSON file")->required();
   sub->add_option("--precision", cli->precision, "fp32 (default: exact path) or bf16");
-  sub->add_option("--threads", cli->threads, "Worker threads (default: all cores)");
+  add_threads_option(sub, &cli->threads);
   add_ep_options(sub, &cli->ep);
   add_quantize_options(sub, &cli->quantize);
   add_attention_form_option(sub, &cli->attention_form);

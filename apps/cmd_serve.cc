@@ -27,6 +27,7 @@
 #include "apps/quantize_options.h"
 #include "apps/serve_router_role.h"
 #include "apps/speculative_options.h"
+#include "apps/threads_option.h"
 #include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
 #include "cache/pool_client.h"
@@ -230,7 +231,9 @@ int run_serve(const ServeCli& cli) {
   ModelOptions model_options;
   model_options.num_threads = cli.threads;
   model_options.gemm_precision = cli.fp32 ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
-  apply_quantize_options(cli.quantize, &model_options);
+  if (Status s = apply_quantize_options(cli.quantize, &model_options); !s.ok()) {
+    return session.fail(s, true);
+  }
   model_options.attention_form = attention_form_named(cli.attention_form);
   if (Status s = session.plan_experts(cli.model_dir, &model_options); !s.ok()) {
     return session.fail(s, true);
@@ -707,8 +710,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_option("--max-body-bytes", cli->max_body_bytes, "Request bodies beyond this get 413")
       ->capture_default_str();
-  sub->add_option("--threads", cli->threads, "Kernel threads (0 = all cores)")
-      ->capture_default_str();
+  add_threads_option(sub, &cli->threads);
   sub->add_flag("--no-prefix-caching", cli->no_prefix_caching, "Disable prefix caching");
   sub->add_flag("--fp32", cli->fp32, "fp32 GEMM activations and KV cache (exactness checks)");
   sub->add_option("--microbatches", cli->microbatches,

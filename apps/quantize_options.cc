@@ -19,10 +19,17 @@ void add_quantize_options(CLI::App* command, QuantizeCli* cli) {
                     "AVX-512; docs/kernels.md)");
 }
 
-void apply_quantize_options(const QuantizeCli& cli, ModelOptions* options) {
+Status apply_quantize_options(const QuantizeCli& cli, ModelOptions* options) {
+  if (cli.lm_head && cli.scheme != "int8") {
+    return invalid_argument(
+        "--quantize-lm-head quantizes the LM head at load with the rest: add "
+        "--quantize int8 (an INT8 checkpoint's head is as `peerserve "
+        "quantize --lm-head` wrote it)");
+  }
   options->quantize = cli.scheme == "int8" ? WeightQuantization::kInt8 : WeightQuantization::kNone;
   options->quantize_lm_head = cli.lm_head;
   options->pack_bf16 = !cli.no_pack_bf16;
+  return ok_status();
 }
 
 }  // namespace peerserve

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "base/status.h"
 #include "model/model_options.h"
 
 namespace peerserve {
@@ -18,7 +19,8 @@ struct QuantizeCli {
 };
 
 void add_quantize_options(CLI::App* command, QuantizeCli* cli);
-// Sets options->quantize / quantize_lm_head / pack_bf16.
-void apply_quantize_options(const QuantizeCli& cli, ModelOptions* options);
+// Sets options->quantize / quantize_lm_head / pack_bf16; an error for --quantize-lm-head
+// without --quantize int8 (it would be ignored).
+Status apply_quantize_options(const QuantizeCli& cli, ModelOptions* options);
 
 }  // namespace peerserve

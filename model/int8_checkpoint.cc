@@ -6,7 +6,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
@@ -169,24 +172,91 @@ std::string shard_name(size_t index, size_t count) {
   return buffer;
 }
 
+// The staging directory: removed with everything in it unless release()d.
+class StagingDirectory {
+ public:
+  explicit StagingDirectory(fs::path path) : path_(std::move(path)) {}
+  StagingDirectory(const StagingDirectory&) = delete;
+  StagingDirectory& operator=(const StagingDirectory&) = delete;
+  ~StagingDirectory() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  void release() { path_.clear(); }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace
+
+Status check_int8_output_dir(const std::string& in_dir, const std::string& out_dir) {
+  if (out_dir.empty()) return invalid_argument("no output directory given");
+  std::error_code ec;
+  if (!fs::exists(out_dir, ec)) return ok_status();
+  if (fs::equivalent(in_dir, out_dir, ec)) {
+    return invalid_argument("the output directory " + out_dir +
+                            " is the source checkpoint; write the INT8 copy elsewhere");
+  }
+  if (!fs::is_directory(out_dir, ec)) {
+    return invalid_argument("the output " + out_dir + " exists and is not a directory");
+  }
+  if (!fs::is_empty(out_dir, ec) || ec) {
+    return invalid_argument("the output directory " + out_dir +
+                            " exists and is not empty; remove it or choose another (nothing is "
+                            "overwritten)");
+  }
+  return ok_status();
+}
+
+namespace {
+
+// Moves the complete staging directory to `out_dir` (which may exist, empty).
+Status publish(StagingDirectory& staging, const std::string& out_dir) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec)) {
+    PS_RETURN_IF_ERROR(check_int8_output_dir(staging.path().string(), out_dir));
+    fs::remove(out_dir, ec);  // empty: checked
+    if (ec) return io_error(out_dir + ": cannot replace the empty directory: " + ec.message());
+  }
+  fs::rename(staging.path(), out_dir, ec);
+  if (ec) {
+    return io_error("cannot rename " + staging.path().string() + " to " + out_dir + ": " +
+                    ec.message());
+  }
+  staging.release();
+  return ok_status();
+}
+
 }  // namespace
 
 Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
                                                     const std::string& out_dir,
                                                     const Int8CheckpointOptions& options) {
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && fs::equivalent(in_dir, out_dir, ec)) {
-    return invalid_argument("the output directory " + out_dir +
-                            " is the source checkpoint; write the INT8 copy elsewhere");
-  }
+  PS_RETURN_IF_ERROR(check_int8_output_dir(in_dir, out_dir));
   PS_ASSIGN_OR_RETURN(Checkpoint source, Checkpoint::open(in_dir));
   const ModelConfig& config = source.config();
   if (config.int8_weights) {
     return invalid_argument(in_dir + " is already an INT8 checkpoint (quantization_config)");
   }
   PS_RETURN_IF_ERROR(source.validate_layout());
-  fs::create_directories(out_dir, ec);
-  if (ec) return io_error(out_dir + ": cannot create directory: " + ec.message());
+  std::error_code ec;
+  const fs::path target = fs::absolute(fs::path(out_dir), ec).lexically_normal();
+  if (ec) return io_error(out_dir + ": " + ec.message());
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  if (ec)
+    return io_error(target.parent_path().string() + ": cannot create directory: " + ec.message());
+  // With a trailing slash the name is empty: take the last named component.
+  const fs::path named = target.filename().empty() ? target.parent_path() : target;
+  StagingDirectory staging(named.string() + ".partial-" + std::to_string(::getpid()));
+  fs::remove_all(staging.path(), ec);
+  fs::create_directory(staging.path(), ec);
+  if (ec) {
+    return io_error(staging.path().string() + ": cannot create directory: " + ec.message());
+  }
+  const fs::path out = staging.path();
 
   // Plan every tensor, then the shards (their names carry the count).
   const std::vector<TensorSpec> layout = deepseek_tensor_layout(config);
@@ -268,12 +338,10 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
       done += p->bytes_in;
       if (options.progress) options.progress(done, summary.bytes_in);
     }
-    PS_RETURN_IF_ERROR(
-        write_safetensors_file((fs::path(out_dir) / file).string(), tensors, {{"format", "pt"}}));
+    PS_RETURN_IF_ERROR(write_safetensors_file((out / file).string(), tensors, {{"format", "pt"}}));
   }
-  PS_RETURN_IF_ERROR(
-      write_safetensors_index((fs::path(out_dir) / "model.safetensors.index.json").string(),
-                              summary.bytes_out, weight_map));
+  PS_RETURN_IF_ERROR(write_safetensors_index((out / "model.safetensors.index.json").string(),
+                                             summary.bytes_out, weight_map));
 
   // config.json as the source has it, with the INT8 quantization_config.
   PS_ASSIGN_OR_RETURN(std::string config_text, read_text(fs::path(in_dir) / "config.json"));
@@ -283,7 +351,7 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
     config_json["quantization_config"] =
         json::parse(int8_quantization_config_json(ignored_modules));
   }
-  PS_RETURN_IF_ERROR(write_text(fs::path(out_dir) / "config.json", config_json.dump(2) + "\n"));
+  PS_RETURN_IF_ERROR(write_text(out / "config.json", config_json.dump(2) + "\n"));
 
   // Everything else (tokenizer, generation config, ...) as is.
   for (const fs::directory_entry& entry : fs::directory_iterator(in_dir, ec)) {
@@ -292,10 +360,11 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
         name == "model.safetensors.index.json" || ends_with(name, ".safetensors")) {
       continue;
     }
-    fs::copy_file(entry.path(), fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
+    fs::copy_file(entry.path(), out / name, fs::copy_options::overwrite_existing, ec);
     if (ec) return io_error(entry.path().string() + ": cannot copy: " + ec.message());
   }
   if (ec) return io_error(in_dir + ": cannot list: " + ec.message());
+  PS_RETURN_IF_ERROR(publish(staging, named.string()));
   return summary;
 }
 

@@ -49,8 +49,16 @@ struct Int8CheckpointSummary {
   uint64_t bytes_out = 0;  // tensor bytes written
 };
 
-// Writes the INT8 checkpoint of `in_dir` into `out_dir` (created; files there overwritten).
-// Errors: the same directory for both, a source that is already INT8 or fails
+// Whether `out_dir` may receive the INT8 copy of `in_dir`: it must not be the source, and
+// must not exist or be an empty directory (nothing is ever overwritten, so no running
+// server's mapped files are truncated and no half-written copy is mistaken for a whole one).
+// Cheap: `peerserve quantize` checks it before calibrating.
+Status check_int8_output_dir(const std::string& in_dir, const std::string& out_dir);
+
+// Writes the INT8 checkpoint of `in_dir` into `out_dir`. Everything is written into a
+// sibling staging directory (`out_dir` + ".partial-<pid>"), renamed to `out_dir` once
+// complete and removed on any error, so `out_dir` either holds a whole checkpoint or does not
+// exist. Errors: those of check_int8_output_dir, a source that is already INT8 or fails
 // validate_layout(), I/O errors naming the path.
 Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
                                                     const std::string& out_dir,

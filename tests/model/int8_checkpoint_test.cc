@@ -355,5 +355,55 @@ TEST(Int8CheckpointTest, RefusesItsSourceAndInt8Sources) {
   EXPECT_NE(twice.status().message().find("already an INT8"), std::string::npos);
 }
 
+// Nothing is overwritten: a non-empty output directory is refused before any work, and its
+// files stay as they were.
+TEST(Int8CheckpointTest, ANonEmptyOutputDirectoryIsRefusedAndLeftAlone) {
+  const std::string out = make_temp_dir("int8_nonempty");
+  {
+    std::ofstream keep(fs::path(out) / "keep.txt");
+    keep << "mine";
+  }
+  auto written = write_int8_checkpoint(tiny_checkpoint_dir(), out);
+  ASSERT_FALSE(written.ok());
+  EXPECT_NE(written.status().message().find("is not empty"), std::string::npos)
+      << written.status().message();
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"keep.txt"});
+  EXPECT_TRUE(check_int8_output_dir(tiny_checkpoint_dir(), out + "/not-yet").ok());
+}
+
+// A write that fails part way (a non-finite weight in the last layer, after earlier shards
+// were written) leaves no output directory and no staging directory: nothing that could be
+// opened as a checkpoint. It used to leave the shards, the index and the copied files.
+TEST(Int8CheckpointTest, AFailedWriteLeavesNoCheckpointBehind) {
+  const std::string source = make_temp_dir("int8_nan_source");
+  fs::copy(tiny_checkpoint_dir(), source, fs::copy_options::recursive);
+  auto ckpt = Checkpoint::open(source);
+  ASSERT_TRUE(ckpt.ok());
+  const int64_t last = ckpt->config().num_hidden_layers - 1;
+  const std::string weight =
+      "model.layers." + std::to_string(last) + ".mlp.shared_experts.down_proj.weight";
+  ASSERT_TRUE(ckpt->contains(weight));
+  rewrite(source, [&](std::map<std::string, TensorToWrite>& t) {
+    TensorToWrite& w = t.at(weight);
+    ASSERT_EQ(w.dtype, DType::kBF16);
+    const uint16_t nan = 0x7fc0;
+    std::memcpy(w.bytes.data() + 2 * 7, &nan, 2);
+  });
+  const fs::path parent = make_temp_dir("int8_failed_out");
+  const std::string out = (parent / "int8").string();
+  Int8CheckpointOptions o;
+  o.max_shard_bytes = 64 << 10;  // shards written before the bad tensor is reached
+  auto written = write_int8_checkpoint(source, out, o);
+  ASSERT_FALSE(written.ok());
+  EXPECT_NE(written.status().message().find("non-finite"), std::string::npos)
+      << written.status().message();
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::is_empty(parent)) << "a staging directory was left in " << parent;
+}
+
 }  // namespace
 }  // namespace peerserve
