@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -88,6 +89,12 @@ struct Checkpoint::Impl {
 
   std::mutex used_mutex;
   std::vector<bool> used;  // by entries position; guarded by used_mutex
+
+  // get_bf16's converted copies while someone holds them: asked again, a tensor gives the
+  // same memory, so its data pointer identifies it as a zero-copy view does (calibration
+  // matches the model's weights by it). Weak: costs no memory once the holders are gone.
+  std::mutex converted_mutex;
+  std::map<const TensorEntry*, std::weak_ptr<std::vector<bf16>>> converted;
 
   const TensorEntry* find(std::string_view name) const {
     const auto it = index.find(name);
@@ -505,7 +512,22 @@ Result<WeightTensor> Checkpoint::get_bf16(std::string_view name,
     t.storage = impl_->shards[e->shard].mapping();
     t.zero_copy = true;
   } else {
-    PS_ASSIGN_OR_RETURN(std::shared_ptr<std::vector<bf16>> owned, impl_->convert_to_bf16(*e));
+    std::shared_ptr<std::vector<bf16>> owned;
+    {
+      std::lock_guard<std::mutex> lock(impl_->converted_mutex);
+      if (auto it = impl_->converted.find(e); it != impl_->converted.end()) {
+        owned = it->second.lock();
+      }
+    }
+    if (owned == nullptr) {
+      PS_ASSIGN_OR_RETURN(owned, impl_->convert_to_bf16(*e));
+      std::lock_guard<std::mutex> lock(impl_->converted_mutex);
+      if (auto held = impl_->converted[e].lock(); held != nullptr) {
+        owned = std::move(held);  // another thread converted it meanwhile
+      } else {
+        impl_->converted[e] = owned;
+      }
+    }
     t.data = owned->data();
     t.storage = std::move(owned);
   }

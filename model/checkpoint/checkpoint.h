@@ -99,7 +99,8 @@ class Checkpoint {
   // The tensor as a BF16 matrix of `expected_shape`: BF16 zero-copy from the mapping (when
   // 2-byte aligned), F32/F16 converted, F8_E4M3 dequantized with "<name>_scale_inv" and the
   // config's weight_block_size, I8 dequantized with "<name>_scale" (per row). Marks the
-  // tensor (and its scale) as used.
+  // tensor (and its scale) as used. A converted tensor asked for again while its earlier
+  // copy is still held gives that copy (the same data pointer).
   // Errors: NotFound (file is the checkpoint dir), InvalidArgument on shape mismatch
   // ("<file>: tensor '<name>' has shape [a, b], expected [c, d]"), Unimplemented dtype.
   Result<WeightTensor> get_bf16(std::string_view name, const std::vector<int64_t>& expected_shape);

@@ -6,6 +6,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +58,9 @@ class RoutingRecorder final : public ExpertBackend {
   std::shared_ptr<ExpertBackend> inner_;
 };
 
-Int8Transforms calibrated(const std::string& pipeline, bool guard = true) {
-  auto checkpoint = Checkpoint::open(tiny_checkpoint_dir());
+Int8Transforms calibrated(const std::string& pipeline, bool guard = true,
+                          const std::string& dir = tiny_checkpoint_dir()) {
+  auto checkpoint = Checkpoint::open(dir);
   PS_CHECK(checkpoint.ok());
   const std::vector<int32_t> tokens = test_tokens(400, checkpoint->config().vocab_size, 11);
   CalibrationOptions o;
@@ -65,7 +69,7 @@ Int8Transforms calibrated(const std::string& pipeline, bool guard = true) {
   o.max_sample_rows = 64;
   o.num_threads = 2;
   o.guard = guard;
-  auto t = calibrate_int8(tiny_checkpoint_dir(), tokens, 0, o);
+  auto t = calibrate_int8(dir, tokens, 0, o);
   PS_CHECK(t.ok()) << t.status().to_string();
   return std::move(t).value();
 }
@@ -216,6 +220,52 @@ TEST(Int8CalibrationTest, SmoothingLeavesTheMtpDraftsExact) {
   ASSERT_FALSE(da.empty());
   EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0)
       << "max rel diff " << max_rel_diff(da, db);
+}
+
+// A copy of the tiny checkpoint whose shard headers are one byte longer (a space after the
+// JSON, as the format allows): every tensor's data then starts at an odd address, and BF16
+// tensors are read through converted copies instead of the mapping.
+std::string misaligned_copy() {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::make_temp_dir("calib_misaligned");
+  for (const auto& entry : fs::directory_iterator(tiny_checkpoint_dir())) {
+    const fs::path to = fs::path(dir) / entry.path().filename();
+    if (entry.path().extension() != ".safetensors") {
+      fs::copy_file(entry.path(), to);
+      continue;
+    }
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t header = 0;
+    std::memcpy(&header, bytes.data(), 8);
+    PS_CHECK((8 + header) % 2 == 0);
+    bytes.insert(8 + header, " ");
+    ++header;
+    std::memcpy(bytes.data(), &header, 8);
+    std::ofstream(to, std::ios::binary) << bytes;
+  }
+  return dir;
+}
+
+// Calibration identifies a weight by its BF16 data. With misaligned tensors (converted
+// copies) it used to find no weight: every group but the MoE ones was left at round to
+// nearest, silently. It now chooses exactly what it chooses on the aligned checkpoint.
+TEST(Int8CalibrationTest, MisalignedTensorsAreCalibratedLikeAlignedOnes) {
+  const Int8Transforms aligned = calibrated("smooth", /*guard=*/false);
+  const Int8Transforms misaligned = calibrated("smooth", /*guard=*/false, misaligned_copy());
+  ASSERT_GE(aligned.norm_divisor.size(), 4u);
+  auto same = [](const auto& a, const auto& b) {
+    if (a.size() != b.size()) return false;
+    for (const auto& [name, values] : a) {
+      const auto it = b.find(name);
+      if (it == b.end() || *it->second != *values) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(same(misaligned.norm_divisor, aligned.norm_divisor))
+      << misaligned.norm_divisor.size() << " norms smoothed, " << aligned.norm_divisor.size()
+      << " when aligned";
+  EXPECT_TRUE(same(misaligned.column_scale, aligned.column_scale));
 }
 
 // Every step keeps or lowers each group's objective against round to nearest; the search
