@@ -112,11 +112,13 @@ int run_quantize(const QuantizeCli& cli) {
                    static_cast<long long>(weights), before, after,
                    before > 0 ? 100.0 * (after - before) / before : 0.0);
     }
+    // No group with a sampled input: nothing to relate the errors to (not NaN).
+    const double scale = reference > 0 ? reference : 1.0;
     std::fprintf(stderr,
                  "pipeline %s over %zu groups: sample output error (relative) rtn %.4e, after "
                  "smoothing %.4e, final %.4e; %zu norms smoothed, %zu weights clipped\n",
-                 pipeline_name.c_str(), transforms.groups.size(), std::sqrt(rtn / reference),
-                 std::sqrt(smoothed / reference), std::sqrt(final_error / reference),
+                 pipeline_name.c_str(), transforms.groups.size(), std::sqrt(rtn / scale),
+                 std::sqrt(smoothed / scale), std::sqrt(final_error / scale),
                  transforms.norm_divisor.size(), transforms.row_clip.size());
     options.transforms = &transforms;
   }
