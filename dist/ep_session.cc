@@ -213,13 +213,13 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   const int64_t read_before = store->experts_read();
   PS_RETURN_IF_ERROR(install_placement(model, std::move(rebalance.placement)));
   if (comm->rank() == 0) {
-    std::fprintf(stderr,
-                 "eplb: step %lld: max/mean expert pairs per rank %.3f -> %.3f over %lld pairs "
-                 "(%d redundant experts; rank 0 read %lld experts)\n",
-                 static_cast<long long>(step), rebalance.before_max_over_mean,
-                 rebalance.after_max_over_mean, static_cast<long long>(rebalance.pairs),
-                 cli.eplb_redundant_experts,
-                 static_cast<long long>(store->experts_read() - read_before));
+    std::fprintf(
+        stderr,
+        "eplb: step %lld: max/mean expert pairs per rank (EPLB model) %.3f -> %.3f over %lld pairs "
+        "(%d redundant experts; rank 0 read %lld experts)\n",
+        static_cast<long long>(step), rebalance.before_max_over_mean, rebalance.after_max_over_mean,
+        static_cast<long long>(rebalance.pairs), cli.eplb_redundant_experts,
+        static_cast<long long>(store->experts_read() - read_before));
   }
   return ok_status();
 }

@@ -21,8 +21,11 @@ namespace peerserve::dist {
 struct Rebalance {
   ExpertPlacement placement;
   // Max over mean of the token-expert pairs per rank, averaged over MoE layers, for the
-  // summed counts under the old and the new placement (a hot expert's pairs split evenly
-  // over its copies, as dispatch does).
+  // summed counts under the old and the new placement, in EPLB's model: a hot expert's pairs
+  // split evenly over its copies. Dispatch spreads them over the step's calls instead: in
+  // one call an expert's pairs go to one copy when weight reads dominate (small multi-source
+  // steps), else to the least-loaded ranks (ExpertExchange::dispatch), so one step's per-rank
+  // load can be further from even than this.
   double before_max_over_mean = 1.0;
   double after_max_over_mean = 1.0;
   int64_t pairs = 0;  // token-expert pairs counted, all ranks

@@ -1,6 +1,7 @@
 // Where each layer's routed experts live: physical expert slots spread evenly over EP ranks,
 // each holding one logical expert (an expert held by several slots is replicated, and its
-// tokens are split evenly over the copies, as EPLB and SGLang's "dynamic" dispatch do).
+// tokens are modelled as split evenly over the copies, as EPLB assumes; peerserve's dispatch
+// balances per call instead, dist/expert_dispatch.h).
 // Also the per-rank cost model that turns a placement and a load into MoE time.
 #pragma once
 

@@ -1,6 +1,7 @@
 // Online EPLB on the real model, two ranks as threads: a skewed workload's counts give a
-// placement with redundant experts whose per-rank load is more even (measured on the
-// workload that runs after the swap), the swap happens between steps, reads only the
+// placement with redundant experts whose per-rank load is more even (in EPLB's model, a copy
+// taking an even share of its expert's pairs, on the counts of the workload that runs after
+// the swap), the swap happens between steps, reads only the
 // experts a rank newly holds, and the logits are bitwise the same before and after it
 // (fp32 dispatch) and equal to the single process.
 #include "dist/expert_rebalance.h"
@@ -146,7 +147,7 @@ Status run_rank(Communicator& comm, const std::string& dir, RankRun* out) {
   PS_RETURN_IF_ERROR(probe(&out->probe_after));
   new_recorder->take();
   PS_RETURN_IF_ERROR(skewed_workload());
-  // Measured on the workload after the swap: the pairs per rank under each placement.
+  // The counts of the workload after the swap, per rank under each placement (EPLB's model).
   std::vector<int64_t> counts = new_recorder->take();
   PS_RETURN_IF_ERROR(comm.allreduce(counts, ReduceOp::kSum, milliseconds(20000)));
   PS_ASSIGN_OR_RETURN(out->measured_before,
@@ -172,7 +173,8 @@ TEST(ExpertRebalanceTest, SkewedLoadIsSpreadAndTheLogitsDoNotChange) {
 
   const RankRun& leader = runs[0];
   std::printf(
-      "max/mean pairs per rank: planned %.3f -> %.3f; measured after the swap %.3f -> %.3f\n",
+      "max/mean pairs per rank (EPLB model): planned %.3f -> %.3f; on the counts after the swap "
+      "%.3f -> %.3f\n",
       leader.rebalance.before_max_over_mean, leader.rebalance.after_max_over_mean,
       leader.measured_before, leader.measured_after);
   EXPECT_GT(leader.rebalance.pairs, 0);
