@@ -51,19 +51,27 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
   command
       ->add_option("--eplb-redundant-experts", cli->eplb_redundant_experts,
                    "Extra expert slots per MoE layer for copies of the hottest experts, placed "
-                   "at each rebalance (needs --eplb-interval); experts + redundant must be a "
-                   "multiple of --ep. Copies let a lone request's experts spread over the ranks "
+                   "at each rebalance (needs --eplb-interval); --ep must divide the experts, so "
+                   "this must be a multiple of --ep too. Copies let a lone request's experts "
+                   "spread over the ranks "
                    "(docs/expert_parallelism.md: mini EP=2 batch 1 +10-19%) at the cost of "
                    "their memory")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
-  // Copies are only placed by a rebalance: without one the slots would stay empty, silently.
   command->parse_complete_callback([cli] {
+    // Copies are only placed by a rebalance: without one the slots would stay empty, silently.
     if (cli->eplb_redundant_experts > 0 && cli->eplb_interval == 0) {
       throw CLI::ValidationError("--eplb-redundant-experts " +
                                  std::to_string(cli->eplb_redundant_experts) +
                                  ": copies are placed when the experts are rebalanced; add "
                                  "--eplb-interval STEPS");
+    }
+    // Without expert parallelism there is nothing to rebalance: ignored, silently.
+    if (cli->eplb_interval > 0 && cli->ep == 1) {
+      throw CLI::ValidationError(
+          "--eplb-interval " + std::to_string(cli->eplb_interval) +
+          ": experts are rebalanced over expert-parallel ranks; it needs --ep N with N > 1 (one "
+          "process holds every expert)");
     }
   });
 }

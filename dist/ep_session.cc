@@ -136,11 +136,11 @@ Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* optio
   if ((impl_->cli.eplb_interval > 0 || impl_->cli.eplb_redundant_experts > 0) &&
       physical % size() != 0) {
     return invalid_argument("--eplb-redundant-experts " +
-                            std::to_string(impl_->cli.eplb_redundant_experts) + ": " +
-                            std::to_string(config.n_routed_experts) +
-                            " experts + redundant must "
-                            "be a multiple of --ep " +
-                            std::to_string(size()));
+                            std::to_string(impl_->cli.eplb_redundant_experts) +
+                            ": must be a multiple of --ep " + std::to_string(size()) +
+                            " (every rank holds the same number of expert slots, and --ep "
+                            "divides the " +
+                            std::to_string(config.n_routed_experts) + " experts)");
   }
   impl_->placement = std::move(placement);
   impl_->model_dir = model_dir;

@@ -278,6 +278,11 @@ case("--ep 2 without mpirun", bad(base + ["--ep", "2"], 1, "not started by mpiru
 case("mpirun -np 2 without --ep", bad(base, 2, "pass --ep 2"))
 case("copies without rebalances",
      bad(base + ["--eplb-redundant-experts", "8"], 1, "add --eplb-interval STEPS"))
+case("rebalances without expert parallelism",
+     bad(base + ["--eplb-interval", "8"], 1, "needs --ep N with N > 1"))
+case("copies not a multiple of --ep",
+     bad(base + ["--ep", "2", "--eplb-interval", "8", "--eplb-redundant-experts", "1"], 2,
+         "must be a multiple of --ep 2"))
 
 
 def rank_pids(p):
