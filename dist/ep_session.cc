@@ -199,7 +199,8 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
 
 Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
                                         const dist::StepAgreement& agreement) {
-  if (cli.eplb_interval <= 0 || !agreement.step) return ok_status();
+  // Not on the agreement that ends the run: the experts would be read for no step after it.
+  if (cli.eplb_interval <= 0 || !agreement.step || agreement.stop) return ok_status();
   if (agreement.step_index - last_rebalance_step < cli.eplb_interval) return ok_status();
   last_rebalance_step = agreement.step_index;
   return rebalance(model, agreement.step_index);
