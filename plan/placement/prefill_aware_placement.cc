@@ -42,10 +42,12 @@ std::vector<int> dup_layer(const std::vector<double>& frequency, int num_ranks, 
   std::vector<int> free_slots(static_cast<size_t>(num_ranks), extra);
   std::vector<int> by_load(static_cast<size_t>(num_ranks));
   for (int step = 0; step < extra * num_ranks; ++step) {
-    // Ranks by decreasing load, for "the maximum over the ranks a copy leaves alone".
+    // Ranks by decreasing load, for "the maximum over the ranks a copy leaves alone"; equal
+    // loads by decreasing rank, so that the walk from the back below meets the lower rank
+    // first among the least loaded.
     std::iota(by_load.begin(), by_load.end(), 0);
-    std::stable_sort(by_load.begin(), by_load.end(),
-                     [&](int a, int b) { return load[a] > load[b]; });
+    std::sort(by_load.begin(), by_load.end(),
+              [&](int a, int b) { return load[a] > load[b] || (load[a] == load[b] && a > b); });
     double square_sum = 0.0;
     for (double v : load) square_sum += v * v;
 

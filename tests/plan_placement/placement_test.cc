@@ -90,6 +90,19 @@ TEST(DupPlacement, HandComputedCase) {
   EXPECT_NE(too_many.status().message().find("expected 0..2"), std::string::npos);
 }
 
+// Ties between target ranks go to the lower rank (as the header says). Three experts of
+// load 5 on three ranks, one extra slot each:
+// step 1: every copy gives max 7.5 (a tie); expert 0 to the least-loaded rank with the lower
+//         number, rank 1: loads 2.5, 7.5, 5;
+// step 2: expert 1 to rank 0 gives 5, 5, 5 (expert 0 to rank 2 gives 6.67);
+// step 3: only rank 2 has room; experts 0 and 1 tie at 6.67, the lower id goes.
+// Before, ties went to the higher rank: { 0, 2, 1, 0, 2, 0 }.
+TEST(DupPlacement, TiesGoToTheLowerRank) {
+  auto layout = dup_placement(load_of({{5, 5, 5}}), 3, 1, linear_expert_time());
+  ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+  EXPECT_EQ(layout->physical_to_logical[0], (std::vector<int>{0, 1, 1, 0, 2, 0}));
+}
+
 class SkewedLoad : public ::testing::Test {
  protected:
   void SetUp() override {
