@@ -59,6 +59,9 @@ class Window {
   // deadline the result is Unavailable "rank R did not deliver <what> within T ms".
   virtual Status wait_at_least(size_t offset, uint64_t value, int from_rank, const char* what,
                                Clock::time_point deadline) = 0;
+  // One look at the local uint64 at `offset`: whether it is already >= `value` (no wait, no
+  // error; false for an offset outside the window). What wait_at_least would return at once.
+  virtual bool reached(size_t offset, uint64_t value) = 0;
 };
 
 class Communicator {

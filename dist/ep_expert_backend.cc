@@ -244,6 +244,20 @@ Status EpExpertBackend::compute_bf16(std::span<const MlpWeights> experts, int64_
   return ok_status();
 }
 
+bool EpExpertBackend::ready(const Call& call) const {
+  const EpCall* ep = dynamic_cast<const EpCall*>(&call);
+  if (ep == nullptr) return true;  // not ours: the stage reports the misuse
+  switch (ep->stage) {
+    case EpCall::Stage::kDispatched:
+      return exchange_->arrived(ep->slot, /*results=*/false);
+    case EpCall::Stage::kComputed:
+      return exchange_->arrived(ep->slot, /*results=*/true);
+    case EpCall::Stage::kIdle:
+      return true;
+  }
+  return true;
+}
+
 Status EpExpertBackend::combine(Call& call, std::span<float> out) {
   EpCall& ep = as_ep_call(call);
   if (ep.stage != EpCall::Stage::kComputed) return out_of_order("combine", ep);

@@ -65,6 +65,10 @@ class EpExpertBackend final : public ExpertBackend {
   Status dispatch(const RoutedTokens& tokens, Call& call) override;
   Status compute(Call& call) override;
   Status combine(Call& call, std::span<float> out) override;
+  // compute waits for every rank's dispatch, combine for every owner's results: ready when
+  // they are already here (one look at the flags), so a pipeline driver can run the other
+  // microbatch meanwhile.
+  bool ready(const Call& call) const override;
   bool collective() const override { return true; }
 
   const ExpertExchange& exchange() const { return *exchange_; }

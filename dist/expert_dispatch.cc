@@ -376,6 +376,16 @@ Status ExpertExchange::wait_all(int slot, bool results, const char* what) {
   return ok_status();
 }
 
+bool ExpertExchange::arrived(int slot, bool results) const {
+  PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
+  for (int peer = 0; peer < shape_.num_ranks; ++peer) {
+    const size_t flag =
+        results ? layout_.combine_flag(slot, peer) : layout_.dispatch_flag(slot, peer);
+    if (!window_->reached(flag, sequence_[slot])) return false;
+  }
+  return true;
+}
+
 Status ExpertExchange::wait_dispatch(int slot) {
   PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
   PS_RETURN_IF_ERROR(wait_all(slot, false, "its dispatch"));

@@ -150,6 +150,9 @@ class ExpertExchange {
 
   // Owner side: waits until every rank's dispatch of this step has arrived.
   Status wait_dispatch(int slot);
+  // Whether every rank's dispatch (results == false) or every owner's results (true) of this
+  // slot's step have arrived: what wait_dispatch / combine would wait for, looked at once.
+  bool arrived(int slot, bool results) const;
   // The messages received from `source` (valid until send_results of this slot).
   int received_tokens(int slot, int source) const;
   int received_pairs(int slot, int source) const;

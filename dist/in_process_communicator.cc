@@ -153,6 +153,11 @@ class InProcessWindow final : public Window {
     }
   }
 
+  bool reached(size_t offset, uint64_t value) override {
+    if (!check_flag(rank_, offset, "poll").ok()) return false;
+    return flag(rank_, offset).load(std::memory_order_acquire) >= value;
+  }
+
  private:
   std::atomic_ref<uint64_t> flag(int target, size_t offset) {
     return std::atomic_ref<uint64_t>(

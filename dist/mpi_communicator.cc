@@ -299,6 +299,14 @@ class MpiWindow final : public Window {
     }
   }
 
+  bool reached(size_t offset, uint64_t value) override {
+    if (!check_range(comm_->rank, offset, sizeof value, "poll").ok()) return false;
+    // Makes the public copy (peers' puts) visible to our loads, as wait_at_least does.
+    if (MPI_Win_sync(win_) != MPI_SUCCESS) return false;
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(base_ + offset));
+    return word.load(std::memory_order_acquire) >= value;
+  }
+
  private:
   Status check_range(int target, size_t offset, size_t bytes, const char* op) const {
     if (target < 0 || target >= comm_->size) {

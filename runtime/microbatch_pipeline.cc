@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <utility>
 
 #include "model/expert_backend.h"
@@ -125,7 +126,9 @@ Status MicrobatchPipeline::forward_split(std::span<const SequenceChunk> chunks, 
 }
 
 Status MicrobatchPipeline::drive() {
-  const ExpertBackend& backend = *model_->expert_backend();
+  // Held for the whole drive: the model's reference could be replaced by a rebalance.
+  const std::shared_ptr<const ExpertBackend> held = model_->expert_backend();
+  const ExpertBackend& backend = *held;
   int current = 0;
   auto done = [&](int i) { return states_[i]->stage() == ForwardStage::kDone; };
   while (!done(0) || !done(1)) {

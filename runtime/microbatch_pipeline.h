@@ -2,21 +2,23 @@
 // split into two microbatches, each with its own ForwardState, whose stages interleave so
 // that one microbatch computes while the other's expert exchange is in flight.
 //
-// Policy: a microbatch runs stage after stage until its next stage would wait on other
-// processes (the expert backend's compute or combine, ExpertBackend::ready() false);
-// then the other microbatch runs. When both would wait, the one that has waited longer
-// waits. With a local backend nothing waits, and the order degenerates to: A up to its
-// experts, B up to its experts, A's experts, B's experts, A's combine and next attention,
-// ... (the interleaving of §4.2.3), with no gain but no loss beyond bookkeeping.
+// Policy: a microbatch hands over to the other before its experts and its combine stages
+// (the stages that involve the other processes), and whenever its next stage would wait on
+// them (ExpertBackend::ready() false: under expert parallelism, a peer's dispatch or results
+// not here yet) while the other's would not. When both would wait, the current one waits
+// in its stage. With a local backend nothing waits, and the order is: A up to its experts,
+// B up to its experts, A's experts, B's experts, A's combine and next attention, ... (the
+// interleaving of §4.2.3), with no gain but no loss beyond bookkeeping.
 //
 // The split: chunks stay whole (a chunk's tokens depend on each other's KV) and in order;
 // the split point is the one that balances the two microbatches' rows (tokens) best, the
 // first taking more on a tie. Decode steps thus split their sequences evenly; a step with
-// one chunk runs as one microbatch. Rows are the right measure because every stage's cost
-// grows with them (GEMM rows, routed tokens); attention over long contexts is the
-// exception, and a prefill chunk usually dominates both halves' cost anyway. The result equals the
-// single-microbatch forward bitwise, because every row's value is independent of the rows it shares
-// a batch with.
+// one chunk runs as one microbatch, except under a collective backend, where every rank
+// runs both (the second possibly empty) so that the ranks' exchanges pair up. Rows are the right
+// measure because every stage's cost grows with them (GEMM rows, routed tokens); attention over
+// long contexts is the exception, and a prefill chunk usually dominates both halves' cost anyway.
+// The result equals the single-microbatch forward bitwise, because every row's value is independent
+// of the rows it shares a batch with.
 //
 // When to split (MicrobatchSplit): kMeasured (the default) splits the steps whose size the
 // MicrobatchPolicy measured to run faster split, so that the pipeline is never slower than
@@ -57,7 +59,8 @@ class MicrobatchPipeline {
 
   // Lock-step: what this rank proposes for the next step (MicrobatchPolicy::plan()), and the
   // group's agreement on it (the leader's proposal, the rows all ranks bring). The next
-  // forward follows it; without one, forward() decides from its own rows.
+  // forward follows it; without one, forward() decides from its own rows (and with a
+  // collective backend splits every step, as every rank without an agreement does).
   uint64_t proposal() const;
   void follow_agreement(uint64_t leader_proposal, int64_t group_tokens);
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <new>
 #include <string>
 #include <thread>
@@ -353,6 +354,76 @@ TEST(EpExpertBackend, APeerThatNeverJoinsIsNamedWithinTheTimeout) {
     EXPECT_NE(results[r].status.message().find("rank 3 did not deliver"), std::string::npos)
         << results[r].status.message();
   }
+}
+
+// ready() looks at the flags its next stage would wait for: false while a peer's dispatch
+// (before compute) or a peer's results (before combine) have not arrived, true once they
+// have. A two-microbatch driver runs the other microbatch meanwhile (it never switched under
+// expert parallelism: ready() was always true).
+TEST(EpExpertBackend, ReadySaysWhetherTheNextStageWouldWaitForAPeer) {
+  const RandomMoe& moe = test_moe();
+  Result<ExpertPlacement> placement =
+      ExpertPlacement::contiguous(moe.moe_layers, moe.num_experts, 2);
+  ASSERT_TRUE(placement.ok());
+  InProcessGroup group(2);
+  std::promise<void> checked_dispatch, checked_results;
+  std::shared_future<void> may_dispatch = checked_dispatch.get_future().share();
+  std::shared_future<void> may_compute = checked_results.get_future().share();
+  Status statuses[2];
+  bool before_dispatch = true, after_dispatch = false, before_results = true, after_results = false;
+  auto poll = [](const ExpertBackend& ep, const ExpertBackend::Call& call) {
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!ep.ready(call) && Clock::now() < deadline) std::this_thread::yield();
+    return ep.ready(call);
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank, comm = group.communicator(rank)] {
+      const auto local = moe.local_experts(*placement, rank);
+      EpExpertBackendOptions options;
+      options.communicator = comm.get();
+      options.placement = *placement;
+      for (const auto& layer : local) options.local_experts_by_layer.emplace_back(layer);
+      options.max_tokens_per_rank = kMaxTokens;
+      options.hidden_size = moe.hidden;
+      options.top_k = moe.top_k;
+      options.peer_timeout = milliseconds(20000);
+      auto backend = EpExpertBackend::create(std::move(options));
+      if (!backend.ok()) {
+        statuses[rank] = backend.status();
+        return;
+      }
+      ExpertBackend& ep = **backend;
+      std::unique_ptr<ExpertBackend::Call> call = ep.new_call(0);
+      EXPECT_TRUE(ep.ready(*call));  // idle: nothing to wait for
+      TokenBatch batch(moe, moe.moe_layers[0], 5, token_seed(rank, 0, 0));
+      std::vector<float> out(5 * moe.hidden);
+      Status& status = statuses[rank];
+      if (rank == 1) may_dispatch.wait();
+      status = ep.dispatch(batch.tokens, *call);
+      if (rank == 0) {
+        before_dispatch = ep.ready(*call);  // rank 1 has not dispatched
+        checked_dispatch.set_value();
+        after_dispatch = poll(ep, *call);
+      }
+      if (rank == 0) {
+        if (status.ok()) status = ep.compute(*call);
+        before_results = ep.ready(*call);  // rank 1 has not computed
+        checked_results.set_value();
+        after_results = poll(ep, *call);
+      } else {
+        may_compute.wait();
+        if (status.ok()) status = ep.compute(*call);
+      }
+      if (status.ok()) status = ep.combine(*call, out);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : statuses) ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_FALSE(before_dispatch);
+  EXPECT_TRUE(after_dispatch);
+  EXPECT_FALSE(before_results);
+  EXPECT_TRUE(after_results);
 }
 
 TEST(EpExpertBackend, BadInputIsAClearError) {
