@@ -246,8 +246,9 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
   const fs::path target = fs::absolute(fs::path(out_dir), ec).lexically_normal();
   if (ec) return io_error(out_dir + ": " + ec.message());
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  if (ec)
+  if (ec) {
     return io_error(target.parent_path().string() + ": cannot create directory: " + ec.message());
+  }
   // With a trailing slash the name is empty: take the last named component.
   const fs::path named = target.filename().empty() ? target.parent_path() : target;
   StagingDirectory staging(named.string() + ".partial-" + std::to_string(::getpid()));
