@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/ceilings/machine_ceilings.h"
 #include "cache/pool_client.h"
 #include "kernels/cpu_features.h"
 #include "kv/kv_namespace.h"
@@ -166,8 +167,7 @@ int run(const Args& args) {
         prompt.insert(prompt.end(), suffix.begin(), suffix.end());
         ttft.push_back(run_request(measured, prompt));
       }
-      std::sort(ttft.begin(), ttft.end());
-      const double median = ttft[ttft.size() / 2];
+      const double median = bench::median(ttft);
       if (reuse == 0.0) ttft_zero = median;
       std::printf("%-9s %6.1f%% %10.3f %12.0f %10.2f\n", mode.c_str(), reuse * 100, median,
                   static_cast<double>(args.prompt_len) / median, median / ttft_zero);

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/ceilings/machine_ceilings.h"
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_server.h"
 #include "cache/grpc_pool_transport.h"
@@ -55,10 +56,7 @@ struct BenchOptions {
   std::string server;  // empty: in-process server
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;  // the mean of the two middle values for an even count
 
 // Median over rounds of (bytes moved per round / seconds per round), in GB/s.
 double measure_gbs(const BenchOptions& o, uint64_t bytes_per_call,

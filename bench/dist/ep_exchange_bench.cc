@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/ceilings/machine_ceilings.h"
 #include "dist/expert_dispatch.h"
 #include "dist/mpi_communicator.h"
 #include "kernels/cpu_features.h"
@@ -43,10 +44,7 @@ double now_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;  // the mean of the two middle values for an even count
 
 // The slowest rank's value (the MoE layer waits for it).
 Result<double> max_over_ranks(Communicator& comm, double us) {
@@ -164,17 +162,17 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
     dispatch_us.push_back(d);
     combine_us.push_back(c);
   }
-  // What each rank sent to each peer: the transpose of what each received.
-  std::vector<int64_t> matrix(n * n), results_matrix(n * n);
+  // What each rank sent to each peer. Dispatch: the transpose of what each received. Combine:
+  // an owner sends each source the results of the pairs it received from it, so this rank's
+  // own received_results (it used to take the transpose too, timing the reverse pattern).
+  std::vector<int64_t> matrix(n * n);
   PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_bytes)),
                                     std::as_writable_bytes(std::span(matrix)), kTimeout));
-  PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_results)),
-                                    std::as_writable_bytes(std::span(results_matrix)), kTimeout));
   std::vector<int64_t> dispatch_to(n), results_to(n);
   int64_t dispatch_sent = 0, results_sent = 0;
   for (int p = 0; p < n; ++p) {
     dispatch_to[p] = matrix[p * n + me];
-    results_to[p] = results_matrix[p * n + me];
+    results_to[p] = received_results[p];
     dispatch_sent += dispatch_to[p];
     results_sent += results_to[p];
   }

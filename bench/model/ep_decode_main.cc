@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/ceilings/machine_ceilings.h"
 #include "dist/ep_session.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -236,12 +237,11 @@ int run(int argc, char** argv) {
       if (!rate.ok()) return session.fail(rate.status());
       rates.push_back(*rate);
     }
-    std::sort(rates.begin(), rates.end());
     if (session.leader()) {
       std::printf(
           "decode batch %lld: %.1f tok/s (median of %d; ep %d, threads %d, microbatches "
           "%d%s, dispatch %s)\n",
-          static_cast<long long>(batch), rates[rates.size() / 2], args.runs, session.size(),
+          static_cast<long long>(batch), bench::median(rates), args.runs, session.size(),
           args.threads, args.microbatches, args.microbatches == 2 ? (" " + args.split).c_str() : "",
           session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
       if (pipeline) {
