@@ -106,12 +106,14 @@ double measure_read_bandwidth(ThreadPool& pool, int64_t buffer_bytes, int runs, 
 
 double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds, TimeSource time) {
   using internal::kFmaChains;
-  if (has(kernels::IsaLevel::kAvx512)) {
+  // The level the kernels run at (a forced --isa included), not the CPU's best.
+  const kernels::IsaLevel level = kernels::active_isa_level();
+  if (level >= kernels::IsaLevel::kAvx512 && has(kernels::IsaLevel::kAvx512)) {
     return peak_rate(pool, time, runs, run_seconds, 2.0 * 16 * kFmaChains,
                      internal::fma_loop_avx512) /
            1e9;
   }
-  if (has(kernels::IsaLevel::kAvx2)) {
+  if (level >= kernels::IsaLevel::kAvx2 && has(kernels::IsaLevel::kAvx2)) {
     return peak_rate(pool, time, runs, run_seconds, 2.0 * 8 * kFmaChains, internal::fma_loop_avx2) /
            1e9;
   }
@@ -120,7 +122,10 @@ double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds, Tim
 }
 
 double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds, TimeSource time) {
-  if (!has(kernels::IsaLevel::kAvx512Bf16)) return 0;
+  if (kernels::active_isa_level() < kernels::IsaLevel::kAvx512Bf16 ||
+      !has(kernels::IsaLevel::kAvx512Bf16)) {
+    return 0;
+  }
   // Each vdpbf16ps: 16 lanes x 2 pairs x (multiply + add).
   return peak_rate(pool, time, runs, run_seconds, 4.0 * 16 * internal::kFmaChains,
                    internal::bf16_dot_loop_avx512) /

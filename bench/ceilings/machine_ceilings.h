@@ -78,12 +78,14 @@ class ReadBandwidthProbe {
 };
 
 // Peak fp32 FMA throughput in GFLOP/s (2 flops per lane per FMA), independent
-// register-resident chains on every thread; AVX-512 if present, else AVX2, else scalar.
+// register-resident chains on every thread, with the widest vectors the kernels use at the
+// active ISA level (kernels::active_isa_level(): a forced --isa lowers it too): AVX-512 at
+// avx512 and above, AVX2 at avx2, else scalar.
 double measure_fp32_fma_peak(ThreadPool& pool, int runs, double run_seconds,
                              TimeSource time = TimeSource::kWall);
 
 // Peak vdpbf16ps throughput in GFLOP/s (each bf16 pair counts 2 multiply-adds = 4 flops
-// per fp32 lane); 0 if the CPU has no AVX512_BF16.
+// per fp32 lane); 0 if the active ISA level is below avx512_bf16.
 double measure_bf16_dot_peak(ThreadPool& pool, int runs, double run_seconds,
                              TimeSource time = TimeSource::kWall);
 
