@@ -602,8 +602,16 @@ Flags parse_flags(int argc, char** argv) {
       f.quick = true;
     } else if (std::strcmp(argv[i], "--all-isa") == 0) {
       f.all_isa = true;
-    } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      f.threads = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--threads") == 0) {
+      // A checked count: atoi turned a typo into 0, all cores, silently.
+      char* end = nullptr;
+      const long value = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : -1;
+      if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || value < 0 || value > 1024) {
+        std::fprintf(stderr, "--threads: expected a count 0..1024 (0: one per core)\n");
+        std::exit(2);
+      }
+      f.threads = static_cast<int>(value);
+      ++i;
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       f.time = TimeSource::kThreadCpu;
     } else if (std::strcmp(argv[i], "--int8") == 0) {
