@@ -136,8 +136,17 @@ TEST(ChatTemplateSandboxTest, ValuesBuiltAtRenderTimeAreBoundedInDepth) {
   expect_error("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}",
                "cannot hold a namespace");
   expect_error("{% set ns = namespace(a=1) %}{% set ns.a = [{'b': ns}] %}{{ ns }}",
-               "cannot hold a namespace");
+               "cannot be put in a list or dict");
   EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.a = [1, [2]] %}{{ ns.a }}"), "[1, [2]]");
+  // namespace() itself follows the same rules. In a loop, namespace(a=n) built a chain as
+  // deep as the loop was long, and freeing it overflowed the stack.
+  expect_error("{% set a = namespace() %}{% set b = namespace(x=a) %}ok",
+               "cannot hold a namespace");
+  expect_error("{% for i in range(1000000) %}{% set n = namespace(a=n) %}{% endfor %}ok",
+               "cannot hold a namespace");
+  // A list or dict holding a namespace would keep the size it had when put there.
+  expect_error("{% set ns = namespace() %}{{ [ns] }}", "cannot be put in a list or dict");
+  expect_error("{% set ns = namespace() %}{{ {'a': ns} }}", "cannot be put in a list or dict");
 }
 
 // Small budgets, so that breaking them is quick.
@@ -183,16 +192,33 @@ TEST(ChatTemplateSandboxTest, RepetitionIsCheckedBeforeAllocating) {
       "'~' would make a string longer than 67108864 bytes");
   EXPECT_EQ(render("{{ ('ab' * 3) ~ ([1] * 2)|string }} {{ 2 * 'x' }} {{ -1 * 'x' }}"),
             "ababab[1, 1] xx ");
+  // An empty string passes the size check at any count: no loop of 10**18 iterations.
+  EXPECT_EQ(render("{{ ('' * 1000000000000000000)|length }}"), "0");
+}
+
+// A namespace's size is its members', counted when it is made and whenever one is set (it
+// counted as one scalar: [ns] * 1000000 with a 60 MB member passed, and printed 60 TB).
+TEST(ChatTemplateSandboxTest, ANamespaceIsAsLargeAsItsMembers) {
+  const std::string s = "{% set s = 'a' * 60000 %}";
+  expect_limited(s + "{% set ns = namespace(a=s, b=s) %}ok", "a value larger than 100000 bytes");
+  expect_limited(s + "{% set ns = namespace(a=s) %}{% set ns.b = s %}ok",
+                 "would hold more than 100000 bytes");
+  EXPECT_EQ(render_with(small_limits(), s + "{% set ns = namespace(a=s) %}{{ ns.a|length }}"),
+            "60000");
 }
 
 TEST(ChatTemplateSandboxTest, ComputedSizesAreCapped) {
   const std::string big = "{% set ns = namespace(s='a' * 50000, l=range(800)) %}";
-  expect_limited(big + "{% for i in range(10) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+  // (Plain variables: a namespace member that doubles hits the namespace's own cap first.)
+  const std::string plain = "{% set s = 'a' * 50000 %}{% set l = range(800) %}";
+  expect_limited(plain + "{% for i in range(10) %}{% set s = s ~ s %}{% endfor %}",
                  "'~' would make a string longer than 100000 bytes");
-  expect_limited(big + "{% for i in range(10) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+  expect_limited(plain + "{% for i in range(10) %}{% set s = s + s %}{% endfor %}",
                  "'+' would make a value larger than 100000 bytes");
-  expect_limited(big + "{% for i in range(10) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+  expect_limited(plain + "{% for i in range(10) %}{% set l = l + l %}{% endfor %}",
                  "'+' would make a value larger than 100000 bytes");
+  expect_limited(big + "{% for i in range(10) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                 "namespace 'ns' would hold more than 100000 bytes");
   expect_limited(big + "{{ ns.s|replace('a', 'bbb') }}", "replace() would make");
   expect_limited(big + "{{ ns.s.replace('', 'b') }}", "more than 1000 characters");
   expect_limited("{{ 'aaa'.replace('', 'b' * 40000) }}", "replace() would make");

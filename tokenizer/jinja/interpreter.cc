@@ -232,6 +232,11 @@ class Interpreter {
   // A value just computed: bounded in nesting and size, and counted against the render's
   // total of computed bytes.
   Status check_computed(const Value& v, size_t offset) {
+    // A list or dict holding a namespace would keep the namespace's size as it was when it
+    // was put there, while the namespace can still grow.
+    if (v.holds_namespace() && !v.is_namespace()) {
+      return error(offset, "a namespace cannot be put in a list or dict");
+    }
     if (v.depth() > kMaxValueDepth) {
       return error(offset,
                    "a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
@@ -244,6 +249,16 @@ class Interpreter {
     if (bytes_ > limits_.max_computed_bytes) {
       return error(offset, "the template computed more than " +
                                std::to_string(limits_.max_computed_bytes) + " bytes of values");
+    }
+    return ok_status();
+  }
+  // What a namespace may hold. Namespaces are the one mutable value: holding none keeps
+  // values acyclic and namespaces flat.
+  Status check_namespace_member(const Value& value, size_t offset) const {
+    if (value.holds_namespace()) return error(offset, "a namespace cannot hold a namespace");
+    if (value.depth() > Value::kMaxNamespaceMemberDepth) {
+      return error(offset, "a namespace attribute cannot hold a value nested deeper than " +
+                               std::to_string(Value::kMaxNamespaceMemberDepth) + " levels");
     }
     return ok_status();
   }
@@ -356,15 +371,17 @@ class Interpreter {
                                       describe(target) + " '" + node.targets[0] +
                                       "' (only namespace() objects are assignable)");
       }
-      // Namespaces are the one mutable value: holding none keeps values acyclic.
-      if (value.holds_namespace()) {
-        return error(node.offset, "a namespace attribute cannot hold a namespace");
+      PS_RETURN_IF_ERROR(check_namespace_member(value, node.offset));
+      Namespace& ns = target.as_namespace();
+      Value previous = ns[node.attribute];
+      ns[node.attribute] = std::move(value);
+      // The namespace as a whole is one value: many members sharing one large string would
+      // print as their sum.
+      if (target.weight() > limits_.max_value_bytes) {
+        ns[node.attribute] = std::move(previous);
+        return error(node.offset, "namespace '" + node.targets[0] + "' would hold more than " +
+                                      std::to_string(limits_.max_value_bytes) + " bytes");
       }
-      if (value.depth() > Value::kMaxNamespaceMemberDepth) {
-        return error(node.offset, "a namespace attribute cannot hold a value nested deeper than " +
-                                      std::to_string(Value::kMaxNamespaceMemberDepth) + " levels");
-      }
-      target.as_namespace()[node.attribute] = std::move(value);
       return ok_status();
     }
     return assign_targets(node, node.targets, value);
@@ -673,6 +690,8 @@ class Interpreter {
                                      std::to_string(limits_.max_list_items) + " items");
         }
         if (text->is_string()) {
+          // '' * 10**18 passes the size check and would loop 10**18 times.
+          if (text->as_string().empty() || times <= 0) return Value(std::string());
           std::string out;
           for (int64_t i = 0; i < times; ++i) out += text->as_string();
           return Value(std::move(out));
@@ -844,6 +863,11 @@ class Interpreter {
         for (const auto& [key, item] : v.as_dict()) (*ns)[key] = item;
       }
       for (auto& [key, value] : args.keyword) (*ns)[key] = value;
+      // The rules of `set ns.attr`: namespace(a=other_ns) in a loop built a chain as deep as
+      // the loop was long, whose destruction overflowed the stack.
+      for (const auto& [key, member] : *ns) {
+        PS_RETURN_IF_ERROR(check_namespace_member(member, e.offset));
+      }
       return Value(ns);
     }
     if (e.name == "dict") {

@@ -42,6 +42,15 @@ Value::Value(Dict dict) {
   data_ = std::make_shared<const Dict>(std::move(dict));
 }
 
+uint64_t Value::weight() const {
+  if (!is_namespace()) return weight_;
+  uint64_t total = kScalarWeight;
+  for (const auto& [key, item] : as_namespace()) {
+    total = saturating_add(total, saturating_add(kScalarWeight + key.size(), item.weight()));
+  }
+  return total;
+}
+
 Value::Value(std::shared_ptr<Namespace> ns)
     : data_(std::move(ns)), holds_namespace_(true), depth_(kMaxNamespaceMemberDepth + 1) {}
 

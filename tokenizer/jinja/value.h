@@ -83,8 +83,10 @@ class Value {
   // Levels of list/dict/namespace nesting (0 for scalars), saturating.
   int depth() const { return depth_; }
   // Approximate bytes held: string bytes, kScalarWeight per scalar and per element of a
-  // list or dict, saturating. Lists shared between values count once per reference.
-  uint64_t weight() const { return weight_; }
+  // list or dict, saturating. Lists shared between values count once per reference. A
+  // namespace's is summed over its members when asked (they change; the interpreter keeps
+  // namespaces out of lists, dicts and other namespaces, so no stored weight goes stale).
+  uint64_t weight() const;
   // Whether a namespace is reachable from this value.
   bool holds_namespace() const { return holds_namespace_; }
 
