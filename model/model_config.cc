@@ -4,10 +4,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/json_nesting.h"
 #include "model/checkpoint/tensor_layout.h"
 
 namespace peerserve {
 namespace {
+
+// Real configs nest a few levels (rope_scaling, quantization_config's groups).
+constexpr size_t kMaxConfigJsonDepth = 64;
 
 using nlohmann::json;
 
@@ -451,6 +455,8 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     }
     return invalid_argument(source + ": not valid JSON");
   }
+  // Before anything prints a value of it (the error messages dump() them, recursively).
+  PS_RETURN_IF_ERROR(check_json_nesting(root, kMaxConfigJsonDepth, source));
   return parse_object(root, source);
 }
 

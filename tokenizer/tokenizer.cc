@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/json_nesting.h"
 #include "tokenizer/internal/added_vocabulary.h"
 #include "tokenizer/internal/bpe_model.h"
 #include "tokenizer/internal/pre_tokenizer.h"
@@ -22,18 +23,7 @@ Result<json> parse_json(std::string_view text, const std::string& name) {
   if (value.is_discarded()) return invalid_argument(name + ": not valid JSON");
   if (!value.is_object())
     return invalid_argument(name + ": expected a JSON object at the top level");
-  std::vector<std::pair<const json*, size_t>> stack = {{&value, 1}};
-  while (!stack.empty()) {
-    const auto [node, depth] = stack.back();
-    stack.pop_back();
-    if (depth > kMaxJsonDepth) {
-      return invalid_argument(name + ": nested deeper than " + std::to_string(kMaxJsonDepth) +
-                              " levels of arrays and objects");
-    }
-    if (node->is_structured()) {
-      for (const auto& child : *node) stack.emplace_back(&child, depth + 1);
-    }
-  }
+  PS_RETURN_IF_ERROR(check_json_nesting(value, kMaxJsonDepth, name));
   return value;
 }
 

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/json_nesting.h"
 #include "model/checkpoint/fp8_block_scaling.h"
 #include "model/checkpoint/safetensors.h"
 #include "model/checkpoint/tensor_layout.h"
@@ -25,6 +26,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kIndexFile = "model.safetensors.index.json";
+// An index is two levels deep (metadata, weight_map).
+constexpr size_t kMaxIndexJsonDepth = 16;
 constexpr const char* kSingleFile = "model.safetensors";
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -353,6 +356,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOpti
     if (index.is_discarded() || !index.is_object()) {
       return invalid_argument(index_path + ": not a valid JSON object");
     }
+    PS_RETURN_IF_ERROR(check_json_nesting(index, kMaxIndexJsonDepth, index_path));
     const auto map_it = index.find("weight_map");
     if (map_it == index.end() || !map_it->is_object()) {
       return invalid_argument(index_path + ": missing object 'weight_map'");

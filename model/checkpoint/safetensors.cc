@@ -4,12 +4,16 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "base/json_nesting.h"
+
 namespace peerserve {
 namespace {
 
 using nlohmann::json;
 
 constexpr uint64_t kMaxDim = uint64_t{1} << 48;
+// A header is three levels deep (tensors, their fields, shape and offsets).
+constexpr size_t kMaxHeaderJsonDepth = 16;
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -115,6 +119,10 @@ Result<SafetensorsHeader> parse_safetensors_header(std::span<const std::byte> fi
     return data_loss(source + ": header is not valid JSON" + detail);
   }
   if (!root.is_object()) return data_loss(source + ": header is not a JSON object");
+  // A header is three levels deep; its error messages dump() values, recursively.
+  if (Status s = check_json_nesting(root, kMaxHeaderJsonDepth, source + ": header"); !s.ok()) {
+    return data_loss(s.message());
+  }
 
   SafetensorsHeader header;
   header.data_offset = 8 + header_len;

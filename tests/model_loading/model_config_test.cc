@@ -78,6 +78,17 @@ Status parse_status(const nlohmann::json& j) {
   return parse_model_config(j.dump(), "m/config.json").status();
 }
 
+// A config.json nested a million levels deep: refused by its depth before an error message
+// prints the value (dump() recursed once per level and overflowed the stack).
+TEST(ModelConfigTest, RejectsDeeplyNestedConfigs) {
+  const size_t levels = 1000000;
+  const std::string deep = std::string(levels, '[') + std::string(levels, ']');
+  Result<ModelConfig> r = parse_model_config("{\"architectures\": " + deep + "}", "m/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("nested deeper than 64 levels"), std::string::npos)
+      << r.status().message().substr(0, 200);
+}
+
 TEST(ModelConfigTest, ParsesDeepseekV3) {
   Result<ModelConfig> r = parse_model_config(kDeepseekV3Config, "v3/config.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();

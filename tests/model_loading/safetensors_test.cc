@@ -92,6 +92,17 @@ TEST(SafetensorsTest, RejectsBadJson) {
   expect_error(make_file(std::string("{\"a\\xff\":1}"), ""), "");  // any error is fine
 }
 
+// A header nested a million levels deep (2 MB, far under the header limit): refused by its
+// depth before any error message prints a value of it (dump() recursed once per level and
+// overflowed the stack).
+TEST(SafetensorsTest, RejectsDeeplyNestedHeaders) {
+  const size_t levels = 1000000;
+  const std::string deep = std::string(levels, '[') + std::string(levels, ']');
+  expect_error(
+      make_file(R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""),
+      "nested deeper than 16 levels");
+}
+
 TEST(SafetensorsTest, RejectsMalformedEntries) {
   expect_error(make_file(R"({"a":5})", ""), "tensor 'a': header entry is not an object");
   expect_error(make_file(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", std::string(4, 0)),
