@@ -190,6 +190,9 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
       {"GET", "/v1/completions", "", {auth()}, 405, "method_not_allowed"},
       {"POST", "/v1/completions", std::string(70000, ' '), {auth()}, 413, "request_too_large"},
       {"POST", "/detokenize", R"({"tokens": [-5]})", {}, 400, ""},
+      // Wrapped to token 1 when read as 32 bits.
+      {"POST", "/detokenize", R"({"tokens": [4294967297]})", {}, 400, ""},
+      {"POST", "/detokenize", R"({"tokens": [18446744073709551615]})", {}, 400, ""},
       {"POST", "/tokenize", R"({"nothing": 1})", {}, 400, ""},
   };
   for (const Case& c : cases) {
