@@ -260,6 +260,16 @@ TEST(ChatTemplateSandboxTest, RenderWorkIsBounded) {
   // Computing big values over and over (each is cheap: the string is shared).
   expect_limited("{% set s = 'a' * 90000 %}{% for i in range(1000) %}{% set t = [s] %}{% endfor %}",
                  "more than 10000000 bytes of values");
+  // Substring searches are charged for the comparisons they may make: `b in a` of two long
+  // strings of 'a's ran std::string::find's n x m compares (10^15 at the default limits)
+  // on 1.9 M charged steps.
+  const std::string long_strings = "{% set a = 'a' * 90000 %}{% set b = 'a' * 45000 ~ 'b' %}";
+  expect_limited(long_strings + "{{ b in a }}", "more than 100000 steps");
+  expect_limited(long_strings + "{{ a.replace(b, 'x') }}", "more than 100000 steps");
+  expect_limited(long_strings + "{{ a.split(b)|length }}", "more than 100000 steps");
+  expect_limited(long_strings + "{{ a.strip(b) }}", "more than 1000 characters");
+  EXPECT_EQ(render_with(small_limits(), "{{ 'b' in 'a' * 90000 }} {{ 'xyz' in 'axyzb' }}"),
+            "False True");
   // With the default limits the same nested loops stop too (here after 100 M steps would
   // take seconds, so only a quick check that the budget is charged at all).
   EXPECT_EQ(render("{% for i in range(1000) %}{% endfor %}ok"), "ok");

@@ -229,6 +229,18 @@ class Interpreter {
     }
     return ok_status();
   }
+  // A substring search of `needle` bytes in `haystack` bytes (in, replace, split) or a strip
+  // over `needle` characters: std::string::find compares up to (haystack - needle + 1) x
+  // needle bytes, charged as steps of 4 KiB of comparisons. Searches of real templates cost
+  // a handful of steps; `b in a` with 30 MB and 60 MB strings (10^15 comparisons) is refused
+  // before it starts instead of running for hours.
+  Status charge_search(size_t haystack, size_t needle, size_t offset) {
+    const uint64_t starts = haystack >= needle ? haystack - needle + 1 : 1;
+    const uint64_t width = needle > 0 ? needle : 1;
+    const uint64_t compares =
+        starts > UINT64_MAX / width ? UINT64_MAX : starts * static_cast<uint64_t>(width);
+    return charge_steps(compares / 4096 + 1, offset);
+  }
   // A value just computed: bounded in nesting and size, and counted against the render's
   // total of computed bytes.
   Status check_computed(const Value& v, size_t offset) {
@@ -778,6 +790,8 @@ class Interpreter {
       if (!item.is_string()) {
         return error(offset, "'in <string>' requires a string on the left, not " + describe(item));
       }
+      PS_RETURN_IF_ERROR(
+          charge_search(container.as_string().size(), item.as_string().size(), offset));
       return container.as_string().find(item.as_string()) != std::string::npos;
     }
     if (container.is_list()) {
@@ -915,6 +929,9 @@ class Interpreter {
       if (m == "strip" || m == "lstrip" || m == "rstrip") {
         if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
           PS_RETURN_IF_ERROR(check_characters(chars->as_string(), e.offset));
+          // Each of up to s.size() characters is looked up among the chars: the same bound.
+          PS_RETURN_IF_ERROR(charge_search(s.size() + chars->as_string().size(),
+                                           chars->as_string().size(), e.offset));
         }
         return Value(strip(s, args.get(0, "chars"), m != "rstrip", m != "lstrip"));
       }
@@ -925,6 +942,9 @@ class Interpreter {
         }
         PS_ASSIGN_OR_RETURN(int64_t maxsplit, int_arg(args.get(1, "maxsplit"), -1, e, "maxsplit"));
         if (sep == nullptr || sep->is_none()) PS_RETURN_IF_ERROR(check_characters(s, e.offset));
+        if (sep != nullptr && sep->is_string()) {
+          PS_RETURN_IF_ERROR(charge_search(s.size(), sep->as_string().size(), e.offset));
+        }
         std::optional<List> parts = split(s, sep, maxsplit, limits_.max_list_items);
         if (!parts) {
           return error(e.offset, "split() would make more than " +
@@ -962,6 +982,7 @@ class Interpreter {
         }
         PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
         if (from->as_string().empty()) PS_RETURN_IF_ERROR(check_characters(s, e.offset));
+        PS_RETURN_IF_ERROR(charge_search(s.size(), from->as_string().size(), e.offset));
         return replaced(
             replace_all(s, from->as_string(), to->as_string(), count, limits_.max_value_bytes),
             e.offset);
@@ -1046,6 +1067,7 @@ class Interpreter {
       if (from == nullptr || to == nullptr) return error(e.offset, "replace needs two arguments");
       PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
       if (to_str(*from).empty()) PS_RETURN_IF_ERROR(check_characters(to_str(v), e.offset));
+      PS_RETURN_IF_ERROR(charge_search(to_str(v).size(), to_str(*from).size(), e.offset));
       return replaced(
           replace_all(to_str(v), to_str(*from), to_str(*to), count, limits_.max_value_bytes),
           e.offset);
