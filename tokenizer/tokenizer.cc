@@ -249,11 +249,11 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
   // An added token whose id is also a model token wins for decode, as in Hugging Face.
   for (const AddedToken& token : impl->added.tokens()) max_id = std::max(max_id, token.id);
   impl->vocab_size = max_id + 1;
-  // Byte-level: every character of a model token's string stands for one byte of text.
+  // The most bytes of text one token covers: its raw bytes (counting their code points
+  // undercounted multi-byte tokens, and the early length check refused texts that fit).
   for (int32_t id = 0; id <= impl->model.max_id(); ++id) {
     if (impl->model.has_id(id)) {
-      impl->max_token_bytes =
-          std::max(impl->max_token_bytes, utf8::count_code_points(impl->model.id_bytes(id)));
+      impl->max_token_bytes = std::max(impl->max_token_bytes, impl->model.id_bytes(id).size());
     }
   }
   for (const AddedToken& token : impl->added.tokens()) {

@@ -218,6 +218,21 @@ TEST(TokenizerComponentsTest, MaxTokensStopsEarlyAndOnlyWhenExceeded) {
   EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
 }
 
+// A token covering a multi-byte character counts its bytes in the early length check: three
+// "你" (9 bytes) are three tokens and fit a limit of 3. The check counted the token's code
+// points (1), so 9 bytes / 1 byte per token > 3 refused them.
+TEST(TokenizerComponentsTest, MaxTokensCountsTheBytesOfMultiByteTokens) {
+  // 你 = E4 BD A0: byte-level characters of E4 and BD merge, then that pair with A0.
+  const std::string e4 = byte_char(0xE4), bd = byte_char(0xBD), a0 = byte_char(0xA0);
+  auto t = load(make_tokenizer_json({e4 + bd, e4 + bd + a0},
+                                    json::array({e4 + " " + bd, e4 + bd + " " + a0})));
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string text = "你你你";
+  auto ids = t->encode(text, {.add_special_tokens = false, .max_tokens = 3});
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  EXPECT_EQ(*ids, (std::vector<TokenId>{257, 257, 257}));
+}
+
 TEST(TokenizerComponentsTest, SpecialTokensFromConfigOrPostProcessor) {
   const json added = json::array({
       {{"id", 300}, {"content", "<s>"}, {"normalized", false}, {"special", true}},
