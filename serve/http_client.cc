@@ -1,4 +1,5 @@
 #include "serve/http_client.h"
+#include "serve/http_buffer_limit.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -51,7 +52,7 @@ Result<HttpCallResult> http_call(const std::string& endpoint, const std::string&
       request.body() = body;
     }
     request.prepare_payload();
-    beast::flat_buffer buffer;
+    beast::flat_buffer buffer{kMaxUnparsedHttpBytes};
     http::response_parser<http::string_body> parser;
     // The bound on the reply is checked here, piece by piece: the parser's own body_limit is
     // not applied by Boost 1.74's stream reads (measured: a 100 kB reply passed a 1 kB limit).

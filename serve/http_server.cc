@@ -1,4 +1,5 @@
 #include "serve/http_server.h"
+#include "serve/http_buffer_limit.h"
 
 #include <algorithm>
 #include <atomic>
@@ -129,6 +130,10 @@ struct HttpServer::Impl {
 };
 
 namespace {
+
+// After an early error answer, at most this much of the rest of a request is read and
+// dropped (within the drain's 5 s) before the connection closes.
+constexpr uint64_t kMaxDrainedBytes = 1 << 20;
 
 class Session;
 
@@ -271,6 +276,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     if (ec) return on_read(ec);
+    // A Transfer-Encoding whose last coding is not chunked: Beast takes the body as empty
+    // and the body's bytes as the next request (smuggling). RFC 9112 §6.3: 400, then close.
+    if (parser_->get().count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+      return on_read(http::error::bad_transfer_encoding);
+    }
     const auto expect = parser_->get()[http::field::expect];
     if (!parser_->is_done() && beast::iequals(expect, "100-continue")) {
       continue_line_ = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -463,14 +473,21 @@ class Session : public std::enable_shared_from_this<Session> {
   void lingering_close() {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    // One deadline and a byte cap for the whole drain: renewing the deadline on every read
+    // let a client trickling a byte every few seconds hold its connection slot forever.
     stream_.expires_after(std::chrono::seconds(5));
     drain_buffer_.resize(16 * 1024);
+    drained_bytes_ = 0;
+    drain();
+  }
+  void drain() {
     stream_.async_read_some(asio::buffer(drain_buffer_),
-                            [self = shared_from_this()](beast::error_code e, size_t) {
-                              if (e) {
+                            [self = shared_from_this()](beast::error_code e, size_t n) {
+                              self->drained_bytes_ += n;
+                              if (e || self->drained_bytes_ > kMaxDrainedBytes) {
                                 self->close();
                               } else {
-                                self->lingering_close();
+                                self->drain();
                               }
                             });
   }
@@ -486,12 +503,13 @@ class Session : public std::enable_shared_from_this<Session> {
   HttpServer::Impl* server_;
   bool over_limit_ = false;
   uint64_t requests_read_ = 0;
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_{kMaxUnparsedHttpBytes};
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> write_queue_;
   std::string writing_buffer_;
   uint64_t unsent_bytes_ = 0;  // queued or being written
   std::vector<char> drain_buffer_;
+  uint64_t drained_bytes_ = 0;
   std::string continue_line_;
   bool writing_ = false;
   uint64_t current_id_ = 0;

@@ -1,4 +1,5 @@
 #include "serve/upstream_client.h"
+#include "serve/http_buffer_limit.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -150,7 +151,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   UpstreamClient::Impl& client_;
   tcp::resolver resolver_;
   beast::tcp_stream stream_;
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_{kMaxUnparsedHttpBytes};
   http::request<http::string_body> request_;
   http::response_parser<http::string_body> parser_;
   const std::string endpoint_, method_, target_;

@@ -324,5 +324,56 @@ TEST_F(HttpServerTest, CompressedBodiesGet415) {
   EXPECT_EQ(handled.load(), 1);
 }
 
+// A chunk-size line that never ends: Beast's header limit does not cover it, and the read
+// buffer grew for as long as the body deadline lasted (60 s, at any bandwidth). The buffer
+// is bounded now: the request gets a 400.
+TEST_F(HttpServerTest, AChunkSizeLineWithoutEndIsRefusedNotBuffered) {
+  start(
+      [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); });
+  Client c(port());
+  c.send("POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+  const std::string digits(32 * 1024, '1');
+  for (int i = 0; i < 16; ++i) c.send(digits);  // 512 KiB of one chunk size
+  const std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r.substr(0, 200);
+}
+
+// After an early error answer the rest of the request is drained for at most 5 s in all: a
+// client trickling a byte a second renewed that deadline with every read and kept its
+// connection (and slot) forever.
+TEST_F(HttpServerTest, TheDrainAfterAnErrorEndsWhateverTheClientSends) {
+  start(
+      [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); });
+  Client c(port());
+  c.send("NOT HTTP\r\n\r\n");
+  const std::string r = c.read_response();
+  ASSERT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+  for (int i = 0; i < 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    c.send("x");
+  }
+  EXPECT_EQ(server_->counters().connections_open, 0);
+}
+
+// A Transfer-Encoding that does not end in chunked: Beast took the body as empty and its
+// bytes as the next request (request smuggling). RFC 9112 §6.3: 400 and close.
+TEST_F(HttpServerTest, ATransferEncodingOtherThanChunkedIsRefused) {
+  std::atomic<int> handled{0};
+  start([&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ++handled;
+    ex->respond(200, "text/plain", "ok");
+  });
+  for (const char* coding : {"gzip", "chunked, x", "xchunked"}) {
+    SCOPED_TRACE(coding);
+    Client c(port());
+    c.send(std::string("POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + coding +
+           "\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string r = c.read_response();
+    EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+    EXPECT_EQ(c.read_response(), "") << "a second answer: the body was taken as a request";
+  }
+  EXPECT_EQ(handled.load(), 0);
+}
+
 }  // namespace
 }  // namespace peerserve
