@@ -412,8 +412,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void enqueue(std::string data) {
     if (peer_closed_) return;
+    const bool waiting = unsent_bytes_ > 0;  // earlier output the client has not taken yet
     unsent_bytes_ += data.size();
-    if (unsent_bytes_ > server_->options.max_unsent_bytes) {
+    // Only output piling up behind unsent output means a client that stopped reading: one
+    // whole response larger than the limit (a /tokenize of a long text) was dropped unsent.
+    if (waiting && unsent_bytes_ > server_->options.max_unsent_bytes) {
       // The client stopped reading: stop generating for it rather than buffer without bound.
       std::fprintf(stderr, "http: client %s is not reading (%llu bytes unsent); dropping it\n",
                    client_.c_str(), static_cast<unsigned long long>(unsent_bytes_));

@@ -375,5 +375,26 @@ TEST_F(HttpServerTest, ATransferEncodingOtherThanChunkedIsRefused) {
   EXPECT_EQ(handled.load(), 0);
 }
 
+// The unsent-output limit catches a client that stopped reading a stream; one whole
+// response larger than it goes out (it was dropped unsent, the client got nothing).
+TEST_F(HttpServerTest, AWholeResponseLargerThanTheUnsentLimitIsSent) {
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.max_unsent_bytes = 4096;
+  const std::string big(64 * 1024, 'z');
+  auto server = HttpServer::create(options, [&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->respond(200, "text/plain", big);
+  });
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  server_ = std::move(server).value();
+  thread_ = std::thread([this] { server_->run(); });
+  Client c(port());
+  c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string r = c.read_response();
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 ", 0), 0u) << r.substr(0, 200);
+  EXPECT_EQ(r.size() - r.find("\r\n\r\n") - 4, big.size());
+}
+
 }  // namespace
 }  // namespace peerserve
