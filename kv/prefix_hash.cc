@@ -1,49 +1,49 @@
 #include "kv/prefix_hash.h"
 
-#include <cstring>
+#include <openssl/sha.h>
+
+#include <vector>
 
 #include "base/check.h"
 
 namespace peerserve {
 namespace {
 
-// The splitmix64 finaliser: a bijective 64-bit mixer with full avalanche.
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
+// The first 8 bytes of SHA-256 of `bytes`, read little-endian.
+uint64_t sha256_prefix(std::span<const unsigned char> bytes) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(bytes.data(), bytes.size(), digest);
+  uint64_t h = 0;
+  for (int i = 7; i >= 0; --i) h = (h << 8) | digest[i];
+  return h;
 }
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+void append_u64(std::vector<unsigned char>& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<unsigned char>(v >> (8 * i)));
+}
 
 }  // namespace
 
 BlockHash root_block_hash(std::string_view identity) {
-  // A domain tag keeps namespace roots apart from token-block hashes of the same words.
-  uint64_t h = mix64(kRootBlockHash ^ 0x4e414d4553504143ULL);  // "NAMESPAC"
-  size_t i = 0;
-  for (; i + 8 <= identity.size(); i += 8) {
-    uint64_t word;
-    std::memcpy(&word, identity.data() + i, 8);
-    h = mix64(h + kGolden + word);
-  }
-  uint64_t tail = 0;
-  if (i < identity.size()) std::memcpy(&tail, identity.data() + i, identity.size() - i);
-  h = mix64(h + kGolden + tail);
-  return mix64(h ^ static_cast<uint64_t>(identity.size()));
+  // A domain tag keeps namespace roots apart from token-block hashes.
+  thread_local std::vector<unsigned char> message;
+  message.assign({'p', 'e', 'e', 'r', 's', 'e', 'r', 'v', 'e', ':', 'r', 'o', 'o', 't', ':'});
+  message.insert(message.end(), identity.begin(), identity.end());
+  return sha256_prefix(message);
 }
 
 BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens) {
-  uint64_t h = mix64(parent ^ kGolden);
-  for (int32_t token : tokens) {
-    h = mix64(h + kGolden + static_cast<uint32_t>(token));
+  // Little-endian fields, so that every machine sharing a pool computes the same hashes:
+  // a tag, the parent hash, the number of tokens, then each token id.
+  thread_local std::vector<unsigned char> message;  // kept: no allocation per block
+  message.assign({'p', 'e', 'e', 'r', 's', 'e', 'r', 'v', 'e', ':', 'b', 'l', 'o', 'c', 'k', ':'});
+  append_u64(message, parent);
+  append_u64(message, static_cast<uint64_t>(tokens.size()));
+  for (const int32_t token : tokens) {
+    const uint32_t t = static_cast<uint32_t>(token);
+    for (int i = 0; i < 4; ++i) message.push_back(static_cast<unsigned char>(t >> (8 * i)));
   }
-  // Mixing the length in keeps blocks of different sizes apart (defensive: one pool has one
-  // block size, but a hash value may outlive a configuration in an external cache).
-  return mix64(h ^ (static_cast<uint64_t>(tokens.size()) << 32));
+  return sha256_prefix(message);
 }
 
 void extend_block_hash_chain(std::span<const int32_t> tokens, int32_t block_size, BlockHash root,

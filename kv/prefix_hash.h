@@ -5,9 +5,14 @@
 // dtypes, block sizes or layouts disjoint from the first block on, so a cache shared by many
 // engines cannot hand one of them a block computed under another configuration.
 //
-// The hash is 64-bit (a splitmix64-style mixer over the parent hash and every token id).
-// With N cached blocks the chance of any collision is about N^2 / 2^65: ~3e-10 for 10^5
-// blocks, which we accept in exchange for a cheap, allocation-free hash.
+// The hash is the first 64 bits of SHA-256 over the parent hash, the block's token ids and
+// its length. A cryptographic hash because prompts are chosen by clients: with the reversible
+// mixer used before, a block with the hash of another client's block was found in seconds
+// (a meet-in-the-middle on the chain), and its KV, published first, was then served to that
+// client's prefix. Finding a block for a given 64-bit SHA-256 prefix costs ~2^64 hashes; a
+// collision between two blocks the same client both chooses (~2^32) only harms that client.
+// With N cached blocks the chance of an accidental collision is about N^2 / 2^65. ~0.3 us per
+// 16-token block (libcrypto), against the milliseconds of computing its KV.
 #pragma once
 
 #include <cstdint>

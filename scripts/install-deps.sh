@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin          # expert parallelism across processes (dist/)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # cache server RPC
   libxxhash-dev                       # block checksums and the hash ring of the caching pool
+  libssl-dev                          # SHA-256 of the prefix-cache block hashes (libcrypto)
   curl ca-certificates
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -88,6 +88,23 @@ TEST(BlockPoolTest, PublishedBlocksAreFoundAndShared) {
   EXPECT_FALSE(pool.publish(second_new[0], chain[0]));
 }
 
+// Two 16-token blocks found in 3 s (by a meet-in-the-middle search) to share a hash under
+// the reversible 64-bit mixer the chain used before SHA-256: a client could have planted KV
+// under another client's block hash. The published block must not match the other block.
+TEST(BlockPoolTest, BlocksForgedToCollideUnderTheOldMixerDoNotMatch) {
+  std::vector<int32_t> a = {3221, 2688, 86255}, b = {3090, 2857, 1000};
+  a.resize(16, 7);
+  b.resize(16, 7);
+  EXPECT_NE(hash_block_tokens(kRootBlockHash, a), hash_block_tokens(kRootBlockHash, b));
+  std::vector<BlockHash> chain_a, chain_b;
+  extend_block_hash_chain(a, 16, &chain_a);
+  extend_block_hash_chain(b, 16, &chain_b);
+  BlockPool pool = make_pool(4);
+  std::vector<BlockId> blocks = allocate(pool, 1);
+  ASSERT_TRUE(pool.publish(blocks[0], chain_a[0]));
+  EXPECT_TRUE(pool.match_prefix(chain_b).empty());
+}
+
 TEST(BlockPoolTest, DifferentPrefixSameBlockTokensDoNotMatch) {
   // Same second-block tokens behind a different first block: the chain keeps them apart.
   std::vector<BlockHash> a, b;
