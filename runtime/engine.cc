@@ -203,7 +203,7 @@ void Engine::run_loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       auto ready = [&] {
         return stopping_ || !inbox_.empty() || !abort_inbox_.empty() || loads_ready_ ||
-               scheduler_->has_work();
+               (scheduler_->has_work() && !waiting_for_loads_);
       };
       if (options_.lockstep && !lockstep_lost_) {
         wake_.wait_for(lock, options_.lockstep_idle_poll, ready);  // idle ranks still agree
@@ -219,10 +219,18 @@ void Engine::run_loop() {
     for (Pending& p : arrivals) admit(std::move(p));
     for (RequestId id : aborts) abort_now(id, FinishReason::kAbort, ok_status());
     if (connector_) finish_loads();
+    waiting_for_loads_ = false;  // something changed: plan again
     if (options_.lockstep && !lockstep_lost_) {
       lockstep_step();
     } else if (scheduler_->has_work()) {
-      step(scheduler_->schedule());
+      StepPlan plan = scheduler_->schedule();
+      if (plan.empty() && (!loading_.empty() || !orphaned_reservations_.empty())) {
+        // Loads in flight hold blocks (a direct hand-off reserves its blocks for the whole
+        // remote prefill) and nothing else fits meanwhile: wait for a load to end.
+        waiting_for_loads_ = true;
+      } else {
+        step(std::move(plan));
+      }
     }
     publish_scheduler_stats();
   }
@@ -487,7 +495,8 @@ void Engine::lose_group(const Status& why) {
 
 void Engine::step(StepPlan plan) {
   // Without lock-step the scheduler always plans something when it has work (every queued
-  // sequence fits an empty pool), so an empty plan is a bug, not a state to wait in.
+  // sequence fits an empty pool, and blocks held by loads in flight are waited for in
+  // run_loop), so an empty plan here is a bug, not a state to wait in.
   PS_CHECK(!plan.empty() || options_.lockstep) << "scheduler has work but planned an empty step";
   const double start = now();
   for (const ScheduledChunk& chunk : plan.chunks) {

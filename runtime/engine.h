@@ -191,6 +191,10 @@ class Engine final : public EngineClient {
   std::unordered_map<RequestId, Loading> loading_;
   // Reservations of requests aborted while loading, freed when their loads come back.
   std::unordered_map<RequestId, Scheduler::Reservation> orphaned_reservations_;
+  // The last plan was empty because loads in flight hold the blocks it needed: the loop
+  // sleeps until a load ends (or anything else arrives) instead of planning again at once.
+  // Engine thread only (also read by the wait predicate, which runs on it).
+  bool waiting_for_loads_ = false;
   std::unordered_map<SequenceId, std::pair<RequestId, int32_t>> owner_of_seq_;
   SequenceId next_seq_id_ = 1;
   uint64_t seed_state_ = 0;

@@ -521,6 +521,40 @@ TEST(EngineKvPoolTest, AnAbortedLoadThatHasNotStartedNeverRunsAndFreesItsBlocksA
   EXPECT_EQ(setup.calls.load(), 2);  // the aborted prompt was never sent to a prefill instance
 }
 
+// Two long prompts whose direct hand-offs reserve every free block, then a short prompt
+// that needs a block of its own: the scheduler can plan nothing until a hand-off ends. The
+// engine used to take that empty plan for a bug and abort the process ("scheduler has work
+// but planned an empty step"); it now waits for the loads, and all three finish right.
+TEST(EngineKvPoolTest, BlocksHeldByLoadsInFlightAreWaitedForNotAnAbort) {
+  DirectHandoff setup;
+  setup.delay = std::chrono::milliseconds(1500);
+  Collector collector;
+  auto prompt_of = [](int n, int salt) {
+    std::vector<TokenId> p;
+    for (int i = 0; i < n; ++i) p.push_back(static_cast<TokenId>((i * 13 + salt) % kVocab));
+    return p;
+  };
+  const std::vector<std::vector<TokenId>> prompts = {
+      prompt_of(200, 31), prompt_of(200, 32), {1, 2, 3}};
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto id = setup.decode().submit({prompts[i], greedy(2)}, collector.sink());
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+    if (i == 1) {
+      auto m = metrics_when(setup.decode(),
+                            [](const auto& s) { return s.scheduler.num_used_blocks == 96; });
+      ASSERT_EQ(m.scheduler.num_used_blocks, 96) << "the hand-offs did not reserve every block";
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto out = collector.wait(ids[i]);
+    ASSERT_FALSE(out.empty()) << "request " << i;
+    EXPECT_EQ(tokens_of(out), reference_generate(prompts[i], 2, kVocab, std::nullopt))
+        << "request " << i;
+  }
+}
+
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
   auto pool = local_pool();
   EngineOptions options;
