@@ -392,7 +392,13 @@ int run_serve(const ServeCli& cli) {
     }
     // Speculation as configured (mtp or auto), not as auto's calibration came out: two
     // instances of one configuration get one identity on any machine.
-    auto pool = open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry, speculative->num_tokens > 0);
+    // INT8 at load and fp32 activations compute other KV than the stored weights in BF16:
+    // engines that differ in them must not share blocks (they shared one identity).
+    std::string compute;
+    if (model_options.quantize == WeightQuantization::kInt8) compute = "w8a8";
+    if (model_options.gemm_precision == GemmPrecision::kFp32) compute += "+fp32";
+    auto pool =
+        open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry, speculative->num_tokens > 0, compute);
     if (!pool.ok()) return session.fail(pool.status(), true);
     engine_options.kv_pool = pool->store;
     engine_options.kv_pool_options = pool->connector;

@@ -38,7 +38,7 @@ void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
 }
 
 Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
-                                 const KvLayout& layout, bool mtp_kv) {
+                                 const KvLayout& layout, bool mtp_kv, const std::string& compute) {
   KvPoolSetup setup;
   if (cli.timeout_ms < 1 || cli.timeout_ms > 600000) {
     return invalid_argument("--kv-pool-timeout-ms " + std::to_string(cli.timeout_ms) +
@@ -60,6 +60,7 @@ Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_
   setup.name_space.model_id = model_id;
   setup.name_space.layout = layout;
   setup.name_space.mtp_kv = mtp_kv;
+  setup.name_space.compute = compute;
   PS_RETURN_IF_ERROR(setup.name_space.validate());
   setup.connector.tenant = cli.name_space;
   setup.connector.timeout = std::chrono::milliseconds(cli.timeout_ms);

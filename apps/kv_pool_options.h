@@ -43,7 +43,9 @@ struct KvPoolSetup {
 // (and the MTP layer's KV written when `mtp_kv`: KvNamespace::mtp_kv). Errors name the flag
 // (a bad member list, size, namespace or timeout; an unreadable checkpoint for the
 // fingerprint).
+// `compute`: KvNamespace::compute (how the engine's products differ from BF16 on the stored
+// weights; empty for that default).
 Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
-                                 const KvLayout& layout, bool mtp_kv);
+                                 const KvLayout& layout, bool mtp_kv, const std::string& compute);
 
 }  // namespace peerserve

@@ -46,6 +46,7 @@ std::string KvNamespace::canonical_identity() const {
   s += field("block", std::to_string(layout.block_size));
   s += field("layout", std::to_string(layout_version));
   if (mtp_kv) s += field("mtp", "1");
+  if (!compute.empty()) s += field("compute", compute);
   return s;
 }
 

@@ -37,6 +37,11 @@ struct KvNamespace {
   // instances an error at start-up.) Part of the identity only when set, so identities of
   // engines without speculation, and the pools persisted under them, stay as they were.
   bool mtp_kv = false;
+  // How the engine computes beyond the checkpoint's weights when that changes the KV: "w8a8"
+  // for INT8 weights quantized at load (--quantize int8 quantizes kv_a, which writes the
+  // latent), "+fp32" added for fp32 GEMM activations. Empty (the default, BF16 products on
+  // the stored weights) adds nothing to the identity, so default identities stay as they were.
+  std::string compute;
 
   // Errors name the field: a bad tenant name, an empty model id, an invalid layout.
   Status validate() const;

@@ -33,6 +33,8 @@ TEST(KvNamespaceTest, EveryFieldChangesTheRoot) {
       [](KvNamespace& n) { n.layout.block_size = 32; },
       [](KvNamespace& n) { n.layout_version = 2; },
       [](KvNamespace& n) { n.mtp_kv = true; },
+      [](KvNamespace& n) { n.compute = "w8a8"; },
+      [](KvNamespace& n) { n.compute = "+fp32"; },
   };
   std::set<BlockHash> roots = {base.root_hash(), kRootBlockHash};
   for (size_t i = 0; i < changes.size(); ++i) {
@@ -44,6 +46,7 @@ TEST(KvNamespaceTest, EveryFieldChangesTheRoot) {
   // Without MTP KV the identity is the one engines had before the field existed (pools
   // persisted under it stay valid).
   EXPECT_EQ(base.canonical_identity().find("mtp"), std::string::npos);
+  EXPECT_EQ(base.canonical_identity().find("compute"), std::string::npos);
 }
 
 TEST(KvNamespaceTest, ChainsUnderDifferentRootsShareNoHash) {

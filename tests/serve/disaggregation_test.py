@@ -239,6 +239,27 @@ def mismatched_pair_refused():
     odd.send_signal(signal.SIGTERM)
 
 
+def quantized_pair_refused():
+    # INT8 at load computes other KV than the stored BF16 weights: a decode instance with
+    # --quantize int8 and a BF16 prefill instance shared one namespace (and pool blocks).
+    other = free_port()
+    bf16 = serve(other, "--role", "prefill", *pool_flags)
+    p, seen = start([BIN, "serve", "--model", MODEL, "--port", str(free_port()), "--threads",
+                     "1", "--kv-cache-memory", "64MiB", "--role", "decode", "--quantize", "int8",
+                     "--prefill", f"127.0.0.1:{other}", *pool_flags], "serving model",
+                    seconds=60)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("an INT8 decode instance with a BF16 prefill instance started")
+    finally:
+        bf16.send_signal(signal.SIGTERM)
+    text = "".join(seen)
+    assert p.returncode != 0, "exit 0 with a BF16 prefill instance"
+    assert "KV namespace" in text and "w8a8" in text, f"unclear error: {text[-1000:]}"
+
+
 def prefill_killed():
     prefill.send_signal(signal.SIGKILL)
     prefill.wait()
@@ -264,6 +285,8 @@ try:
     case("only a prefill instance pushes KV (peerserve_kv_push elsewhere is a 400)",
          push_refused_outside_prefill_role)
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
+    case("a prefill instance computing BF16 KV for an INT8 decode instance is refused",
+         quantized_pair_refused)
     case("prefill instance killed: the decode instance prefills locally", prefill_killed)
 finally:
     stop_all(children)
