@@ -203,6 +203,12 @@ void KvPoolConnector::store(std::vector<BlockHash> hashes,
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pushing_ || !pushes_.empty()) {
+      if (queued_stores_ >= kMaxQueuedStores) {
+        // Best effort: a block not stored is computed again by whoever misses it.
+        counters_.store_failures += static_cast<int64_t>(hashes.size());
+        return;
+      }
+      ++queued_stores_;
       pushes_.push_back(Push{{}, std::move(hashes), std::move(blocks), /*store_only=*/true});
       push_wake_.notify_one();
       return;
@@ -231,10 +237,11 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
     std::lock_guard<std::mutex> lock(mutex_);
     // Bounded: behind a slow or dead decode instance the queue would hold every prompt's KV.
     // A push dropped here is recomputed by the decode instance after its wait.
-    if (pushes_.size() >= kMaxQueuedPushes) {
+    if (queued_pushes_ >= kMaxQueuedPushes) {
       counters_.push_failures += static_cast<int64_t>(hashes.size());
       return;
     }
+    ++queued_pushes_;
     pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks)});
   }
   push_wake_.notify_one();
@@ -249,6 +256,7 @@ void KvPoolConnector::run_pushes() {
       if (pushes_.empty()) return;  // stopping, and everything queued was sent
       push = std::move(pushes_.front());
       pushes_.pop_front();
+      --(push.store_only ? queued_stores_ : queued_pushes_);
       pushing_ = !push.store_only;
     }
     if (push.store_only) {

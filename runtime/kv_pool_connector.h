@@ -181,9 +181,15 @@ class KvPoolConnector {
   void run_pushes();
   // Hands blocks to the pool's background writes now.
   void start_store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
+  // Bounds of the queue, for pushes and for stores queued behind them, each on its own: a
+  // stalled push used to let stores pile up without bound (a copy of every block) and then
+  // fill the pushes' cap, so every later push was dropped.
   static constexpr size_t kMaxQueuedPushes = 64;
-  std::deque<Push> pushes_;  // guarded by mutex_
-  bool pushing_ = false;     // guarded by mutex_
+  static constexpr size_t kMaxQueuedStores = 64;
+  std::deque<Push> pushes_;   // guarded by mutex_
+  size_t queued_pushes_ = 0;  // entries of pushes_ that are pushes; guarded by mutex_
+  size_t queued_stores_ = 0;  // and that are stores; guarded by mutex_
+  bool pushing_ = false;      // guarded by mutex_
   std::condition_variable push_wake_;
   // Clients per receiver endpoint (used by the pusher thread only).
   std::unordered_map<std::string, std::unique_ptr<BlockStreamClient>> push_clients_;

@@ -18,6 +18,8 @@
 #include "cache/pool_client.h"
 #include "runtime/engine.h"
 #include "runtime/kv_handoff_receiver.h"
+#include "runtime/kv_pool_connector.h"
+#include "tests/cache/block_test_util.h"
 #include "tests/runtime/fake_executor.h"
 
 namespace peerserve {
@@ -553,6 +555,31 @@ TEST(EngineKvPoolTest, BlocksHeldByLoadsInFlightAreWaitedForNotAnAbort) {
     EXPECT_EQ(tokens_of(out), reference_generate(prompts[i], 2, kVocab, std::nullopt))
         << "request " << i;
   }
+}
+
+// Pool stores wait behind a push in flight. Behind a stalled push (a decode instance that
+// does not answer) they piled up without bound, copies of every block, and then filled the
+// pushes' own cap: the next push was dropped. Each now has its own cap.
+TEST(EngineKvPoolTest, StoresBehindAStalledPushAreBoundedAndLeavePushesRoom) {
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);  // accepts, never answers
+  ASSERT_GE(listener, 0);
+  KvPoolConnectorOptions options;
+  options.tenant = "test";
+  options.timeout = std::chrono::milliseconds(500);
+  {
+    KvPoolConnector connector(local_pool(), 64, options, [] {});
+    const std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64));
+    const KvPushTarget target{.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
+    connector.push(target, {1}, block);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the pusher is stuck on it
+    for (int i = 0; i < 100; ++i) connector.store({static_cast<BlockHash>(100 + i)}, block);
+    connector.push(target, {2}, block);
+    const KvPoolCounters counters = connector.counters();
+    EXPECT_EQ(counters.push_failures, 0) << "the second push was dropped";
+    EXPECT_EQ(counters.store_failures, 100 - 64);
+  }
+  ::close(listener);
 }
 
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
