@@ -281,6 +281,22 @@ class Session : public std::enable_shared_from_this<Session> {
     if (parser_->get().count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
       return on_read(http::error::bad_transfer_encoding);
     }
+    // Over a connection cap only the load balancer's probes are answered: refuse the rest
+    // now, before a "100 Continue" and before reading a body (up to max_body_bytes each).
+    if (over_limit_) {
+      const auto& message = parser_->get();
+      const std::string_view target(message.target().data(), message.target().size());
+      const std::string_view path = target.substr(0, target.find('?'));
+      if (message.method() != http::verb::get || (path != "/health" && path != "/metrics")) {
+        keep_alive_ = false;
+        close_after_write_ = true;
+        in_exchange_ = true;
+        response_complete_ = false;
+        head_request_ = false;
+        ++current_id_;
+        return reject();
+      }
+    }
     const auto expect = parser_->get()[http::field::expect];
     if (!parser_->is_done() && beast::iequals(expect, "100-continue")) {
       continue_line_ = "HTTP/1.1 100 Continue\r\n\r\n";

@@ -396,5 +396,34 @@ TEST_F(HttpServerTest, AWholeResponseLargerThanTheUnsentLimitIsSent) {
   EXPECT_EQ(r.size() - r.find("\r\n\r\n") - 4, big.size());
 }
 
+// Over the connection cap a request other than a probe is refused at its header: it got
+// "100 Continue" and had its whole body read first (up to max_body_bytes per socket).
+TEST_F(HttpServerTest, OverTheConnectionCapARequestIsRefusedBeforeItsBody) {
+  HttpServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.max_connections = 1;
+  auto server = HttpServer::create(options, [](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->respond(200, "text/plain", "ok");
+  });
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  server_ = std::move(server).value();
+  thread_ = std::thread([this] { server_->run(); });
+  Client first(port());  // holds the one slot
+  ASSERT_TRUE(first.connected());
+  for (int i = 0; i < 100 && server_->counters().connections_open < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Client second(port());
+  second.send(
+      "POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000\r\n\r\n");
+  const std::string r = second.read_until("\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 503 ", 0), 0u) << r;
+  // A probe still gets its answer.
+  Client probe(port());
+  probe.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(probe.read_response().rfind("HTTP/1.1 200 ", 0), 0u);
+}
+
 }  // namespace
 }  // namespace peerserve
