@@ -411,6 +411,9 @@ class Session : public std::enable_shared_from_this<Session> {
       // only have half-closed after sending its request (HTTP allows it): answer it, then
       // close. A client that is really gone is found when a write fails.
       if (self->streaming_) return self->peer_gone();
+      // Requests it pipelined before closing are in the read buffer already: they are read
+      // and answered in turn (the read after the last one meets the end and closes).
+      if (self->buffer_.size() > 0) return;
       self->keep_alive_ = false;
       self->close_after_write_ = true;
     });

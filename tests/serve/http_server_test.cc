@@ -72,6 +72,7 @@ class Client {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  void half_close() { ::shutdown(fd_, SHUT_WR); }
 
  private:
   int fd_ = -1;
@@ -423,6 +424,29 @@ TEST_F(HttpServerTest, OverTheConnectionCapARequestIsRefusedBeforeItsBody) {
   Client probe(port());
   probe.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(probe.read_response().rfind("HTTP/1.1 200 ", 0), 0u);
+}
+
+// Requests pipelined in one send, then a half-close (`printf ... | nc -N`): each is answered,
+// the last connection then closes. The end of input seen while the first was answered made
+// the server close after it, dropping the second, already read.
+TEST_F(HttpServerTest, PipelinedRequestsBeforeAHalfCloseAreAllAnswered) {
+  start([](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
+    if (req.path() == "/slow") {
+      std::thread([ex] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        ex->respond(200, "text/plain", "slow");
+      }).detach();
+      return;
+    }
+    ex->respond(200, "text/plain", "fast");
+  });
+  Client c(port());
+  c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /fast HTTP/1.1\r\nHost: x\r\n\r\n");
+  c.half_close();
+  const std::string first = c.read_response();
+  const std::string second = c.read_response();
+  EXPECT_NE(first.find("slow"), std::string::npos) << first;
+  EXPECT_NE(second.find("fast"), std::string::npos) << "second: " << second;
 }
 
 }  // namespace
