@@ -219,8 +219,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_stream(uint64_t id, const std::string& content_type) {
     if (!accepting_writes(id) || streaming_) return;
     streaming_ = true;
-    std::string head = "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
-                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    std::string head =
+        "HTTP/1.1 200 OK\r\nContent-Type: " + content_type + "\r\nCache-Control: no-cache\r\n";
+    if (http10_) {
+      // HTTP/1.0 has no chunked coding (RFC 9112 §6.1): the body ends when the connection does.
+      keep_alive_ = false;
+      close_after_write_ = true;
+    } else {
+      head += "Transfer-Encoding: chunked\r\n";
+    }
     head += keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
     head += "\r\n";
     server_->count(200);
@@ -230,6 +237,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void write_chunk(uint64_t id, const std::string& data) {
     // An empty chunk would end the chunked body; skip it.
     if (!accepting_writes(id) || !streaming_ || data.empty() || head_request_) return;
+    if (http10_) return enqueue(data);
     char size[20];
     const int n = std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
     std::string chunk(size, static_cast<size_t>(n));
@@ -241,7 +249,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_stream(uint64_t id) {
     if (!accepting_writes(id) || !streaming_) return;
     response_complete_ = true;
-    enqueue(head_request_ ? "" : "0\r\n\r\n");
+    enqueue(head_request_ || http10_ ? "" : "0\r\n\r\n");
   }
 
   void set_disconnect_callback(uint64_t id, std::function<void()> callback) {
@@ -363,6 +371,7 @@ class Session : public std::enable_shared_from_this<Session> {
           std::string(field.value());
     }
     keep_alive_ = message.keep_alive();
+    http10_ = message.version() < 11;
     ++requests_read_;
     ++current_id_;
     in_exchange_ = true;
@@ -532,6 +541,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t unsent_bytes_ = 0;  // queued or being written
   std::vector<char> drain_buffer_;
   uint64_t drained_bytes_ = 0;
+  bool http10_ = false;  // the current request is HTTP/1.0: a stream is sent unchunked
   std::string continue_line_;
   bool writing_ = false;
   uint64_t current_id_ = 0;

@@ -449,5 +449,23 @@ TEST_F(HttpServerTest, PipelinedRequestsBeforeAHalfCloseAreAllAnswered) {
   EXPECT_NE(second.find("fast"), std::string::npos) << "second: " << second;
 }
 
+// An HTTP/1.0 client cannot read the chunked coding: its stream comes unchunked and ends
+// when the connection closes (it got hex size lines in its data).
+TEST_F(HttpServerTest, AnHttp10StreamIsSentUnchunkedAndEndsWithTheConnection) {
+  start([](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ex->start_stream("text/event-stream");
+    std::thread([ex] {
+      for (int i = 0; i < 3; ++i) ex->write_chunk("data: " + std::to_string(i) + "\n\n");
+      ex->end_stream();
+    }).detach();
+  });
+  Client c(port());
+  c.send("GET /stream HTTP/1.0\r\n\r\n");
+  const std::string r = c.read_until("the connection's end");  // reads until EOF
+  EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r;
+  EXPECT_NE(r.find("Connection: close"), std::string::npos) << r;
+  EXPECT_EQ(r.substr(r.find("\r\n\r\n") + 4), "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+}
+
 }  // namespace
 }  // namespace peerserve
