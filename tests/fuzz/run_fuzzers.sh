@@ -69,7 +69,7 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
   "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
     "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
-    "${objects[@]}" -lpcre2-8
+    "${objects[@]}" -lpcre2-8 -lcrypto  # libcrypto: kv/prefix_hash.cc's SHA-256
 done
 
 # Committed seeds, plus the large regression inputs (generated, not committed).
