@@ -197,18 +197,22 @@ size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
   return hits;
 }
 
+size_t KvPoolConnector::queued(bool store_only) const {
+  return static_cast<size_t>(std::count_if(
+      pushes_.begin(), pushes_.end(), [&](const Push& p) { return p.store_only == store_only; }));
+}
+
 void KvPoolConnector::store(std::vector<BlockHash> hashes,
                             std::vector<std::vector<std::byte>> blocks) {
   if (hashes.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pushing_ || !pushes_.empty()) {
-      if (queued_stores_ >= kMaxQueuedStores) {
+      if (queued(/*store_only=*/true) >= kMaxQueuedStores) {
         // Best effort: a block not stored is computed again by whoever misses it.
         counters_.store_failures += static_cast<int64_t>(hashes.size());
         return;
       }
-      ++queued_stores_;
       pushes_.push_back(Push{{}, std::move(hashes), std::move(blocks), /*store_only=*/true});
       push_wake_.notify_one();
       return;
@@ -237,11 +241,10 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
     std::lock_guard<std::mutex> lock(mutex_);
     // Bounded: behind a slow or dead decode instance the queue would hold every prompt's KV.
     // A push dropped here is recomputed by the decode instance after its wait.
-    if (queued_pushes_ >= kMaxQueuedPushes) {
+    if (queued(/*store_only=*/false) >= kMaxQueuedPushes) {
       counters_.push_failures += static_cast<int64_t>(hashes.size());
       return;
     }
-    ++queued_pushes_;
     pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks)});
   }
   push_wake_.notify_one();
@@ -256,7 +259,6 @@ void KvPoolConnector::run_pushes() {
       if (pushes_.empty()) return;  // stopping, and everything queued was sent
       push = std::move(pushes_.front());
       pushes_.pop_front();
-      --(push.store_only ? queued_stores_ : queued_pushes_);
       pushing_ = !push.store_only;
     }
     if (push.store_only) {

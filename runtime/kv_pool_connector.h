@@ -186,10 +186,10 @@ class KvPoolConnector {
   // fill the pushes' cap, so every later push was dropped.
   static constexpr size_t kMaxQueuedPushes = 64;
   static constexpr size_t kMaxQueuedStores = 64;
-  std::deque<Push> pushes_;   // guarded by mutex_
-  size_t queued_pushes_ = 0;  // entries of pushes_ that are pushes; guarded by mutex_
-  size_t queued_stores_ = 0;  // and that are stores; guarded by mutex_
-  bool pushing_ = false;      // guarded by mutex_
+  std::deque<Push> pushes_;  // guarded by mutex_
+  // The entries of pushes_ that are stores (store_only) or pushes; mutex_ held. At most 128.
+  size_t queued(bool store_only) const;
+  bool pushing_ = false;  // guarded by mutex_
   std::condition_variable push_wake_;
   // Clients per receiver endpoint (used by the pusher thread only).
   std::unordered_map<std::string, std::unique_ptr<BlockStreamClient>> push_clients_;

@@ -608,6 +608,17 @@ std::optional<ApiError> parse_kv_push(const json& push, CompletionRequest* out) 
 
 }  // namespace
 
+std::optional<ApiError> parse_token_ids(const json& array, const std::string& field,
+                                        std::vector<TokenId>* ids) {
+  Fields f(array);
+  for (const json& item : array) {
+    const auto id = f.as_integer(item, field, 0, std::numeric_limits<int32_t>::max());
+    if (!id) return f.error;
+    ids->push_back(static_cast<TokenId>(*id));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_completion_request(const json& body, const ApiLimits& limits,
                                                  CompletionRequest* out) {
   if (auto e = require_object(body)) return e;
@@ -628,12 +639,8 @@ std::optional<ApiError> parse_completion_request(const json& body, const ApiLimi
   const json* prompt = f.get("prompt");
   if (prompt == nullptr) return bad_field("prompt", "'prompt' is required");
   auto token_list = [&](const json& arr, std::vector<TokenId>* ids) -> bool {
-    for (const json& item : arr) {
-      auto id = f.as_integer(item, "prompt", 0, std::numeric_limits<int32_t>::max());
-      if (!id) return false;
-      ids->push_back(static_cast<TokenId>(*id));
-    }
-    return true;
+    if (std::optional<ApiError> e = parse_token_ids(arr, "prompt", ids)) f.error = std::move(e);
+    return !f.error;
   };
   if (prompt->is_string()) {
     out->prompts.emplace_back(prompt->get<std::string>());

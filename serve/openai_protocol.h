@@ -108,6 +108,11 @@ std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
                                            ChatRequest* out);
 
+// The token ids of a JSON array (integers 0 .. 2^31 - 1) appended to *ids, as 'prompt' and
+// /detokenize's 'tokens' take them; an error naming `field` for any other element.
+std::optional<ApiError> parse_token_ids(const nlohmann::json& array, const std::string& field,
+                                        std::vector<TokenId>* ids);
+
 // "stop", "length", "abort", "error".
 std::string finish_reason_string(FinishReason reason);
 

@@ -680,16 +680,9 @@ void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.message = "this model has no tokenizer";
     return send_error(*exchange, e);
   }
-  std::vector<TokenId> ids;
-  for (const json& t : (*body)["tokens"]) {
-    // Range-checked as int64: get<TokenId>() wrapped 4294967297 to 1.
-    if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) ||
-        (!t.is_number_unsigned() &&
-         (t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX))) {
-      e.message = "'tokens' must contain only token ids (32-bit integers), found " + t.dump();
-      return send_error(*exchange, e);
-    }
-    ids.push_back(static_cast<TokenId>(t.get<int64_t>()));
+  std::vector<TokenId> ids;  // range-checked: get<TokenId>() wrapped 4294967297 to 1
+  if (auto bad = parse_token_ids((*body)["tokens"], "tokens", &ids)) {
+    return send_error(*exchange, *bad);
   }
   Result<std::string> text = ctx.tokenizer->decode(ids);
   if (!text.ok()) return send_error(*exchange, api_error_from_status(text.status(), "tokens"));

@@ -1066,11 +1066,12 @@ class Interpreter {
       const Value* to = args.get(1, "new");
       if (from == nullptr || to == nullptr) return error(e.offset, "replace needs two arguments");
       PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
-      if (to_str(*from).empty()) PS_RETURN_IF_ERROR(check_characters(to_str(v), e.offset));
-      PS_RETURN_IF_ERROR(charge_search(to_str(v).size(), to_str(*from).size(), e.offset));
-      return replaced(
-          replace_all(to_str(v), to_str(*from), to_str(*to), count, limits_.max_value_bytes),
-          e.offset);
+      // Each converted once (message contents can be megabytes).
+      const std::string text = to_str(v), old_text = to_str(*from);
+      if (old_text.empty()) PS_RETURN_IF_ERROR(check_characters(text, e.offset));
+      PS_RETURN_IF_ERROR(charge_search(text.size(), old_text.size(), e.offset));
+      return replaced(replace_all(text, old_text, to_str(*to), count, limits_.max_value_bytes),
+                      e.offset);
     }
     if (f == "tojson") {
       PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, e, "indent"));
