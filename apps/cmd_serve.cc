@@ -455,7 +455,9 @@ int run_serve(const ServeCli& cli) {
     }
     engine_options.kv_pool_options.remote_prefill =
         [prefill](std::span<const TokenId> prompt, const KvPushTarget* push,
-                  const std::string& hint) { return prefill->prefill(prompt, push, hint); };
+                  const std::string& hint, const std::string& cache_salt) {
+          return prefill->prefill(prompt, push, hint, cache_salt);
+        };
     engine_options.kv_pool_options.workers = 8;  // prefills in flight at once
     if (cli.kv_handoff_port < -1 || cli.kv_handoff_port > 65535) {
       return session.fail(

@@ -32,6 +32,16 @@ BlockHash root_block_hash(std::string_view identity) {
   return sha256_prefix(message);
 }
 
+BlockHash salted_root_hash(BlockHash root, std::string_view cache_salt) {
+  if (cache_salt.empty()) return root;
+  // Its own domain tag: a salted root never equals a block hash or a namespace root.
+  thread_local std::vector<unsigned char> message;
+  message.assign({'p', 'e', 'e', 'r', 's', 'e', 'r', 'v', 'e', ':', 's', 'a', 'l', 't', ':'});
+  append_u64(message, root);
+  message.insert(message.end(), cache_salt.begin(), cache_salt.end());
+  return sha256_prefix(message);
+}
+
 BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens) {
   // Little-endian fields, so that every machine sharing a pool computes the same hashes:
   // a tag, the parent hash, the number of tokens, then each token id.

@@ -33,6 +33,12 @@ inline constexpr BlockHash kRootBlockHash = 0x5045455253455256ULL;  // "PEERSERV
 // them equals kRootBlockHash unless by a 2^-64 accident.
 BlockHash root_block_hash(std::string_view identity);
 
+// The root of the chains of requests that carry `cache_salt` (OpenAI/vLLM `cache_salt`):
+// `root` itself for an empty salt, otherwise a hash of both. Requests with different salts
+// then share no block, so a client cannot learn from cache hits (usage.cached_tokens, time to
+// first token) whether another client sent a prompt.
+BlockHash salted_root_hash(BlockHash root, std::string_view cache_salt);
+
 // Hash of one full block given its parent's hash.
 BlockHash hash_block_tokens(BlockHash parent, std::span<const int32_t> tokens);
 

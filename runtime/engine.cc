@@ -256,8 +256,9 @@ void Engine::admit(Pending pending) {
     const std::vector<TokenId>& prompt = pending.request.prompt_tokens;
     const int32_t bs = options_.scheduler.block_pool.block_size;
     std::vector<BlockHash> chain;
-    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain,
-                            scheduler_->block_hash_lookahead());
+    extend_block_hash_chain(
+        prompt, bs, salted_root_hash(options_.scheduler.prefix_root, pending.request.cache_salt),
+        &chain, scheduler_->block_hash_lookahead());
     chain.resize(std::min(chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs)));
     const int64_t local = scheduler_->cached_prefix_blocks(chain);
     if (local < static_cast<int64_t>(chain.size())) {
@@ -293,7 +294,8 @@ void Engine::admit(Pending pending) {
       }
       connector_->start_load(id, std::move(missing), loading.pending.request.prompt_tokens, local,
                              std::move(destinations), tail_destination,
-                             loading.pending.request.prefill_hint);
+                             loading.pending.request.prefill_hint,
+                             loading.pending.request.cache_salt);
       loading_.emplace(id, std::move(loading));
       return;
     }
@@ -382,8 +384,9 @@ void Engine::push_computed_prompts(const StepPlan& plan) {
     request.kv_pushed = true;
     // The blocks the decode instance reuses: full ones before the last prompt token.
     std::vector<BlockHash> chain;
-    extend_block_hash_chain(prompt, bs, options_.scheduler.prefix_root, &chain,
-                            scheduler_->block_hash_lookahead());
+    extend_block_hash_chain(
+        prompt, bs, salted_root_hash(options_.scheduler.prefix_root, request.request.cache_salt),
+        &chain, scheduler_->block_hash_lookahead());
     const size_t end = std::min(
         {chain.size(), (prompt.size() - 1) / static_cast<size_t>(bs), chunk.block_table.size()});
     const KvPushTarget& target = *request.request.kv_push;
@@ -432,6 +435,7 @@ void Engine::admit_now(Pending pending) {
     spec.sampling = params.sampling;
     spec.seed = base_seed + static_cast<uint64_t>(i);
     spec.stop_token_ids = params.stop_token_ids;
+    spec.cache_salt = live.request.cache_salt;
     if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
     if (i == 0 && pending.prefilled_tail) {
       spec.prefilled_tail_block = pending.prefilled_tail;

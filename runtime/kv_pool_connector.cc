@@ -34,7 +34,8 @@ KvPoolConnector::~KvPoolConnector() {
 void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashes,
                                  std::vector<TokenId> prompt, int64_t first_block,
                                  std::vector<std::span<std::byte>> destinations,
-                                 std::span<std::byte> tail_destination, std::string prefill_hint) {
+                                 std::span<std::byte> tail_destination, std::string prefill_hint,
+                                 std::string cache_salt) {
   if (static_cast<int64_t>(hashes.size()) > options_.max_blocks_per_load) {
     hashes.resize(static_cast<size_t>(options_.max_blocks_per_load));
   }
@@ -43,7 +44,7 @@ void KvPoolConnector::start_load(RequestId request, std::vector<BlockHash> hashe
     std::lock_guard<std::mutex> lock(mutex_);
     jobs_.push_back(Job{request, std::move(hashes), std::move(prompt), first_block,
                         std::move(destinations), tail_destination, std::chrono::steady_clock::now(),
-                        std::move(prefill_hint)});
+                        std::move(prefill_hint), std::move(cache_salt)});
   }
   wake_.notify_one();
 }
@@ -163,7 +164,8 @@ size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
     const std::string name = options_.handoff->open(std::move(expected), std::move(into));
     const KvPushTarget target{options_.handoff_endpoint, name,
                               job.first_block + static_cast<int64_t>(hits), !job.tail.empty()};
-    const bool ok = options_.remote_prefill(job.prompt, &target, job.prefill_hint).ok();
+    const bool ok =
+        options_.remote_prefill(job.prompt, &target, job.prefill_hint, job.cache_salt).ok();
     // The push starts before the prefill instance answers; it may still be in flight.
     if (ok) {
       (void)options_.handoff->wait(name, std::chrono::steady_clock::now() + options_.handoff_wait);
@@ -182,7 +184,7 @@ size_t KvPoolConnector::remote_prefill(const Job& job, size_t hits,
   }
   // Through the pool: the prefill instance stores the blocks there; read the missing ones
   // once they have landed (its writes are asynchronous).
-  if (!options_.remote_prefill(job.prompt, nullptr, job.prefill_hint).ok()) {
+  if (!options_.remote_prefill(job.prompt, nullptr, job.prefill_hint, job.cache_salt).ok()) {
     *failed = true;
     return hits;
   }

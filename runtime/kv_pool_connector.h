@@ -52,8 +52,10 @@ struct KvPoolConnectorOptions {
   // `push` (null without a hand-off receiver) asks the prefill instance to push the blocks
   // straight into this instance's reserved blocks instead.
   // `hint`: the request's preferred prefill instance (EngineRequest::prefill_hint), may be empty.
+  // `cache_salt`: the request's (EngineRequest::cache_salt); the prefill instance must hash
+  // the prompt's blocks under it too.
   std::function<Status(std::span<const TokenId> prompt, const KvPushTarget* push,
-                       const std::string& hint)>
+                       const std::string& hint, const std::string& cache_salt)>
       remote_prefill;
   // After a remote prefill, how long to wait for blocks that have not arrived yet (pushes and
   // pool writes are asynchronous). Default 1 s.
@@ -114,7 +116,8 @@ class KvPoolConnector {
   // when there is one.
   void start_load(RequestId request, std::vector<BlockHash> hashes, std::vector<TokenId> prompt,
                   int64_t first_block = 0, std::vector<std::span<std::byte>> destinations = {},
-                  std::span<std::byte> tail_destination = {}, std::string prefill_hint = {});
+                  std::span<std::byte> tail_destination = {}, std::string prefill_hint = {},
+                  std::string cache_salt = {});
   // The request was aborted: if its load has not started, it is dropped (no lookup, no
   // remote prefill) and comes back from take_loaded() at once with nothing landed, so its
   // reserved blocks are freed now rather than after the jobs queued before it. A load that
@@ -145,6 +148,7 @@ class KvPoolConnector {
     std::span<std::byte> tail;                       // empty: none
     std::chrono::steady_clock::time_point queued;
     std::string prefill_hint;
+    std::string cache_salt;
   };
   void run();
   // Reads hashes[from, end) from the pool into places[from, end); returns where the leading

@@ -70,6 +70,9 @@ struct EngineRequest {
   // A decode instance's preferred prefill instance for this prompt (the router's choice,
   // "host:port"); empty: its own choice. See KvPoolConnectorOptions::remote_prefill.
   std::string prefill_hint = {};
+  // OpenAI/vLLM `cache_salt`: prefix-cache blocks (local, in the pool, handed over by a
+  // prefill instance) are shared only between requests with the same salt. Empty: no salt.
+  std::string cache_salt = {};
 };
 
 // New output of one choice since the previous RequestOutput.

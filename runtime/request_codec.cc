@@ -87,6 +87,7 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   out.put<int32_t>(p.n);
   out.put_bool(p.skip_special_tokens);
   out.put_string(request.prefill_hint);
+  out.put_string(request.cache_salt);
   // A prefill instance's hand-off target travels too: a request rank 0 hands to another
   // rank must still push its KV to the decode instance waiting for it.
   out.put_bool(request.kv_push.has_value());
@@ -112,6 +113,7 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   p.n = in.get<int32_t>();
   p.skip_special_tokens = in.get_bool();
   request.prefill_hint = in.get_string();
+  request.cache_salt = in.get_string();
   if (in.get_bool()) {
     KvPushTarget& push = request.kv_push.emplace();
     push.endpoint = in.get_string();

@@ -139,6 +139,7 @@ Status Scheduler::add(SequenceSpec spec) {
   }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = spec.prompt_tokens;
+  seq->prefix_root = salted_root_hash(options_.prefix_root, spec.cache_salt);
   seq->spec = std::move(spec);
   seq->arrival_order = next_arrival_++;
   Sequence* raw = seq.get();
@@ -264,7 +265,7 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   // logits are needed), so at most (num_tokens - 1) / bs whole blocks can be shared.
   std::vector<BlockId> shared;
   if (pool_.prefix_caching_enabled()) {
-    extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
+    extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), seq.prefix_root,
                             &seq.block_hashes, block_hash_lookahead());
     const size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
     std::span<const BlockHash> lookup(seq.block_hashes.data(),
@@ -429,8 +430,8 @@ void Scheduler::disable_speculation() {
 void Scheduler::publish_computed_blocks(Sequence& seq) {
   if (!pool_.prefix_caching_enabled()) return;
   const int64_t bs = pool_.block_size();
-  extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), options_.prefix_root,
-                          &seq.block_hashes, block_hash_lookahead());
+  extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), seq.prefix_root, &seq.block_hashes,
+                          block_hash_lookahead());
   const int64_t num_full = std::min<int64_t>(seq.num_computed_tokens / bs,
                                              static_cast<int64_t>(seq.block_hashes.size()));
   for (int64_t b = seq.num_published_blocks; b < num_full; ++b) {

@@ -144,7 +144,8 @@ class Scheduler {
   const SchedulerOptions& options() const { return options_; }
   const BlockPool& block_pool() const { return pool_; }
 
-  // Leading blocks of `chain` (hashes under options().prefix_root) cached locally. Pure.
+  // Leading blocks of `chain` (hashes under options().prefix_root, salted or not) cached
+  // locally. Pure.
   int64_t cached_prefix_blocks(std::span<const BlockHash> chain) const;
   // Adds blocks loaded from elsewhere (a caching pool) to the prefix cache: `cached` is a
   // chain's leading part that is cached here now, `loaded` the hashes of the blocks that

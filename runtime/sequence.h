@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/prefix_hash.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
 #include "runtime/speculative_sampler.h"
@@ -33,6 +35,9 @@ struct SequenceSpec {
   // full blocks before it are all cached, and otherwise releases it.
   std::optional<BlockId> prefilled_tail_block;
   int32_t prefilled_tail_tokens = 0;
+  // EngineRequest::cache_salt: the sequence's prefix-cache chain starts at the scheduler's
+  // root salted with it (kv/prefix_hash.h salted_root_hash).
+  std::string cache_salt;
 };
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };
@@ -48,7 +53,8 @@ struct Sequence {
   // Tokens whose KV is in the cache: [0, num_computed_tokens).
   int64_t num_computed_tokens = 0;
   std::vector<BlockId> block_table;
-  // Hash chain of the full blocks of `tokens` (kept across preemption).
+  // Hash chain of the full blocks of `tokens` (kept across preemption), from prefix_root.
+  BlockHash prefix_root = kRootBlockHash;
   std::vector<BlockHash> block_hashes;
   // Leading blocks of block_table that are in the prefix-cache index (shared or published).
   int64_t num_published_blocks = 0;

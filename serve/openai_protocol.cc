@@ -153,6 +153,15 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       out->prefill_hint = std::move(*hint);
     }
   }
+  if (auto salt = f.string("cache_salt")) {
+    // vLLM refuses an empty salt too: it would silently share the cache.
+    if (salt->empty() || salt->size() > kMaxCacheSaltBytes) {
+      f.fail("cache_salt", "'cache_salt' must be a string of 1 to " +
+                               std::to_string(kMaxCacheSaltBytes) + " bytes");
+    } else {
+      out->cache_salt = std::move(*salt);
+    }
+  }
   GenerationParams& p = out->params;
   SamplingParams& s = p.sampling;
   if (auto v = f.number("temperature", 0.0, 2.0)) s.temperature = static_cast<float>(*v);

@@ -3,6 +3,7 @@
 // No I/O here, so all of it is unit-testable.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,7 +64,13 @@ struct CommonRequestFields {
   // prefill instance it chose for this request. A decode instance uses it only when it is one
   // of its own --prefill instances; elsewhere it is ignored.
   std::string prefill_hint;
+  // "cache_salt" (OpenAI, vLLM): prefix-cache hits only between requests with the same salt
+  // (EngineRequest::cache_salt). Empty: none given.
+  std::string cache_salt;
 };
+
+// The longest cache_salt accepted.
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 struct CompletionRequest : CommonRequestFields {
   // One entry per prompt: text or token ids.

@@ -533,6 +533,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   requests[0].prompt_tokens = std::move(prompt);
   requests[0].params = chat.params;
   requests[0].prefill_hint = chat.prefill_hint;
+  requests[0].cache_salt = chat.cache_salt;
   start_on_strand(call, exchange, std::move(requests));
 }
 
@@ -564,6 +565,7 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     r.params = completion.params;
     r.kv_push = completion.kv_push;
     r.prefill_hint = completion.prefill_hint;
+    r.cache_salt = completion.cache_salt;
     if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
       r.prompt_tokens = std::move(*ids);
     } else {

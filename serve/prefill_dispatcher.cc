@@ -97,7 +97,7 @@ void PrefillDispatcher::mark_down(size_t index) {
 }
 
 Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushTarget* push,
-                                  const std::string& hint) {
+                                  const std::string& hint, const std::string& cache_salt) {
   json ids = json::array();
   for (TokenId t : prompt) ids.push_back(t);
   std::vector<size_t> tried;
@@ -159,6 +159,7 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
     }
     if (status.ok()) {
       json body = {{"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
+      if (!cache_salt.empty()) body["cache_salt"] = cache_salt;
       if (push != nullptr) {
         body["peerserve_kv_push"] = {{"endpoint", push->endpoint},
                                      {"transfer", push->transfer},

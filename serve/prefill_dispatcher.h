@@ -68,9 +68,11 @@ class PrefillDispatcher {
   // also pushes the prompt's KV blocks to that hand-off receiver (peerserve_kv_push).
   // `hint` ("host:port", a router's choice): tried first when it is one of this dispatcher's
   // instances and up, before the preferred one; any other value is ignored (a request cannot
-  // make this instance call a host it was not configured with).
+  // make this instance call a host it was not configured with). A non-empty `cache_salt`
+  // (EngineRequest::cache_salt) goes along, so the prefill instance hashes the blocks as the
+  // decode instance expects them.
   Status prefill(std::span<const TokenId> prompt, const KvPushTarget* push = nullptr,
-                 const std::string& hint = {});
+                 const std::string& hint = {}, const std::string& cache_salt = {});
 
   PrefillDispatcherCounters counters() const;
 

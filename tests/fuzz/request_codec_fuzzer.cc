@@ -38,7 +38,8 @@ bool same(const peerserve::EngineRequest& a, const peerserve::EngineRequest& b) 
          p.max_tokens == q.max_tokens && p.stop_strings == q.stop_strings &&
          p.include_stop_str_in_output == q.include_stop_str_in_output &&
          p.stop_token_ids == q.stop_token_ids && p.ignore_eos == q.ignore_eos && p.n == q.n &&
-         p.skip_special_tokens == q.skip_special_tokens && a.prefill_hint == b.prefill_hint;
+         p.skip_special_tokens == q.skip_special_tokens && a.prefill_hint == b.prefill_hint &&
+         a.cache_salt == b.cache_salt;
 }
 
 bool same(const peerserve::RequestOutput& a, const peerserve::RequestOutput& b) {

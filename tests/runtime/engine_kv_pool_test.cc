@@ -75,7 +75,8 @@ std::shared_ptr<KvBlockStore> local_pool() {
 std::unique_ptr<Engine> make_engine(
     std::shared_ptr<KvBlockStore> pool, BlockHash root,
     testing::FakeExecutor** executor_out = nullptr,
-    std::function<Status(std::span<const TokenId>, const KvPushTarget*, const std::string&)>
+    std::function<Status(std::span<const TokenId>, const KvPushTarget*, const std::string&,
+                         const std::string&)>
         remote_prefill = {},
     std::shared_ptr<KvHandoffReceiver> handoff = nullptr, std::string handoff_endpoint = {},
     std::chrono::milliseconds handoff_wait = std::chrono::milliseconds(1000)) {
@@ -182,6 +183,37 @@ TEST(EngineKvPoolTest, AnotherNamespaceNeverMatches) {
   EXPECT_EQ(b->metrics().kv_pool.blocks_hit, 0);
 }
 
+// vLLM's cache_salt: blocks computed under one salt are found in the pool only by requests
+// with the same salt, so usage.cached_tokens tells a client nothing of other clients' prompts.
+TEST(EngineKvPoolTest, ACacheSaltSharesPoolBlocksOnlyWithTheSameSalt) {
+  auto pool = local_pool();
+  const BlockHash root = root_block_hash("salted");
+  auto a = make_engine(pool, root);
+  auto b = make_engine(pool, root);
+  const auto prompt = long_prompt(3);
+  const auto want = reference_generate(prompt, 3, kVocab, std::nullopt);
+  auto run = [&](Engine& engine, const std::string& salt) {
+    Collector collector;
+    EngineRequest request{prompt, greedy(3)};
+    request.cache_salt = salt;
+    auto id = engine.submit(std::move(request), collector.sink());
+    EXPECT_TRUE(id.ok());
+    auto out = collector.wait(*id);
+    EXPECT_FALSE(out.empty());
+    EXPECT_EQ(tokens_of(out), want);
+    return out.empty() ? int64_t{-1} : out.back().usage.cached_prompt_tokens;
+  };
+  EXPECT_EQ(run(*a, "alice"), 0);
+  metrics_when(*a, [](const auto& m) { return m.kv_pool.blocks_stored >= 10; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(run(*b, "bob"), 0);  // another salt: nothing shared, locally or in the pool
+  EXPECT_EQ(run(*b, ""), 0);     // no salt is a salt of its own
+  auto mb = b->metrics();
+  EXPECT_EQ(mb.kv_pool.blocks_hit, 0);
+  EXPECT_EQ(run(*b, "alice"), 40);  // the same salt: every shareable block from the pool
+  EXPECT_EQ(b->metrics().kv_pool.blocks_hit, 10);
+}
+
 TEST(EngineKvPoolTest, PartialHitsLoadTheLeadingRunAndComputeTheRest) {
   auto pool = local_pool();
   const BlockHash root = root_block_hash("partial");
@@ -284,14 +316,15 @@ TEST(EngineKvPoolTest, RemotePrefillHandsTheKvOverThroughThePool) {
   std::atomic<bool> fail_remote{false};
   std::string last_hint;  // what the request said about its prefill instance
   auto remote = [&](std::span<const TokenId> prompt, const KvPushTarget* push,
-                    const std::string& hint) -> Status {
+                    const std::string& hint, const std::string& cache_salt) -> Status {
     EXPECT_EQ(push, nullptr);  // no hand-off receiver: through the pool
     last_hint = hint;
     ++remote_calls;
     if (fail_remote) return unavailable("prefill instance down");
     Collector c;
-    auto id =
-        prefill->submit({std::vector<TokenId>(prompt.begin(), prompt.end()), greedy(1)}, c.sink());
+    EngineRequest request{std::vector<TokenId>(prompt.begin(), prompt.end()), greedy(1)};
+    request.cache_salt = cache_salt;
+    auto id = prefill->submit(std::move(request), c.sink());
     if (!id.ok()) return id.status();
     return c.wait(*id).empty() ? unavailable("prefill timed out") : ok_status();
   };
@@ -336,11 +369,12 @@ class DirectHandoff {
     PS_CHECK(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
     auto remote = [this](std::span<const TokenId> prompt, const KvPushTarget* push,
-                         const std::string& /*hint*/) -> Status {
+                         const std::string& /*hint*/, const std::string& cache_salt) -> Status {
       ++calls;
       if (delay.count() > 0) std::this_thread::sleep_for(delay);
       if (fail) return unavailable("prefill instance down");
       EngineRequest request{std::vector<TokenId>(prompt.begin(), prompt.end()), greedy(1)};
+      request.cache_salt = cache_salt;
       EXPECT_NE(push, nullptr);
       if (push != nullptr && !withhold_push) request.kv_push = *push;
       Collector c;
@@ -404,6 +438,28 @@ TEST(EngineKvPoolTest, RemotePrefillPushesKvStraightIntoReservedBlocks) {
   EXPECT_EQ(tokens_of(out2), reference_generate(shared, 3, kVocab, std::nullopt));
   EXPECT_EQ(out2.back().usage.cached_prompt_tokens, 40);
   EXPECT_EQ(setup.receiver().counters().blocks_received, 15);
+}
+
+// The salt travels to the prefill instance: it hashes the pushed blocks under the same salted
+// chain, so the decode instance's receiver accepts them.
+TEST(EngineKvPoolTest, ASaltedRequestIsHandedOverUnderItsSalt) {
+  DirectHandoff setup;
+  Collector collector;
+  const auto prompt = long_prompt(10);
+  EngineRequest request{prompt, greedy(4)};
+  request.cache_salt = "tenant-7";
+  auto id = setup.decode().submit(std::move(request), collector.sink());
+  auto out = collector.wait(*id);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(tokens_of(out), reference_generate(prompt, 4, kVocab, std::nullopt));
+  EXPECT_EQ(out.back().usage.cached_prompt_tokens, 40);
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 10);
+  // The same prompt without the salt shares nothing with it (and is pushed again).
+  auto id2 = setup.decode().submit({prompt, greedy(4)}, collector.sink());
+  auto out2 = collector.wait(*id2);
+  ASSERT_FALSE(out2.empty());
+  EXPECT_EQ(setup.calls.load(), 2);
+  EXPECT_EQ(setup.receiver().counters().blocks_received, 20);
 }
 
 TEST(EngineKvPoolTest, ThePartialLastBlockIsPushedTooSoOnlyTheLastTokenIsComputedHere) {

@@ -34,6 +34,7 @@ EngineRequest full_request() {
   r.params.n = 3;
   r.params.skip_special_tokens = false;
   r.prefill_hint = "127.0.0.1:8101";
+  r.cache_salt = "tenant-a";
   r.kv_push = KvPushTarget{
       .endpoint = "10.0.0.7:9100", .transfer = "handoff-42", .first_block = 3, .tail = true};
   return r;
@@ -104,6 +105,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(decoded->params.n, 3);
   EXPECT_FALSE(decoded->params.skip_special_tokens);
   EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");
+  EXPECT_EQ(decoded->cache_salt, "tenant-a");
   // A prefill instance's request handed to another rank still pushes its KV.
   ASSERT_TRUE(decoded->kv_push.has_value());
   EXPECT_EQ(decoded->kv_push->endpoint, "10.0.0.7:9100");

@@ -321,6 +321,37 @@ TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
   EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
 }
 
+// A sequence with a cache salt shares blocks only with sequences of the same salt.
+TEST(SchedulerTest, ACacheSaltSharesBlocksOnlyWithTheSameSalt) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(22);
+  const std::vector<TokenId> prompt = random_tokens(rng, 13);
+  std::map<SequenceId, std::vector<TokenId>> out;
+  auto cached_tokens_of = [&](SequenceId id, const std::string& salt) {
+    SequenceSpec sp = spec(id, prompt, 2, std::nullopt);
+    sp.cache_salt = salt;
+    EXPECT_TRUE(s->add(std::move(sp)).ok());
+    StepPlan p = s->schedule();
+    EXPECT_EQ(p.chunks.size(), 1u);
+    auto r = ex.execute(p);
+    EXPECT_TRUE(r.ok());
+    int64_t cached = -1;
+    for (const auto& u : s->update(p, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+      cached = u.num_cached_prompt_tokens;
+    }
+    run_to_completion(*s, ex, &out);
+    EXPECT_EQ(out[id], reference_generate(prompt, 2, kVocab, std::nullopt)) << id;
+    return cached;
+  };
+  EXPECT_EQ(cached_tokens_of(1, "a"), 0);
+  EXPECT_EQ(cached_tokens_of(2, "b"), 0);
+  EXPECT_EQ(cached_tokens_of(3, ""), 0);
+  EXPECT_EQ(cached_tokens_of(4, "a"), 12);
+  EXPECT_EQ(cached_tokens_of(5, ""), 12);
+}
+
 // With speculative decoding the MTP layer's KV at a block's last position is computed from
 // the token after the block, so a block is shared only when that token matches too.
 TEST(SchedulerTest, WithMtpKvABlockIsSharedOnlyWhenTheTokenAfterItMatches) {

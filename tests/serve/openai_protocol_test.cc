@@ -203,6 +203,39 @@ TEST(OpenAiProtocolTest, PrefillHintIsParsedAndChecked) {
   }
 }
 
+// vLLM's cache_salt, on both endpoints: kept as given (null: none, as in vLLM); refused when
+// empty (that would share the cache silently), too long or not a string.
+TEST(OpenAiProtocolTest, CacheSaltIsParsedAndChecked) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1], "cache_salt": "tenant-a"})", &r));
+  EXPECT_EQ(r.cache_salt, "tenant-a");
+  ChatRequest chat;
+  ASSERT_FALSE(parse_chat(
+      R"({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-b"})", &chat));
+  EXPECT_EQ(chat.cache_salt, "tenant-b");
+  CompletionRequest none;
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1]})", &none));
+  EXPECT_EQ(none.cache_salt, "");
+  ASSERT_FALSE(parse_completion(R"({"prompt": [1], "cache_salt": null})", &none));
+  EXPECT_EQ(none.cache_salt, "");
+  CompletionRequest longest;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": [1], "cache_salt": ")" + std::string(kMaxCacheSaltBytes, 's') + R"("})",
+      &longest));
+  EXPECT_EQ(longest.cache_salt.size(), kMaxCacheSaltBytes);
+  for (const std::string& body : {std::string(R"({"prompt": [1], "cache_salt": 5})"),
+                                  std::string(R"({"prompt": [1], "cache_salt": ""})"),
+                                  R"({"prompt": [1], "cache_salt": ")" +
+                                      std::string(kMaxCacheSaltBytes + 1, 's') + R"("})"}) {
+    CompletionRequest bad;
+    auto e = parse_completion(body, &bad);
+    ASSERT_TRUE(e.has_value()) << body.substr(0, 60);
+    EXPECT_EQ(e->status, 400);
+    ASSERT_TRUE(e->param.has_value());
+    EXPECT_EQ(*e->param, "cache_salt");
+  }
+}
+
 TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
   ChatRequest r;
   auto e = parse_chat(R"({"messages": [
