@@ -146,6 +146,7 @@ class Exchange final : public HttpExchange {
   void start_stream(std::string content_type) override;
   void write_chunk(std::string data) override;
   void end_stream() override;
+  void fail(std::string what) override;
   void post(std::function<void()> fn) override;
   void on_disconnect(std::function<void()> callback) override;
   bool disconnected() const override;
@@ -575,6 +576,11 @@ void Exchange::write_chunk(std::string data) {
 
 void Exchange::end_stream() {
   asio::post(session_->executor(), [s = session_, id = id_] { s->end_stream(id); });
+}
+
+void Exchange::fail(std::string what) {
+  asio::post(session_->executor(),
+             [s = session_, id = id_, w = std::move(what)] { s->fail_exchange(id, w); });
 }
 
 void Exchange::post(std::function<void()> fn) {

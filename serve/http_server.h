@@ -71,6 +71,9 @@ class HttpExchange {
   virtual void start_stream(std::string content_type) = 0;
   virtual void write_chunk(std::string data) = 0;
   virtual void end_stream() = 0;
+  // The handler failed unexpectedly (an exception off the event loop): logs `what`, answers
+  // 500 (or ends a stream already started) and closes the connection. The server goes on.
+  virtual void fail(std::string what) = 0;
 
   // Runs `fn` on the connection's strand (serialised with every other callback of it).
   virtual void post(std::function<void()> fn) = 0;

@@ -705,7 +705,7 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
   out->params.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
   if (auto v = f.boolean("add_generation_prompt")) out->add_generation_prompt = *v;
   if (const json* rf = f.get("response_format"); rf && !f.error) {
-    const bool text = rf->is_object() && rf->value("type", std::string()) == "text";
+    const bool text = rf->is_object() && rf->value("type", json()) == "text";
     if (!text)
       f.fail_unsupported("response_format",
                          "only response_format {\"type\": \"text\"} is supported");

@@ -715,7 +715,14 @@ void prepare_off_loop(OpenAiServer::Context& ctx, RouteHandler handler, HttpRequ
                 std::to_string(ctx.options.max_inflight_request_bytes) + "); retry");
   }
   auto task = [&ctx, handler, bytes, request = std::move(request), exchange]() mutable {
-    handler(ctx, request, exchange);
+    // An exception here would end the worker thread and the process with it.
+    try {
+      handler(ctx, request, exchange);
+    } catch (const std::exception& e) {
+      exchange->fail(e.what());
+    } catch (...) {
+      exchange->fail("an exception that is not a std::exception");
+    }
     request = HttpRequest{};  // the body is freed before it stops counting
     ctx.inflight_bytes.fetch_sub(bytes);
   };

@@ -277,6 +277,13 @@ TEST(OpenAiProtocolTest, BadChatInputs) {
       {R"({"messages": [{"role": "user", "content": "x"}],
            "response_format": {"type": "json_object"}})",
        "response_format"},
+      // A type that is not a string once threw out of the parser and ended the server.
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 1}})",
+       "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": null}})",
+       "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": "text"})",
+       "response_format"},
   };
   for (const Case& c : cases) {
     ChatRequest r;
