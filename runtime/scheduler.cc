@@ -191,6 +191,7 @@ StepPlan Scheduler::schedule() {
     const int64_t num_drafts = usable_drafts(seq, num_new, budget);
     bool preempted_self = false;
     while (!grow_blocks(seq, tokens_to_cover(seq, num_new, num_drafts))) {
+      if (release_waiting_tails(nullptr)) continue;
       Sequence* victim = running_.back();
       plan.preempted.push_back(victim->spec.id);
       preempt(*victim);
@@ -291,6 +292,9 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   seq.num_computed_tokens = num_hit;
   const int64_t need = blocks_for(tokens_to_cover(seq, num_new, 0), bs) - num_shared;
   auto allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
+  if (!allocation && release_waiting_tails(&seq)) {
+    allocation = pool_.plan_allocation(shared, static_cast<int32_t>(need));
+  }
   if (!allocation) {
     seq.num_computed_tokens = 0;  // still waiting, with no KV (a prefilled tail kept)
     return false;
@@ -451,6 +455,16 @@ void Scheduler::drop_prefilled_tail(SequenceSpec& spec) {
   pool_.release({&block, 1});
   spec.prefilled_tail_block.reset();
   spec.prefilled_tail_tokens = 0;
+}
+
+bool Scheduler::release_waiting_tails(const Sequence* keep) {
+  bool released = false;
+  for (Sequence* waiting : waiting_) {
+    if (waiting == keep || !waiting->spec.prefilled_tail_block) continue;
+    drop_prefilled_tail(waiting->spec);
+    released = true;
+  }
+  return released;
 }
 
 void Scheduler::release_blocks(Sequence& seq) {

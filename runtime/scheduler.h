@@ -204,6 +204,10 @@ class Scheduler {
   void release_blocks(Sequence& seq);
   // Releases spec.prefilled_tail_block, if any.
   void drop_prefilled_tail(SequenceSpec& spec);
+  // Releases the prefilled tails of the waiting sequences other than `keep` (each is only
+  // a partial block of prefill saved; the memory is needed by an older sequence). Returns
+  // whether any was released.
+  bool release_waiting_tails(const Sequence* keep);
   void publish_computed_blocks(Sequence& seq);
   void add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan);
   void remove(Sequence& seq, FinishReason reason);

@@ -489,6 +489,36 @@ TEST(SchedulerTest, PrefilledTailBlockIsUsedOnlyAfterAllItsFullBlocks) {
   EXPECT_EQ(s->stats().num_used_blocks, 0);
 }
 
+// Pushed partial blocks held by waiting sequences give way when the oldest sequence needs
+// the memory: otherwise the scheduler planned nothing while it had work (the engine aborted).
+TEST(SchedulerTest, PrefilledTailsOfWaitingSequencesGiveWayToTheOldest) {
+  auto s = make(small_options(4));
+  FakeExecutor ex(4, 4, kVocab);
+  std::mt19937 rng(6);
+  const std::vector<TokenId> a = random_tokens(rng, 13);  // with 3 tokens: all 4 blocks
+  const std::vector<TokenId> b = random_tokens(rng, 6);   // 1 full block + 1 token + the last
+  const Scheduler::Reservation r = s->reserve_blocks({}, 1);
+  ASSERT_EQ(r.fresh.size(), 1u);
+  ASSERT_TRUE(s->add(spec(1, a, 3, std::nullopt)).ok());
+  SequenceSpec with_tail = spec(2, b, 2, std::nullopt);
+  with_tail.prefilled_tail_block = r.fresh[0];
+  with_tail.prefilled_tail_tokens = 1;
+  ASSERT_TRUE(s->add(std::move(with_tail)).ok());
+  StepPlan p = s->schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);  // was: none, with both sequences waiting
+  EXPECT_EQ(p.chunks[0].seq_id, 1u);
+  std::map<SequenceId, std::vector<TokenId>> out;
+  auto result = ex.execute(p);
+  ASSERT_TRUE(result.ok());
+  for (const auto& u : s->update(p, *result)) {
+    for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+  }
+  run_to_completion(*s, ex, &out);
+  EXPECT_EQ(out[1], reference_generate(a, 3, kVocab, std::nullopt));
+  EXPECT_EQ(out[2], reference_generate(b, 2, kVocab, std::nullopt));
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
 TEST(SchedulerTest, PublishesOnlyBlocksWhoseKvIsComputed) {
   SchedulerOptions o = small_options(64);
   o.max_num_batched_tokens = 6;
