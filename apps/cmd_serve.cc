@@ -194,6 +194,15 @@ int run_serve(const ServeCli& cli) {
     return session.fail(
         invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"), true);
   }
+  if (cli.max_num_batched_tokens < cli.max_num_seqs) {
+    // Each running sequence needs a token of the step's budget; with fewer, the newest ones
+    // would hold their KV and get nothing until older ones finish. vLLM refuses it too.
+    return session.fail(
+        invalid_argument("--max-num-batched-tokens " + std::to_string(cli.max_num_batched_tokens) +
+                         " is below --max-num-seqs " + std::to_string(cli.max_num_seqs) +
+                         ": every running sequence needs a token per step"),
+        true);
+  }
 
   Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
   if (!chat_template.ok()) return session.fail(chat_template.status(), true);
@@ -343,6 +352,13 @@ int run_serve(const ServeCli& cli) {
   // admitted). An explicit --max-model-len that does not fit is refused, as vLLM does; the
   // default (the model's max_position_embeddings) is lowered to what fits, and said so.
   const int64_t kv_tokens = num_blocks * cli.block_size;
+  if (cli.max_model_len > config.max_position_embeddings) {
+    // Positions past it have no rotary embedding: the request would fail in the forward,
+    // and every other request of its step with it.
+    return fail(invalid_argument("--max-model-len " + std::to_string(cli.max_model_len) +
+                                 " is larger than the model's max_position_embeddings " +
+                                 std::to_string(config.max_position_embeddings)));
+  }
   sched.max_model_len = cli.max_model_len > 0 ? cli.max_model_len : config.max_position_embeddings;
   if (sched.max_model_len > kv_tokens) {
     if (cli.max_model_len > 0) {
@@ -694,8 +710,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "Model name clients use (default: the --model folder's name)");
   sub->add_option("--max-num-seqs", cli->max_num_seqs, "Sequences in the running batch at most")
       ->capture_default_str();
-  sub->add_option("--max-num-batched-tokens", cli->max_num_batched_tokens,
-                  "Tokens per engine step at most (prefill chunks + decodes)")
+  sub->add_option(
+         "--max-num-batched-tokens", cli->max_num_batched_tokens,
+         "Tokens per engine step at most (prefill chunks + decodes); at least --max-num-seqs")
       ->capture_default_str();
   sub->add_option("--max-prefill-chunk-tokens", cli->max_prefill_chunk_tokens,
                   "Prompt tokens one sequence computes per step at most while others are "

@@ -414,7 +414,8 @@ TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
 }
 
 // The KV cache must hold one request of max_model_len tokens: an explicit --max-model-len
-// it cannot hold is refused at start, the default one is lowered (and said so).
+// it cannot hold is refused at start, the default one is lowered (and said so). Limits the
+// model or the step budget cannot honour are refused too.
 TEST(ServerKvSizingTest, MaxModelLenMustFitTheKvCache) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("peerserve_tiny_kv_" + std::to_string(::getpid()));
@@ -426,6 +427,24 @@ TEST(ServerKvSizingTest, MaxModelLenMustFitTheKvCache) {
     EXPECT_FALSE(
         refused.start(dir.string(), {"--kv-cache-memory", "64KiB", "--max-model-len", "100000"}));
     EXPECT_NE(refused.read_log().find("--max-model-len 100000 is larger than the"),
+              std::string::npos)
+        << refused.read_log();
+  }
+  {
+    // Past the model's positions (163840 in the test models): refused, whatever the cache.
+    ServerProcess refused;
+    EXPECT_FALSE(refused.start(dir.string(), {"--max-model-len", "163841"}));
+    EXPECT_NE(refused.read_log().find(
+                  "--max-model-len 163841 is larger than the model's max_position_embeddings"),
+              std::string::npos)
+        << refused.read_log();
+  }
+  {
+    // Fewer tokens per step than running sequences: refused, as vLLM does.
+    ServerProcess refused;
+    EXPECT_FALSE(
+        refused.start(dir.string(), {"--max-num-seqs", "8", "--max-num-batched-tokens", "4"}));
+    EXPECT_NE(refused.read_log().find("--max-num-batched-tokens 4 is below --max-num-seqs 8"),
               std::string::npos)
         << refused.read_log();
   }
