@@ -21,9 +21,6 @@ uint64_t mix64(uint64_t x) {
   return x;
 }
 
-bool is_greedy(const SamplingParams& params) {
-  return params.temperature == 0.0f;
-}
 bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
          params.frequency_penalty != 0.0f ||
@@ -215,6 +212,10 @@ void describe_greedy(std::span<const float> penalised, const SamplingParams& par
 }
 
 }  // namespace
+
+bool is_greedy(const SamplingParams& params) {
+  return params.temperature < kGreedyTemperature;
+}
 
 Status SamplingParams::validate() const {
   const auto out_of = [](const char* field, double value, const char* range) {

@@ -12,8 +12,8 @@
 //      repetition_penalty (CTRL/transformers: positive logits divided by it, negative ones
 //      multiplied), then OpenAI's frequency/presence penalties:
 //        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
-//   2. temperature == 0: greedy, the argmax (lowest id on ties);
-//      otherwise logits / temperature;
+//   2. temperature below kGreedyTemperature (0 in practice): greedy, the argmax (lowest id
+//      on ties); otherwise logits / temperature;
 //   3. top_k, then top_p, then min_p truncation of softmax(logits / temperature);
 //   4. a draw from the renormalised remaining distribution.
 //
@@ -91,6 +91,11 @@ struct SamplingContext {
   // The request's resolved seed.
   uint64_t seed = 0;
 };
+
+// Temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1 / temperature would overflow
+// for the smallest ones, and the distribution is the argmax to float precision anyway.
+inline constexpr float kGreedyTemperature = 1e-5f;
+bool is_greedy(const SamplingParams& params);
 
 // Samples one token from `logits` (one row, vocab-sized). REQUIRES: params.validate() ok,
 // logits non-empty and free of NaN, every generated id in [0, logits.size()).

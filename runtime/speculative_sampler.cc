@@ -34,16 +34,12 @@ TokenId draw(std::span<const TokenId> tokens, std::span<const double> weights, d
   return chosen;
 }
 
-bool greedy(const SamplingParams& params) {
-  return params.temperature == 0.0f;
-}
-
 }  // namespace
 
 DraftToken propose_draft(std::span<const float> draft_logits, const SamplingParams& params,
                          const SamplingContext& context) {
   DraftToken draft;
-  if (greedy(params)) {
+  if (is_greedy(params)) {
     SamplingParams plain = params;
     plain.want_logprobs = false;
     plain.top_logprobs = 0;
@@ -60,7 +56,7 @@ DraftToken propose_draft(std::span<const float> draft_logits, const SamplingPara
 DraftVerdict verify_draft(std::span<const float> target_logits, const SamplingParams& params,
                           const SamplingContext& context, const DraftToken& draft) {
   DraftVerdict verdict;
-  if (greedy(params)) {
+  if (is_greedy(params)) {
     verdict.token = sample_token(target_logits, params, context);
     verdict.accepted = verdict.token.token == draft.token;
     return verdict;

@@ -116,6 +116,22 @@ TEST(SamplerTest, GreedyIsArgmax) {
   EXPECT_EQ(sample_token(tied, params, {}).token, 1);
 }
 
+// A temperature so small that 1 / temperature overflows is greedy (it picked the last token
+// with a positive logit, with a NaN logprob).
+TEST(SamplerTest, TinyTemperaturesAreGreedy) {
+  const std::vector<float> logits = {1.0f, 5.0f, 2.0f, 0.0f, 3.0f, -1.0f};
+  for (float temperature : {1e-39f, 1e-30f, 5e-6f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.want_logprobs = true;
+    params.top_logprobs = 2;
+    ASSERT_TRUE(params.validate().ok());
+    const SampledToken t = sample_token(logits, params, {.seed = 7});
+    EXPECT_EQ(t.token, 1) << temperature;
+    EXPECT_TRUE(std::isfinite(t.logprob)) << temperature;
+  }
+}
+
 TEST(SamplerTest, GreedyWithPenaltiesIsArgmaxOfPenalisedLogits) {
   SamplingParams params;
   params.temperature = 0.0f;
