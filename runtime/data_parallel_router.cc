@@ -139,8 +139,10 @@ Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink s
     }
   }
   // Rank 0's own engine. Its sink may run before submit() returns, so the entry exists first.
-  Result<RequestId> engine_id = engine_->submit(
-      std::move(request), [this, id](RequestOutput out) { deliver(id, std::move(out)); });
+  Result<RequestId> engine_id = engine_->submit(std::move(request), [this, id](RequestOutput out) {
+    const Status delivered = deliver(0, id, std::move(out));
+    PS_CHECK(delivered.ok()) << delivered.to_string();  // rank 0's own engine
+  });
   bool abort_now = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -188,17 +190,26 @@ void DataParallelRouter::release(RequestId id) {
   routed_.erase(it);
 }
 
-void DataParallelRouter::deliver(RequestId id, RequestOutput output) {
+Status DataParallelRouter::deliver(int from_rank, RequestId id, RequestOutput output) {
   OutputSink sink;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = routed_.find(id);
-    if (it == routed_.end()) return;  // already ended here (group stopped or broke)
+    if (it == routed_.end()) return ok_status();  // already ended here (group stopped or broke)
     Routed& routed = it->second;
+    if (routed.rank != from_rank) {
+      return data_loss("output of request " + std::to_string(id) + " from rank " +
+                       std::to_string(from_rank) + ", which rank " + std::to_string(routed.rank) +
+                       " hosts");
+    }
     for (const ChoiceDelta& choice : output.choices) {
-      if (choice.finish_reason && choice.index >= 0 && choice.index < routed.n) {
-        routed.choice_finished[static_cast<size_t>(choice.index)] = true;
+      if (choice.index < 0 || choice.index >= routed.n) {
+        return data_loss("output of request " + std::to_string(id) + " for choice " +
+                         std::to_string(choice.index) + " of " + std::to_string(routed.n));
       }
+    }
+    for (const ChoiceDelta& choice : output.choices) {
+      if (choice.finish_reason) routed.choice_finished[static_cast<size_t>(choice.index)] = true;
     }
     if (output.finished) {
       sink = std::move(routed.sink);
@@ -209,6 +220,7 @@ void DataParallelRouter::deliver(RequestId id, RequestOutput output) {
   }
   output.request_id = id;
   if (sink) sink(std::move(output));
+  return ok_status();
 }
 
 void DataParallelRouter::end_remote(FinishReason reason, const Status& error) {
@@ -280,8 +292,9 @@ Result<bool> DataParallelRouter::lead(int64_t rows) {
         Result<RequestOutput> output = decode_output(in);
         if (!output.ok()) {
           broken = data_loss("rank " + std::to_string(r) + ": " + output.status().message());
-        } else {
-          deliver(id, std::move(output).value());
+        } else if (Status delivered = deliver(static_cast<int>(r), id, std::move(output).value());
+                   !delivered.ok()) {
+          broken = data_loss("rank " + std::to_string(r) + ": " + delivered.message());
         }
       }
       if (broken.ok() && (!in.ok() || !in.at_end())) {

@@ -104,9 +104,10 @@ class DataParallelRouter final : public EngineClient {
 
   Result<bool> lead(int64_t rows);
   Result<bool> follow(int64_t rows);
-  // Hands one output of request `id` to its sink (any rank's engine; called on rank 0's
-  // engine thread).
-  void deliver(RequestId id, RequestOutput output);
+  // Hands one output of request `id`, made by rank `from_rank`'s engine, to its sink (called
+  // on rank 0's engine thread). DataLoss, and nothing delivered, when that rank does not host
+  // the request or a choice index is outside [0, n): a corrupt message from another rank.
+  Status deliver(int from_rank, RequestId id, RequestOutput output);
   void release(RequestId id);  // under mutex_
   void end_remote(FinishReason reason, const Status& error);
   void mark_done(Status status);

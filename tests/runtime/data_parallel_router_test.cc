@@ -8,14 +8,17 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "base/byte_io.h"
 #include "dist/in_process_communicator.h"
 #include "dist/step_coordinator.h"
+#include "runtime/request_codec.h"
 #include "tests/runtime/fake_executor.h"
 
 namespace peerserve {
@@ -88,7 +91,9 @@ class Group {
  public:
   // `mail_limit` (when not 0): the most mail an agreement takes from a rank, as the step
   // coordinator's own limit but small; the routers are told it.
-  explicit Group(int size, milliseconds timeout = milliseconds(5000), size_t mail_limit = 0)
+  // `tamper` (when set) edits rank 0's copy of each agreement, as a corrupt rank would.
+  explicit Group(int size, milliseconds timeout = milliseconds(5000), size_t mail_limit = 0,
+                 std::function<void(dist::StepAgreement*)> tamper = {})
       : group_(size) {
     for (int r = 0; r < size; ++r) {
       Rank rank;
@@ -96,14 +101,16 @@ class Group {
       rank.coordinator = std::make_unique<dist::StepCoordinator>(rank.comm.get(), timeout);
       rank.router = std::make_unique<DataParallelRouter>(
           r, size,
-          [c = rank.coordinator.get(), mail_limit](
+          [c = rank.coordinator.get(), mail_limit, tamper = r == 0 ? tamper : nullptr](
               int64_t rows, bool stop,
               std::span<const std::byte> mail) -> Result<dist::StepAgreement> {
             if (mail_limit > 0 && mail.size() > mail_limit) {
               return invalid_argument("mail of " + std::to_string(mail.size()) +
                                       " bytes is over the limit of " + std::to_string(mail_limit));
             }
-            return c->agree(rows, stop, mail);
+            Result<dist::StepAgreement> agreement = c->agree(rows, stop, mail);
+            if (agreement.ok() && tamper) tamper(&*agreement);
+            return agreement;
           },
           mail_limit > 0 ? mail_limit : dist::StepCoordinator::kMaxMailBytes);
       EngineOptions options;
@@ -310,6 +317,54 @@ std::vector<RequestId> start_long_requests(Group& group, Collector& collector) {
     ids.push_back(group.front().submit({prompt(i), endless}, collector.sink()).value());
   for (RequestId id : ids) EXPECT_TRUE(collector.wait_first(id));
   return ids;
+}
+
+// Outputs in rank 1's mail for a choice the request does not have (or for a request that
+// rank does not host) are a corrupt rank: the group ends with an error naming it, and nothing
+// reaches the request's sink (whose choice arrays such an index would overrun).
+TEST(DataParallelRouterTest, OutputsForAChoiceOutsideTheRequestBreakTheGroup) {
+  auto shift_choices = [](dist::StepAgreement* agreement) {
+    if (agreement->mail.size() < 2 || agreement->mail[1].empty()) return;
+    ByteReader in(agreement->mail[1]);
+    std::vector<std::byte> rewritten;
+    ByteWriter out(&rewritten);
+    const uint64_t count = in.get_count(sizeof(uint64_t));
+    out.put<uint64_t>(count);
+    for (uint64_t i = 0; i < count && in.ok(); ++i) {
+      out.put<uint64_t>(in.get<uint64_t>());
+      Result<RequestOutput> output = decode_output(in);
+      if (!output.ok()) return;
+      for (ChoiceDelta& choice : output->choices) choice.index += 5;
+      encode_output(*output, out);
+    }
+    agreement->mail[1] = std::move(rewritten);
+  };
+  Group group(2, milliseconds(300), 0, shift_choices);
+  Collector collector;
+  GenerationParams endless = greedy(200);
+  endless.ignore_eos = true;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 2; ++i) {
+    ids.push_back(group.front().submit({prompt(i), endless}, collector.sink()).value());
+  }
+  // Bounded: without the check the group would go on for ever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!group.front().done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_TRUE(group.front().done()) << "the group went on with a corrupt rank";
+  const Status front = group.front().wait_until_done();
+  EXPECT_EQ(front.code(), StatusCode::kDataLoss) << front.to_string();
+  EXPECT_NE(front.message().find("rank 1"), std::string::npos) << front.message();
+  EXPECT_NE(front.message().find("choice 5 of 1"), std::string::npos) << front.message();
+  for (RequestId id : ids) {
+    auto outputs = collector.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_EQ(finish_of(outputs), FinishReason::kError);
+    for (const RequestOutput& out : outputs) {
+      for (const ChoiceDelta& d : out.choices) EXPECT_EQ(d.index, 0);
+    }
+  }
 }
 
 TEST(DataParallelRouterTest, LostRankIsAnErrorEverywhereNeverAHang) {
