@@ -21,11 +21,13 @@ std::string where(size_t step, int layer = -1, size_t row = SIZE_MAX) {
 Result<int> parse_layer_key(std::string_view key, size_t step) {
   int layer = -1;
   const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), layer);
+  // Only the canonical spelling: "03" or "-0" next to "3" or "0" would give one layer two
+  // keys, and the layer counts of a step would no longer prove every layer has its rows.
   if (key.empty() || error != std::errc() || end != key.data() + key.size() || layer < 0 ||
-      layer > 100000) {
+      layer > 100000 || key != std::to_string(layer)) {
     return invalid_argument(where(step) + ": key '" + std::string(key) +
                             "' is not a decoder layer index (expected a non-negative integer "
-                            "string such as \"3\")");
+                            "string without leading zeros, such as \"3\")");
   }
   return layer;
 }

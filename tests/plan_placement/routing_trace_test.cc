@@ -80,6 +80,11 @@ TEST(RoutingTrace, RejectsMalformedInputWithClearMessages) {
       {R"([[1, 2]])", "step 0 (prefill): expected an object keyed by decoder layer, got array"},
       {R"([{"x": [[1]]}])", "key 'x' is not a decoder layer index"},
       {R"([{"-1": [[1]]}])", "key '-1' is not a decoder layer index"},
+      // A second spelling of a layer stood in for a missing one: its rows were short and the
+      // load counts read past them.
+      {R"([{"3": [[0, 1]], "4": [[2, 3]]}, {"3": [[0, 1]], "03": [[1, 2]]}])",
+       "key '03' is not a decoder layer index"},
+      {R"([{"-0": [[1]]}])", "key '-0' is not a decoder layer index"},
       {R"([{"0": null}])", "every layer is null"},
       {R"([{"1": "abc"}])",
        "layer 1: expected null (dense layer) or a list of top-k rows, got string"},
