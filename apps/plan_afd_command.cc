@@ -2,6 +2,7 @@
 // over r (closed form, optionally simulated), r* over B, mu_P or mu_D, and the reproduction
 // of the paper's printed numbers. Not a cmd_*.cc file: apps/cmd_plan.cc mounts it under `plan`.
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -92,6 +93,12 @@ int run_afd(const AfdCommandOptions& options) {
   if (options.reproduce) {
     AfdReproductionOptions reproduction;
     if (options.requests_per_instance_set) {
+      // The reproduction simulates: N -> infinity (0) has no finite horizon to run.
+      if (!(options.requests_per_instance >= 1.0) ||
+          !std::isfinite(options.requests_per_instance)) {
+        return fail(invalid_argument(
+            "--reproduce simulates: --requests-per-instance must be a finite N >= 1"));
+      }
       reproduction.simulated_requests_per_instance = options.requests_per_instance;
     }
     return run_reproduce(reproduction, options.json);
@@ -253,7 +260,8 @@ void add_plan_afd_command(CLI::App& plan) {
   sub->add_option("--max-ffn", options->max_ffn, "largest FFN count for the integer bundle")
       ->capture_default_str();
   sub->add_flag("--reproduce", options->reproduce,
-                "print paper 003's published numbers next to peerserve's");
+                "print paper 003's published numbers next to peerserve's (with the paper's "
+                "parameters: only --requests-per-instance and --json apply)");
   sub->add_flag("--json", options->json, "machine-readable output");
   sub->callback([options, sub] {
     options->requests_per_instance_set = sub->count("--requests-per-instance") > 0;

@@ -3,6 +3,7 @@
 // main.cc, command_registry.cc and cmd_*.cc.
 #pragma once
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -209,10 +210,18 @@ inline Status apply_routing(const DeploymentFlags& flags, const plan::ModelProfi
   if (spec == "uniform" || spec.rfind("skewed:", 0) == 0) {
     double hottest = 1.0;
     if (spec != "uniform") {
+      // The whole rest must be the number (stod took "4garbage" as 4), and a finite one >= 1
+      // (NaN failed both range checks and read as uniform).
+      const std::string number = spec.substr(7);
+      size_t used = 0;
       try {
-        hottest = std::stod(spec.substr(7));
+        hottest = std::stod(number, &used);
       } catch (...) {
-        return invalid_argument("--routing '" + spec + "': expected skewed:H with a number H >= 1");
+        used = 0;
+      }
+      if (number.empty() || used != number.size() || !std::isfinite(hottest) || hottest < 1.0) {
+        return invalid_argument("--routing '" + spec +
+                                "': expected skewed:H with a finite number H >= 1");
       }
     }
     PS_ASSIGN_OR_RETURN(prefill_load, plan::skewed_routing_load(model, hottest, 1e6, 1));

@@ -154,7 +154,19 @@ AfdReproduction afd_reproduction(const AfdReproductionOptions& options) {
         best = &point;
       }
     }
-    const double theory = optimal_ratio(paper003_baseline_workload());
+    // On the paper's grid as well.
+    const AfdRatioSweepPoint* best_on_grid = nullptr;
+    for (const auto& point : points) {
+      const double r = point.theory.ratio;
+      const bool on_grid = r == 1 || r == 2 || r == 4 || r == 8 || r == 16 || r == 24 || r == 32;
+      if (on_grid &&
+          (best_on_grid == nullptr || point.simulated->throughput_per_instance >
+                                          best_on_grid->simulated->throughput_per_instance)) {
+        best_on_grid = &point;
+      }
+    }
+    // The theory at the simulated N, so the two sides compare one workload.
+    const double theory = optimal_ratio(simulated);
     ReproductionRow row;
     row.source = kSection53;
     row.quantity = "relative gap between theory r* and the simulation-optimal r (%)";
@@ -163,7 +175,9 @@ AfdReproduction afd_reproduction(const AfdReproductionOptions& options) {
     row.note =
         "Printed as a bound, 'within 10%'. Simulated optimum (eq. 21, whole-number r) is r=" +
         fixed(best->theory.ratio, 0) + " vs theory " + fixed(theory, 2) +
-        "; on the paper's grid {1,2,4,8,16,24,32} it is 8 as well. Near r* two batches "
+        "; on the paper's grid {1,2,4,8,16,24,32} it is " +
+        fixed(best_on_grid ? best_on_grid->theory.ratio : 0.0, 0) +
+        ". Near r* two batches "
         "in flight cannot hide t_C (period max(2t_A, 2t_F, t_A+t_F+t_C)) and the barrier "
         "waits for the slowest instance, which pulls the simulated optimum below r*. " +
         sim_note + ".";

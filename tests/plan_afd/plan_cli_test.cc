@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "apps/command_registry.h"
+#include "apps/plan_command_inputs.h"
 #include "plan/afd/afd_cli.h"
 #include "plan/placement/placement_cli.h"
 
@@ -90,6 +91,31 @@ TEST(PlanAfdCommand, ReproducesThePaper) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("17.25"), std::string::npos);
   EXPECT_NE(r.out.find("[INCONSISTENT]"), std::string::npos);
+  // N -> infinity cannot be simulated: refused (it aborted the process).
+  const CommandRun infinite = run({"plan", "afd", "--reproduce", "--requests-per-instance", "0"});
+  EXPECT_EQ(infinite.exit_code, 2);
+  EXPECT_NE(infinite.err.find("finite N >= 1"), std::string::npos) << infinite.err;
+}
+
+// --routing skewed:H takes only a whole finite number H >= 1 ("4garbage" was read as 4, and
+// NaN as uniform routing).
+TEST(PlanRoutingFlag, SkewedNeedsAWholeFiniteNumber) {
+  const Result<ModelProfile> model = model_preset("deepseek-v3");
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  for (const char* bad : {"skewed:4garbage", "skewed:nan", "skewed:inf", "skewed:", "skewed:0.5"}) {
+    plan_inputs::DeploymentFlags flags;
+    flags.routing = bad;
+    PrefillDeployment prefill;
+    DecodeDeployment decode;
+    const Status s = plan_inputs::apply_routing(flags, *model, prefill, decode);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("finite number H >= 1"), std::string::npos) << s.message();
+  }
+  plan_inputs::DeploymentFlags flags;
+  flags.routing = "skewed:4";
+  PrefillDeployment prefill;
+  DecodeDeployment decode;
+  EXPECT_TRUE(plan_inputs::apply_routing(flags, *model, prefill, decode).ok());
 }
 
 TEST(PlanPlacementCommand, ComparesAlgorithmsOnSyntheticRouting) {
