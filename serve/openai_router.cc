@@ -123,8 +123,8 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
       self->on_header(status, type);
     };
     callbacks.on_data = [self](std::string data) { self->on_data(std::move(data)); };
-    callbacks.on_done = [self](const Status& status, bool header_seen) {
-      self->on_done(status, header_seen);
+    callbacks.on_done = [self](const Status& status, const UpstreamProgress& progress) {
+      self->on_done(status, progress);
     };
     auto call =
         ctx_.upstream->start(std::move(request), ctx_.options.timeouts, std::move(callbacks));
@@ -172,7 +172,8 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
     body_ += data;
   }
 
-  void on_done(const Status& status, bool header_seen) {
+  void on_done(const Status& status, const UpstreamProgress& progress) {
+    const bool header_seen = progress.header_seen;
     const int index = current_;
     bool gone;
     {
@@ -215,6 +216,22 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
       } else {
         send_error(*exchange_, router_error(503, "the router is shutting down", "shutting_down"));
       }
+      return finish();
+    }
+    if (progress.sent && !header_seen && progress.timed_out) {
+      // The instance has the request and may still be working on it (a long answer that is
+      // not streamed sends nothing until it is whole): sending it elsewhere would generate it
+      // twice or more, and the client would wait once per instance. Not taken for down; the
+      // health checks judge that.
+      ctx_.backends->release(index, false, "");
+      ctx_.broken.fetch_add(1);
+      send_error(*exchange_,
+                 router_error(504,
+                              "decode instance " + endpoint + " gave no answer in time (" +
+                                  status.message() +
+                                  "); not sent elsewhere, it may still be generating: stream "
+                                  "the answer or raise --router-read-timeout-s",
+                              "backend_timeout"));
       return finish();
     }
     ctx_.backends->release(index, true, status.message());

@@ -81,7 +81,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     beast::error_code ignored;
     resolver_.cancel();
     stream_.socket().close(ignored);
-    if (callbacks_.on_done) callbacks_.on_done(status, header_seen_);
+    if (callbacks_.on_done) callbacks_.on_done(status, progress_);
     callbacks_ = {};  // drop what the callbacks hold (exchanges, buffers) now
   }
 
@@ -90,6 +90,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
 
   void fail(const char* stage, beast::error_code ec, std::chrono::milliseconds limit) {
     if (finished_) return;  // closed by cancel(): already reported
+    progress_.timed_out = ec == beast::error::timeout;
     std::string why = ec == beast::error::timeout
                           ? "no answer within " + std::to_string(limit.count()) + " ms"
                           : ec.message();
@@ -109,6 +110,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
             if (self->finished_) return;
             if (e2) return self->fail("write", e2, self->timeouts_.write);
             self->request_ = {};  // the body is sent: free it
+            self->progress_.sent = true;
             self->stream_.expires_after(self->timeouts_.read);
             http::async_read_header(self->stream_, self->buffer_, self->parser_,
                                     [self](beast::error_code e3, size_t) { self->on_header(e3); });
@@ -119,7 +121,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   void on_header(beast::error_code ec) {
     if (finished_) return;
     if (ec) return fail("reading the response header", ec, timeouts_.read);
-    header_seen_ = true;
+    progress_.header_seen = true;
     const auto& response = parser_.get();
     std::string content_type(response[http::field::content_type]);
     if (callbacks_.on_header) {
@@ -159,7 +161,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   UpstreamCallbacks callbacks_;
   const std::string host_, port_;
   bool finished_ = false;
-  bool header_seen_ = false;
+  UpstreamProgress progress_;
 };
 
 }  // namespace

@@ -40,6 +40,13 @@ struct UpstreamTimeouts {
   std::chrono::milliseconds read{300000};
 };
 
+// How far a call got before it ended.
+struct UpstreamProgress {
+  bool sent = false;         // the whole request was written: the peer may be working on it
+  bool header_seen = false;  // on_header ran
+  bool timed_out = false;    // it ended because a stage's deadline passed
+};
+
 struct UpstreamCallbacks {
   // The response header arrived: status and Content-Type.
   std::function<void(int status, const std::string& content_type)> on_header;
@@ -47,8 +54,8 @@ struct UpstreamCallbacks {
   std::function<void(std::string data)> on_data;
   // Runs exactly once, last: OK when the whole response was read; Unavailable naming the
   // endpoint and the stage otherwise (refused, reset, timed out, malformed); Cancelled after
-  // cancel(). `header_seen` says whether on_header ran.
-  std::function<void(const Status& status, bool header_seen)> on_done;
+  // cancel(). `progress` says how far the call got.
+  std::function<void(const Status& status, const UpstreamProgress& progress)> on_done;
 };
 
 class UpstreamCall {

@@ -163,7 +163,7 @@ struct Recorder {
   int status = 0;
   std::string type, data;
   std::vector<std::string> pieces;
-  bool done = false, header_seen = false;
+  bool done = false, header_seen = false, sent = false, timed_out = false;
   Status result;
 
   UpstreamCallbacks callbacks() {
@@ -178,11 +178,13 @@ struct Recorder {
       data += d;
       pieces.push_back(std::move(d));
     };
-    c.on_done = [this](const Status& s, bool seen) {
+    c.on_done = [this](const Status& s, const UpstreamProgress& progress) {
       std::lock_guard<std::mutex> lock(mutex);
       EXPECT_FALSE(done) << "on_done ran twice";
       done = true;
-      header_seen = seen;
+      header_seen = progress.header_seen;
+      sent = progress.sent;
+      timed_out = progress.timed_out;
       result = s;
       done_cv.notify_all();
     };
@@ -245,6 +247,8 @@ TEST(UpstreamClient, FailuresNameTheStage) {
     EXPECT_EQ(rec.result.code(), StatusCode::kUnavailable);
     EXPECT_NE(rec.result.message().find("connect"), std::string::npos) << rec.result.message();
     EXPECT_FALSE(rec.header_seen);
+    EXPECT_FALSE(rec.sent);  // nothing reached a peer: safe to send elsewhere
+    EXPECT_FALSE(rec.timed_out);
   }
   {
     FakePeer silent(stay_silent);
@@ -257,6 +261,9 @@ TEST(UpstreamClient, FailuresNameTheStage) {
     EXPECT_EQ(rec.result.code(), StatusCode::kUnavailable);
     EXPECT_NE(rec.result.message().find("no answer within 300 ms"), std::string::npos)
         << rec.result.message();
+    EXPECT_TRUE(rec.sent);  // the peer has the request: it may still be working on it
+    EXPECT_FALSE(rec.header_seen);
+    EXPECT_TRUE(rec.timed_out);
   }
   {
     FakePeer cut([](int fd, const FakePeer&) {

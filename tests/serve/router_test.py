@@ -254,6 +254,7 @@ class FakeInstance(http.server.BaseHTTPRequestHandler):
     """Looks healthy and serves the same model card; /v1/completions misbehaves as the
     prompt asks: garbage, cut (a stream that breaks off mid-event), silent."""
     protocol_version = "HTTP/1.1"
+    silent_posts = 0  # POSTs that got no answer, over every fake
 
     def log_message(self, *args):
         pass
@@ -282,6 +283,7 @@ class FakeInstance(http.server.BaseHTTPRequestHandler):
                              b"Transfer-Encoding: chunked\r\n\r\n"
                              b"20\r\ndata: {\"choices\":[{\"text\":\"a\"}]\r\n")
         elif mode == "silent":
+            FakeInstance.silent_posts += 1
             time.sleep(6)
         self.wfile.flush()
         self.close_connection = True
@@ -290,6 +292,8 @@ class FakeInstance(http.server.BaseHTTPRequestHandler):
 def misbehaving_instance():
     fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeInstance)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeInstance)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
     port = free_port()
     p, _ = router(port, [fake.server_address[1]], "--router-read-timeout-s", "2")
     # A failed request takes the instance out of the rotation until its next good health
@@ -306,14 +310,32 @@ def misbehaving_instance():
         back()
         started = time.monotonic()
         code, text = status_of(port, "/v1/completions", {"model": NAME, "prompt": "silent"})
-        assert code == 502 and "no answer within 2000 ms" in text, f"silent: {code} {text}"
+        assert code == 504 and "no answer within 2000 ms" in text and "backend_timeout" in text, \
+            f"silent: {code} {text}"
         assert time.monotonic() - started < 10, "the silent instance held the request too long"
         back()
         assert p.poll() is None, "the router exited"
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=20)
+    # Two instances that take the request and stay silent (a long answer that is not
+    # streamed): the request is not sent to the second one too (it was generated once per
+    # instance, and the client waited for each).
+    port = free_port()
+    p, _ = router(port, [fake.server_address[1], other.server_address[1]],
+                  "--router-read-timeout-s", "2")
+    try:
+        before = FakeInstance.silent_posts
+        code, text = status_of(port, "/v1/completions", {"model": NAME, "prompt": "silent"})
+        assert code == 504, f"silent pair: {code} {text}"
+        assert FakeInstance.silent_posts - before == 1, \
+            f"{FakeInstance.silent_posts - before} instances got the request"
+        assert p.poll() is None, "the router exited"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
         fake.shutdown()
+        other.shutdown()
 
 
 def refused_and_unavailable():
