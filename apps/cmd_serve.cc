@@ -415,7 +415,8 @@ int run_serve(const ServeCli& cli) {
     if (model_options.gemm_precision == GemmPrecision::kFp32) compute += "+fp32";
     auto pool =
         open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry, speculative->num_tokens > 0, compute);
-    if (!pool.ok()) return session.fail(pool.status(), true);
+    // Per rank (each connects on its own): an error here is this rank's, said with its rank.
+    if (!pool.ok()) return session.fail(pool.status());
     engine_options.kv_pool = pool->store;
     engine_options.kv_pool_options = pool->connector;
     engine_options.kv_pool_store_decode_blocks = cli.kv_pool.store_decode_blocks;
@@ -449,7 +450,7 @@ int run_serve(const ServeCli& cli) {
                                   std::chrono::milliseconds(cli.prefill_timeout_ms), cli.api_key);
     if (!dispatcher.ok()) return session.fail(dispatcher.status(), true);
     std::vector<std::string> unreachable;
-    if (Status s = (*dispatcher)->check(&unreachable); !s.ok()) return session.fail(s, true);
+    if (Status s = (*dispatcher)->check(&unreachable); !s.ok()) return session.fail(s);
     for (const std::string& u : unreachable) {
       std::fprintf(stderr, "warning: prefill instance %s not reachable yet; will retry\n",
                    u.c_str());
@@ -490,7 +491,7 @@ int run_serve(const ServeCli& cli) {
       stream.port = cli.kv_handoff_port == 0 ? 0 : cli.kv_handoff_port + session.rank();
       stream.io_timeout = std::chrono::milliseconds(10000);
       auto listening = BlockStreamServer::start(handoff, stream);
-      if (!listening.ok()) return session.fail(listening.status(), true);
+      if (!listening.ok()) return session.fail(listening.status());  // this rank's port
       handoff_server = std::move(listening).value();
       std::string host = cli.kv_handoff_host;
       if (host.empty()) {

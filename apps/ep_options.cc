@@ -31,8 +31,9 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
   command
       ->add_option("--ep-load-timeout-ms", cli->load_timeout_ms,
                    "How long a rank waits for the others to finish loading (the model at "
-                   "start-up, the experts it newly holds at a rebalance) before it reports them "
-                   "lost; loading is slower and more uneven than an exchange")
+                   "start-up, the experts it newly holds at a rebalance) or to reach the end of "
+                   "the job before it reports them lost; loading is slower and more uneven than "
+                   "an exchange")
       ->check(CLI::Range(100, 86400000))
       ->capture_default_str();
   command

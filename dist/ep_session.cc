@@ -92,6 +92,7 @@ Result<std::unique_ptr<EpSession>> EpSession::start(const EpCli& cli) {
                             " peerserve <command> --ep " + std::to_string(cli.ep) + " ...'");
   }
   PS_ASSIGN_OR_RETURN(impl->comm, dist::MpiCommunicator::init(nullptr, nullptr, windows));
+  impl->comm->set_teardown_timeout(std::chrono::milliseconds(cli.load_timeout_ms));
   if (impl->comm->size() != cli.ep) {
     return invalid_argument("--ep " + std::to_string(cli.ep) + " but the MPI world has " +
                             std::to_string(impl->comm->size()) + " ranks");

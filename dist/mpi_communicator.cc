@@ -41,6 +41,8 @@ struct MpiCommunicator::Impl {
   bool shared_windows = false;
   // Bounds the window calls that take no timeout (a flush to a dead peer can block forever).
   std::unique_ptr<CallWatchdog> watchdog;
+  // How long freeing a window waits for the other ranks at least (set_teardown_timeout).
+  std::chrono::milliseconds teardown_timeout{0};
 
   // Records the failure; every later teardown skips the collective MPI calls.
   Status fail(Status status) {
@@ -223,7 +225,10 @@ class MpiWindow final : public Window {
     // end): meet first, with one; a peer that does not come leaves the window to the OS.
     MPI_Request request;
     if (!comm_->check(MPI_Ibarrier(comm_->comm, &request), "MPI_Ibarrier").ok() ||
-        !comm_->wait_request(request, "barrier before freeing a window", timeout_).ok()) {
+        !comm_
+             ->wait_request(request, "barrier before freeing a window",
+                            std::max(timeout_, comm_->teardown_timeout))
+             .ok()) {
       return;
     }
     MPI_Win_unlock_all(win_);
@@ -433,6 +438,10 @@ Status MpiCommunicator::allgather(std::span<const std::byte> mine, std::span<std
                                                  MPI_BYTE, impl_->comm, &request),
                                   "MPI_Iallgather"));
   return impl_->wait_request(request, "allgather", timeout);
+}
+
+void MpiCommunicator::set_teardown_timeout(std::chrono::milliseconds timeout) {
+  impl_->teardown_timeout = timeout;
 }
 
 Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,

@@ -60,6 +60,12 @@ class MpiCommunicator final : public Communicator {
   Result<std::unique_ptr<Window>> create_window(size_t bytes,
                                                 std::chrono::milliseconds timeout) override;
 
+  // Freeing a window meets every rank first; it waits at least `timeout` (default: the
+  // window's own timeout). At the end of a job ranks arrive far apart (rank 0 writing its
+  // output after the last step), and a rank taken for lost there skips MPI_Finalize, which
+  // mpirun answers by killing the job.
+  void set_teardown_timeout(std::chrono::milliseconds timeout);
+
   // True when windows are shared memory (Window::direct gives peers' memory).
   bool shared_memory_windows() const;
 

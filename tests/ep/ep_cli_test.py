@@ -394,6 +394,25 @@ def slow_loading_rank():
 case("a rank stopped while it loads, past --ep-timeout-ms: not lost", slow_loading_rank)
 
 
+def slow_leader_after_the_last_step():
+    """Rank 0 writes 1500 x 4096 logits (~120 MB of JSON, over a second) after the last step;
+    rank 1 waits for it at teardown longer than --ep-timeout-ms. It was taken for lost there,
+    skipped MPI_Finalize, and mpirun killed the job (exit 1, the file cut short)."""
+    ids = ",".join(str(i % 500 + 3) for i in range(1500))
+    path = os.path.join(SCRATCH, f"score-slow-leader-{os.getpid()}.json")
+    rc, _, err, _ = mpirun(2, ["score", "--model", shipped, "--prompt-ids", ids, "--out", path,
+                               "--threads", "1", "--ep", "2", "--ep-timeout-ms", "300"])
+    assert rc == 0, f"exit {rc}: {err[-1500:]}"
+    assert "wrote 1500 x" in err, err[-600:]
+    with open(path) as f:
+        assert len(json.load(f)["logits"]) == 1500
+    os.remove(path)
+
+
+case("rank 0 slow after the last step, past --ep-timeout-ms: the job still ends well",
+     slow_leader_after_the_last_step)
+
+
 def free_port():
     import socket
     with socket.socket() as probe:
