@@ -32,8 +32,14 @@ struct ReproductionOptions {
 
 // Rows within `tolerance` relative error, counted over the rows that are predictions
 // (calibration rows excluded).
+// Rows are counted in three kinds: calibration (a value was fixed on them), in the fit (the
+// tables the factors were fitted on: how well they fit), and held-out predictions. The error
+// statistics are of the predictions; fit_within_tolerance counts the fitted rows that fit.
 struct ErrorSummary {
   int rows = 0;
+  int calibration = 0;
+  int fitted = 0;
+  int fit_within_tolerance = 0;
   int predictions = 0;
   int within_tolerance = 0;
   double median_abs_error = 0.0;

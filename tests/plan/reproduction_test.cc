@@ -57,9 +57,9 @@ TEST_F(ReproductionTest, ClosedFormsEqualThePrintedValues) {
   EXPECT_NEAR(row("DeepSeek-V2 training GFLOPs per token, sequence 4096").predicted, 155, 1.6);
 }
 
-// The aims: Tables 3-5 of paper 000 within 15% with one profile per hardware, except the
-// SLO batch sizes (whole requests near a flat TPOT curve) and DeepSeek's production-average
-// blog number.
+// The fit: Tables 3-5 of paper 000 (the factors were fitted on them) within 15% with one
+// profile per hardware, except the SLO batch sizes (whole requests near a flat TPOT curve)
+// and DeepSeek's production-average blog number.
 TEST_F(ReproductionTest, MainTablesWithinFifteenPercent) {
   int checked = 0;
   for (const auto& r : report_->rows) {
@@ -74,11 +74,26 @@ TEST_F(ReproductionTest, MainTablesWithinFifteenPercent) {
   EXPECT_GE(checked, 25);
 }
 
+// Rows of the tables the factors were fitted on are not predictions: they are counted apart,
+// and the held-out rows (paper 000 outside the fit, papers 002 and 003) are the predictions.
 TEST_F(ReproductionTest, MostPredictionsWithinFifteenPercent) {
   const ErrorSummary s = summarize_errors(report_->rows, 0.15);
   EXPECT_GE(s.rows, 140);
-  EXPECT_GE(s.within_tolerance, 0.8 * s.predictions)
+  EXPECT_EQ(s.rows, s.calibration + s.fitted + s.predictions);
+  for (const auto& r : report_->rows) {
+    const bool fitted_table = r.source == "paper000 Table 3" || r.source == "paper000 Table 7" ||
+                              r.source.rfind("paper000 §5.4", 0) == 0;
+    if (fitted_table && !r.calibration) {
+      EXPECT_TRUE(r.in_fit) << r.source << ": " << r.quantity;
+    }
+    if (r.source.rfind("paper000", 0) != 0) {
+      EXPECT_FALSE(r.in_fit) << r.quantity;
+    }
+  }
+  EXPECT_GE(s.predictions, 40);
+  EXPECT_GE(s.within_tolerance, 0.75 * s.predictions)
       << s.within_tolerance << " of " << s.predictions;
+  EXPECT_GE(s.fit_within_tolerance, 0.9 * s.fitted) << s.fit_within_tolerance << " of " << s.fitted;
   for (const auto& r : report_->rows) {
     EXPECT_TRUE(std::isfinite(r.predicted) && std::isfinite(r.published)) << r.quantity;
   }
