@@ -29,7 +29,8 @@ class Server:
         self.port = free_port()
         self.p, self.log = launch(
             [BIN, "serve", "--model", model, "--port", str(self.port), "--threads", "1",
-             "--kv-cache-memory", "64MiB", "--max-num-batched-tokens", "64", *flags],
+             "--kv-cache-memory", "64MiB", "--max-num-batched-tokens", "64",
+             *([] if "--max-num-seqs" in flags else ["--max-num-seqs", "64"]), *flags],
             timeout=120)
 
     def post(self, path, body):
