@@ -620,7 +620,11 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
       }
       if (itl >= 0) m.inter_token_latency.observe(itl);
     });
-    if (choice.detokenizer) {
+    // The token that ends the choice (EOS or a stop token id) is always the update's last;
+    // its text is left out, as a stop string's is, unless include_stop_str_in_output (vLLM).
+    const bool stop_token_text_dropped = update.stop_token && &sampled == &update.tokens.back() &&
+                                         !request.request.params.include_stop_str_in_output;
+    if (choice.detokenizer && !stop_token_text_dropped) {
       // Ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
       // contribute no text.
       Result<std::string> piece = choice.detokenizer->push(token);

@@ -36,8 +36,8 @@ struct GenerationParams {
   // part of the output (unless include_stop_str_in_output).
   std::vector<std::string> stop_strings;
   bool include_stop_str_in_output = false;
-  // Generation stops after one of these tokens (the token is part of the output tokens but
-  // its text is not emitted when it is a special token).
+  // Generation stops after one of these tokens: it is part of the output tokens, its text is
+  // not part of the text unless include_stop_str_in_output (as vLLM; the same for EOS).
   std::vector<TokenId> stop_token_ids;
   // Keep going past the model's EOS token.
   bool ignore_eos = false;

@@ -229,6 +229,12 @@ TEST_F(EngineTest, StopTokenIdsAndEosAndIgnoreEos) {
   choices = assemble(collector_.wait(submit(p, stop_ids)));
   EXPECT_EQ(choices[0].tokens, std::vector<TokenId>(ref.begin(), ref.begin() + first_stop + 1));
   EXPECT_EQ(choices[0].stop_token, ref[2]);
+  // The stop token's text is left out, as a stop string's is (vLLM), unless asked for.
+  EXPECT_EQ(choices[0].text, decode(std::vector<TokenId>(ref.begin(), ref.begin() + first_stop)));
+  stop_ids.include_stop_str_in_output = true;
+  choices = assemble(collector_.wait(submit(p, stop_ids)));
+  EXPECT_EQ(choices[0].text,
+            decode(std::vector<TokenId>(ref.begin(), ref.begin() + first_stop + 1)));
 }
 
 TEST_F(EngineTest, SeveralChoicesAndLogprobs) {
