@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kv/kv_namespace.h"
+#include "tokenizer/internal/utf8.h"
 
 namespace peerserve {
 namespace {
@@ -92,9 +93,14 @@ class Fields {
     // would read as a negative number.
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
-      x = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-              ? std::numeric_limits<int64_t>::max()
-              : static_cast<int64_t>(u);
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        // Out of every range here (a seed of 2^63 and one of 2^64 - 1 were both read as
+        // 2^63 - 1, the same samples).
+        fail(name, "'" + name + "' must be between " + std::to_string(lo) + " and " +
+                       std::to_string(hi) + ", got " + brief(v));
+        return std::nullopt;
+      }
+      x = static_cast<int64_t>(u);
     } else if (v.is_number_integer()) {
       x = v.get<int64_t>();
     } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
@@ -185,6 +191,9 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   std::optional<int64_t> max_tokens;
   if (chat) max_tokens = f.integer("max_completion_tokens", 1, kMaxTokens);
   if (!max_tokens) max_tokens = f.integer("max_tokens", 1, kMaxTokens);
+  // Completions default to 16 tokens (OpenAI's legacy API and vLLM); chat runs to the end of
+  // the context, as both do.
+  if (!max_tokens && !chat && !f.error) max_tokens = kDefaultCompletionMaxTokens;
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
   if (auto v = f.integer("min_tokens", 0, kMaxTokens)) {
     if (max_tokens && *v > *max_tokens) {
@@ -201,6 +210,26 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
     if (!bad_words->is_array() || !bad_words->empty()) {
       f.fail_unsupported("bad_words", "'bad_words' is not supported");
     }
+  }
+  // vLLM's extensions that would change the output or what comes back, and are not built:
+  // refused, so that a client moving from vLLM is not handed unconstrained text in silence.
+  // Each is accepted at its no-op value (null, false, or the value named here).
+  struct Extension {
+    const char* name;
+    json neutral;  // also accepted; null always is
+  };
+  const Extension kUnbuiltExtensions[] = {
+      {"guided_json", nullptr},        {"guided_regex", nullptr},
+      {"guided_choice", nullptr},      {"guided_grammar", nullptr},
+      {"structured_outputs", nullptr}, {"prompt_logprobs", nullptr},
+      {"allowed_token_ids", nullptr},  {"truncate_prompt_tokens", nullptr},
+      {"logits_processors", nullptr},  {"use_beam_search", false},
+      {"length_penalty", 1.0},         {"return_tokens_as_token_ids", false},
+  };
+  for (const Extension& e : kUnbuiltExtensions) {
+    const json* v = f.get(e.name);
+    if (v == nullptr || f.error || (!e.neutral.is_null() && *v == e.neutral)) continue;
+    f.fail_unsupported(e.name, std::string("'") + e.name + "' (a vLLM extension) is not supported");
   }
   if (auto v = f.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*v);
   if (auto v = f.integer("best_of", 1, limits.max_n); v && *v != p.n) {
@@ -928,9 +957,11 @@ json completion_logprobs_json(const std::vector<SampledToken>& tokens, const Tok
       top[token_display(tokenizer, t.top_logprobs[k].token)] =
           finite_logprob(t.top_logprobs[k].logprob);
     }
+    // The sampled token is always among them (OpenAI: up to logprobs + 1 entries; vLLM).
+    if (!top.contains(text)) top[text] = finite_logprob(t.logprob);
     tops.push_back(std::move(top));
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(text.size());
+    offset += static_cast<int64_t>(utf8::count_code_points(text));  // characters, as OpenAI
   }
   return {{"tokens", std::move(toks)},
           {"token_logprobs", std::move(lps)},

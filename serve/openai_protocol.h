@@ -69,6 +69,9 @@ struct CommonRequestFields {
   std::string cache_salt;
 };
 
+// max_tokens of a /v1/completions request that names none (OpenAI, vLLM).
+inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
+
 // The longest cache_salt accepted.
 inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
@@ -109,7 +112,8 @@ struct ChatRequest : CommonRequestFields {
 };
 
 // Parses a request body. Unknown fields are ignored (as OpenAI's own server does for
-// forward compatibility); known fields with a wrong type or range are errors.
+// forward compatibility); known fields with a wrong type or range are errors, and so are
+// vLLM's extensions that are not built (guided_*, structured_outputs, prompt_logprobs, ...).
 std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
                                                  const ApiLimits& limits, CompletionRequest* out);
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,

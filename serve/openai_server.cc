@@ -11,6 +11,7 @@
 #include "serve/prometheus_text.h"
 #include "serve/request_workers.h"
 #include "serve/tool_call_parser.h"
+#include "tokenizer/internal/utf8.h"
 
 namespace peerserve {
 
@@ -274,7 +275,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       ChoiceState& c = choices_[index];
       const int64_t offset = c.text_length;
       c.text += delta.text;
-      c.text_length += static_cast<int64_t>(delta.text.size());
+      c.text_length += static_cast<int64_t>(utf8::count_code_points(delta.text));
       if (want_logprobs_)
         c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
       if (delta.finish_reason) {

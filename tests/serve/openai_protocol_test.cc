@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace peerserve {
 namespace {
 
@@ -203,6 +205,23 @@ TEST(OpenAiProtocolTest, PrefillHintIsParsedAndChecked) {
   }
 }
 
+// A completion without max_tokens gets 16 (OpenAI's legacy API and vLLM; it ran to the end
+// of the context), a chat request none (up to the context, as both do).
+TEST(OpenAiProtocolTest, CompletionsDefaultToSixteenTokens) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x"})", &r));
+  EXPECT_EQ(r.params.max_tokens, 16);
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "max_tokens": 200})", &r));
+  EXPECT_EQ(r.params.max_tokens, 200);
+  CompletionRequest more;
+  auto e = parse_completion(R"({"prompt": "x", "min_tokens": 17})", &more);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "min_tokens");
+  ChatRequest chat;
+  ASSERT_FALSE(parse_chat(R"({"messages": [{"role": "user", "content": "hi"}]})", &chat));
+  EXPECT_FALSE(chat.params.max_tokens.has_value());
+}
+
 // vLLM's cache_salt, on both endpoints: kept as given (null: none, as in vLLM); refused when
 // empty (that would share the cache silently), too long or not a string.
 TEST(OpenAiProtocolTest, CacheSaltIsParsedAndChecked) {
@@ -360,6 +379,37 @@ TEST(OpenAiProtocolTest, CompletionLogprobsOffsets) {
   EXPECT_EQ(j["text_offset"][0], 10);
   EXPECT_EQ(j["text_offset"][1], 10 + std::string("token_id:7").size());
   EXPECT_EQ(j["top_logprobs"][0].size(), 1u);
+  // The sampled token is in its top_logprobs even when it is not among the most likely
+  // (OpenAI: up to logprobs + 1 entries).
+  ASSERT_EQ(j["top_logprobs"][1].size(), 1u);
+  EXPECT_EQ(j["top_logprobs"][1]["token_id:8"], -9999.0);
+  json two = completion_logprobs_json(toks, nullptr, 0, 0);
+  EXPECT_EQ(two["top_logprobs"][0], json({{"token_id:7", -0.5}}));
+}
+
+// text_offset counts characters, as OpenAI's and vLLM's do, not UTF-8 bytes.
+TEST(OpenAiProtocolTest, CompletionTextOffsetsCountCharacters) {
+  const char* source = std::getenv("PEERSERVE_SOURCE_DIR");
+  ASSERT_NE(source, nullptr);
+  auto tokenizer = Tokenizer::load_from_dir(std::string(source) + "/models/peerserve-dsv3-tiny");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+  // A byte-level token that is not ASCII: its text is one or more characters of 2 to 3
+  // bytes each (a partial sequence shows as U+FFFD, 3 bytes).
+  TokenId wide = -1;
+  for (TokenId id = 0; id < 4096 && wide < 0; ++id) {
+    if (!tokenizer->has_token(id)) continue;
+    const std::string_view b = tokenizer->token_bytes(id);
+    if (b.size() == 1 && static_cast<unsigned char>(b[0]) >= 0x80) wide = id;
+  }
+  ASSERT_GE(wide, 0) << "no non-ASCII byte token in the shipped tokenizer";
+  std::vector<SampledToken> toks(2);
+  toks[0].token = wide;
+  toks[1].token = wide;
+  const json j = completion_logprobs_json(toks, &*tokenizer, 0, 5);
+  const std::string text = j["tokens"][0];
+  ASSERT_EQ(text, "\xEF\xBF\xBD");  // U+FFFD: 1 character, 3 bytes
+  EXPECT_EQ(j["text_offset"][0], 5);
+  EXPECT_EQ(j["text_offset"][1], 6);  // was 8 (bytes)
 }
 
 }  // namespace
@@ -425,7 +475,8 @@ TEST(JsonBodyTest, LoneSurrogatesBecomeReplacementCharacters) {
 
 // 2^63 does not fit an int64: the message must print it as sent, not as a negative number.
 TEST(JsonBodyTest, HugeIntegersArePrintedAsSent) {
-  for (const char* field : {"max_tokens", "n", "top_k"}) {
+  // seed too: 2^63 and above were clamped to 2^63 - 1 (different seeds, the same samples).
+  for (const char* field : {"max_tokens", "n", "top_k", "seed"}) {
     CompletionRequest r;
     nlohmann::json body = nlohmann::json::parse(std::string(R"({"prompt": "x", ")") + field +
                                                 R"(": 9223372036854775808})");
@@ -433,7 +484,7 @@ TEST(JsonBodyTest, HugeIntegersArePrintedAsSent) {
     ASSERT_TRUE(e.has_value()) << field;
     EXPECT_EQ(e->param, field);
     EXPECT_NE(e->message.find("got 9223372036854775808"), std::string::npos) << e->message;
-    EXPECT_EQ(e->message.find("-9223372036854775808"), std::string::npos) << e->message;
+    EXPECT_EQ(e->message.find("got -9223372036854775808"), std::string::npos) << e->message;
   }
 }
 
@@ -470,6 +521,16 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("min_tokens": -1)", "min_tokens"},
            Refused{R"("min_tokens": 5, "max_tokens": 4)", "min_tokens"},
            Refused{R"("min_tokens": 5, "max_completion_tokens": 4)", "min_tokens"},
+           // vLLM's extensions that are not built (they were ignored: free text came back).
+           Refused{R"("guided_choice": ["yes", "no"])", "guided_choice"},
+           Refused{R"("guided_json": {"type": "object"})", "guided_json"},
+           Refused{R"("guided_regex": "a+")", "guided_regex"},
+           Refused{R"("structured_outputs": {"choice": ["a"]})", "structured_outputs"},
+           Refused{R"("prompt_logprobs": 1)", "prompt_logprobs"},
+           Refused{R"("allowed_token_ids": [1, 2])", "allowed_token_ids"},
+           Refused{R"("truncate_prompt_tokens": 8)", "truncate_prompt_tokens"},
+           Refused{R"("use_beam_search": true)", "use_beam_search"},
+           Refused{R"("length_penalty": 0.5)", "length_penalty"},
        }) {
     ChatRequest r;
     auto e = chat(c.fields, &r);
@@ -479,7 +540,9 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
   }
   ChatRequest r;
   ASSERT_FALSE(chat(R"("user": "alice", "tools": [], "tool_choice": "none", "echo": false,
-                       "bad_words": [], "min_tokens": 4, "max_tokens": 4)",
+                       "bad_words": [], "min_tokens": 4, "max_tokens": 4,
+                       "guided_json": null, "use_beam_search": false, "length_penalty": 1.0,
+                       "prompt_logprobs": null)",
                     &r)
                    .has_value());
   EXPECT_EQ(r.params.sampling.min_tokens, 4);
