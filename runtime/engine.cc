@@ -427,6 +427,7 @@ void Engine::admit_now(Pending pending) {
   const uint64_t base_seed = params.sampling.seed ? *params.sampling.seed : splitmix64(seed_state_);
 
   Status status;
+  const SequenceId first_seq_id = next_seq_id_;
   for (int32_t i = 0; i < params.n; ++i) {
     SequenceSpec spec;
     spec.id = next_seq_id_++;
@@ -436,6 +437,7 @@ void Engine::admit_now(Pending pending) {
     spec.seed = base_seed + static_cast<uint64_t>(i);
     spec.stop_token_ids = params.stop_token_ids;
     spec.cache_salt = live.request.cache_salt;
+    if (i > 0) spec.prompt_from = first_seq_id;  // shares choice 0's computed prompt blocks
     if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
     if (i == 0 && pending.prefilled_tail) {
       spec.prefilled_tail_block = pending.prefilled_tail;

@@ -260,7 +260,19 @@ int64_t Scheduler::tokens_to_cover(const Sequence& seq, int64_t num_new, int64_t
                                 seq.max_length(options_.max_model_len)));
 }
 
+bool Scheduler::waits_for_prompt_sibling(const Sequence& seq) const {
+  if (!seq.spec.prompt_from || seq.admitted_once || !pool_.prefix_caching_enabled()) {
+    return false;
+  }
+  const Sequence* sibling = find(*seq.spec.prompt_from);
+  if (sibling == nullptr || sibling->status != SequenceStatus::kRunning) return false;
+  const int64_t bs = pool_.block_size();
+  const int64_t shareable = (seq.num_prompt_tokens() - 1) / bs * bs;
+  return sibling->num_computed_tokens < shareable;
+}
+
 bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
+  if (waits_for_prompt_sibling(seq)) return false;
   const int64_t bs = pool_.block_size();
   // Look the known tokens up in the prefix cache. The last token is always computed (its
   // logits are needed), so at most (num_tokens - 1) / bs whole blocks can be shared.

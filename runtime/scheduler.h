@@ -208,6 +208,9 @@ class Scheduler {
   // a partial block of prefill saved; the memory is needed by an older sequence). Returns
   // whether any was released.
   bool release_waiting_tails(const Sequence* keep);
+  // SequenceSpec::prompt_from: its sibling is running and still computing the shareable part
+  // of their prompt.
+  bool waits_for_prompt_sibling(const Sequence& seq) const;
   void publish_computed_blocks(Sequence& seq);
   void add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan);
   void remove(Sequence& seq, FinishReason reason);

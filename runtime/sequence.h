@@ -38,6 +38,11 @@ struct SequenceSpec {
   // EngineRequest::cache_salt: the sequence's prefix-cache chain starts at the scheduler's
   // root salted with it (kv/prefix_hash.h salted_root_hash).
   std::string cache_salt;
+  // Another sequence with the same prompt (choice 0 of the same request). While it runs and
+  // has not computed the prompt's shareable blocks yet, this one is not admitted: it then
+  // finds them in the prefix cache instead of computing (and holding) the prompt again, as
+  // vLLM forks a request's choices after its prompt.
+  std::optional<SequenceId> prompt_from;
 };
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };

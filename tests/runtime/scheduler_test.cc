@@ -321,6 +321,51 @@ TEST(SchedulerTest, PrefixCacheHitSharesBlocksAndGivesTheSameTokens) {
   EXPECT_EQ(out[2], reference_generate(b, 6, kVocab, std::nullopt));
 }
 
+// The choices of one request (SequenceSpec::prompt_from) compute the prompt once: the others
+// wait for choice 0's shareable blocks and find them in the prefix cache (they each
+// computed and held the whole prompt when admitted in the same step).
+TEST(SchedulerTest, ChoicesOfOneRequestComputeThePromptOnce) {
+  auto s = make(small_options(64));
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(23);
+  const std::vector<TokenId> prompt = random_tokens(rng, 25);  // 6 shareable blocks of 4
+  for (SequenceId id = 1; id <= 3; ++id) {
+    SequenceSpec sp = spec(id, prompt, 3, std::nullopt);
+    sp.seed = id;
+    if (id > 1) sp.prompt_from = 1;
+    ASSERT_TRUE(s->add(std::move(sp)).ok());
+  }
+  std::map<SequenceId, std::vector<TokenId>> out;
+  std::map<SequenceId, int64_t> cached;
+  int64_t prompt_tokens_computed = 0;
+  for (int guard = 0; s->has_work() && guard < 1000; ++guard) {
+    StepPlan p = s->schedule();
+    ASSERT_FALSE(p.empty());
+    for (const ScheduledChunk& c : p.chunks) {
+      if (c.start_pos < static_cast<int64_t>(prompt.size())) {
+        prompt_tokens_computed +=
+            std::min<int64_t>(static_cast<int64_t>(c.tokens.size()),
+                              static_cast<int64_t>(prompt.size()) - c.start_pos);
+      }
+    }
+    auto r = ex.execute(p);
+    ASSERT_TRUE(r.ok());
+    for (const auto& u : s->update(p, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+      if (!cached.count(u.seq_id)) cached[u.seq_id] = u.num_cached_prompt_tokens;
+    }
+  }
+  // 25 tokens once, then 1 (the last prompt token) for each other choice.
+  EXPECT_EQ(prompt_tokens_computed, 25 + 1 + 1);
+  EXPECT_EQ(cached[1], 0);
+  EXPECT_EQ(cached[2], 24);
+  EXPECT_EQ(cached[3], 24);
+  for (SequenceId id = 1; id <= 3; ++id) {
+    EXPECT_EQ(out[id], reference_generate(prompt, 3, kVocab, std::nullopt)) << id;
+  }
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
 // A sequence with a cache salt shares blocks only with sequences of the same salt.
 TEST(SchedulerTest, ACacheSaltSharesBlocksOnlyWithTheSameSalt) {
   auto s = make(small_options(64));
