@@ -86,6 +86,7 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     SamplingContext context;
     context.generated = c.generated;
     context.seed = c.seed;
+    context.prompt = c.prompt;
     result.chunks[i].tokens.push_back(
         sample_token(output_.last_logits(static_cast<int64_t>(i)), *c.sampling, context));
   }
@@ -112,7 +113,8 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
       const int64_t first_row =
           output_.row_offsets[i] + (c.drafts.empty() ? 0 : known - 1);  // the last known token
       for (size_t j = 0; j <= c.drafts.size(); ++j) {
-        const SamplingContext context{.generated = generated[i], .seed = c.seed};
+        const SamplingContext context{
+            .generated = generated[i], .seed = c.seed, .prompt = c.prompt};
         const std::span<const float> logits =
             output_.logits_row(first_row + static_cast<int64_t>(j));
         bool accepted = false;
@@ -168,7 +170,7 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
       const ScheduledChunk& c = plan.chunks[i];
       ChunkResult& out = result->chunks[i];
       const int64_t row = static_cast<int64_t>(row_of[i]);
-      const SamplingContext context{.generated = generated[i], .seed = c.seed};
+      const SamplingContext context{.generated = generated[i], .seed = c.seed, .prompt = c.prompt};
       out.drafts.push_back(propose_draft(mtp_output_.logits_row(row), *c.sampling, context));
       generated[i].push_back(out.drafts.back().token);
       // Another draft runs the MTP layer at the next position, which must have a KV slot.

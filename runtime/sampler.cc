@@ -136,11 +136,11 @@ void apply_top_p(Truncation& t, float top_p) {
 }
 
 Truncation truncate(std::span<const float> logits, const SamplingParams& params,
-                    std::span<const TokenId> generated) {
+                    std::span<const TokenId> generated, std::span<const TokenId> prompt) {
   Truncation t;
   const size_t n = logits.size();
   t.scaled.assign(logits.begin(), logits.end());
-  apply_penalties(t.scaled, params, generated);
+  apply_penalties(t.scaled, params, generated, prompt);
   const float inv_temperature = 1.0f / params.temperature;
   for (float& v : t.scaled) {
     v = std::isnan(v) ? kNegInf : v * inv_temperature;
@@ -254,7 +254,7 @@ double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
 }
 
 void apply_penalties(std::span<float> logits, const SamplingParams& params,
-                     std::span<const TokenId> generated) {
+                     std::span<const TokenId> generated, std::span<const TokenId> prompt) {
   if (!has_penalties(params)) return;
   if (generated.size() < params.forced_tokens.size()) {
     const TokenId forced = params.forced_tokens[generated.size()];
@@ -272,7 +272,24 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
       }
     }
   }
-  if (generated.empty()) return;
+  if (params.repetition_penalty != 1.0f) {
+    // Every token seen so far, the prompt's too (vLLM, transformers), once each.
+    std::vector<bool> seen(logits.size(), false);
+    for (std::span<const TokenId> tokens : {prompt, generated}) {
+      for (const TokenId id : tokens) {
+        if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;  // not in the vocab
+        if (seen[static_cast<size_t>(id)]) continue;
+        seen[static_cast<size_t>(id)] = true;
+        float& logit = logits[static_cast<size_t>(id)];
+        logit =
+            logit > 0.0f ? logit / params.repetition_penalty : logit * params.repetition_penalty;
+      }
+    }
+  }
+  if (generated.empty() || (params.frequency_penalty == 0.0f && params.presence_penalty == 0.0f)) {
+    return;
+  }
+  // OpenAI's frequency and presence penalties count the generated tokens only.
   std::unordered_map<TokenId, int32_t> counts;
   counts.reserve(generated.size());
   for (TokenId id : generated) {
@@ -280,26 +297,24 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
     ++counts[id];
   }
   for (const auto& [id, count] : counts) {
-    float& logit = logits[static_cast<size_t>(id)];
-    if (params.repetition_penalty != 1.0f) {
-      logit = logit > 0.0f ? logit / params.repetition_penalty : logit * params.repetition_penalty;
-    }
-    logit -= params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
+    logits[static_cast<size_t>(id)] -=
+        params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
   }
 }
 
 TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,
-                                     std::span<const TokenId> generated) {
+                                     std::span<const TokenId> generated,
+                                     std::span<const TokenId> prompt) {
   PS_CHECK(!logits.empty());
   TokenDistribution out;
   if (is_greedy(params)) {
     std::vector<float> work(logits.begin(), logits.end());
-    apply_penalties(work, params, generated);
+    apply_penalties(work, params, generated, prompt);
     out.tokens.push_back(argmax(work));
     out.probs.push_back(1.0);
     return out;
   }
-  const Truncation t = truncate(logits, params, generated);
+  const Truncation t = truncate(logits, params, generated, prompt);
   for (size_t i = 0; i < t.weight.size(); ++i) {
     if (t.weight[i] > 0.0) {
       out.tokens.push_back(static_cast<TokenId>(i));
@@ -319,13 +334,13 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
       return result;
     }
     std::vector<float> work(logits.begin(), logits.end());
-    apply_penalties(work, params, context.generated);
+    apply_penalties(work, params, context.generated, context.prompt);
     result.token = argmax(work);
     if (params.want_logprobs) describe_greedy(work, params, &result);
     return result;
   }
 
-  const Truncation t = truncate(logits, params, context.generated);
+  const Truncation t = truncate(logits, params, context.generated, context.prompt);
   const double u = sampling_uniform(context.seed, context.generated.size());
   const double target = u * t.total;
   double cumulative = 0.0;
@@ -349,18 +364,19 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
 }
 
 SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
-                            std::span<const TokenId> generated, TokenId token) {
+                            std::span<const TokenId> generated, TokenId token,
+                            std::span<const TokenId> prompt) {
   PS_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size()) << "token " << token;
   SampledToken result;
   result.token = token;
   if (!params.want_logprobs) return result;
   if (is_greedy(params)) {
     std::vector<float> work(logits.begin(), logits.end());
-    apply_penalties(work, params, generated);
+    apply_penalties(work, params, generated, prompt);
     describe_greedy(work, params, &result);
     return result;
   }
-  const Truncation t = truncate(logits, params, generated);
+  const Truncation t = truncate(logits, params, generated, prompt);
   const double log_total = std::log(t.total);
   result.logprob =
       t.weight[static_cast<size_t>(token)] > 0.0

@@ -8,9 +8,9 @@
 // state has to be carried or shared.
 //
 // Order of processing (transformers' logits-processor order):
-//   1. penalties over the tokens generated so far (not the prompt):
-//      repetition_penalty (CTRL/transformers: positive logits divided by it, negative ones
-//      multiplied), then OpenAI's frequency/presence penalties:
+//   1. penalties: repetition_penalty over every token seen so far, the prompt's and the
+//      generated ones (CTRL/transformers/vLLM: positive logits divided by it, negative ones
+//      multiplied), then OpenAI's frequency/presence penalties over the generated tokens:
 //        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
 //   2. temperature below kGreedyTemperature (0 in practice): greedy, the argmax (lowest id
 //      on ties); otherwise logits / temperature;
@@ -48,7 +48,7 @@ struct SamplingParams {
   // OpenAI semantics, range [-2, 2]. Default: 0.
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  // Multiplicative penalty (> 0) for tokens already generated; 1 = off.
+  // Multiplicative penalty (> 0) for tokens of the prompt or already generated; 1 = off.
   float repetition_penalty = 1.0f;
   // Per-request seed; requests without one get a seed drawn by the runtime at admission.
   std::optional<uint64_t> seed;
@@ -90,6 +90,8 @@ struct SamplingContext {
   std::span<const TokenId> generated = {};
   // The request's resolved seed.
   uint64_t seed = 0;
+  // The request's prompt: repetition_penalty counts its tokens too.
+  std::span<const TokenId> prompt = {};
 };
 
 // Temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1 / temperature would overflow
@@ -106,7 +108,8 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
 // logprobs of the same final distribution): for tokens chosen by speculative decoding.
 // REQUIRES: as sample_token, and token in [0, logits.size()).
 SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
-                            std::span<const TokenId> generated, TokenId token);
+                            std::span<const TokenId> generated, TokenId token,
+                            std::span<const TokenId> prompt = {});
 
 // The distribution sample_token draws from: the kept tokens in ascending id order and
 // their probabilities (summing to 1). For greedy requests, the single argmax token.
@@ -115,7 +118,8 @@ struct TokenDistribution {
   std::vector<double> probs;
 };
 TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,
-                                     std::span<const TokenId> generated);
+                                     std::span<const TokenId> generated,
+                                     std::span<const TokenId> prompt = {});
 
 // The uniform draw in [0, 1) that sample_token uses for (seed, position), exposed so that
 // speculative decoding can use the same per-request stream (pass a distinct `stream` for
@@ -125,6 +129,6 @@ double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream = 0);
 // Applies step 1 (penalties, min_tokens suppression) in place; exposed for tests and for
 // MTP verification.
 void apply_penalties(std::span<float> logits, const SamplingParams& params,
-                     std::span<const TokenId> generated);
+                     std::span<const TokenId> generated, std::span<const TokenId> prompt = {});
 
 }  // namespace peerserve

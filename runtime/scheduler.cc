@@ -345,6 +345,7 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, St
   chunk.sampling = &seq.spec.sampling;
   chunk.seed = seq.spec.seed;
   chunk.generated = seq.generated();
+  chunk.prompt = seq.spec.prompt_tokens;
   if (speculation_enabled()) {
     chunk.drafts = std::span<const DraftToken>(seq.drafts).first(static_cast<size_t>(num_drafts));
     for (const DraftToken& d : chunk.drafts) chunk.tokens.push_back(d.token);

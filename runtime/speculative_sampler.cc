@@ -46,7 +46,7 @@ DraftToken propose_draft(std::span<const float> draft_logits, const SamplingPara
     draft.token = sample_token(draft_logits, plain, context).token;
     return draft;
   }
-  draft.q = final_distribution(draft_logits, params, context.generated);
+  draft.q = final_distribution(draft_logits, params, context.generated, context.prompt);
   const double u = sampling_uniform(context.seed, context.generated.size(), kDraftStream);
   draft.token = draw(draft.q.tokens, draft.q.probs, u);
   PS_CHECK(draft.token >= 0) << "empty draft distribution";
@@ -61,7 +61,8 @@ DraftVerdict verify_draft(std::span<const float> target_logits, const SamplingPa
     verdict.accepted = verdict.token.token == draft.token;
     return verdict;
   }
-  const TokenDistribution p = final_distribution(target_logits, params, context.generated);
+  const TokenDistribution p =
+      final_distribution(target_logits, params, context.generated, context.prompt);
   const double p_x = probability_of(p, draft.token);
   const double q_x = probability_of(draft.q, draft.token);
   const uint64_t position = context.generated.size();
@@ -83,7 +84,7 @@ DraftVerdict verify_draft(std::span<const float> target_logits, const SamplingPa
     if (token < 0) token = draw(p.tokens, p.probs, v);
   }
   PS_CHECK(token >= 0) << "empty target distribution";
-  verdict.token = describe_token(target_logits, params, context.generated, token);
+  verdict.token = describe_token(target_logits, params, context.generated, token, context.prompt);
   return verdict;
 }
 

@@ -30,6 +30,7 @@ struct ScheduledChunk {
   const SamplingParams* sampling = nullptr;
   uint64_t seed = 0;
   std::span<const TokenId> generated;
+  std::span<const TokenId> prompt;  // for repetition_penalty
 
   // Speculative decoding (SchedulerOptions::num_speculative_tokens > 0).
   // The drafts at the end of `tokens` (valid until Scheduler::update); empty when none.

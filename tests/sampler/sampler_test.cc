@@ -184,6 +184,31 @@ TEST(SamplerTest, PenaltiesFollowOpenAiFormula) {
   EXPECT_FLOAT_EQ(again[1], 2.0f);
 }
 
+// repetition_penalty counts the prompt's tokens too, each token once (vLLM, transformers);
+// frequency and presence count only the generated ones (OpenAI). Values by hand.
+TEST(SamplerTest, RepetitionPenaltyCountsThePrompt) {
+  SamplingParams params;
+  params.repetition_penalty = 2.0f;
+  params.presence_penalty = 1.0f;
+  std::vector<float> logits = {1.0f, 2.0f, -3.0f, 4.0f, 0.5f};
+  const std::vector<TokenId> prompt = {0, 3, 3, 2};
+  const std::vector<TokenId> generated = {3};
+  apply_penalties(logits, params, generated, prompt);
+  EXPECT_FLOAT_EQ(logits[0], 0.5f);          // prompt: 1 / 2
+  EXPECT_FLOAT_EQ(logits[1], 2.0f);          // never seen
+  EXPECT_FLOAT_EQ(logits[2], -6.0f);         // prompt, negative: -3 * 2
+  EXPECT_FLOAT_EQ(logits[3], 4.0f / 2 - 1);  // once for repetition, presence for the output
+  EXPECT_FLOAT_EQ(logits[4], 0.5f);
+  // A greedy choice moves off a prompt token: 5 / 2 < 4.
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.repetition_penalty = 2.0f;
+  const std::vector<float> row = {1.0f, 5.0f, 4.0f};
+  const std::vector<TokenId> seen = {1};
+  EXPECT_EQ(sample_token(row, greedy, {.prompt = seen}).token, 2);
+  EXPECT_EQ(sample_token(row, greedy, {}).token, 1);
+}
+
 TEST(SamplerTest, SeededRequestsReproduce) {
   SamplingParams params;
   params.temperature = 0.9f;
