@@ -714,6 +714,9 @@ std::optional<ApiError> parse_completion_request(const json& body, const ApiLimi
                                    " prompts, at most " + std::to_string(limits.max_prompts) +
                                    " are allowed");
   }
+  if (auto expected = f.string("peerserve_kv_namespace")) {
+    out->expected_kv_namespace = std::move(*expected);
+  }
   if (const json* push = f.get("peerserve_kv_push")) {
     if (auto e = parse_kv_push(*push, out)) return e;
   }

@@ -82,6 +82,10 @@ struct CompletionRequest : CommonRequestFields {
   // "peerserve_kv_push": {"endpoint": "HOST:PORT", "transfer": NAME, "first_block": K,
   // "tail": BOOL}.
   std::optional<KvPushTarget> kv_push;
+  // "peerserve_kv_namespace": the KV namespace identity the caller (a decode instance)
+  // expects; a server with another one refuses the request (it would compute KV the caller
+  // cannot use). Empty: not given.
+  std::string expected_kv_namespace;
 };
 
 // OpenAI's tool_choice: "none", "auto", "required" or {"type": "function", "function":

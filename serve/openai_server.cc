@@ -551,6 +551,20 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, *e);
   }
   if (auto e = check_model(ctx, completion.model)) return send_error(*exchange, *e);
+  if (!completion.expected_kv_namespace.empty() &&
+      completion.expected_kv_namespace != ctx.options.kv_namespace_identity) {
+    // A decode instance handing this server a prompt expects KV of its own namespace.
+    ApiError e;
+    e.status = 409;
+    e.message =
+        "this server's KV namespace is '" +
+        (ctx.options.kv_namespace_identity.empty() ? std::string("(none: serve with --kv-pool)")
+                                                   : ctx.options.kv_namespace_identity) +
+        "', the request expects '" + completion.expected_kv_namespace + "'";
+    e.param = "peerserve_kv_namespace";
+    e.code = "kv_namespace_mismatch";
+    return send_error(*exchange, e);
+  }
   if (completion.kv_push && !ctx.options.accept_kv_push) {
     ApiError e;
     e.message =

@@ -88,6 +88,26 @@ Status PrefillDispatcher::check(std::vector<std::string>* unreachable) {
   return ok_status();
 }
 
+bool PrefillDispatcher::instance_changed(const std::string& endpoint, size_t index) {
+  // A refusal can also be the instance's: restarted with another model name, API key, KV
+  // namespace or role. Its card tells: if it no longer matches, it is left out (and the next
+  // instance tried) instead of the prompt being taken for bad.
+  std::string model_name;
+  const Status again = handshake(endpoint, &model_name);
+  if (again.ok()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    instances_[index].model_name = model_name;
+    return false;
+  }
+  const bool mismatch = again.code() == StatusCode::kInvalidArgument;
+  std::fprintf(stderr, "error: %s; %s\n", again.message().c_str(),
+               mismatch ? "leaving it out" : "it is tried again after a back-off");
+  std::lock_guard<std::mutex> lock(mutex_);
+  instances_[index].verified = false;
+  if (mismatch) instances_[index].excluded = true;
+  return true;
+}
+
 void PrefillDispatcher::mark_down(size_t index) {
   Instance& i = instances_[index];
   i.backoff = i.backoff.count() == 0 ? std::chrono::milliseconds(1000)
@@ -158,7 +178,12 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
       }
     }
     if (status.ok()) {
-      json body = {{"model", model_name}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
+      json body = {{"model", model_name},
+                   {"prompt", ids},
+                   {"max_tokens", 1},
+                   {"temperature", 0},
+                   // Checked on every call: a restarted instance may compute other KV now.
+                   {"peerserve_kv_namespace", kv_identity_}};
       if (!cache_salt.empty()) body["cache_salt"] = cache_salt;
       if (push != nullptr) {
         body["peerserve_kv_push"] = {{"endpoint", push->endpoint},
@@ -170,7 +195,8 @@ Status PrefillDispatcher::prefill(std::span<const TokenId> prompt, const KvPushT
                                                timeout_, kHttpCallMaxReplyBytes, api_key_);
       if (!reply.ok()) {
         status = reply.status();
-      } else if (reply->status >= 400 && reply->status < 500 && reply->status != 429) {
+      } else if (reply->status >= 400 && reply->status < 500 && reply->status != 429 &&
+                 !instance_changed(endpoint, pick)) {
         // The request, not the instance: the others would refuse it too. (429 is the
         // instance: its queue is full, so it backs off like one that failed and the next is
         // tried.)

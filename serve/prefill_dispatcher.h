@@ -110,6 +110,9 @@ class PrefillDispatcher {
   // Fetches and compares the instance's card; fills model_name. Not under mutex_.
   Status handshake(const std::string& endpoint, std::string* model_name) const;
   void mark_down(size_t index);
+  // After a 4xx answer: whether instance `index` no longer passes the handshake (then it is
+  // left out, or handshaken again later when it did not answer).
+  bool instance_changed(const std::string& endpoint, size_t index);
 
   mutable std::mutex mutex_;
   std::vector<Instance> instances_;

@@ -116,6 +116,9 @@ void RouterBackends::set_up(size_t index, bool up, const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
   State& s = states_[index];
   if (s.mismatched) up = false;
+  // Down may mean restarted, with another model or namespace: read its card again when it is
+  // back (its first good health check).
+  if (!up) s.verified = false;
   if (s.up != up) {
     std::fprintf(stderr, "router: %s %s is %s%s%s\n", role_.c_str(), endpoints_[index].c_str(),
                  up ? "up" : "down", why.empty() ? "" : ": ", why.c_str());

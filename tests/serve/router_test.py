@@ -285,6 +285,8 @@ class FakeInstance(http.server.BaseHTTPRequestHandler):
         elif mode == "silent":
             FakeInstance.silent_posts += 1
             time.sleep(6)
+        elif mode == "ok":
+            return self.reply(200, json.dumps({"choices": [{"text": "fake", "index": 0}]}))
         self.wfile.flush()
         self.close_connection = True
 
@@ -336,6 +338,53 @@ def misbehaving_instance():
         p.wait(timeout=20)
         fake.shutdown()
         other.shutdown()
+
+
+class OtherModelInstance(FakeInstance):
+    """Healthy, but serves another model (an instance restarted with another checkpoint)."""
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, '{"status":"ok"}')
+        return self.reply(200, json.dumps({"object": "list", "data": [
+            {"id": "another-model", "object": "model", "owned_by": "peerserve"}]}))
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.reply(200, json.dumps({"served_by": "another-model"}))
+
+
+def restarted_with_another_model():
+    """A decode instance that goes down and comes back on its port with another model is left
+    out (its card was read once, and it answered for the router's model with its own)."""
+    steady = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeInstance)
+    threading.Thread(target=steady.serve_forever, daemon=True).start()
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeInstance)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    fake_port = fake.server_address[1]
+    port = free_port()
+    p, log = router(port, [steady.server_address[1], fake_port])
+    up = f'{{backend="127.0.0.1:{fake_port}"}}'
+    try:
+        wait_for(lambda: metric(port, "peerserve:router_backend_up", up) == 1, 10, "fake up")
+        fake.shutdown()
+        fake.server_close()
+        wait_for(lambda: metric(port, "peerserve:router_backend_up", up) == 0, 10, "fake down")
+        other = http.server.ThreadingHTTPServer(("127.0.0.1", fake_port), OtherModelInstance)
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        time.sleep(1.5)  # several health checks
+        assert metric(port, "peerserve:router_backend_up", up) == 0, "taken back in"
+        for i in range(4):
+            body = {"model": NAME, "prompt": "ok", "max_tokens": 2}
+            with urllib.request.urlopen(request(port, "/v1/completions", body), timeout=30) as r:
+                reply = r.read().decode()
+            assert "another-model" not in reply, f"answered by the other: {reply}"
+        other.shutdown()
+        other.server_close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+        steady.shutdown()
 
 
 def refused_and_unavailable():
@@ -445,6 +494,8 @@ try:
          decode_killed)
     case("malformed, cut-off and silent replies: clear errors, the router keeps serving",
          misbehaving_instance)
+    case("an instance back on its port with another model is left out",
+         restarted_with_another_model)
     case("another model behind the router is refused; no instance up gives 503",
          refused_and_unavailable)
     case("router --prefill: it suggests the least loaded prefill instance, the decode "
