@@ -194,6 +194,13 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
       {"POST", "/detokenize", R"({"tokens": [4294967297]})", {}, 400, ""},
       {"POST", "/detokenize", R"({"tokens": [18446744073709551615]})", {}, 400, ""},
       {"POST", "/tokenize", R"({"nothing": 1})", {}, 400, ""},
+      // A decode instance expecting KV of a namespace this server does not compute.
+      {"POST",
+       "/v1/completions",
+       "{\"model\": \"tiny\", \"peerserve_kv_namespace\": \"peerserve-kv/1;x\", " + ok_prompt + "}",
+       {auth()},
+       409,
+       "kv_namespace_mismatch"},
   };
   for (const Case& c : cases) {
     HttpResponse r = http_request(port(), c.method, c.path, c.body, c.headers);
