@@ -151,6 +151,14 @@ Status errno_error(const std::string& what, const fs::path& path) {
   return io_error("SSD tier: " + what + " " + path.string() + ": " + std::strerror(errno));
 }
 
+// Makes the entries of folder `dir` (a rename into it, a folder made in it) survive a power
+// loss.
+Status sync_directory(const fs::path& dir) {
+  FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid() || ::fsync(fd.get()) != 0) return errno_error("cannot sync the folder", dir);
+  return ok_status();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SsdTier>> SsdTier::open(const SsdTierOptions& options) {
@@ -296,7 +304,7 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
   }
   const fs::path final_path = block_path(key);
   std::error_code ec;
-  fs::create_directories(final_path.parent_path(), ec);
+  const bool new_folder = fs::create_directories(final_path.parent_path(), ec);
   uint64_t serial;
   {
     std::lock_guard lock(mutex_);
@@ -329,9 +337,18 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
     return status;
   }
   if (options_.sync_writes) {
-    FileDescriptor dir(
-        ::open(final_path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir.valid()) ::fsync(dir.get());
+    // Acknowledged only once durable: the rename's folder, and a tenant folder made for it
+    // in the tier's folder. (A failure leaves no block that may vanish at the next restart.)
+    Status synced = sync_directory(final_path.parent_path());
+    if (synced.ok() && new_folder) synced = sync_directory(final_path.parent_path().parent_path());
+    if (!synced.ok()) {
+      ::unlink(final_path.c_str());  // it replaced an older copy, if any: that is gone too
+      if (auto existing = index_.find(key); existing != index_.end()) {
+        erase_locked(existing->second, /*unlink_file=*/false);
+      }
+      ++counters_.errors;
+      return synced;
+    }
   }
   insert_locked(key, file_bytes);
   counters_.bytes_written += bytes.size();
