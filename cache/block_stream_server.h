@@ -7,7 +7,9 @@
 // engine) up to `max_connections`; more are closed at once. Everything a client sends is
 // checked before it touches the store (protocol limits, tenants, block sizes); a malformed
 // request closes its connection and is counted, never a crash. A connection idle longer
-// than `idle_timeout` between requests, or silent for `io_timeout` inside one, is closed.
+// than `idle_timeout` between requests is closed, and so is one whose request (reading it,
+// its blocks, and writing the reply) takes longer than `io_timeout` as a whole: a client
+// slower than its blocks' bytes per io_timeout is cut off even while it sends.
 //
 // Thread-safety: stop() and the accessors from any thread.
 #pragma once
