@@ -40,8 +40,10 @@ class RequestSampler {
   // Decode steps S >= 1 with P(S > s) = (1 − p)^s: the slot survives each step with 1 − p.
   int64_t decode_steps() {
     if (p_ >= 1.0) return 1;
-    return 1 +
-           static_cast<int64_t>(std::floor(std::log(uniform_open_zero(rng_)) / std::log1p(-p_)));
+    // Capped before the conversion (a tiny p gives draws past int64); the simulation's work
+    // bound keeps mu_D far below the cap.
+    const double steps = std::floor(std::log(uniform_open_zero(rng_)) / std::log1p(-p_));
+    return 1 + static_cast<int64_t>(std::min(steps, 1e15));
   }
 
  private:
@@ -154,6 +156,18 @@ Result<AfdSimulationResult> simulate_afd(const AfdLatencyModel& model, const Afd
   if (target_real > 1e9) {
     return invalid_argument("AFD simulation: r·N = " + std::to_string(target_real) +
                             " requests, expected <= 1e9");
+  }
+  // Overall bounds on memory and work (each bound above is loose alone): the slots held at
+  // once, and the decode steps the horizon holds (r·N requests of mu_D steps on average).
+  const double slots_held = static_cast<double>(slots) * r * num_batches;
+  if (slots_held > 1e8) {
+    return invalid_argument("AFD simulation: r·B·batches in flight = " +
+                            std::to_string(slots_held) + " request slots, expected <= 1e8");
+  }
+  const double decode_steps = target_real * workload.mean_decode;
+  if (!(decode_steps <= 1e10)) {
+    return invalid_argument("AFD simulation: r·N·mu_D = " + std::to_string(decode_steps) +
+                            " decode steps, expected <= 1e10 (lower N or mu_D)");
   }
   const auto target = static_cast<int64_t>(target_real);
   const auto measured =

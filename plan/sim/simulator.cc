@@ -302,10 +302,11 @@ Status validate(const ModelProfile& model, const SimulationOptions& o,
   if (requests.empty()) return invalid_argument("simulate: no requests");
   for (const SimRequest& r : requests) {
     if (r.prompt_tokens < 1 || r.output_tokens < 1 || r.cached_tokens < 0 ||
-        r.cached_tokens >= r.prompt_tokens || !(r.arrival_s >= 0.0)) {
+        r.cached_tokens >= r.prompt_tokens || !(r.arrival_s >= 0.0) ||
+        !std::isfinite(r.arrival_s)) {
       return invalid_argument("simulate: request " + std::to_string(r.id) +
                               " needs prompt >= 1, output >= 1, 0 <= cached < prompt and a "
-                              "non-negative arrival time");
+                              "finite, non-negative arrival time");
     }
   }
   return ok_status();

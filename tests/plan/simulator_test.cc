@@ -2,6 +2,8 @@
 // and agreement with the analytical model in steady state.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <map>
 
@@ -199,6 +201,12 @@ TEST_F(SimulatorTest, RejectsInvalidInput) {
   auto bad = simulate(model_, hw(), options_, requests);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("request 3"), std::string::npos);
+  // An arrival at infinity (an arrival rate of 1e-320 per second) printed NaN everywhere.
+  requests = workload(10, "fixed:100", "fixed:10", 0.0);
+  requests[4].arrival_s = std::numeric_limits<double>::infinity();
+  bad = simulate(model_, hw(), options_, requests);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("request 4"), std::string::npos);
   options_.decode_instances = 0;
   EXPECT_FALSE(simulate(model_, hw(), options_, workload(10, "fixed:100", "fixed:10", 0.0)).ok());
   EXPECT_FALSE(simulate(model_, hw(), options_, {}).ok());

@@ -121,6 +121,22 @@ TEST(AfdSimulator, RejectsWhatItCannotSimulate) {
   options = {};
   options.measured_fraction = 0;
   EXPECT_FALSE(simulate_afd(paper003_latency_model(), small_workload(100), options).ok());
+
+  // Bounds on the whole: the slots held at once (each bound alone allowed ~6.5e10) and the
+  // decode steps of the horizon (a huge mu_D ran for ever, and its draws overflowed int64).
+  options = {};
+  options.attention_instances = 4096;
+  options.batches_in_flight = 16;
+  w = small_workload(100);
+  w.microbatch = 1e6;
+  const auto slots = simulate_afd(paper003_latency_model(), w, options);
+  ASSERT_FALSE(slots.ok());
+  EXPECT_NE(slots.status().message().find("request slots"), std::string::npos);
+  w = small_workload(100);
+  w.mean_decode = 1e15;
+  const auto steps = simulate_afd(paper003_latency_model(), w, {});
+  ASSERT_FALSE(steps.ok());
+  EXPECT_NE(steps.status().message().find("decode steps"), std::string::npos);
 }
 
 }  // namespace
