@@ -41,6 +41,7 @@ struct PlacementCommandOptions {
   double weight_bytes = 1;  // per parameter (FP8)
   double peak_tflops = 989;
   double hbm_tbps = 3.35;
+  int batch_tokens = 0;  // roofline: the tokens of one step the cost is evaluated at
   bool stats = false;
   bool json = false;
 };
@@ -169,12 +170,20 @@ int run_placement(PlacementCommandOptions o) {
   Result<ExpertTimeFn> time = expert_time(o);
   if (!time.ok()) return fail(time.status());
   ExpertRoutingLoad placement_input = *input;
+  ExpertRoutingLoad evaluation_load = *evaluation;
   if (o.cost == "roofline") {
-    // A non-linear cost needs per-step token counts: scale the placement input to the
-    // evaluation load's size so that both describe the same amount of work.
-    double total = 0.0;
-    for (double v : evaluation->counts.front()) total += v;
-    placement_input = scale_routing_load(*input, total);
+    // A non-linear cost needs the token counts of one step, not of a whole trace (applied to
+    // the trace's sums, it took every decode token for one batch: a time ~1/steps of the
+    // real one, and conclusions that moved with the trace's length).
+    if (o.batch_tokens < 1) {
+      return fail(invalid_argument(
+          "--cost roofline needs --batch-tokens N: the tokens of one step (a decode batch) "
+          "the cost is evaluated at; the loads are scaled to N × top-k pairs per layer"));
+    }
+    const int top_k = requests.front().top_k;
+    const double pairs = static_cast<double>(o.batch_tokens) * top_k;
+    placement_input = scale_routing_load(*input, pairs);
+    evaluation_load = scale_routing_load(*evaluation, pairs);
   }
 
   std::vector<PlacementAlgorithm> algorithms;
@@ -224,7 +233,7 @@ int run_placement(PlacementCommandOptions o) {
       if (o.compare) options.redundant_per_rank = 0;
     }
     Result<PlacementStudy> study =
-        run_placement_study(placement_input, *evaluation, options, *time);
+        run_placement_study(placement_input, evaluation_load, options, *time);
     if (!study.ok()) return fail(study.status());
     const auto name = std::string(placement_algorithm_name(algorithm));
     if (o.json) {
@@ -249,7 +258,7 @@ int run_placement(PlacementCommandOptions o) {
     std::printf(
         "max/mean: max over ranks of token-expert pairs / mean, averaged over layers; "
         "moe_time: sum over layers of the slowest rank (%s)\n",
-        o.cost == "linear" ? "token-expert pairs" : "seconds");
+        o.cost == "linear" ? "token-expert pairs" : "seconds per step");
   }
   return 0;
 }
@@ -323,6 +332,10 @@ void add_plan_placement_command(CLI::App& plan) {
   sub->add_option("--peak-tflops", o->peak_tflops, "roofline: achieved dense TFLOP/s")
       ->capture_default_str();
   sub->add_option("--hbm-tbps", o->hbm_tbps, "roofline: achieved HBM TB/s")->capture_default_str();
+  sub->add_option("--batch-tokens", o->batch_tokens,
+                  "roofline (required): tokens in one step, e.g. the decode batch; the loads "
+                  "keep their shares and are scaled to this many tokens × top-k per layer")
+      ->check(CLI::Range(1, 100000000));
   sub->add_flag("--stats", o->stats, "print routing statistics (skew, token overlap, P/D overlap)");
   sub->add_flag("--json", o->json, "machine-readable output");
   sub->callback([o] { set_command_exit_code(run_placement(*o)); });

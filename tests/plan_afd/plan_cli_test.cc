@@ -165,6 +165,36 @@ TEST(PlanPlacementCommand, ComparesAlgorithmsOnSyntheticRouting) {
   std::filesystem::remove_all(dir);
 }
 
+// The roofline cost is evaluated at one step's tokens (--batch-tokens): its time does not
+// grow with the trace's length (it took the whole trace for one batch).
+TEST(PlanPlacementCommand, RooflineCostIsPerStep) {
+  auto moe_time = [](const std::string& steps, bool with_batch) {
+    std::vector<std::string> args = {"plan", "placement",       "--json",  "--experts",
+                                     "32",   "--top-k",         "4",       "--moe-layers",
+                                     "2",    "--requests",      "8",       "--decode-steps",
+                                     steps,  "--max-over-mean", "4",       "--ranks",
+                                     "4",    "--cost",          "roofline"};
+    if (with_batch) {
+      args.push_back("--batch-tokens");
+      args.push_back("64");
+    }
+    const CommandRun r = run(args);
+    if (!with_batch) {
+      EXPECT_EQ(r.exit_code, 2);
+      EXPECT_NE(r.err.find("--batch-tokens"), std::string::npos) << r.err;
+      return 0.0;
+    }
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["studies"][0]["before"]["moe_time"].get<double>();
+  };
+  moe_time("8", false);
+  const double short_trace = moe_time("8", true);
+  const double long_trace = moe_time("128", true);
+  ASSERT_GT(short_trace, 0.0);
+  EXPECT_GT(long_trace / short_trace, 0.5);
+  EXPECT_LT(long_trace / short_trace, 2.0);
+}
+
 TEST(PlanPlacementCommand, ReadsTheCommittedSampleAndReportsFileErrors) {
   CommandRun r =
       run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json"),
