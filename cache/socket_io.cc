@@ -10,7 +10,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 namespace peerserve {
 namespace {
@@ -33,6 +37,55 @@ Result<bool> wait_for(int fd, short events, SocketDeadline deadline) {
   }
 }
 
+// The addresses getaddrinfo found, freed with the list.
+using AddressList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+// getaddrinfo within `deadline`. A numeric address resolves at once; a name is looked up on
+// a thread of its own, which is left to finish alone when the deadline passes first
+// (getaddrinfo itself waits for the system resolver's timeouts, seconds per server).
+Result<AddressList> resolve(const std::string& host, const std::string& port,
+                            SocketDeadline deadline) {
+  const std::string peer = host + ":" + port;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (rc == 0) return AddressList(found, &::freeaddrinfo);
+  if (rc != EAI_NONAME) return unavailable(peer + ": cannot resolve: " + ::gai_strerror(rc));
+
+  struct Lookup {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    int rc = 0;
+    addrinfo* found = nullptr;
+    ~Lookup() {
+      if (found != nullptr) ::freeaddrinfo(found);
+    }
+  };
+  auto lookup = std::make_shared<Lookup>();
+  hints.ai_flags = 0;
+  std::thread([lookup, host, port, hints] {
+    addrinfo* result = nullptr;
+    const int code = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
+    std::lock_guard<std::mutex> lock(lookup->mutex);
+    lookup->rc = code;
+    lookup->found = result;
+    lookup->done = true;
+    lookup->done_cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(lookup->mutex);
+  if (!lookup->done_cv.wait_until(lock, deadline, [&] { return lookup->done; })) {
+    return unavailable(peer + ": cannot resolve: no answer in time");
+  }
+  if (lookup->rc != 0) return unavailable(peer + ": cannot resolve: " + ::gai_strerror(lookup->rc));
+  AddressList list(lookup->found, &::freeaddrinfo);
+  lookup->found = nullptr;
+  return list;
+}
+
 }  // namespace
 
 void SocketFd::reset() {
@@ -53,15 +106,10 @@ Status prepare_socket(int fd) {
 Result<SocketFd> connect_tcp(const std::string& host, const std::string& port,
                              SocketDeadline deadline) {
   const std::string peer = host + ":" + port;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return unavailable(peer + ": cannot resolve: " + ::gai_strerror(rc));
-  }
+  Result<AddressList> found = resolve(host, port, deadline);
+  if (!found.ok()) return found.status();
   Status last = unavailable(peer + ": no address");
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (addrinfo* a = found->get(); a != nullptr; a = a->ai_next) {
     SocketFd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd.valid()) continue;
     if (Status s = prepare_socket(fd.get()); !s.ok()) {
@@ -84,10 +132,8 @@ Result<SocketFd> connect_tcp(const std::string& host, const std::string& port,
       last = unavailable(peer + ": connect: " + std::strerror(error));
       continue;
     }
-    ::freeaddrinfo(found);
     return fd;
   }
-  ::freeaddrinfo(found);
   return last;
 }
 

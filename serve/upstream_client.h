@@ -3,7 +3,8 @@
 // its server-sent events back to the client.
 //
 // All calls share one event-loop thread (an SSE stream costs a socket and a little memory,
-// not a thread). Every stage has a deadline: connecting, writing the request, and each read
+// not a thread). Every stage but the lookup of a host name (asio's resolver) has a
+// deadline: connecting, writing the request, and each read
 // (the response header, then every piece of the body), so a peer that is down, silent or
 // sends garbage ends the call with an error naming it, never a hang. cancel() closes the
 // connection, which the peer sees as its client going away (it aborts the work behind it).

@@ -16,6 +16,7 @@
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_protocol.h"
 #include "cache/block_stream_server.h"
+#include "cache/socket_io.h"
 #include "tests/base/resident_memory.h"
 #include "tests/cache/block_test_util.h"
 
@@ -263,6 +264,22 @@ TEST(BlockStreamClientTest, SilentMemberIsAnErrorByTheDeadline) {
   // Nothing listening any more: refused at once.
   r = client.get({&key, 1}, {&sink, 1}, PoolClock::now() + milliseconds(300))[0];
   EXPECT_EQ(r.error.code(), StatusCode::kUnavailable);
+}
+
+// Host names go through the bounded lookup (a thread of its own, waited for until the
+// call's deadline; getaddrinfo alone waits for the system resolver's timeouts), numeric
+// addresses straight through getaddrinfo. (A resolver that does not answer cannot be made
+// here without the network; the bound is the wait_until on the lookup.)
+TEST(BlockStreamClientTest, NamesAndNumericAddressesConnect) {
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);
+  ASSERT_GE(listener, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  Result<SocketFd> by_name = connect_tcp("localhost", std::to_string(port), deadline);
+  EXPECT_TRUE(by_name.ok()) << by_name.status().to_string();
+  Result<SocketFd> by_number = connect_tcp("127.0.0.1", std::to_string(port), deadline);
+  EXPECT_TRUE(by_number.ok()) << by_number.status().to_string();
+  ::close(listener);
 }
 
 TEST(BlockStreamClientTest, AHitOfTheWrongSizeIsAnErrorNotAHugeBuffer) {
