@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstring>
 #include <optional>
 #include <thread>
 
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kernels/vector_ops.h"
@@ -222,6 +224,27 @@ Result<MlpWeights> load_routed_expert(Checkpoint& checkpoint, int64_t layer, int
 
 namespace {
 
+// "model.layers.L.mlp.experts.E.<rest>" of an expert this model has: L an MoE layer (MTP
+// layers included), E below n_routed_experts. Another rank may hold it; anything else that
+// looks like one (an id past the experts, experts in a dense layer) is a stray tensor.
+bool is_routed_expert_tensor(const ModelConfig& c, std::string_view name) {
+  constexpr std::string_view kLayers = "model.layers.", kExperts = ".mlp.experts.";
+  if (!name.starts_with(kLayers)) return false;
+  name.remove_prefix(kLayers.size());
+  auto number = [&name](int64_t* out) {
+    const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), *out);
+    if (error != std::errc() || end == name.data()) return false;
+    name.remove_prefix(static_cast<size_t>(end - name.data()));
+    return true;
+  };
+  int64_t layer = -1, expert = -1;
+  if (!number(&layer) || !name.starts_with(kExperts)) return false;
+  name.remove_prefix(kExperts.size());
+  if (!number(&expert) || !name.starts_with(".") || name.size() < 2) return false;
+  return layer >= 0 && layer < c.num_hidden_layers + c.num_nextn_predict_layers &&
+         c.is_moe_layer(layer) && expert >= 0 && expert < c.n_routed_experts;
+}
+
 bool same_values(const LinearWeight& a, const LinearWeight& b) {
   // INT8 forms are not compared (an INT8 head and embedding are never the same weight).
   return a.data != nullptr && b.data != nullptr && a.rows == b.rows && a.cols == b.cols &&
@@ -319,7 +342,7 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
     for (int64_t i = first_skipped_mtp; i < c.num_hidden_layers + c.num_nextn_predict_layers; ++i) {
       if (name.starts_with("model.layers." + std::to_string(i) + ".")) skipped_mtp = true;
     }
-    const bool other_expert = select && name.find(".mlp.experts.") != std::string::npos;
+    const bool other_expert = select && is_routed_expert_tensor(c, name);
     if (!skipped_mtp && !other_expert) unexpected.push_back(name);
   }
   if (!unexpected.empty()) {

@@ -65,10 +65,11 @@ class FieldReader {
 
   // An integer, or null -> nullopt; absent -> `fallback`.
   Result<std::optional<int64_t>> nullable_integer(const char* key, std::optional<int64_t> fallback,
-                                                  int64_t min_value) const {
+                                                  int64_t min_value,
+                                                  int64_t max_value = int64_t{1} << 40) const {
     if (!has(key)) return fallback;
     if (object_.at(key).is_null()) return std::optional<int64_t>{};
-    PS_ASSIGN_OR_RETURN(int64_t v, integer_value(key, object_.at(key), min_value));
+    PS_ASSIGN_OR_RETURN(int64_t v, integer_value(key, object_.at(key), min_value, max_value));
     return std::optional<int64_t>{v};
   }
 
@@ -335,7 +336,8 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   PS_ASSIGN_OR_RETURN(c.num_attention_heads, f.integer("num_attention_heads", std::nullopt, 1));
   PS_ASSIGN_OR_RETURN(c.kv_lora_rank, f.integer("kv_lora_rank", std::nullopt, 1));
   PS_ASSIGN_OR_RETURN(c.qk_nope_head_dim, f.integer("qk_nope_head_dim", std::nullopt, 1));
-  PS_ASSIGN_OR_RETURN(c.qk_rope_head_dim, f.integer("qk_rope_head_dim", std::nullopt, 2));
+  // At most 512: RoPE rotates a head's rope part in a buffer on the stack.
+  PS_ASSIGN_OR_RETURN(c.qk_rope_head_dim, f.integer("qk_rope_head_dim", std::nullopt, 2, 512));
   if (c.qk_rope_head_dim % 2 != 0) {
     return f.error("qk_rope_head_dim", c.qk_rope_head_dim, "an even number (RoPE rotates pairs)");
   }
@@ -360,9 +362,13 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
                       f.number("routed_scaling_factor", v3 ? 2.5 : 1.0, true));
   PS_ASSIGN_OR_RETURN(c.norm_topk_prob, f.boolean("norm_topk_prob", v3));
 
-  PS_ASSIGN_OR_RETURN(std::optional<int64_t> n_group, f.nullable_integer("n_group", 1, 1));
+  // Absent: Hugging Face's defaults, DeepseekV3Config's 8 and 4 (V2's: none, one group).
+  // At most 1024 groups: the router keeps a group's score on the stack.
+  PS_ASSIGN_OR_RETURN(std::optional<int64_t> n_group,
+                      f.nullable_integer("n_group", v3 ? 8 : 1, 1, 1024));
   c.n_group = n_group.value_or(1);
-  PS_ASSIGN_OR_RETURN(std::optional<int64_t> topk_group, f.nullable_integer("topk_group", 1, 1));
+  PS_ASSIGN_OR_RETURN(std::optional<int64_t> topk_group,
+                      f.nullable_integer("topk_group", v3 ? 4 : 1, 1));
   c.topk_group = topk_group.value_or(1);
   PS_ASSIGN_OR_RETURN(
       std::optional<int64_t> experts_per_tok,

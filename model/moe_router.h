@@ -8,7 +8,7 @@
 //   weights = scores (the uncorrected ones) of the chosen experts; if norm_topk_prob and
 //   top_k > 1: divided by their sum (+1e-20); then times routed_scaling_factor.
 //   The bias therefore changes which experts are chosen, never their weights.
-// V2: scores = softmax or sigmoid of logits; greedy = top_k of scores;
+// V2: scores = softmax of logits (the config parser refuses sigmoid); greedy = top_k of scores;
 //   group_limited_greedy = group score is the group's max score, then top_k within the
 //   kept groups; weights = chosen scores, normalised if norm_topk_prob and top_k > 1,
 //   otherwise multiplied by routed_scaling_factor (V2 applies the factor only then).

@@ -165,19 +165,28 @@ struct Checkpoint::Impl {
           "x" + std::to_string(shape.block_cols) + ")");
     }
     const std::span<const std::byte> bytes = bytes_of(*scale);
+    std::vector<float> out;
     switch (scale->info->dtype) {
       case DType::kF32:
-        return copy_elements<float>(bytes);
-      case DType::kBF16: {
-        std::vector<float> out;
+        out = copy_elements<float>(bytes);
+        break;
+      case DType::kBF16:
         for (uint16_t bits : copy_elements<uint16_t>(bytes)) out.push_back(bf16_to_float({bits}));
-        return out;
-      }
+        break;
       default:
         return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' has dtype " +
                                 std::string(dtype_name(scale->info->dtype)) +
                                 ", expected F32 (or BF16) block scales");
     }
+    // A damaged scale would turn a whole block into NaN or infinite logits, unseen.
+    for (size_t b = 0; b < out.size(); ++b) {
+      if (!std::isfinite(out[b])) {
+        return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' block " +
+                                std::to_string(b) + " has scale " + std::to_string(out[b]) +
+                                ", expected a finite value");
+      }
+    }
+    return out;
   }
 
   // The per-row scales of an I8 weight ("<name>_scale", [rows, 1] or [rows]).

@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
@@ -89,6 +94,44 @@ TEST(ExpertSelectionTest, SelectingAnExpertOutsideTheModelFailsTheLoad) {
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().to_string().find("routed expert 1000"), std::string::npos)
       << model.status().to_string();
+}
+
+// Tensors of experts another rank may hold are not loaded here; anything else that only
+// looks like one (an expert id past the model's experts) is still a stray tensor. Under a
+// selection every ".mlp.experts." name passed.
+TEST(ExpertSelectionTest, AStrayExpertTensorIsReportedUnderASelectionToo) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("peerserve_stray_expert_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(tiny_checkpoint_dir(), dir, fs::copy_options::recursive);
+  // One more shard with one BF16 scalar, listed in the index.
+  const std::string stray = "model.layers.1.mlp.experts.9999.gate_proj.weight";
+  std::string header =
+      R"({")" + stray + R"(":{"dtype":"BF16","shape":[1,1],"data_offsets":[0,2]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  {
+    std::ofstream out(dir / "stray.safetensors", std::ios::binary);
+    const uint64_t length = header.size();
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << header;
+    out.write("\0\0", 2);
+  }
+  nlohmann::json index;
+  {
+    std::ifstream in(dir / "model.safetensors.index.json");
+    in >> index;
+  }
+  index["weight_map"][stray] = "stray.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+
+  auto model = DeepseekModel::load(dir.string(), options_with([](int64_t) {
+                                     return std::vector<int32_t>{0, 1};
+                                   }));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().to_string().find("experts.9999"), std::string::npos)
+      << model.status().to_string();
+  fs::remove_all(dir);
 }
 
 // Two owners, each holding half of the experts (as two EP ranks would). Every (token,

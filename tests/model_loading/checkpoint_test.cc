@@ -419,6 +419,17 @@ TEST(CheckpointTest, Fp8Errors) {
     const Status s = Checkpoint::open(dir.path())->get_bf16(name, {64, 64}).status();
     EXPECT_TRUE(contains(s.message(), "has shape [1, 2], expected [2, 2]")) << s.message();
   }
+  {  // a scale that is not finite (a damaged file): refused, naming the block
+    ScratchDir dir;
+    std::vector<TensorToWrite> tensors = make(config, true, {2, 2});
+    TensorToWrite* scale = find(tensors, fp8_scale_inv_name(name));
+    const float scales[4] = {0.5f, 1.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+    std::memcpy(scale->bytes.data(), scales, 16);
+    write_single_file_checkpoint(dir, config, tensors);
+    const Status s = Checkpoint::open(dir.path())->get_bf16(name, {64, 64}).status();
+    EXPECT_TRUE(contains(s.message(), "block 2 has scale nan, expected a finite value"))
+        << s.message();
+  }
   {  // correct: scales 0 -> zeros; 1.0 * scale
     ScratchDir dir;
     std::vector<TensorToWrite> tensors = make(config, true, {2, 2});

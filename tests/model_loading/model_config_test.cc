@@ -223,7 +223,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"hidden_size", "7168", StatusCode::kInvalidArgument},
         BadField{"num_hidden_layers", -1, StatusCode::kInvalidArgument},
         BadField{"qk_rope_head_dim", 63, StatusCode::kInvalidArgument},
-        BadField{"n_group", 7, StatusCode::kInvalidArgument},  // 256 % 7 != 0
+        BadField{"qk_rope_head_dim", 514, StatusCode::kInvalidArgument},  // aborted the forward
+        BadField{"n_group", 7, StatusCode::kInvalidArgument},             // 256 % 7 != 0
         BadField{"topk_group", 9, StatusCode::kInvalidArgument},
         BadField{"num_experts_per_tok", 300, StatusCode::kInvalidArgument},
         BadField{"first_k_dense_replace", 62, StatusCode::kInvalidArgument},
@@ -245,6 +246,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"hidden_size", int64_t{1} << 40, StatusCode::kInvalidArgument},
         BadField{"num_hidden_layers", 5000, StatusCode::kInvalidArgument},
         BadField{"n_routed_experts", int64_t{1} << 20, StatusCode::kInvalidArgument}));
+
+// n_group past the router's 1024 groups aborted the first forward; a V3 config without
+// n_group / topk_group takes Hugging Face's defaults (8 and 4), not one group.
+TEST(ModelConfigTest, ExpertGroupsAreBoundedAndDefaultAsInHuggingFace) {
+  nlohmann::json j = base_config();
+  j["n_routed_experts"] = 2048;
+  j["n_group"] = 2048;
+  j["topk_group"] = 2;
+  j["num_experts_per_tok"] = 2;
+  const Status s = parse_status(j);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("n_group"), std::string::npos) << s.message();
+  nlohmann::json defaults = base_config();
+  defaults.erase("n_group");
+  defaults.erase("topk_group");
+  Result<ModelConfig> c = parse_model_config(defaults.dump(), "m/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->n_group, 8);
+  EXPECT_EQ(c->topk_group, 4);
+}
 
 TEST(ModelConfigTest, RejectsBadJson) {
   const Status s = parse_model_config("{\"hidden_size\": 12,", "x/config.json").status();
