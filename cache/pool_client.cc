@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 
+#include "base/host_port.h"
 #include "cache/grpc_pool_transport.h"
 #include "cache/local_pool_transport.h"
 
@@ -31,12 +32,10 @@ Result<std::unique_ptr<PoolClient>> PoolClient::connect(std::string_view members
     size_t end = members.find(',', start);
     if (end == std::string_view::npos) end = members.size();
     const std::string address(members.substr(start, end - start));
-    const size_t colon = address.rfind(':');
-    if (address.empty() || colon == std::string::npos || colon == 0 ||
-        colon + 1 == address.size() ||
-        address.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
-      return invalid_argument("cache pool member '" + address + "' in '" + std::string(members) +
-                              "', expected HOST:PORT[,HOST:PORT...]");
+    if (Status valid = check_host_port(address, "cache pool member"); !valid.ok()) {
+      return address == members
+                 ? valid
+                 : invalid_argument(valid.message() + " in '" + std::string(members) + "'");
     }
     if (!seen.insert(address).second) {
       return invalid_argument("cache pool member '" + address + "' listed twice");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/host_port.h"
 #include "cache/pool.grpc.pb.h"
 #include "cache/socket_io.h"
 #include "cache/wire_format.h"
@@ -195,9 +196,7 @@ class PoolServer::Service final : public wire::CachePool::Service {
 
 Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBlockStore> store,
                                                       const PoolServerOptions& options) {
-  if (options.listen.find(':') == std::string::npos) {
-    return invalid_argument("cache server: --listen '" + options.listen + "', expected HOST:PORT");
-  }
+  PS_RETURN_IF_ERROR(check_host_port(options.listen, "cache server --listen", /*min_port=*/0));
   auto server = std::make_unique<PoolServer>(ConstructionKey{}, store);
   if (options.block_stream_port >= 0) {
     BlockStreamServerOptions stream;

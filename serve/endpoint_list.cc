@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/host_port.h"
+
 namespace peerserve {
 
 Result<std::vector<std::string>> parse_endpoint_list(const std::string& members,
@@ -11,10 +13,9 @@ Result<std::vector<std::string>> parse_endpoint_list(const std::string& members,
   while (start <= members.size()) {
     const size_t comma = std::min(members.find(',', start), members.size());
     std::string endpoint = members.substr(start, comma - start);
-    const size_t colon = endpoint.rfind(':');
-    if (endpoint.empty() || colon == std::string::npos || colon == 0 ||
-        colon + 1 == endpoint.size()) {
-      return invalid_argument(flag + " '" + members + "': expected HOST:PORT[,HOST:PORT...]");
+    if (Status valid = check_host_port(endpoint, flag); !valid.ok()) {
+      return endpoint == members ? valid
+                                 : invalid_argument(valid.message() + " in '" + members + "'");
     }
     if (std::find(endpoints.begin(), endpoints.end(), endpoint) != endpoints.end()) {
       return invalid_argument(flag + " lists " + endpoint + " twice");
