@@ -1,5 +1,7 @@
 // peerserve bench: load generator against an OpenAI-compatible server (see
 // serve/bench_client.h), in the manner of vLLM's benchmark_serving.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -28,46 +30,58 @@ int fail(const std::string& message) {
   return 2;
 }
 
+// The whole of `text` as a finite number ("1s", "5abc" and "nan" are not numbers).
+bool whole_number(const std::string& text, double* out) {
+  size_t used = 0;
+  try {
+    *out = std::stod(text, &used);
+  } catch (...) {
+    return false;
+  }
+  return !text.empty() && used == text.size() && std::isfinite(*out);
+}
+
 int run_bench_command(BenchCli cli) {
   BenchOptions& o = cli.options;
   if (cli.request_rate == "inf" || cli.request_rate == "infinity") {
     o.request_rate = std::numeric_limits<double>::infinity();
-  } else {
-    try {
-      o.request_rate = std::stod(cli.request_rate);
-    } catch (...) {
-      return fail("--request-rate '" + cli.request_rate + "': expected a number or inf");
-    }
+  } else if (!whole_number(cli.request_rate, &o.request_rate)) {
+    return fail("--request-rate '" + cli.request_rate + "': expected a number or inf");
   }
   for (const std::string& slo : cli.goodput) {
     const size_t colon = slo.find(':');
     double value = 0;
-    try {
-      value = colon == std::string::npos ? -1 : std::stod(slo.substr(colon + 1));
-    } catch (...) {
-      value = -1;
-    }
+    const bool number = colon != std::string::npos && whole_number(slo.substr(colon + 1), &value);
     const std::string name = slo.substr(0, colon);
-    if (value <= 0 || (name != "ttft" && name != "tpot" && name != "e2el")) {
-      return fail("--goodput '" + slo + "': expected ttft:MS, tpot:MS or e2el:MS");
+    if (!number || value <= 0 || (name != "ttft" && name != "tpot" && name != "e2el")) {
+      return fail("--goodput '" + slo + "': expected ttft:MS, tpot:MS or e2el:MS (milliseconds)");
     }
     (name == "ttft" ? o.slo_ttft_ms : name == "tpot" ? o.slo_tpot_ms : o.slo_e2el_ms) = value;
   }
   if (!cli.token_range.empty()) {
     const size_t colon = cli.token_range.find(':');
-    try {
-      if (colon == std::string::npos) throw 0;
-      o.token_low = std::stoi(cli.token_range.substr(0, colon));
-      o.token_high = std::stoi(cli.token_range.substr(colon + 1));
-    } catch (...) {
-      return fail("--token-range '" + cli.token_range + "': expected LO:HI");
+    double low = 0, high = 0;
+    const bool numbers = colon != std::string::npos &&
+                         whole_number(cli.token_range.substr(0, colon), &low) &&
+                         whole_number(cli.token_range.substr(colon + 1), &high);
+    if (!numbers || low != std::floor(low) || high != std::floor(high) || std::fabs(low) > 1e9 ||
+        std::fabs(high) > 1e9) {
+      return fail("--token-range '" + cli.token_range + "': expected LO:HI (token ids)");
     }
+    o.token_low = static_cast<int>(low);
+    o.token_high = static_cast<int>(high);
   }
   if (Status s = o.validate(); !s.ok()) return fail(s.message());
 
   BenchProgress progress;
+  // A bar redraws in place on a terminal only; elsewhere one line at the end.
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
   if (!cli.no_progress) {
-    progress = [](int32_t done, int32_t total) {
+    progress = [terminal](int32_t done, int32_t total) {
+      if (!terminal) {
+        if (done == total) std::fprintf(stderr, "sent %d/%d requests\n", done, total);
+        return;
+      }
       const int width = 40, filled = done * width / total;
       std::fprintf(stderr, "\r[%s%s] %d/%d", std::string(filled, '#').c_str(),
                    std::string(width - filled, ' ').c_str(), done, total);

@@ -173,10 +173,11 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "half the bytes of the largest batch-1 read) or bf16")
       ->check(CLI::IsMember({"int8", "bf16"}))
       ->capture_default_str();
-  sub->add_option("--calib", cli->calib,
-                  "Calibration text (UTF-8; e.g. /usr/share/common-licenses/Apache-2.0, not the "
-                  "text you evaluate on): the BF16 model runs over it and the pipeline steps "
-                  "choose their transforms on the recorded layer inputs (docs/quantization.md)");
+  CLI::Option* calib = sub->add_option(
+      "--calib", cli->calib,
+      "Calibration text (UTF-8; e.g. /usr/share/common-licenses/Apache-2.0, not the "
+      "text you evaluate on): the BF16 model runs over it and the pipeline steps "
+      "choose their transforms on the recorded layer inputs (docs/quantization.md)");
   sub->add_option("--pipeline", cli->pipeline,
                   "Calibration steps: rtn (round to nearest, no calibration), smooth "
                   "(SmoothQuant, alpha 0.5, power-of-two scales folded into the RMSNorm and "
@@ -186,15 +187,19 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "steps joined by '+' (smooth+clip, search+clip, full+compensate, ...); full "
                   "= search+clip. Default: full with --calib, else rtn");
   sub->add_option("--calib-tokens", cli->calib_tokens,
-                  "At most this many calibration tokens (windows of 256)")
+                  "At most this many calibration tokens (windows of 256); with --calib")
+      ->needs(calib)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--calib-rows", cli->calib_rows,
-                  "Input rows sampled per weight for the error objective")
+                  "Input rows sampled per weight for the error objective; with --calib")
+      ->needs(calib)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_threads_option(sub, &cli->threads);
-  sub->add_flag("--calib-report", cli->report, "Print each group's objective and choice");
+  sub->add_flag("--calib-report", cli->report,
+                "Print each group's objective and choice; with --calib")
+      ->needs(calib);
   sub->callback([cli] { set_command_exit_code(run_quantize(*cli)); });
 });
 

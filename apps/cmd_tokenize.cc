@@ -113,15 +113,26 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--model", cli->model_dir, "Model folder with tokenizer.json")->required();
   sub->add_option("--text", cli->text, "Text to encode");
   sub->add_option("--file", cli->file, "File whose contents to encode");
-  sub->add_option("--decode", cli->decode, "Comma-separated token ids to decode");
-  sub->add_option("--chat", cli->chat_file,
-                  "JSON file with an array of chat messages to render with the chat template");
-  sub->add_flag("--no-special", cli->no_special, "Do not add BOS/EOS when encoding");
-  sub->add_flag("--skip-special", cli->skip_special, "Drop special tokens when decoding");
+  CLI::Option* decode =
+      sub->add_option("--decode", cli->decode, "Comma-separated token ids to decode");
+  CLI::Option* chat =
+      sub->add_option("--chat", cli->chat_file,
+                      "JSON file with an array of chat messages to render with the chat template");
+  // Flags for one kind of input are refused with another (they would be ignored).
+  sub->add_flag("--no-special", cli->no_special,
+                "With --text or --file: do not add BOS/EOS when encoding")
+      ->excludes(decode)
+      ->excludes(chat);
+  sub->add_flag("--skip-special", cli->skip_special, "With --decode: drop special tokens")
+      ->needs(decode);
   sub->add_flag("--generation-prompt", cli->generation_prompt,
-                "With --chat: end with the assistant prompt (add_generation_prompt)");
-  sub->add_flag("--render", cli->render, "With --chat: print the rendered text, not ids");
-  sub->add_flag("--show-tokens", cli->show_tokens, "Print one 'id<TAB>token' line per token");
+                "With --chat: end with the assistant prompt (add_generation_prompt)")
+      ->needs(chat);
+  sub->add_flag("--render", cli->render, "With --chat: print the rendered text, not ids")
+      ->needs(chat);
+  sub->add_flag("--show-tokens", cli->show_tokens,
+                "When encoding: print one 'id<TAB>token' line per token")
+      ->excludes(decode);
   sub->callback([cli] { set_command_exit_code(run_tokenize(*cli)); });
 });
 

@@ -19,12 +19,12 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
                    "docs/speculative_decoding.md)")
       ->check(CLI::IsMember({"off", "mtp", "auto"}))
       ->capture_default_str();
-  command
-      ->add_option("--num-speculative-tokens", cli->num_tokens,
-                   "Draft tokens per step with --speculative mtp (1.." +
-                       std::to_string(kMaxSpeculativeTokens) +
-                       "; above 1 the MTP layer runs autoregressively)")
-      ->capture_default_str();
+  cli->num_tokens_option = command
+                               ->add_option("--num-speculative-tokens", cli->num_tokens,
+                                            "Draft tokens per step with --speculative mtp (1.." +
+                                                std::to_string(kMaxSpeculativeTokens) +
+                                                "; above 1 the MTP layer runs autoregressively)")
+                               ->capture_default_str();
 }
 
 Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,
@@ -33,6 +33,13 @@ Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli
   if (cli.num_tokens < 1 || cli.num_tokens > kMaxSpeculativeTokens) {
     return invalid_argument("--num-speculative-tokens " + std::to_string(cli.num_tokens) +
                             ": expected 1.." + std::to_string(kMaxSpeculativeTokens));
+  }
+  if (cli.num_tokens_option != nullptr && cli.num_tokens_option->count() > 0 &&
+      cli.method != "mtp") {
+    // off drafts nothing and auto drafts one: the count would be ignored.
+    return invalid_argument(
+        "--num-speculative-tokens is for --speculative mtp (this is --speculative " + cli.method +
+        ")");
   }
   if (cli.method == "off") return setting;
   if (cli.method == "auto") {

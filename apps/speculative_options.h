@@ -16,6 +16,8 @@ namespace peerserve {
 struct SpeculativeCli {
   std::string method = "off";
   int32_t num_tokens = 1;
+  // The --num-speculative-tokens option (set by add_speculative_options): whether it was given.
+  const CLI::Option* num_tokens_option = nullptr;
 };
 
 struct SpeculativeSetting {
@@ -28,7 +30,7 @@ struct SpeculativeSetting {
 void add_speculative_options(CLI::App* command, SpeculativeCli* cli);
 
 // The setting for a model with (or without) an MTP layer. Errors: mtp without an MTP layer,
-// K outside 1..kMaxSpeculativeTokens.
+// K outside 1..kMaxSpeculativeTokens, K given without --speculative mtp.
 Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,
                                                        bool model_has_mtp);
 
