@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apps/command_registry.h"
+#include "apps/whole_number_validator.h"
 #include "serve/bench_client.h"
 
 namespace peerserve {
@@ -124,7 +125,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--prefix-share", o.prefix_share,
                   "Fraction of the prompt shared by all requests (0..1)")
       ->capture_default_str();
-  sub->add_option("--seed", o.seed, "Seed for prompts and arrivals")->capture_default_str();
+  sub->add_option("--seed", o.seed, "Seed for prompts and arrivals")
+      ->check(whole_number_at_most())
+      ->capture_default_str();
   sub->add_option("--token-range", cli->token_range,
                   "Prompt token ids drawn from LO:HI (default 10:250)");
   sub->add_option("--goodput", cli->goodput, "SLOs for goodput: ttft:MS tpot:MS e2el:MS");

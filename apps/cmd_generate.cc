@@ -23,6 +23,7 @@
 #include "apps/speculative_options.h"
 #include "apps/threads_option.h"
 #include "apps/token_id_list.h"
+#include "apps/whole_number_validator.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_executor.h"
@@ -322,12 +323,13 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--prompt", cli->prompt, "Prompt text (needs tokenizer.json)");
   sub->add_option("--prompt-ids", cli->prompt_ids, "Prompt as comma-separated token ids");
   sub->add_flag("--chat", cli->chat, "Wrap the prompt as a user message with the chat template");
-  sub->add_option("--max-tokens", cli->max_tokens, "Tokens to generate (default 64)");
+  sub->add_option("--max-tokens", cli->max_tokens, "Tokens to generate (default 64)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
   sub->add_option("--temperature", cli->temperature,
                   "Sampling temperature; 0 = greedy (default 0)");
   sub->add_option("--top-p", cli->top_p, "Nucleus sampling mass (default 1 = off)");
   sub->add_option("--top-k", cli->top_k, "Keep the k most likely tokens (default 0 = off)");
-  sub->add_option("--seed", cli->seed, "Sampling seed (default 0)");
+  sub->add_option("--seed", cli->seed, "Sampling seed (default 0)")->check(whole_number_at_most());
   add_threads_option(sub, &cli->threads);
   sub->add_option("--precision", cli->precision,
                   "GEMM activation precision: bf16 (default) or fp32");

@@ -8,6 +8,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
+#include "apps/whole_number_validator.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
@@ -97,6 +98,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "decoder layers instead of the preset's (>= 1; v2-lite with 4: 2.25 B)");
   sub->add_option("--out", options->out_dir, "output directory")->required();
   sub->add_option("--seed", options->seed, "weight seed (same seed, same bytes)")
+      ->check(whole_number_at_most())
       ->capture_default_str();
   sub->add_flag("--fp8", options->fp8,
                 "store linear weights as F8_E4M3 with F32 128x128 (tiny, tiny-v2: 32x32) block "

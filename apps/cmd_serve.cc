@@ -28,6 +28,7 @@
 #include "apps/serve_router_role.h"
 #include "apps/speculative_options.h"
 #include "apps/threads_option.h"
+#include "apps/whole_number_validator.h"
 #include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
 #include "cache/pool_client.h"
@@ -709,11 +710,14 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
   sub->add_option("--served-model-name", cli->served_model_name,
                   "Model name clients use (default: the --model folder's name)");
+  // Checked here, before the model loads (minutes for a real checkpoint).
   sub->add_option("--max-num-seqs", cli->max_num_seqs, "Sequences in the running batch at most")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   sub->add_option(
          "--max-num-batched-tokens", cli->max_num_batched_tokens,
          "Tokens per engine step at most (prefill chunks + decodes); at least --max-num-seqs")
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   sub->add_option("--max-prefill-chunk-tokens", cli->max_prefill_chunk_tokens,
                   "Prompt tokens one sequence computes per step at most while others are "
@@ -729,12 +733,17 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/ routes");
   sub->add_option("--max-model-len", cli->max_model_len,
                   "Context length (prompt + output) limit (default: the model's, lowered to what "
-                  "the KV cache holds; a larger explicit value is refused)");
-  sub->add_option("--block-size", cli->block_size, "Tokens per KV block")->capture_default_str();
+                  "the KV cache holds; a larger explicit value is refused)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  sub->add_option("--block-size", cli->block_size, "Tokens per KV block")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   sub->add_option("--max-waiting-requests", cli->max_waiting_requests,
                   "Waiting sequences at most; beyond it requests get 429")
+      ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
   sub->add_option("--max-body-bytes", cli->max_body_bytes, "Request bodies beyond this get 413")
+      ->check(whole_number_at_most(uint64_t{1} << 36, 1))
       ->capture_default_str();
   add_threads_option(sub, &cli->threads);
   sub->add_flag("--no-prefix-caching", cli->no_prefix_caching, "Disable prefix caching");
@@ -838,7 +847,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "With --role router: how often every instance's /health is asked (down "
                   "instances leave the rotation and come back when healthy)")
       ->capture_default_str();
-  sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)");
+  sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)")
+      ->check(whole_number_at_most());
   sub->add_option("--chat-template", cli->chat_template,
                   "Jinja chat template FILE used instead of the model's (e.g. "
                   "data/chat_templates/deepseek_v3_tools.jinja, which also shows the model the "

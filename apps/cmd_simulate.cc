@@ -12,6 +12,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/plan_command_inputs.h"
+#include "apps/whole_number_validator.h"
 #include "plan/sim/simulator.h"
 #include "plan/sim/workload.h"
 
@@ -177,7 +178,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   cmd->add_option("--output", o->output, "output lengths (same forms)")->capture_default_str();
   cmd->add_option("--reuse", o->reuse, "fraction of each prompt in the context cache")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "random seed")
+      ->check(whole_number_at_most())
+      ->capture_default_str();
   cmd->add_option("--memory-pool-path", o->memory_pool_path,
                   "caching-pool path for context-cache hits (default: the hardware's first)");
   cmd->add_option("--requests-csv", o->requests_csv, "write one line per request here");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "apps/command_registry.h"
+#include "apps/whole_number_validator.h"
 #include "plan/afd/afd_cli.h"
 #include "plan/afd/afd_reproduction.h"
 #include "plan/afd/afd_sweep.h"
@@ -254,7 +255,9 @@ void add_plan_afd_command(CLI::App& plan) {
                   "simulated prompt lengths")
       ->check(CLI::IsMember({"constant", "uniform", "exponential"}))
       ->capture_default_str();
-  sub->add_option("--seed", options->seed, "simulator seed")->capture_default_str();
+  sub->add_option("--seed", options->seed, "simulator seed")
+      ->check(whole_number_at_most())
+      ->capture_default_str();
   sub->add_option("--sweep", options->sweep, "parameter to sweep r* over: B, mu_P or mu_D");
   sub->add_option("--values", options->sweep_values, "values for --sweep")->delimiter(',');
   sub->add_option("--max-ffn", options->max_ffn, "largest FFN count for the integer bundle")

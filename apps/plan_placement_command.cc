@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/command_registry.h"
+#include "apps/whole_number_validator.h"
 #include "plan/placement/placement_cli.h"
 #include "plan/placement/placement_study.h"
 #include "plan/placement/routing_statistics.h"
@@ -304,7 +305,9 @@ void add_plan_placement_command(CLI::App& plan) {
   sub->add_option("--task-variation", o->synthetic.task_variation,
                   "synthetic: fraction of ranks each profile reshuffles")
       ->capture_default_str();
-  sub->add_option("--seed", o->synthetic.seed, "synthetic: seed")->capture_default_str();
+  sub->add_option("--seed", o->synthetic.seed, "synthetic: seed")
+      ->check(whole_number_at_most())
+      ->capture_default_str();
   sub->add_option("--write-trace", o->write_trace,
                   "write the requests as <dir>/<n>.json in the published format");
   sub->add_option("--algorithm", o->algorithm,
