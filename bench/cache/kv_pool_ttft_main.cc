@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "cache/pool_client.h"
 #include "kernels/cpu_features.h"
 #include "kv/kv_namespace.h"
@@ -196,11 +197,11 @@ int main(int argc, char** argv) {
     } else if (a == "--pool") {
       args.pool = value();
     } else if (a == "--prompt-len") {
-      args.prompt_len = std::atoll(value().c_str());
+      args.prompt_len = peerserve::bench::flag_integer(a, value(), 1, 1 << 24);
     } else if (a == "--reps") {
-      args.reps = std::atoi(value().c_str());
+      args.reps = static_cast<int>(peerserve::bench::flag_integer(a, value(), 1, 1 << 20));
     } else if (a == "--threads") {
-      args.threads = std::atoi(value().c_str());
+      args.threads = static_cast<int>(peerserve::bench::flag_integer(a, value(), 0, 1024));
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: peerserve_bench_kv_pool_ttft --model DIR [options]\n"

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "cache/block_stream_client.h"
 #include "cache/block_stream_server.h"
 #include "cache/grpc_pool_transport.h"
@@ -367,15 +368,15 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--repeats") {
-      o.repeats = std::max(1, std::atoi(value().c_str()));
+      o.repeats = static_cast<int>(peerserve::bench::flag_integer(arg, value(), 1, 1 << 20));
     } else if (arg == "--iterations") {
-      o.iterations = std::max(1, std::atoi(value().c_str()));
+      o.iterations = static_cast<int>(peerserve::bench::flag_integer(arg, value(), 1, 1 << 24));
     } else if (arg == "--batch") {
-      o.batch = std::max(1, std::atoi(value().c_str()));
+      o.batch = static_cast<int>(peerserve::bench::flag_integer(arg, value(), 1, 1 << 20));
     } else if (arg == "--server") {
       o.server = value();
     } else {
-      const bool help = arg == "--help";
+      const bool help = arg == "--help" || arg == "-h";
       if (!help) std::fprintf(stderr, "unknown option: %s\n", arg.c_str());
       std::fprintf(
           help ? stdout : stderr,

@@ -36,6 +36,7 @@
 
 #include "base/check.h"
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "kernels/activation.h"
 #include "kernels/cpu_features.h"
 #include "kernels/int8_matrix.h"
@@ -603,14 +604,9 @@ Flags parse_flags(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--all-isa") == 0) {
       f.all_isa = true;
     } else if (std::strcmp(argv[i], "--threads") == 0) {
-      // A checked count: atoi turned a typo into 0, all cores, silently.
-      char* end = nullptr;
-      const long value = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : -1;
-      if (i + 1 >= argc || end == argv[i + 1] || *end != '\0' || value < 0 || value > 1024) {
-        std::fprintf(stderr, "--threads: expected a count 0..1024 (0: one per core)\n");
-        std::exit(2);
-      }
-      f.threads = static_cast<int>(value);
+      // 0: one per core.
+      f.threads = static_cast<int>(
+          peerserve::bench::flag_integer("--threads", i + 1 < argc ? argv[i + 1] : "", 0, 1024));
       ++i;
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       f.time = TimeSource::kThreadCpu;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "kernels/bf16_convert.h"
 #include "kernels/matmul.h"
 
@@ -140,7 +141,7 @@ int run(int argc, char** argv) {
   TimeSource time = TimeSource::kWall;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      threads = std::atoi(argv[++i]);
+      threads = static_cast<int>(peerserve::bench::flag_integer("--threads", argv[++i], 0, 1024));
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       time = TimeSource::kThreadCpu;
     } else {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "dist/expert_dispatch.h"
 #include "dist/mpi_communicator.h"
 #include "kernels/cpu_features.h"
@@ -303,7 +304,7 @@ int main(int argc, char** argv) {
       }
       windows = *parsed;
     } else if (flag == "--iterations") {
-      iterations = std::max(1, std::atoi(value.c_str()));
+      iterations = static_cast<int>(peerserve::bench::flag_integer(flag, value, 1, 1 << 24));
     } else {
       std::fprintf(stderr, "error: unknown flag %s\n%s", flag.c_str(), kUsage);
       return 2;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "bench/model/mini_model.h"
 #include "kernels/cpu_features.h"
 #include "model/checkpoint/checkpoint.h"
@@ -168,21 +169,9 @@ read / streaming read bandwidth).
   --help                 this text
 )";
 
-// The integer value of `key`, or exit 2 naming it (stoll would throw out of main).
+// The integer value of `key`, or exit 2 naming it.
 int64_t integer_value(const std::string& key, const std::string& value) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || v < 0 || v > (int64_t{1} << 40)) {
-    std::fprintf(stderr, "%s: expected a non-negative integer, got '%s'\n", key.c_str(),
-                 value.c_str());
-    std::exit(2);
-  }
-  return v;
+  return peerserve::bench::flag_integer(key, value, 0, int64_t{1} << 40);
 }
 
 Args parse_args(int argc, char** argv) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "dist/ep_session.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -51,33 +52,35 @@ bool parse(int argc, char** argv, Args* args) {
     if (flag == "--model") {
       args->model_dir = value();
     } else if (flag == "--threads") {
-      args->threads = std::atoi(value().c_str());
+      args->threads = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 0, 1024));
     } else if (flag == "--batches") {
       args->batches.clear();
       std::stringstream list(value());
       for (std::string item; std::getline(list, item, ',');) {
-        args->batches.push_back(std::atoll(item.c_str()));
+        args->batches.push_back(peerserve::bench::flag_integer(flag, item, 1, 1 << 20));
       }
     } else if (flag == "--context") {
-      args->context = std::atoll(value().c_str());
+      args->context = peerserve::bench::flag_integer(flag, value(), 0, int64_t{1} << 40);
     } else if (flag == "--steps") {
-      args->steps = std::atoll(value().c_str());
+      args->steps = peerserve::bench::flag_integer(flag, value(), 1, int64_t{1} << 40);
     } else if (flag == "--runs") {
-      args->runs = std::atoi(value().c_str());
+      args->runs = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 1, 1 << 20));
     } else if (flag == "--microbatches") {
-      args->microbatches = std::atoi(value().c_str());
+      args->microbatches = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 1, 2));
     } else if (flag == "--microbatch-split") {
       args->split = value();
     } else if (flag == "--ep") {
-      args->ep.ep = std::atoi(value().c_str());
+      args->ep.ep = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 1, 4096));
     } else if (flag == "--ep-dispatch-dtype") {
       args->ep.dispatch_dtype = value();
     } else if (flag == "--eplb-redundant-experts") {
-      args->ep.eplb_redundant_experts = std::atoi(value().c_str());
+      args->ep.eplb_redundant_experts =
+          static_cast<int>(peerserve::bench::flag_integer(flag, value(), 0, 1 << 20));
     } else if (flag == "--ep-transport") {
       args->ep.windows = value();
     } else if (flag == "--ep-split-rows") {
-      args->ep.split_rows = std::atoi(value().c_str());
+      args->ep.split_rows =
+          static_cast<int>(peerserve::bench::flag_integer(flag, value(), 0, 1 << 20));
     } else {
       const bool help = flag == "--help";
       if (!help) std::fprintf(stderr, "unknown option: %s\n", flag.c_str());

@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/flag_value.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_executor.h"
@@ -310,17 +311,17 @@ int main(int argc, char** argv) {
     } else if (arg == "--heldout" && has_value) {
       o.heldout_path = argv[++i];
     } else if (arg == "--prompts" && has_value) {
-      o.prompts = std::atoi(argv[++i]);
+      o.prompts = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 24));
     } else if (arg == "--prompt-len" && has_value) {
-      o.prompt_len = std::atoi(argv[++i]);
+      o.prompt_len = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 24));
     } else if (arg == "--new-tokens" && has_value) {
-      o.new_tokens = std::atoi(argv[++i]);
+      o.new_tokens = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 24));
     } else if (arg == "--window" && has_value) {
-      o.window = std::atoi(argv[++i]);
+      o.window = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 2, 1 << 24));
     } else if (arg == "--precision" && has_value) {
       o.precision = argv[++i];
     } else if (arg == "--threads" && has_value) {
-      o.threads = std::atoi(argv[++i]);
+      o.threads = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 0, 1024));
     } else {
       std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/flag_value.h"
 #include "kernels/cpu_features.h"
 #include "model/deepseek_model.h"
 #include "tokenizer/tokenizer.h"
@@ -173,11 +174,11 @@ int main(int argc, char** argv) {
     } else if (a == "--text" && has_value) {
       args.text = argv[++i];
     } else if (a == "--max-tokens" && has_value) {
-      args.max_tokens = std::atoll(argv[++i]);
+      args.max_tokens = peerserve::bench::flag_integer(a, argv[++i], 1, int64_t{1} << 40);
     } else if (a == "--window" && has_value) {
-      args.window = std::atoll(argv[++i]);
+      args.window = peerserve::bench::flag_integer(a, argv[++i], 2, 1 << 24);
     } else if (a == "--threads" && has_value) {
-      args.threads = std::atoi(argv[++i]);
+      args.threads = static_cast<int>(peerserve::bench::flag_integer(a, argv[++i], 0, 1024));
     } else if (a == "--compare" && has_value) {
       const std::string spec = argv[++i];
       const size_t eq = spec.find('=');

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/ceilings/machine_ceilings.h"
+#include "bench/flag_value.h"
 #include "bench/model/mini_model.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_executor.h"
@@ -147,11 +148,13 @@ Result<SpeculativePolicy> calibrate(DeepseekModel& model, const std::vector<int>
   return policy;
 }
 
-std::vector<int> parse_list(const std::string& s) {
+std::vector<int> parse_list(const char* flag, const std::string& s) {
   std::vector<int> out;
   std::stringstream in(s);
   std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::atoi(item.c_str()));
+  while (std::getline(in, item, ',')) {
+    out.push_back(static_cast<int>(peerserve::bench::flag_integer(flag, item, 1, 1 << 20)));
+  }
   return out;
 }
 
@@ -285,17 +288,18 @@ int main(int argc, char** argv) {
     } else if (arg == "--text" && has_value) {
       args.text = argv[++i];
     } else if (arg == "--batch" && has_value) {
-      args.batches = peerserve::parse_list(argv[++i]);
+      args.batches = peerserve::parse_list("--batch", argv[++i]);
     } else if (arg == "--k" && has_value) {
-      args.ks = peerserve::parse_list(argv[++i]);
+      args.ks = peerserve::parse_list("--k", argv[++i]);
     } else if (arg == "--prompt" && has_value) {
-      args.prompt = std::atoi(argv[++i]);
+      args.prompt = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 24));
     } else if (arg == "--new-tokens" && has_value) {
-      args.new_tokens = std::atoi(argv[++i]);
+      args.new_tokens =
+          static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 24));
     } else if (arg == "--runs" && has_value) {
-      args.runs = std::atoi(argv[++i]);
+      args.runs = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 20));
     } else if (arg == "--threads" && has_value) {
-      args.threads = std::atoi(argv[++i]);
+      args.threads = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 0, 1024));
     } else {
       std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;
