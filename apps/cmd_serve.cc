@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,7 +96,28 @@ struct ServeCli {
   std::string tool_call_parser = "deepseek_v3";
   bool enable_auto_tool_choice = false;
   bool allow_forced_output = false;
+  // The serve command, to tell which flags were given (set at registration).
+  const CLI::App* command = nullptr;
 };
+
+// The first flag given on the command line that `allowed` refuses, or empty. A flag of
+// another role would be ignored: it is an error instead.
+std::string flag_of_another_role(const ServeCli& cli,
+                                 const std::function<bool(const std::string&)>& allowed) {
+  if (cli.command == nullptr) return {};
+  for (const CLI::Option* option : cli.command->get_options()) {
+    const std::string name = option->get_name();
+    if (option->count() > 0 && name.rfind("--", 0) == 0 && !allowed(name)) return name;
+  }
+  return {};
+}
+
+bool is_one_of(const std::string& name, std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    if (name == n) return true;
+  }
+  return false;
+}
 
 // --chat-template FILE, read and parsed before the model loads so that a bad file fails
 // fast.
@@ -147,6 +169,18 @@ int run_router(const ServeCli& cli) {
         "--role router loads no model and uses no pool: drop --model, --model-cache and "
         "--kv-pool (give them to the decode instances)"));
   }
+  const std::string engine_flag = flag_of_another_role(cli, [](const std::string& name) {
+    return is_one_of(name, {"--role", "--host", "--port", "--api-key", "--decode", "--prefill",
+                            "--max-body-bytes", "--max-connections", "--max-connections-per-client",
+                            "--http-header-timeout", "--http-idle-timeout", "--max-unsent-bytes",
+                            "--shutdown-timeout", "--router-connect-timeout-ms",
+                            "--router-read-timeout-s", "--health-check-interval-ms"});
+  });
+  if (!engine_flag.empty()) {
+    return fail(invalid_argument(engine_flag +
+                                 " is not for --role router (it runs no engine); give it to the "
+                                 "instances behind the router"));
+  }
   if (cli.port < 0 || cli.port > 65535) {
     return fail(invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"));
   }
@@ -175,6 +209,18 @@ int run_serve(const ServeCli& cli) {
   if (cli.role == "router") return run_router(cli);
   if (!cli.decode_instances.empty()) {
     return fail(invalid_argument("--decode is for --role router"));
+  }
+  const std::string other_role_flag = flag_of_another_role(cli, [&cli](const std::string& name) {
+    if (is_one_of(name, {"--router-connect-timeout-ms", "--router-read-timeout-s",
+                         "--health-check-interval-ms"})) {
+      return false;
+    }
+    return cli.role == "decode" ||
+           !is_one_of(name, {"--prefill-timeout-ms", "--kv-handoff-port", "--kv-handoff-host"});
+  });
+  if (!other_role_flag.empty()) {
+    return fail(
+        invalid_argument(other_role_flag + " is not for --role " + cli.role + " (see --help)"));
   }
   if (cli.model_dir.empty()) return fail(invalid_argument("--model DIR is required"));
   // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
@@ -753,11 +799,13 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "other's expert exchange is in flight; docs/forward_stages.md)")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
+  CLI::Option* microbatches_option = sub->get_option("--microbatches");
   sub->add_option("--microbatch-split", cli->microbatch_split,
                   "With --microbatches 2, which steps run as two microbatches: measured (each "
                   "step size runs the way it measured faster, so the pipeline is never slower "
                   "than one microbatch beyond a little exploration; under --ep rank 0's "
                   "measurements decide for all ranks) or always")
+      ->needs(microbatches_option)
       ->check(CLI::IsMember({"measured", "always"}))
       ->capture_default_str();
   add_ep_options(sub, &cli->ep);
@@ -815,37 +863,44 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--prefill-timeout-ms", cli->prefill_timeout_ms,
                   "With --role decode: a prefill call gives up after this long (then the next "
                   "instance, then a local prefill)")
+      ->check(CLI::Range(1, 3600000))
       ->capture_default_str();
   sub->add_option("--kv-handoff-port", cli->kv_handoff_port,
                   "With --role decode: port where prefill instances push prompt KV straight "
                   "into the blocks this instance reserved for it (0: any free port; under "
                   "--ep, rank r listens on PORT + r; -1: no direct push, the KV comes through "
                   "the pool)")
+      ->check(CLI::Range(-1, 65535))
       ->capture_default_str();
   sub->add_option("--kv-handoff-host", cli->kv_handoff_host,
                   "With --role decode: the address prefill instances reach the hand-off port "
                   "at (default: --host, or 127.0.0.1 when --host is 0.0.0.0 or ::)");
-  sub->add_option("--model-cache", cli->model_cache,
-                  "HOST:PORT,... of 'peerserve cache-server' members holding model weights: "
-                  "when --model DIR has no checkpoint, it is fetched from them into DIR; "
-                  "otherwise it is published there after loading, for later engines "
-                  "(docs/caching_pool.md)");
+  CLI::Option* model_cache =
+      sub->add_option("--model-cache", cli->model_cache,
+                      "HOST:PORT,... of 'peerserve cache-server' members holding model weights: "
+                      "when --model DIR has no checkpoint, it is fetched from them into DIR; "
+                      "otherwise it is published there after loading, for later engines "
+                      "(docs/caching_pool.md)");
   sub->add_option("--model-cache-id", cli->model_cache_id,
-                  "The model's name in the model cache (default: the --model folder's name)");
+                  "The model's name in the model cache (default: the --model folder's name)")
+      ->needs(model_cache);
   sub->add_option("--decode", cli->decode_instances,
                   "With --role router: HOST:PORT,... of the instances requests go to ('serve "
                   "--role decode', or any peerserve server of the same model)");
   sub->add_option("--router-connect-timeout-ms", cli->router_connect_timeout_ms,
                   "With --role router: connecting to an instance gives up after this long (then "
                   "the next instance is tried)")
+      ->check(CLI::Range(1, 600000))
       ->capture_default_str();
   sub->add_option("--router-read-timeout-s", cli->router_read_timeout_s,
                   "With --role router: an instance silent this long (before its answer starts, "
                   "or between two pieces of it) has failed the request")
+      ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   sub->add_option("--health-check-interval-ms", cli->health_check_interval_ms,
                   "With --role router: how often every instance's /health is asked (down "
                   "instances leave the rotation and come back when healthy)")
+      ->check(CLI::Range(10, 3600000))
       ->capture_default_str();
   sub->add_option("--seed", cli->seed, "Seed for requests without one (0 = random)")
       ->check(whole_number_at_most());
@@ -866,6 +921,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                 "Testing hook: a chat request's 'peerserve_forced_output' text is decoded "
                 "instead of the model's choice (to test clients against known output); never "
                 "in production");
+  cli->command = sub;
   sub->callback([cli] { set_command_exit_code(run_serve(*cli)); });
 });
 

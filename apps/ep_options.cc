@@ -3,17 +3,20 @@
 namespace peerserve {
 
 void add_ep_options(CLI::App* command, EpCli* cli) {
-  command
-      ->add_option("--ep", cli->ep,
-                   "Expert-parallel ranks: run as 'mpirun -np N peerserve <command> --ep N ...'; "
-                   "each rank loads 1/N of the routed experts (docs/expert_parallelism.md)")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  CLI::Option* ep =
+      command
+          ->add_option(
+              "--ep", cli->ep,
+              "Expert-parallel ranks: run as 'mpirun -np N peerserve <command> --ep N ...'; "
+              "each rank loads 1/N of the routed experts (docs/expert_parallelism.md)")
+          ->check(CLI::Range(1, 4096))
+          ->capture_default_str();
   command
       ->add_option("--ep-dispatch-dtype", cli->dispatch_dtype,
                    "How tokens travel to their experts' ranks: int8 (per-token scale), bf16, or "
                    "fp32 (bitwise equal to one process)")
       ->check(CLI::IsMember({"int8", "bf16", "fp32"}))
+      ->needs(ep)  // without --ep there is one process: it would be ignored
       ->capture_default_str();
   command
       ->add_option("--ep-transport", cli->windows,
@@ -22,11 +25,13 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
                    "puts even on one host (the cross-host path; mpirun's --mca options pick "
                    "the transport, e.g. '--mca osc pt2pt --mca btl self,tcp')")
       ->check(CLI::IsMember({"auto", "network"}))
+      ->needs(ep)
       ->capture_default_str();
   command
       ->add_option("--ep-timeout-ms", cli->peer_timeout_ms,
                    "A peer rank silent for this long is reported lost and the job ends")
       ->check(CLI::Range(100, 3600000))
+      ->needs(ep)
       ->capture_default_str();
   command
       ->add_option("--ep-load-timeout-ms", cli->load_timeout_ms,
@@ -35,6 +40,7 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
                    "the job before it reports them lost; loading is slower and more uneven than "
                    "an exchange")
       ->check(CLI::Range(100, 86400000))
+      ->needs(ep)
       ->capture_default_str();
   command
       ->add_option("--ep-split-rows", cli->split_rows,
@@ -42,12 +48,14 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
                    "ranks (tensor parallel) in steps where no rank brings more rows than this; "
                    "0 = never (docs/expert_parallelism.md)")
       ->check(CLI::Range(0, 1 << 16))
+      ->needs(ep)
       ->capture_default_str();
   command
       ->add_option("--eplb-interval", cli->eplb_interval,
                    "Rebalance the experts over the ranks every N steps from the loads counted "
                    "since the last rebalance (online EPLB; 0 = never)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->needs(ep)
       ->capture_default_str();
   command
       ->add_option("--eplb-redundant-experts", cli->eplb_redundant_experts,
@@ -58,6 +66,7 @@ void add_ep_options(CLI::App* command, EpCli* cli) {
                    "(docs/expert_parallelism.md: mini EP=2 batch 1 +10-19%) at the cost of "
                    "their memory")
       ->check(CLI::Range(0, 1 << 16))
+      ->needs(ep)
       ->capture_default_str();
   command->parse_complete_callback([cli] {
     // Copies are only placed by a rebalance: without one the slots would stay empty, silently.

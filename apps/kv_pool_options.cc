@@ -10,31 +10,44 @@
 namespace peerserve {
 
 void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
-  command->add_option("--kv-pool", cli->members,
-                      "Caching pool for context caching: HOST:PORT,... of 'peerserve "
-                      "cache-server' members (consistent hashing), or 'local' for an "
-                      "in-process pool. Prompts look up their KV blocks there after the local "
-                      "prefix cache; new full prompt blocks are stored there. Default: none");
+  // The other flags are refused without --kv-pool (they would be ignored).
+  CLI::Option* pool =
+      command->add_option("--kv-pool", cli->members,
+                          "Caching pool for context caching: HOST:PORT,... of 'peerserve "
+                          "cache-server' members (consistent hashing), or 'local' for an "
+                          "in-process pool. Prompts look up their KV blocks there after the local "
+                          "prefix cache; new full prompt blocks are stored there. Default: none");
   command->add_option("--kv-pool-dram", cli->dram, "With --kv-pool local: its DRAM tier (bytes)")
+      ->needs(pool)
       ->capture_default_str();
-  command->add_option("--kv-pool-ssd-dir", cli->ssd_dir,
-                      "With --kv-pool local: directory of its SSD tier (persisted blocks)");
+  CLI::Option* ssd_dir =
+      command
+          ->add_option("--kv-pool-ssd-dir", cli->ssd_dir,
+                       "With --kv-pool local: directory of its SSD tier (persisted blocks)")
+          ->needs(pool);
   command->add_option("--kv-pool-ssd", cli->ssd, "With --kv-pool-ssd-dir: its capacity (bytes)")
+      ->needs(ssd_dir)
       ->capture_default_str();
   command
       ->add_option("--kv-namespace", cli->name_space,
                    "Pool namespace (tenant): blocks are shared only between engines of the "
                    "same namespace; 1-64 of [A-Za-z0-9._-]")
+      ->needs(pool)
       ->capture_default_str();
-  command->add_option("--kv-model-id", cli->model_id,
-                      "Identity of the weights in pool keys (default: a fingerprint of the "
-                      "checkpoint files); engines with the same id must have the same weights");
+  command
+      ->add_option("--kv-model-id", cli->model_id,
+                   "Identity of the weights in pool keys (default: a fingerprint of the "
+                   "checkpoint files); engines with the same id must have the same weights")
+      ->needs(pool);
   command
       ->add_option("--kv-pool-timeout-ms", cli->timeout_ms,
                    "Each pool call gives up after this long (then: a miss, recomputed)")
+      ->needs(pool)
       ->capture_default_str();
-  command->add_flag("--kv-pool-store-decode", cli->store_decode_blocks,
-                    "Also store blocks holding generated tokens (default: prompt blocks only)");
+  command
+      ->add_flag("--kv-pool-store-decode", cli->store_decode_blocks,
+                 "Also store blocks holding generated tokens (default: prompt blocks only)")
+      ->needs(pool);
 }
 
 Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
