@@ -277,9 +277,10 @@ case("--ep 2 under mpirun -np 4", bad(base + ["--ep", "2"], 4, "mpirun started 4
 case("--ep 2 without mpirun", bad(base + ["--ep", "2"], 1, "not started by mpirun"))
 case("mpirun -np 2 without --ep", bad(base, 2, "pass --ep 2"))
 case("copies without rebalances",
-     bad(base + ["--eplb-redundant-experts", "8"], 1, "add --eplb-interval STEPS"))
+     bad(base + ["--ep", "1", "--eplb-redundant-experts", "8"], 1, "add --eplb-interval STEPS"))
 case("rebalances without expert parallelism",
-     bad(base + ["--eplb-interval", "8"], 1, "needs --ep N with N > 1"))
+     bad(base + ["--ep", "1", "--eplb-interval", "8"], 1, "needs --ep N with N > 1"))
+case("EP flags without --ep", bad(base + ["--eplb-interval", "8"], 1, "requires --ep"))
 case("copies not a multiple of --ep",
      bad(base + ["--ep", "2", "--eplb-interval", "8", "--eplb-redundant-experts", "1"], 2,
          "must be a multiple of --ep 2"))
