@@ -304,7 +304,7 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
   }
   const fs::path final_path = block_path(key);
   std::error_code ec;
-  const bool new_folder = fs::create_directories(final_path.parent_path(), ec);
+  fs::create_directories(final_path.parent_path(), ec);
   uint64_t serial;
   {
     std::lock_guard lock(mutex_);
@@ -337,10 +337,15 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
     return status;
   }
   if (options_.sync_writes) {
-    // Acknowledged only once durable: the rename's folder, and a tenant folder made for it
-    // in the tier's folder. (A failure leaves no block that may vanish at the next restart.)
+    // Acknowledged only once durable: the rename's folder, and, once per namespace since
+    // start, the tier's folder that holds the namespace's folder (whichever write made it:
+    // a concurrent first write must not be acknowledged before it is synced). A failure
+    // leaves no block that may vanish at the next restart.
     Status synced = sync_directory(final_path.parent_path());
-    if (synced.ok() && new_folder) synced = sync_directory(final_path.parent_path().parent_path());
+    if (synced.ok() && !synced_tenant_folders_.contains(key.tenant)) {
+      synced = sync_directory(final_path.parent_path().parent_path());
+      if (synced.ok()) synced_tenant_folders_.insert(key.tenant);
+    }
     if (!synced.ok()) {
       ::unlink(final_path.c_str());  // it replaced an older copy, if any: that is gone too
       if (auto existing = index_.find(key); existing != index_.end()) {

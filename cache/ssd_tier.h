@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -114,6 +115,8 @@ class SsdTier {
   EntryList lru_;  // front = most recently used
   std::unordered_map<PoolKey, EntryList::iterator, PoolKeyHasher> index_;
   std::map<std::string, uint64_t> tenant_used_;
+  // Namespaces whose folder entry in the tier's folder was synced since start (sync_writes).
+  std::set<std::string> synced_tenant_folders_;
   uint64_t used_bytes_ = 0;
   uint64_t temp_counter_ = 0;
   TierStats counters_;
