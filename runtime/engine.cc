@@ -157,10 +157,11 @@ Status Engine::validate(EngineRequest& request) const {
     return invalid_argument("stop strings need a tokenizer, and this model has none");
   }
   if (!params.max_tokens) {
-    // Default: up to the context (or KV cache) limit; at least 1 so that a prompt that
-    // fills the context gets the "too long" error below.
-    params.max_tokens =
-        static_cast<int32_t>(std::clamp<int64_t>(default_max_tokens(num_prompt), 1, INT32_MAX));
+    // Default: up to the context (or KV cache) limit, or the request's default within it;
+    // at least 1 so that a prompt that fills the context gets the "too long" error below.
+    int64_t limit = default_max_tokens(num_prompt);
+    if (params.default_max_tokens) limit = std::min<int64_t>(limit, *params.default_max_tokens);
+    params.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(limit, 1, INT32_MAX));
   }
   if (params.sampling.min_tokens > *params.max_tokens) {
     return invalid_argument("min_tokens = " + std::to_string(params.sampling.min_tokens) +

@@ -32,6 +32,9 @@ struct GenerationParams {
   SamplingParams sampling;
   // Tokens to generate at most per choice; nullopt = up to the context length.
   std::optional<int32_t> max_tokens;
+  // Without max_tokens: at most this many, within the context (OpenAI's legacy completions
+  // and vLLM: 16). nullopt = up to the context length.
+  std::optional<int32_t> default_max_tokens;
   // Generation stops when the text contains one of these; the stop string itself is not
   // part of the output (unless include_stop_str_in_output).
   std::vector<std::string> stop_strings;

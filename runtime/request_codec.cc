@@ -79,6 +79,7 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   const GenerationParams& p = request.params;
   encode_sampling(p.sampling, out);
   put_optional<int32_t>(out, p.max_tokens);
+  put_optional<int32_t>(out, p.default_max_tokens);
   out.put<uint64_t>(p.stop_strings.size());
   for (const std::string& s : p.stop_strings) out.put_string(s);
   out.put_bool(p.include_stop_str_in_output);
@@ -105,6 +106,7 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   GenerationParams& p = request.params;
   p.sampling = decode_sampling(in);
   p.max_tokens = get_optional<int32_t>(in);
+  p.default_max_tokens = get_optional<int32_t>(in);
   const uint64_t num_stop = in.get_count(sizeof(uint64_t));
   for (uint64_t i = 0; i < num_stop && in.ok(); ++i) p.stop_strings.push_back(in.get_string());
   p.include_stop_str_in_output = in.get_bool();

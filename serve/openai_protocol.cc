@@ -191,10 +191,10 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   std::optional<int64_t> max_tokens;
   if (chat) max_tokens = f.integer("max_completion_tokens", 1, kMaxTokens);
   if (!max_tokens) max_tokens = f.integer("max_tokens", 1, kMaxTokens);
-  // Completions default to 16 tokens (OpenAI's legacy API and vLLM); chat runs to the end of
-  // the context, as both do.
-  if (!max_tokens && !chat && !f.error) max_tokens = kDefaultCompletionMaxTokens;
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
+  // Completions default to 16 tokens within the context (OpenAI's legacy API and vLLM); chat
+  // runs to the end of the context, as both do.
+  if (!chat) p.default_max_tokens = static_cast<int32_t>(kDefaultCompletionMaxTokens);
   if (auto v = f.integer("min_tokens", 0, kMaxTokens)) {
     if (max_tokens && *v > *max_tokens) {
       f.fail("min_tokens", "'min_tokens' (" + std::to_string(*v) +

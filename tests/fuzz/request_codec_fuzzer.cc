@@ -35,7 +35,8 @@ bool same(const peerserve::SamplingParams& a, const peerserve::SamplingParams& b
 bool same(const peerserve::EngineRequest& a, const peerserve::EngineRequest& b) {
   const auto &p = a.params, &q = b.params;
   return a.prompt_tokens == b.prompt_tokens && same(p.sampling, q.sampling) &&
-         p.max_tokens == q.max_tokens && p.stop_strings == q.stop_strings &&
+         p.max_tokens == q.max_tokens && p.default_max_tokens == q.default_max_tokens &&
+         p.stop_strings == q.stop_strings &&
          p.include_stop_str_in_output == q.include_stop_str_in_output &&
          p.stop_token_ids == q.stop_token_ids && p.ignore_eos == q.ignore_eos && p.n == q.n &&
          p.skip_special_tokens == q.skip_special_tokens && a.prefill_hint == b.prefill_hint &&

@@ -178,6 +178,24 @@ TEST_F(EngineTest, GeneratesTheReferenceTokensTextAndUsage) {
   EXPECT_EQ(m.e2e_request_latency.count(), 1u);
 }
 
+// A request's default_max_tokens (completions: 16) applies within the context: a prompt 5
+// tokens short of max_model_len gets 5, not a "too long" error; a short prompt gets 16.
+TEST_F(EngineTest, DefaultMaxTokensStaysWithinTheContext) {
+  start();
+  GenerationParams params = greedy(1);
+  params.max_tokens.reset();
+  params.default_max_tokens = 16;
+  const std::vector<TokenId> short_prompt = prompt("abc");
+  auto choices = assemble(collector_.wait(submit(short_prompt, params)));
+  EXPECT_EQ(choices[0].tokens.size(), 16u);
+  EXPECT_EQ(choices[0].finish, FinishReason::kLength);
+  std::vector<TokenId> near_end;
+  while (near_end.size() < 512 - 5) near_end.push_back(short_prompt[near_end.size() % 3]);
+  choices = assemble(collector_.wait(submit(near_end, params)));
+  EXPECT_EQ(choices[0].tokens.size(), 5u);
+  EXPECT_TRUE(wait_idle_blocks());
+}
+
 TEST_F(EngineTest, StopStringAcrossTokenBoundaries) {
   start();
   std::vector<TokenId> p = prompt("abc def");

@@ -27,6 +27,7 @@ EngineRequest full_request() {
   s.suppressed_until_min_tokens = {7, 8};
   s.forced_tokens = {3, 1, 4};
   r.params.max_tokens = 77;
+  r.params.default_max_tokens = 16;
   r.params.stop_strings = {"END", "\n\n", std::string("a\0b", 3)};
   r.params.include_stop_str_in_output = true;
   r.params.stop_token_ids = {3, 4};
@@ -98,6 +99,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(s.suppressed_until_min_tokens, want.params.sampling.suppressed_until_min_tokens);
   EXPECT_EQ(s.forced_tokens, want.params.sampling.forced_tokens);
   EXPECT_EQ(decoded->params.max_tokens, 77);
+  EXPECT_EQ(decoded->params.default_max_tokens, 16);
   EXPECT_EQ(decoded->params.stop_strings, want.params.stop_strings);
   EXPECT_TRUE(decoded->params.include_stop_str_in_output);
   EXPECT_EQ(decoded->params.stop_token_ids, want.params.stop_token_ids);

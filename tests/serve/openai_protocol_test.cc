@@ -205,21 +205,20 @@ TEST(OpenAiProtocolTest, PrefillHintIsParsedAndChecked) {
   }
 }
 
-// A completion without max_tokens gets 16 (OpenAI's legacy API and vLLM; it ran to the end
-// of the context), a chat request none (up to the context, as both do).
+// A completion without max_tokens gets at most 16 (OpenAI's legacy API and vLLM; it ran to
+// the end of the context), within the context (the engine caps it: a prompt near the end
+// is not refused); a chat request runs to the end of the context.
 TEST(OpenAiProtocolTest, CompletionsDefaultToSixteenTokens) {
   CompletionRequest r;
   ASSERT_FALSE(parse_completion(R"({"prompt": "x"})", &r));
-  EXPECT_EQ(r.params.max_tokens, 16);
+  EXPECT_FALSE(r.params.max_tokens.has_value());
+  EXPECT_EQ(r.params.default_max_tokens, 16);
   ASSERT_FALSE(parse_completion(R"({"prompt": "x", "max_tokens": 200})", &r));
   EXPECT_EQ(r.params.max_tokens, 200);
-  CompletionRequest more;
-  auto e = parse_completion(R"({"prompt": "x", "min_tokens": 17})", &more);
-  ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->param, "min_tokens");
   ChatRequest chat;
   ASSERT_FALSE(parse_chat(R"({"messages": [{"role": "user", "content": "hi"}]})", &chat));
   EXPECT_FALSE(chat.params.max_tokens.has_value());
+  EXPECT_FALSE(chat.params.default_max_tokens.has_value());
 }
 
 // vLLM's cache_salt, on both endpoints: kept as given (null: none, as in vLLM); refused when

@@ -338,6 +338,22 @@ TEST_F(ServerIntegrationTest, HostileInputsGetClearErrors) {
 }
 
 // Every field either works or is refused with a 400 naming it.
+// A completion without max_tokens gets 16 tokens, or what is left of the context (512 here)
+// when less: a prompt 4 tokens short of it is answered, not refused as too long.
+TEST_F(ServerIntegrationTest, CompletionsDefaultToSixteenTokensWithinTheContext) {
+  json short_prompt = {{"model", "tiny"}, {"prompt", json::array({5, 6, 7})}, {"ignore_eos", true}};
+  HttpResponse r = http_request(port(), "POST", "/v1/completions", short_prompt.dump(), {auth()});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 16) << r.body;
+  json ids = json::array();
+  for (int i = 0; i < 508; ++i) ids.push_back(5);
+  json near_end = {{"model", "tiny"}, {"prompt", ids}, {"ignore_eos", true}};
+  r = http_request(port(), "POST", "/v1/completions", near_end.dump(), {auth()});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 4) << r.body;
+  EXPECT_TRUE(wait_idle());
+}
+
 TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
   const std::string chat = R"("model": "tiny", "messages": [{"role": "user", "content": "x"}])";
   struct Refused {
@@ -431,18 +447,20 @@ TEST(ServerKvSizingTest, MaxModelLenMustFitTheKvCache) {
   ASSERT_TRUE(write_test_model(dir.string(), options).ok());
   {
     ServerProcess refused;
+    // Within the model's 4096 positions (the tiny preset's), beyond what 64 KiB of KV holds.
     EXPECT_FALSE(
-        refused.start(dir.string(), {"--kv-cache-memory", "64KiB", "--max-model-len", "100000"}));
-    EXPECT_NE(refused.read_log().find("--max-model-len 100000 is larger than the"),
-              std::string::npos)
+        refused.start(dir.string(), {"--kv-cache-memory", "64KiB", "--max-model-len", "4000"}));
+    EXPECT_NE(refused.read_log().find("--max-model-len 4000 is larger than the"), std::string::npos)
+        << refused.read_log();
+    EXPECT_NE(refused.read_log().find("tokens the KV cache holds"), std::string::npos)
         << refused.read_log();
   }
   {
-    // Past the model's positions (163840 in the test models): refused, whatever the cache.
+    // Past the model's positions (4096 in the tiny preset): refused, whatever the cache.
     ServerProcess refused;
-    EXPECT_FALSE(refused.start(dir.string(), {"--max-model-len", "163841"}));
+    EXPECT_FALSE(refused.start(dir.string(), {"--max-model-len", "4097"}));
     EXPECT_NE(refused.read_log().find(
-                  "--max-model-len 163841 is larger than the model's max_position_embeddings"),
+                  "--max-model-len 4097 is larger than the model's max_position_embeddings"),
               std::string::npos)
         << refused.read_log();
   }
