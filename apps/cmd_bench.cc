@@ -2,6 +2,7 @@
 // serve/bench_client.h), in the manner of vLLM's benchmark_serving.
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -44,7 +45,9 @@ bool whole_number(const std::string& text, double* out) {
 
 int run_bench_command(BenchCli cli) {
   BenchOptions& o = cli.options;
-  if (cli.request_rate == "inf" || cli.request_rate == "infinity") {
+  std::string rate = cli.request_rate;
+  for (char& c : rate) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (rate == "inf" || rate == "infinity") {
     o.request_rate = std::numeric_limits<double>::infinity();
   } else if (!whole_number(cli.request_rate, &o.request_rate)) {
     return fail("--request-rate '" + cli.request_rate + "': expected a number or inf");

@@ -179,6 +179,7 @@ int run_generate(const GenerateCli& cli) {
   // Errors every rank meets alike (options, prompt, tokenizer): rank 0 reports.
   auto fail = [&session](const Status& status) { return session.fail(status, true); };
 
+  if (Status s = check_speculative_flags(cli.speculative); !s.ok()) return fail(s);
   if (cli.prompt.empty() == cli.prompt_ids.empty()) {
     return fail(invalid_argument("give exactly one of --prompt and --prompt-ids"));
   }

@@ -222,6 +222,19 @@ int run_serve(const ServeCli& cli) {
     return fail(
         invalid_argument(other_role_flag + " is not for --role " + cli.role + " (see --help)"));
   }
+  // Whatever the flags alone can tell, before the model loads (minutes for a real one).
+  if (cli.role != "all" && cli.kv_pool.members.empty()) {
+    return fail(invalid_argument("--role " + cli.role +
+                                 " needs --kv-pool (the KV hand-off goes through it)"));
+  }
+  if (!cli.prefill_instances.empty() && cli.role != "decode") {
+    return fail(invalid_argument("--prefill is for --role decode"));
+  }
+  if (cli.role == "decode" && cli.prefill_instances.empty()) {
+    return fail(invalid_argument("--role decode needs --prefill HOST:PORT,..."));
+  }
+  if (Status s = check_speculative_flags(cli.speculative); !s.ok()) return fail(s);
+  if (Status s = check_kv_pool_flags(cli.kv_pool); !s.ok()) return fail(s);
   if (cli.model_dir.empty()) return fail(invalid_argument("--model DIR is required"));
   // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
   // (threads created from here on inherit the mask).

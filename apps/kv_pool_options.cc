@@ -6,6 +6,7 @@
 #include "apps/byte_size.h"
 #include "cache/pool_client.h"
 #include "model/checkpoint_fingerprint.h"
+#include "serve/endpoint_list.h"
 
 namespace peerserve {
 
@@ -50,9 +51,8 @@ void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
       ->needs(pool);
 }
 
-Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
-                                 const KvLayout& layout, bool mtp_kv, const std::string& compute) {
-  KvPoolSetup setup;
+Status check_kv_pool_flags(const KvPoolCli& cli) {
+  if (cli.members.empty()) return ok_status();
   if (cli.timeout_ms < 1 || cli.timeout_ms > 600000) {
     return invalid_argument("--kv-pool-timeout-ms " + std::to_string(cli.timeout_ms) +
                             ": expected 1..600000");
@@ -60,6 +60,16 @@ Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_
   if (Status s = validate_tenant_name(cli.name_space); !s.ok()) {
     return invalid_argument("--kv-namespace: " + s.message());
   }
+  if (cli.members != "local") {
+    PS_RETURN_IF_ERROR(parse_endpoint_list(cli.members, "--kv-pool").status());
+  }
+  return ok_status();
+}
+
+Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_dir,
+                                 const KvLayout& layout, bool mtp_kv, const std::string& compute) {
+  KvPoolSetup setup;
+  PS_RETURN_IF_ERROR(check_kv_pool_flags(cli));
   std::string model_id = cli.model_id;
   if (model_id.empty()) {
     std::ifstream config(model_dir + "/config.json");

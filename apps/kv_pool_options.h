@@ -39,6 +39,10 @@ struct KvPoolSetup {
   std::string description;  // for the start-up log
 };
 
+// The flags' own checks (timeout, namespace name, member list), before any model is loaded;
+// open_kv_pool runs them too.
+Status check_kv_pool_flags(const KvPoolCli& cli);
+
 // Opens the pool the flags name, for a model in `model_dir` whose KV blocks have `layout`
 // (and the MTP layer's KV written when `mtp_kv`: KvNamespace::mtp_kv). Errors name the flag
 // (a bad member list, size, namespace or timeout; an unreadable checkpoint for the

@@ -27,9 +27,7 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
                                ->capture_default_str();
 }
 
-Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,
-                                                       bool model_has_mtp) {
-  SpeculativeSetting setting;
+Status check_speculative_flags(const SpeculativeCli& cli) {
   if (cli.num_tokens < 1 || cli.num_tokens > kMaxSpeculativeTokens) {
     return invalid_argument("--num-speculative-tokens " + std::to_string(cli.num_tokens) +
                             ": expected 1.." + std::to_string(kMaxSpeculativeTokens));
@@ -41,6 +39,13 @@ Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli
         "--num-speculative-tokens is for --speculative mtp (this is --speculative " + cli.method +
         ")");
   }
+  return ok_status();
+}
+
+Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,
+                                                       bool model_has_mtp) {
+  SpeculativeSetting setting;
+  PS_RETURN_IF_ERROR(check_speculative_flags(cli));
   if (cli.method == "off") return setting;
   if (cli.method == "auto") {
     if (!model_has_mtp) return setting;

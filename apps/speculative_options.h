@@ -29,6 +29,9 @@ struct SpeculativeSetting {
 
 void add_speculative_options(CLI::App* command, SpeculativeCli* cli);
 
+// The flags' own checks, before any model is loaded (resolve_speculative_options runs them too).
+Status check_speculative_flags(const SpeculativeCli& cli);
+
 // The setting for a model with (or without) an MTP layer. Errors: mtp without an MTP layer,
 // K outside 1..kMaxSpeculativeTokens, K given without --speculative mtp.
 Result<SpeculativeSetting> resolve_speculative_options(const SpeculativeCli& cli,

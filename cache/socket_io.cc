@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 namespace peerserve {
@@ -67,15 +68,21 @@ Result<AddressList> resolve(const std::string& host, const std::string& port,
   };
   auto lookup = std::make_shared<Lookup>();
   hints.ai_flags = 0;
-  std::thread([lookup, host, port, hints] {
-    addrinfo* result = nullptr;
-    const int code = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
-    std::lock_guard<std::mutex> lock(lookup->mutex);
-    lookup->rc = code;
-    lookup->found = result;
-    lookup->done = true;
-    lookup->done_cv.notify_all();
-  }).detach();
+  // (No thread to be had, e.g. at the process's limit: an error, not an exception out of a
+  // caller that returns Result.)
+  try {
+    std::thread([lookup, host, port, hints] {
+      addrinfo* result = nullptr;
+      const int code = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
+      std::lock_guard<std::mutex> lock(lookup->mutex);
+      lookup->rc = code;
+      lookup->found = result;
+      lookup->done = true;
+      lookup->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {
+    return unavailable(peer + ": cannot resolve: no thread for the lookup (" + e.what() + ")");
+  }
   std::unique_lock<std::mutex> lock(lookup->mutex);
   if (!lookup->done_cv.wait_until(lock, deadline, [&] { return lookup->done; })) {
     return unavailable(peer + ": cannot resolve: no answer in time");

@@ -1,6 +1,7 @@
 """Command-line values and combinations the peerserve binary must refuse, with a message
-naming the flag, before it loads anything (each was once accepted: a wrapped or clamped
-number, a port taken modulo 65536, a flag silently ignored).
+naming the flag (each was once accepted: a wrapped or clamped number, a port taken modulo
+65536, a flag silently ignored). Each case also checks that the refusal comes before the
+model loads (no "loading" line), since a real checkpoint takes minutes.
 
 usage: cli_refusals_test.py PEERSERVE_BINARY MODEL_DIR
 """
@@ -13,7 +14,10 @@ CASES = [
     # (arguments, text the error must contain)
     (["cache-server", "--listen", "127.0.0.1:99999", "--dram", "1M"], "'99999'"),
     (["serve", "--role", "router", "--decode", "127.0.0.1:abc"], "--decode"),
-    (["serve", "--model", MODEL, "--kv-pool", "127.0.0.1:70000"], "cache pool member"),
+    (["serve", "--model", MODEL, "--kv-pool", "127.0.0.1:70000"], "--kv-pool"),
+    (["serve", "--model", MODEL, "--prefill", "127.0.0.1:8001"], "--prefill is for --role decode"),
+    (["serve", "--model", MODEL, "--speculative", "auto", "--num-speculative-tokens", "2"],
+     "--num-speculative-tokens is for --speculative mtp"),
     (["serve", "--model", MODEL, "--max-model-len", "-5"], "--max-model-len"),
     (["serve", "--model", MODEL, "--max-num-seqs", "0"], "--max-num-seqs"),
     (["serve", "--model", MODEL, "--block-size", "0"], "--block-size"),
@@ -47,7 +51,8 @@ CASES = [
     (["serve", "--model", MODEL, "--model-cache-id", "x"], "--model-cache-id requires"),
     (["generate", "--model", MODEL, "--prompt-ids", "1", "--ep-dispatch-dtype", "bf16"],
      "--ep-dispatch-dtype requires --ep"),
-    (["serve", "--model", MODEL, "--prefill-timeout-ms", "-5"], "--prefill-timeout-ms"),
+    (["serve", "--model", MODEL, "--role", "decode", "--kv-pool", "local", "--prefill",
+      "127.0.0.1:8001", "--prefill-timeout-ms", "-5"], "--prefill-timeout-ms: Value -5"),
     (["serve", "--role", "router", "--decode", "127.0.0.1:1", "--health-check-interval-ms", "0"],
      "--health-check-interval-ms"),
     (["bench", "--url", "http://127.0.0.1:1", "--num-prompts", "2", "--goodput", "ttft:1s"],
@@ -62,7 +67,7 @@ failures = []
 for args, expected in CASES:
     p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=60)
     out = p.stdout + p.stderr
-    if p.returncode == 0 or expected not in out:
+    if p.returncode == 0 or expected not in out or "loading" in out.lower():
         failures.append(f"{' '.join(args)}: exit {p.returncode}, output {out[-300:]!r}")
 for f in failures:
     print("FAIL", f)
