@@ -190,7 +190,9 @@ TEST_F(EngineTest, DefaultMaxTokensStaysWithinTheContext) {
   EXPECT_EQ(choices[0].tokens.size(), 16u);
   EXPECT_EQ(choices[0].finish, FinishReason::kLength);
   std::vector<TokenId> near_end;
-  while (near_end.size() < 512 - 5) near_end.push_back(short_prompt[near_end.size() % 3]);
+  while (near_end.size() < 512 - 5) {
+    near_end.push_back(short_prompt[near_end.size() % short_prompt.size()]);
+  }
   choices = assemble(collector_.wait(submit(near_end, params)));
   EXPECT_EQ(choices[0].tokens.size(), 5u);
   EXPECT_TRUE(wait_idle_blocks());
