@@ -32,30 +32,20 @@ int fail(const std::string& message) {
   return 2;
 }
 
-// The whole of `text` as a finite number ("1s", "5abc" and "nan" are not numbers).
-bool whole_number(const std::string& text, double* out) {
-  size_t used = 0;
-  try {
-    *out = std::stod(text, &used);
-  } catch (...) {
-    return false;
-  }
-  return !text.empty() && used == text.size() && std::isfinite(*out);
-}
-
 int run_bench_command(BenchCli cli) {
   BenchOptions& o = cli.options;
   std::string rate = cli.request_rate;
   for (char& c : rate) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (rate == "inf" || rate == "infinity") {
     o.request_rate = std::numeric_limits<double>::infinity();
-  } else if (!whole_number(cli.request_rate, &o.request_rate)) {
+  } else if (!parse_finite_number(cli.request_rate, &o.request_rate)) {
     return fail("--request-rate '" + cli.request_rate + "': expected a number or inf");
   }
   for (const std::string& slo : cli.goodput) {
     const size_t colon = slo.find(':');
     double value = 0;
-    const bool number = colon != std::string::npos && whole_number(slo.substr(colon + 1), &value);
+    const bool number =
+        colon != std::string::npos && parse_finite_number(slo.substr(colon + 1), &value);
     const std::string name = slo.substr(0, colon);
     if (!number || value <= 0 || (name != "ttft" && name != "tpot" && name != "e2el")) {
       return fail("--goodput '" + slo + "': expected ttft:MS, tpot:MS or e2el:MS (milliseconds)");
@@ -66,8 +56,8 @@ int run_bench_command(BenchCli cli) {
     const size_t colon = cli.token_range.find(':');
     double low = 0, high = 0;
     const bool numbers = colon != std::string::npos &&
-                         whole_number(cli.token_range.substr(0, colon), &low) &&
-                         whole_number(cli.token_range.substr(colon + 1), &high);
+                         parse_finite_number(cli.token_range.substr(0, colon), &low) &&
+                         parse_finite_number(cli.token_range.substr(colon + 1), &high);
     if (!numbers || low != std::floor(low) || high != std::floor(high) || std::fabs(low) > 1e9 ||
         std::fabs(high) > 1e9) {
       return fail("--token-range '" + cli.token_range + "': expected LO:HI (token ids)");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "apps/whole_number_validator.h"
 #include "base/status.h"
 #include "plan/analytic/deployment_presets.h"
 #include "plan/analytic/routing_imbalance.h"
@@ -212,14 +213,7 @@ inline Status apply_routing(const DeploymentFlags& flags, const plan::ModelProfi
     if (spec != "uniform") {
       // The whole rest must be the number (stod took "4garbage" as 4), and a finite one >= 1
       // (NaN failed both range checks and read as uniform).
-      const std::string number = spec.substr(7);
-      size_t used = 0;
-      try {
-        hottest = std::stod(number, &used);
-      } catch (...) {
-        used = 0;
-      }
-      if (number.empty() || used != number.size() || !std::isfinite(hottest) || hottest < 1.0) {
+      if (!parse_finite_number(spec.substr(7), &hottest) || hottest < 1.0) {
         return invalid_argument("--routing '" + spec +
                                 "': expected skewed:H with a finite number H >= 1");
       }
