@@ -631,8 +631,10 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
       // Ids the tokenizer does not know (a model vocabulary larger than the tokenizer's)
       // contribute no text.
       Result<std::string> piece = choice.detokenizer->push(token);
-      if (piece.ok() && choice.num_generated < request.request.params.sampling.min_tokens) {
-        delta.text += *piece;  // stop strings count from min_tokens on, as in vLLM
+      if (piece.ok() && choice.num_generated <= request.request.params.sampling.min_tokens) {
+        // As in vLLM, a stop string cannot end in the first min_tokens tokens' text but
+        // may start there.
+        delta.text += choice.stop_matcher.push_context(*piece).text;
       } else if (piece.ok()) {
         StopStringMatcher::Step s = choice.stop_matcher.push(*piece);
         delta.text += s.text;
@@ -662,7 +664,10 @@ void Engine::finish_choice(LiveRequest& request, int32_t index, FinishReason rea
   delta->finish_reason = reason;
   if (choice.detokenizer && !delta->stop_string) {
     // Flush what was held back: an unfinished UTF-8 character, then a possible stop prefix.
-    StopStringMatcher::Step s = choice.stop_matcher.push(choice.detokenizer->finish());
+    const std::string tail = choice.detokenizer->finish();
+    StopStringMatcher::Step s = choice.num_generated <= request.request.params.sampling.min_tokens
+                                    ? choice.stop_matcher.push_context(tail)
+                                    : choice.stop_matcher.push(tail);
     delta->text += s.text;
     if (s.matched) {
       delta->stop_string = s.matched;

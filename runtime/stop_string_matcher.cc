@@ -19,17 +19,21 @@ StopStringMatcher::Step StopStringMatcher::push(std::string_view text) {
     step.text.assign(text);
     return step;
   }
+  const size_t context = held_context_;
   std::string buffer = std::move(held_);
   held_.clear();
+  held_context_ = 0;
   buffer.append(text);
 
   // The match that completes first wins (as if the text arrived one byte at a time, so the
-  // result does not depend on how the text was split); among those, the longest.
+  // result does not depend on how the text was split); among those, the longest. A match
+  // must end after the context.
   size_t best_pos = std::string::npos;
   size_t best_end = std::string::npos;
   const std::string* best = nullptr;
   for (const std::string& stop : stops_) {
-    const size_t pos = buffer.find(stop);
+    const size_t from = context >= stop.size() ? context - stop.size() + 1 : 0;
+    const size_t pos = buffer.find(stop, from);
     if (pos == std::string::npos) continue;
     const size_t end = pos + stop.size();
     if (end < best_end || (end == best_end && pos < best_pos)) {
@@ -44,8 +48,25 @@ StopStringMatcher::Step StopStringMatcher::push(std::string_view text) {
     step.matched = *best;
     return step;
   }
+  step.text = hold_back(std::move(buffer), context);
+  return step;
+}
 
-  // Hold back the longest suffix that is a proper prefix of some stop string.
+StopStringMatcher::Step StopStringMatcher::push_context(std::string_view text) {
+  Step step;
+  if (stops_.empty()) {
+    step.text.assign(text);
+    return step;
+  }
+  std::string buffer = std::move(held_);
+  held_.clear();
+  buffer.append(text);
+  const size_t context = buffer.size();
+  step.text = hold_back(std::move(buffer), context);
+  return step;
+}
+
+std::string StopStringMatcher::hold_back(std::string buffer, size_t context) {
   size_t hold = 0;
   for (size_t k = std::min(buffer.size(), max_stop_len_ - 1); k > 0; --k) {
     std::string_view suffix(buffer.data() + buffer.size() - k, k);
@@ -57,15 +78,17 @@ StopStringMatcher::Step StopStringMatcher::push(std::string_view text) {
       break;
     }
   }
-  held_ = buffer.substr(buffer.size() - hold);
-  buffer.resize(buffer.size() - hold);
-  step.text = std::move(buffer);
-  return step;
+  const size_t kept = buffer.size() - hold;
+  held_ = buffer.substr(kept);
+  held_context_ = context > kept ? context - kept : 0;
+  buffer.resize(kept);
+  return buffer;
 }
 
 std::string StopStringMatcher::flush() {
   std::string out = std::move(held_);
   held_.clear();
+  held_context_ = 0;
   return out;
 }
 

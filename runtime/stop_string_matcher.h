@@ -31,6 +31,10 @@ class StopStringMatcher {
   };
   // Feeds the next piece of text. After a match, further pushes are not expected.
   Step push(std::string_view text);
+  // Feeds text that may begin a stop string but cannot end one: the text of the first
+  // min_tokens tokens, where vLLM does not look for stop strings but lets one that ends
+  // later start there. Never matches.
+  Step push_context(std::string_view text);
   // The held-back text at the end of the stream (no match happened).
   std::string flush();
 
@@ -41,6 +45,13 @@ class StopStringMatcher {
   bool include_stop_ = false;
   size_t max_stop_len_ = 0;
   std::string held_;
+  // How many bytes at the start of held_ came through push_context: no stop string may end
+  // within them.
+  size_t held_context_ = 0;
+
+  // Moves the longest suffix of `buffer` that is a proper prefix of a stop string to held_
+  // (of which the first `context` bytes of `buffer` stay context) and returns the rest.
+  std::string hold_back(std::string buffer, size_t context);
 };
 
 }  // namespace peerserve

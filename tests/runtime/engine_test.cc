@@ -224,6 +224,41 @@ TEST_F(EngineTest, StopStringAcrossTokenBoundaries) {
   EXPECT_TRUE(wait_idle_blocks());
 }
 
+// As in vLLM's detokenizer, no stop string ends in the first min_tokens tokens' text, but
+// one that ends later may start there. Each character is a token here.
+TEST_F(EngineTest, StopStringsAroundMinTokens) {
+  start();
+  std::vector<TokenId> p = prompt("min tokens");
+  std::vector<TokenId> ref = reference_generate(p, 40, alphabet_, std::nullopt);
+  const std::string full = decode(ref);
+  constexpr size_t kMin = 6;
+  GenerationParams params = greedy(40);
+  params.sampling.min_tokens = kMin;
+
+  // Starts in token kMin - 1, ends in token kMin + 1: matched, cut where it starts.
+  const std::string spanning = full.substr(kMin - 2, 3);
+  params.stop_strings = {spanning};
+  auto choices = assemble(collector_.wait(submit(p, params)));
+  EXPECT_EQ(choices[0].finish, FinishReason::kStop) << full;
+  EXPECT_EQ(choices[0].text, full.substr(0, kMin - 2)) << full;
+  EXPECT_EQ(choices[0].tokens.size(), kMin + 1) << full;
+
+  // Wholly inside token kMin: not a stop there; the first one ending after it is.
+  const std::string inside = full.substr(kMin - 1, 1);
+  params.stop_strings = {inside};
+  const size_t later = full.find(inside, kMin);
+  choices = assemble(collector_.wait(submit(p, params)));
+  if (later == std::string::npos) {
+    EXPECT_EQ(choices[0].finish, FinishReason::kLength) << full;
+    EXPECT_EQ(choices[0].text, full) << full;
+  } else {
+    EXPECT_EQ(choices[0].finish, FinishReason::kStop) << full;
+    EXPECT_EQ(choices[0].text, full.substr(0, later)) << full;
+    EXPECT_EQ(choices[0].tokens.size(), later + 1) << full;
+  }
+  EXPECT_TRUE(wait_idle_blocks());
+}
+
 TEST_F(EngineTest, StopTokenIdsAndEosAndIgnoreEos) {
   std::vector<TokenId> p = prompt("ghij");
   std::vector<TokenId> ref = reference_generate(p, 30, alphabet_, std::nullopt);

@@ -67,6 +67,30 @@ TEST(StopStringMatcherTest, NoStopsPassesThrough) {
   EXPECT_EQ(m.push("abc").text, "abc");
 }
 
+// Context text (the first min_tokens tokens) can start a stop string but not end one, as in
+// vLLM's detokenizer: "end" wholly inside the context is not a stop; "ab" + "c" is.
+TEST(StopStringMatcherTest, ContextStartsButNeverEndsAStop) {
+  StopStringMatcher m({"end", "abc"}, false);
+  std::string out = m.push_context("the end, ab").text;
+  auto s = m.push("c and the end");
+  out += s.text;
+  EXPECT_EQ(out, "the end, ");
+  EXPECT_EQ(s.matched, "abc");
+
+  // A held context that contains a whole stop string does not match it later either.
+  StopStringMatcher n({"ab", "xabc"}, false);
+  out = n.push_context("xab").text;
+  EXPECT_EQ(out, "");
+  s = n.push("d");
+  EXPECT_FALSE(s.matched);
+  EXPECT_EQ(out + s.text + n.flush(), "xabd");
+  StopStringMatcher o({"ab", "xabc"}, true);
+  out = o.push_context("xab").text;
+  s = o.push("c");
+  EXPECT_EQ(s.matched, "xabc");
+  EXPECT_EQ(out + s.text, "xabc");
+}
+
 // Random texts over a tiny alphabet (many partial matches), random stop sets and random
 // splits: the streamed output must equal the full text cut before its first stop string
 // (found with plain std::string::find on the whole text).
@@ -111,6 +135,61 @@ TEST(StopStringMatcherTest, RandomSplitsMatchWholeTextReference) {
     StopStringMatcher m(stops, include);
     std::optional<std::string> matched;
     ASSERT_EQ(stream(m, pieces, &matched), expected) << "text=" << text;
+    ASSERT_EQ(matched.has_value(), cut != std::string::npos) << "text=" << text;
+    if (matched) {
+      ASSERT_EQ(*matched, first_stop);
+    }
+  }
+}
+
+// The same with a context: the first `context` bytes arrive through push_context, and the
+// reference is the first stop string to end after them (it may start inside them).
+TEST(StopStringMatcherTest, RandomContextMatchesWholeTextReference) {
+  std::mt19937 rng(7);
+  const std::string alphabet = "aab";
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string text;
+    const size_t len = rng() % 30;
+    for (size_t i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
+    std::vector<std::string> stops;
+    const int nstops = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < nstops; ++k) {
+      std::string stop;
+      const int slen = 1 + static_cast<int>(rng() % 5);
+      for (int i = 0; i < slen; ++i) stop += alphabet[rng() % alphabet.size()];
+      stops.push_back(stop);
+    }
+    const bool include = rng() % 2;
+    const size_t context = len == 0 ? 0 : rng() % (len + 1);
+    size_t cut = std::string::npos;
+    std::string first_stop;
+    for (size_t end = context + 1; end <= text.size() && cut == std::string::npos; ++end) {
+      for (const std::string& s : stops) {
+        if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0 &&
+            (cut == std::string::npos || end - s.size() < cut)) {
+          cut = end - s.size();
+          first_stop = s;
+        }
+      }
+    }
+    std::string expected = cut == std::string::npos ? text : text.substr(0, cut);
+    if (cut != std::string::npos && include) expected += first_stop;
+
+    StopStringMatcher m(stops, include);
+    std::string out;
+    std::optional<std::string> matched;
+    for (size_t i = 0; i < text.size() && !matched;) {
+      // Pieces never straddle the context's end, as tokens never straddle min_tokens.
+      const size_t limit = i < context ? context : text.size();
+      const size_t n = std::min<size_t>(1 + rng() % 4, limit - i);
+      const std::string piece = text.substr(i, n);
+      StopStringMatcher::Step step = i < context ? m.push_context(piece) : m.push(piece);
+      out += step.text;
+      matched = step.matched;
+      i += n;
+    }
+    if (!matched) out += m.flush();
+    ASSERT_EQ(out, expected) << "text=" << text << " context=" << context;
     ASSERT_EQ(matched.has_value(), cut != std::string::npos) << "text=" << text;
     if (matched) {
       ASSERT_EQ(*matched, first_stop);

@@ -410,8 +410,7 @@ TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
   EXPECT_EQ(held["usage"]["completion_tokens"], 4) << held.dump();
 
   // And stop strings: a greedy completion stopped by its own first character runs to
-  // min_tokens (its first five tokens' text comes out whole; the sixth is checked, as in
-  // vLLM, where the stop check starts with the token that reaches min_tokens).
+  // min_tokens (as in vLLM, no stop string ends in the first min_tokens tokens' text).
   json body = {{"model", "tiny"},
                {"prompt", "hello"},
                {"max_tokens", 5},
