@@ -16,7 +16,7 @@ KvPoolConnector::KvPoolConnector(std::shared_ptr<KvBlockStore> store, size_t blo
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { run(); });
   }
-  pusher_ = std::thread([this] { run_pushes(); });
+  for (int i = 0; i < kPushThreads; ++i) pushers_.emplace_back([this] { run_pushes(); });
 }
 
 KvPoolConnector::~KvPoolConnector() {
@@ -27,7 +27,7 @@ KvPoolConnector::~KvPoolConnector() {
   wake_.notify_all();
   push_wake_.notify_all();
   for (std::thread& worker : workers_) worker.join();
-  pusher_.join();
+  for (std::thread& pusher : pushers_) pusher.join();
   reap_stores(/*wait=*/true);  // each is bounded by the pool call's timeout
 }
 
@@ -209,7 +209,7 @@ void KvPoolConnector::store(std::vector<BlockHash> hashes,
   if (hashes.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (pushing_ || !pushes_.empty()) {
+    if (!pushing_to_.empty() || !pushes_.empty()) {
       if (queued(/*store_only=*/true) >= kMaxQueuedStores) {
         // Best effort: a block not stored is computed again by whoever misses it.
         counters_.store_failures += static_cast<int64_t>(hashes.size());
@@ -252,31 +252,53 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
   push_wake_.notify_one();
 }
 
+std::deque<KvPoolConnector::Push>::iterator KvPoolConnector::next_push() {
+  bool push_before = !pushing_to_.empty();
+  for (auto it = pushes_.begin(); it != pushes_.end(); ++it) {
+    if (it->store_only) {
+      if (!push_before) return it;
+    } else {
+      if (!pushing_to_.contains(it->target.endpoint)) return it;
+      push_before = true;
+    }
+  }
+  return pushes_.end();
+}
+
 void KvPoolConnector::run_pushes() {
   while (true) {
     Push push;
+    std::shared_ptr<BlockStreamClient> client;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      push_wake_.wait(lock, [&] { return stopping_ || !pushes_.empty(); });
-      if (pushes_.empty()) return;  // stopping, and everything queued was sent
-      push = std::move(pushes_.front());
-      pushes_.pop_front();
-      pushing_ = !push.store_only;
+      auto next = pushes_.end();
+      push_wake_.wait(lock, [&] {
+        next = next_push();
+        return next != pushes_.end() || (stopping_ && pushes_.empty());
+      });
+      if (next == pushes_.end()) return;  // stopping, and everything queued was sent
+      push = std::move(*next);
+      pushes_.erase(next);
+      if (!push.store_only) {
+        const std::string& endpoint = push.target.endpoint;
+        pushing_to_.insert(endpoint);
+        auto found = push_clients_.find(endpoint);
+        if (found == push_clients_.end()) {
+          // The endpoint was checked when the request was parsed; a bad one fails the sends.
+          // Bounded: decode instances (a client in use stays alive through `client`).
+          if (push_clients_.size() >= 64) push_clients_.clear();
+          found = push_clients_
+                      .emplace(endpoint, std::make_shared<BlockStreamClient>(
+                                             endpoint_host(endpoint), endpoint_port(endpoint),
+                                             "decode instance " + endpoint))
+                      .first;
+        }
+        client = found->second;
+      }
     }
     if (push.store_only) {
       start_store(std::move(push.hashes), std::move(push.blocks));
       continue;
-    }
-    const std::string& endpoint = push.target.endpoint;
-    auto client = push_clients_.find(endpoint);
-    if (client == push_clients_.end()) {
-      // The endpoint was checked when the request was parsed; a bad one fails the sends.
-      if (push_clients_.size() >= 64) push_clients_.clear();  // bounded: decode instances
-      client = push_clients_
-                   .emplace(endpoint, std::make_unique<BlockStreamClient>(
-                                          endpoint_host(endpoint), endpoint_port(endpoint),
-                                          "decode instance " + endpoint))
-                   .first;
     }
     std::vector<PoolKey> keys;
     std::vector<std::span<const std::byte>> spans;
@@ -285,17 +307,21 @@ void KvPoolConnector::run_pushes() {
       spans.emplace_back(push.blocks[i]);
     }
     const auto started = PoolClock::now();
-    const std::vector<Status> sent = client->second->put(keys, spans, started + options_.timeout);
+    const std::vector<Status> sent = client->put(keys, spans, started + options_.timeout);
     const double seconds = std::chrono::duration<double>(PoolClock::now() - started).count();
     int64_t accepted = 0;
     for (const Status& s : sent) accepted += s.ok() ? 1 : 0;
-    std::lock_guard<std::mutex> lock(mutex_);
-    pushing_ = false;
-    ++counters_.pushes;
-    counters_.push_blocks += accepted;
-    counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);
-    counters_.push_failures += static_cast<int64_t>(push.hashes.size()) - accepted;
-    counters_.push_seconds_total += seconds;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pushing_to_.erase(push.target.endpoint);
+      ++counters_.pushes;
+      counters_.push_blocks += accepted;
+      counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);
+      counters_.push_failures += static_cast<int64_t>(push.hashes.size()) - accepted;
+      counters_.push_seconds_total += seconds;
+    }
+    // Pushes to this decode instance, and stores behind the push, may go now.
+    push_wake_.notify_all();
   }
 }
 

@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cache/block_stream_client.h"
@@ -130,7 +131,9 @@ class KvPoolConnector {
   // the store, and on a shared core the two would slow each other down.
   void store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
   // Prefill role: sends blocks[i] (hash hashes[i]) to a decode instance's hand-off receiver
-  // in the background, in order (the receiver keeps the leading run that arrived).
+  // in the background, in order (the receiver keeps the leading run that arrived). Pushes to
+  // one decode instance go one at a time, in the order queued; pushes to different ones run
+  // side by side, so one that does not answer holds up only its own (up to the timeout).
   void push(KvPushTarget target, std::vector<BlockHash> hashes,
             std::vector<std::vector<std::byte>> blocks);
 
@@ -183,6 +186,10 @@ class KvPoolConnector {
     bool store_only = false;  // a pool store queued behind pushes (see store())
   };
   void run_pushes();
+  // The next queued entry a pusher may take, or pushes_.end(): a push whose decode instance
+  // has no push in flight, or a store with no push queued before it nor in flight. mutex_
+  // held.
+  std::deque<Push>::iterator next_push();
   // Hands blocks to the pool's background writes now.
   void start_store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
   // Bounds of the queue, for pushes and for stores queued behind them, each on its own: a
@@ -193,11 +200,14 @@ class KvPoolConnector {
   std::deque<Push> pushes_;  // guarded by mutex_
   // The entries of pushes_ that are stores (store_only) or pushes; mutex_ held. At most 128.
   size_t queued(bool store_only) const;
-  bool pushing_ = false;  // guarded by mutex_
+  // Decode instances with a push in flight; mutex_ held.
+  std::unordered_set<std::string> pushing_to_;
   std::condition_variable push_wake_;
-  // Clients per receiver endpoint (used by the pusher thread only).
-  std::unordered_map<std::string, std::unique_ptr<BlockStreamClient>> push_clients_;
-  std::thread pusher_;
+  // Clients per receiver endpoint; mutex_ held to look one up.
+  std::unordered_map<std::string, std::shared_ptr<BlockStreamClient>> push_clients_;
+  // A few pushes in flight at once, to different decode instances.
+  static constexpr int kPushThreads = 4;
+  std::vector<std::thread> pushers_;
 };
 
 }  // namespace peerserve

@@ -638,6 +638,45 @@ TEST(EngineKvPoolTest, StoresBehindAStalledPushAreBoundedAndLeavePushesRoom) {
   ::close(listener);
 }
 
+// A decode instance that stops answering holds up only its own pushes: a push to another
+// one queued behind it arrives while the first is still waiting for its timeout (one pusher
+// thread made it wait out that timeout first).
+TEST(EngineKvPoolTest, ASilentDecodeInstanceHoldsUpOnlyItsOwnPushes) {
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);  // accepts, never answers
+  ASSERT_GE(listener, 0);
+  auto receiver = std::make_shared<KvHandoffReceiver>();
+  auto server = BlockStreamServer::start(receiver, BlockStreamServerOptions{});
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  std::vector<std::byte> landing(64);
+  const std::string transfer = receiver->open({2}, {std::span<std::byte>(landing)});
+  KvPoolConnectorOptions options;
+  options.tenant = "test";
+  options.timeout = std::chrono::milliseconds(3000);
+  {
+    KvPoolConnector connector(local_pool(), 64, options, [] {});
+    std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{7}));
+    const KvPushTarget silent{.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
+    connector.push(silent, {1}, block);
+    const KvPushTarget live{.endpoint = "127.0.0.1:" + std::to_string((*server)->port()),
+                            .transfer = transfer};
+    connector.push(live, {2}, block);
+    EXPECT_EQ(receiver->wait(transfer, std::chrono::steady_clock::now() + std::chrono::seconds(2)),
+              1u);
+    KvPoolCounters counters = connector.counters();
+    for (int i = 0; i < 200 && counters.push_blocks == 0; ++i) {  // the sender's count follows
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      counters = connector.counters();
+    }
+    EXPECT_EQ(counters.push_blocks, 1);
+    EXPECT_EQ(counters.push_failures, 0) << "the live push went after the silent one's timeout";
+    EXPECT_EQ(landing[0], std::byte{7});
+  }  // the silent instance's push ends by its timeout
+  receiver->close(transfer);
+  (*server)->stop();
+  ::close(listener);
+}
+
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
   auto pool = local_pool();
   EngineOptions options;
