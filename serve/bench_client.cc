@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <random>
 
@@ -336,7 +337,10 @@ void StreamedRequest::on_connect(beast::error_code ec) {
 void StreamedRequest::on_write(beast::error_code ec) {
   if (ec) return done("write: " + ec.message());
   parser_.emplace();
-  parser_->body_limit(boost::none);
+  // Not boost::none: Boost 1.74 (Debian 12) compares a Content-Length with an empty limit as
+  // "larger than the limit", so no error reply could be read. Streamed bodies are consumed
+  // by on_chunk_body; an error body is cut to 300 bytes when shown.
+  parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
   on_chunk_ = [this](uint64_t, beast::string_view body, beast::error_code&) -> uint64_t {
     sse_.append(body.data(), body.size());
     return body.size();
@@ -437,32 +441,56 @@ void StreamedRequest::done(std::string error) {
   run_->request_done();
 }
 
-// GET /v1/models synchronously; returns the first model id.
-Result<std::string> first_model(const Endpoint& endpoint, const std::string& api_key) {
+// GET /v1/models; returns the first model id. Bounded by `timeout` as a whole.
+Result<std::string> first_model(const Endpoint& endpoint, const std::string& api_key,
+                                std::chrono::milliseconds timeout) {
   asio::io_context ioc;
   beast::tcp_stream stream(ioc);
-  beast::error_code ec;
   tcp::resolver resolver(ioc);
-  auto results = resolver.resolve(endpoint.host, endpoint.port, ec);
-  if (!ec) stream.connect(results, ec);
-  if (ec)
-    return unavailable("cannot connect to " + endpoint.host + ":" + endpoint.port + ": " +
-                       ec.message());
   http::request<http::string_body> req(http::verb::get, endpoint.base_path + "/v1/models", 11);
   req.set(http::field::host, endpoint.host);
   if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-  http::write(stream, req, ec);
   beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  if (!ec) http::read(stream, buffer, res, ec);
-  if (ec) return unavailable("GET /v1/models failed: " + ec.message());
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(1 << 20);
+  const std::string no_answer =
+      "GET /v1/models: no answer within " + std::to_string(timeout.count()) + " ms";
+  std::string failed;  // the step that failed and why
+  const auto fail = [&](const std::string& step, beast::error_code ec) {
+    failed = ec == beast::error::timeout ? no_answer : step + ": " + ec.message();
+  };
+  resolver.async_resolve(endpoint.host, endpoint.port, [&](beast::error_code ec, auto results) {
+    if (ec) return fail("cannot resolve", ec);
+    stream.async_connect(results, [&](beast::error_code ec, const auto&) {
+      if (ec) return fail("cannot connect", ec);
+      http::async_write(stream, req, [&](beast::error_code ec, size_t) {
+        if (ec) return fail("GET /v1/models failed", ec);
+        http::async_read(stream, buffer, parser, [&](beast::error_code ec, size_t) {
+          if (ec) fail("GET /v1/models failed", ec);
+        });
+      });
+    });
+  });
+  stream.expires_after(timeout);  // connect, write and read; the resolver is stopped below
+  ioc.run_for(timeout + std::chrono::milliseconds(100));
+  if (!ioc.stopped()) {
+    resolver.cancel();
+    ioc.stop();
+    failed = no_answer;
+  }
+  if (!failed.empty()) {
+    return unavailable(endpoint.host + ":" + endpoint.port + ": " + failed);
+  }
+  const auto& res = parser.get();
   json body = json::parse(res.body(), nullptr, false);
   if (res.result_int() != 200 || body.is_discarded() || !body.contains("data") ||
-      !body["data"].is_array() || body["data"].empty()) {
+      !body["data"].is_array() || body["data"].empty() || !body["data"][0].is_object()) {
     return unavailable("GET /v1/models returned " + std::to_string(res.result_int()) + ": " +
                        res.body().substr(0, 200));
   }
-  return body["data"][0].value("id", std::string());
+  const json& id = body["data"][0]["id"];
+  if (!id.is_string()) return unavailable("GET /v1/models: the first model has no string id");
+  return id.get<std::string>();
 }
 
 std::string fmt_double(double v, int precision = 2) {
@@ -560,7 +588,10 @@ Result<BenchReport> run_bench(const BenchOptions& options, const BenchProgress& 
   PS_ASSIGN_OR_RETURN(Endpoint endpoint, parse_url(options.url));
   std::string model = options.model;
   if (model.empty()) {
-    PS_ASSIGN_OR_RETURN(model, first_model(endpoint, options.api_key));
+    PS_ASSIGN_OR_RETURN(model,
+                        first_model(endpoint, options.api_key,
+                                    std::chrono::milliseconds(static_cast<int64_t>(
+                                        std::min(options.request_timeout_seconds, 60.0) * 1000))));
   }
   BenchRun run(options, endpoint, model, progress);
   return run.run();
