@@ -10,6 +10,7 @@
 #include "apps/load_progress_bar.h"
 #include "apps/whole_number_validator.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
 
@@ -50,13 +51,13 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   options.seed = cli.seed;
   options.fp8 = cli.fp8;
   options.num_layers = cli.num_layers;
-  if (cli.num_layers && *cli.num_layers < 1) {
-    std::fprintf(stderr, "error: --num-layers must be at least 1, got %d\n", *cli.num_layers);
-    return 2;
-  }
   Result<ModelConfig> config = test_model_config(options);
   if (!config.ok()) {
-    std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
+    std::fprintf(stderr, "error: --num-layers: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  if (Status status = check_output_directory(cli.out_dir); !status.ok()) {
+    std::fprintf(stderr, "error: --out: %s\n", status.message().c_str());
     return 2;
   }
   LoadProgressBar progress("writing");
@@ -75,6 +76,7 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   progress.finish();
   std::printf("written in %.1f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::fflush(stdout);  // before the verification's progress bar on stderr
   if (cli.verify) {
     if (Status status = verify_checkpoint(cli.out_dir); !status.ok()) {
       std::fprintf(stderr, "error: verification failed: %s\n", status.to_string().c_str());
@@ -95,8 +97,11 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->check(CLI::IsMember({"tiny", "mini", "tiny-v2", "v2-lite"}))
       ->capture_default_str();
   sub->add_option("--num-layers", options->num_layers,
-                  "decoder layers instead of the preset's (>= 1; v2-lite with 4: 2.25 B)");
-  sub->add_option("--out", options->out_dir, "output directory")->required();
+                  "decoder layers instead of the preset's (1..1024; v2-lite with 4: 2.25 B)");
+  sub->add_option("--out", options->out_dir,
+                  "output directory: must not exist or be empty (written beside it, then "
+                  "renamed into place whole)")
+      ->required();
   sub->add_option("--seed", options->seed, "weight seed (same seed, same bytes)")
       ->check(whole_number_at_most())
       ->capture_default_str();

@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
+#include "model/checkpoint/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "tensor/float_convert.h"
 
@@ -172,65 +171,17 @@ std::string shard_name(size_t index, size_t count) {
   return buffer;
 }
 
-// The staging directory: removed with everything in it unless release()d.
-class StagingDirectory {
- public:
-  explicit StagingDirectory(fs::path path) : path_(std::move(path)) {}
-  StagingDirectory(const StagingDirectory&) = delete;
-  StagingDirectory& operator=(const StagingDirectory&) = delete;
-  ~StagingDirectory() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  void release() { path_.clear(); }
-
- private:
-  fs::path path_;
-};
-
 }  // namespace
 
 Status check_int8_output_dir(const std::string& in_dir, const std::string& out_dir) {
   if (out_dir.empty()) return invalid_argument("no output directory given");
   std::error_code ec;
-  if (!fs::exists(out_dir, ec)) return ok_status();
-  if (fs::equivalent(in_dir, out_dir, ec)) {
+  if (fs::exists(out_dir, ec) && fs::equivalent(in_dir, out_dir, ec)) {
     return invalid_argument("the output directory " + out_dir +
                             " is the source checkpoint; write the INT8 copy elsewhere");
   }
-  if (!fs::is_directory(out_dir, ec)) {
-    return invalid_argument("the output " + out_dir + " exists and is not a directory");
-  }
-  if (!fs::is_empty(out_dir, ec) || ec) {
-    return invalid_argument("the output directory " + out_dir +
-                            " exists and is not empty; remove it or choose another (nothing is "
-                            "overwritten)");
-  }
-  return ok_status();
+  return check_output_directory(out_dir);
 }
-
-namespace {
-
-// Moves the complete staging directory to `out_dir` (which may exist, empty).
-Status publish(StagingDirectory& staging, const std::string& out_dir) {
-  std::error_code ec;
-  if (fs::exists(out_dir, ec)) {
-    PS_RETURN_IF_ERROR(check_int8_output_dir(staging.path().string(), out_dir));
-    fs::remove(out_dir, ec);  // empty: checked
-    if (ec) return io_error(out_dir + ": cannot replace the empty directory: " + ec.message());
-  }
-  fs::rename(staging.path(), out_dir, ec);
-  if (ec) {
-    return io_error("cannot rename " + staging.path().string() + " to " + out_dir + ": " +
-                    ec.message());
-  }
-  staging.release();
-  return ok_status();
-}
-
-}  // namespace
 
 Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
                                                     const std::string& out_dir,
@@ -242,21 +193,8 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
     return invalid_argument(in_dir + " is already an INT8 checkpoint (quantization_config)");
   }
   PS_RETURN_IF_ERROR(source.validate_layout());
+  PS_ASSIGN_OR_RETURN(StagedOutputDirectory staging, StagedOutputDirectory::begin(out_dir));
   std::error_code ec;
-  const fs::path target = fs::absolute(fs::path(out_dir), ec).lexically_normal();
-  if (ec) return io_error(out_dir + ": " + ec.message());
-  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  if (ec) {
-    return io_error(target.parent_path().string() + ": cannot create directory: " + ec.message());
-  }
-  // With a trailing slash the name is empty: take the last named component.
-  const fs::path named = target.filename().empty() ? target.parent_path() : target;
-  StagingDirectory staging(named.string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(staging.path(), ec);
-  fs::create_directory(staging.path(), ec);
-  if (ec) {
-    return io_error(staging.path().string() + ": cannot create directory: " + ec.message());
-  }
   const fs::path out = staging.path();
 
   // Plan every tensor, then the shards (their names carry the count).
@@ -365,7 +303,7 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
     if (ec) return io_error(entry.path().string() + ": cannot copy: " + ec.message());
   }
   if (ec) return io_error(in_dir + ": cannot list: " + ec.message());
-  PS_RETURN_IF_ERROR(publish(staging, named.string()));
+  PS_RETURN_IF_ERROR(staging.publish());
   return summary;
 }
 

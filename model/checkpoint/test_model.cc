@@ -19,6 +19,7 @@
 #include "model/checkpoint/deterministic_normal.h"
 #include "model/checkpoint/fp8_block_scaling.h"
 #include "model/checkpoint/safetensors_writer.h"
+#include "model/checkpoint/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_tokenizer.h"
 
@@ -432,8 +433,9 @@ ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
 Result<ModelConfig> test_model_config(const TestModelOptions& options) {
   ModelConfig config = test_model_config(options.preset, options.fp8);
   if (options.num_layers) {
-    if (*options.num_layers < 1) {
-      return invalid_argument("num_layers must be at least 1, got " +
+    // 1024: the most the loader takes (model_config.cc).
+    if (*options.num_layers < 1 || *options.num_layers > 1024) {
+      return invalid_argument("num_layers must be at least 1 and at most 1024, got " +
                               std::to_string(*options.num_layers));
     }
     config.num_hidden_layers = *options.num_layers;
@@ -443,10 +445,8 @@ Result<ModelConfig> test_model_config(const TestModelOptions& options) {
 
 Status write_test_model(const std::string& out_dir, const TestModelOptions& options) {
   PS_ASSIGN_OR_RETURN(const ModelConfig config, test_model_config(options));
-  const fs::path dir(out_dir);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return io_error(out_dir + ": cannot create directory: " + ec.message());
+  PS_ASSIGN_OR_RETURN(StagedOutputDirectory staging, StagedOutputDirectory::begin(out_dir));
+  const fs::path dir = staging.path();
 
   PS_RETURN_IF_ERROR(write_text(dir / "config.json", model_config_to_json(config)));
   PS_RETURN_IF_ERROR(write_text(dir / "generation_config.json", generation_config_json(config)));
@@ -500,8 +500,9 @@ Status write_test_model(const std::string& out_dir, const TestModelOptions& opti
                                    part_values, pool, on_bytes, names));
     for (std::string& name : names) weight_map[std::move(name)] = file;
   }
-  return write_safetensors_index((dir / "model.safetensors.index.json").string(), total_bytes,
-                                 weight_map);
+  PS_RETURN_IF_ERROR(write_safetensors_index((dir / "model.safetensors.index.json").string(),
+                                             total_bytes, weight_map));
+  return staging.publish();
 }
 
 }  // namespace peerserve

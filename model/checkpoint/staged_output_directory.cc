@@ -1,0 +1,100 @@
+#include "model/checkpoint/staged_output_directory.h"
+
+#include <signal.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstdio>
+
+namespace peerserve {
+
+namespace fs = std::filesystem;
+
+Status check_output_directory(const std::string& out_dir) {
+  if (out_dir.empty()) return invalid_argument("no output directory given");
+  std::error_code ec;
+  if (!fs::exists(out_dir, ec)) return ok_status();
+  if (!fs::is_directory(out_dir, ec)) {
+    return invalid_argument("the output " + out_dir + " exists and is not a directory");
+  }
+  if (!fs::is_empty(out_dir, ec) || ec) {
+    return invalid_argument("the output directory " + out_dir +
+                            " exists and is not empty; remove it or choose another (nothing is "
+                            "overwritten)");
+  }
+  return ok_status();
+}
+
+namespace {
+
+// Removes `<name>.partial-<pid>` folders in `parent` whose process no longer runs.
+void remove_abandoned_staging(const fs::path& parent, const std::string& name) {
+  const std::string prefix = name + ".partial-";
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(parent, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = file.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    std::error_code is_dir_ec;
+    if (pid <= 0 || pid == ::getpid() || !entry.is_directory(is_dir_ec)) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // still running (or not ours)
+    std::fprintf(stderr, "removing %s, left by an interrupted run (process %d is gone)\n",
+                 entry.path().c_str(), static_cast<int>(pid));
+    std::error_code remove_ec;
+    fs::remove_all(entry.path(), remove_ec);
+  }
+}
+
+}  // namespace
+
+Result<StagedOutputDirectory> StagedOutputDirectory::begin(const std::string& out_dir) {
+  PS_RETURN_IF_ERROR(check_output_directory(out_dir));
+  std::error_code ec;
+  const fs::path target = fs::absolute(fs::path(out_dir), ec).lexically_normal();
+  if (ec) return io_error(out_dir + ": " + ec.message());
+  // With a trailing slash the name is empty: take the last named component.
+  const fs::path out = target.filename().empty() ? target.parent_path() : target;
+  if (out.has_parent_path()) fs::create_directories(out.parent_path(), ec);
+  if (ec)
+    return io_error(out.parent_path().string() + ": cannot create directory: " + ec.message());
+  remove_abandoned_staging(out.parent_path(), out.filename().string());
+  fs::path staging = out.string() + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  if (ec) return io_error(staging.string() + ": cannot create directory: " + ec.message());
+  return StagedOutputDirectory(std::move(staging), out);
+}
+
+StagedOutputDirectory::StagedOutputDirectory(StagedOutputDirectory&& other) noexcept
+    : staging_(std::move(other.staging_)), out_(std::move(other.out_)) {
+  other.staging_.clear();
+}
+
+StagedOutputDirectory::~StagedOutputDirectory() {
+  if (staging_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+}
+
+Status StagedOutputDirectory::publish() {
+  if (staging_.empty()) return internal_error("the staging folder was already published");
+  PS_RETURN_IF_ERROR(check_output_directory(out_.string()));
+  std::error_code ec;
+  if (fs::exists(out_, ec)) {
+    fs::remove(out_, ec);  // empty: checked
+    if (ec)
+      return io_error(out_.string() + ": cannot replace the empty directory: " + ec.message());
+  }
+  fs::rename(staging_, out_, ec);
+  if (ec) {
+    return io_error("cannot rename " + staging_.string() + " to " + out_.string() + ": " +
+                    ec.message());
+  }
+  staging_.clear();
+  return ok_status();
+}
+
+}  // namespace peerserve
