@@ -10,7 +10,7 @@
 #include "apps/load_progress_bar.h"
 #include "apps/whole_number_validator.h"
 #include "model/checkpoint/checkpoint.h"
-#include "model/checkpoint/staged_output_directory.h"
+#include "base/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <vector>
 
+#include "base/staged_output_directory.h"
 #include "cache/block_checksum.h"
 
 namespace peerserve {
@@ -167,22 +168,17 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
     total += size;
     if (total > o.max_model_bytes) return data_loss("model cache: '" + id + "' is too large");
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return io_error("model cache: cannot create " + dir.string() + ": " + ec.message());
+  // Into a staging folder renamed into place at the end: a fetch that fails half-way leaves
+  // nothing that a later start would take for a checkpoint.
+  auto staged = StagedOutputDirectory::begin(dir.string());
+  if (!staged.ok()) return staged.status().with_context("model cache");
   ModelCacheTransfer done;
   for (const json& f : manifest["files"]) {
     const std::string name = f["name"].get<std::string>();
     const uint64_t size = f["size"].get<uint64_t>();
-    const fs::path final_path = dir / name;
-    const fs::path partial = dir / ("." + name + ".partial");
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) return io_error("model cache: cannot write " + partial.string());
-    auto fail = [&](Status s) {
-      out.close();
-      fs::remove(partial, ec);
-      return s;
-    };
+    const fs::path path = staged->path() / name;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) return io_error("model cache: cannot write " + path.string());
     const json& ids = f["chunks"];
     for (size_t first = 0; first < ids.size(); first += static_cast<size_t>(o.chunks_per_call)) {
       const size_t n = std::min(ids.size() - first, static_cast<size_t>(o.chunks_per_call));
@@ -199,27 +195,26 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
       const std::vector<BlockLookup> got = pool.get(keys, sinks, o.timeout);
       for (size_t i = 0; i < n; ++i) {
         if (!got[i].hit()) {
-          return fail(
-              unavailable("model cache: chunk " + std::to_string(first + i) + " of " + name +
-                          " (model '" + id + "') is not in the pool" +
-                          (got[i].kind == BlockLookup::Kind::kError ? ": " + got[i].error.message()
-                                                                    : std::string())));
+          return unavailable("model cache: chunk " + std::to_string(first + i) + " of " + name +
+                             " (model '" + id + "') is not in the pool" +
+                             (got[i].kind == BlockLookup::Kind::kError
+                                  ? ": " + got[i].error.message()
+                                  : std::string()));
         }
         if (block_checksum(buffers[i]) != keys[i].hash) {
-          return fail(data_loss("model cache: chunk " + std::to_string(first + i) + " of " + name +
-                                " does not match its hash"));
+          return data_loss("model cache: chunk " + std::to_string(first + i) + " of " + name +
+                           " does not match its hash");
         }
         out.write(reinterpret_cast<const char*>(buffers[i].data()),
                   static_cast<std::streamsize>(buffers[i].size()));
       }
     }
     out.close();
-    if (!out) return fail(io_error("model cache: writing " + partial.string() + " failed"));
-    fs::rename(partial, final_path, ec);
-    if (ec) return fail(io_error("model cache: cannot rename to " + final_path.string()));
+    if (!out) return io_error("model cache: writing " + path.string() + " failed");
     done.bytes += size;
     ++done.files;
   }
+  PS_RETURN_IF_ERROR(staged->publish().with_context("model cache"));
   done.seconds = seconds_since(start);
   return done;
 }

@@ -11,7 +11,7 @@
 
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
-#include "model/checkpoint/staged_output_directory.h"
+#include "base/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "tensor/float_convert.h"
 

@@ -19,7 +19,7 @@
 #include "model/checkpoint/deterministic_normal.h"
 #include "model/checkpoint/fp8_block_scaling.h"
 #include "model/checkpoint/safetensors_writer.h"
-#include "model/checkpoint/staged_output_directory.h"
+#include "base/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_tokenizer.h"
 

@@ -97,9 +97,12 @@ TEST_F(ModelCacheTest, MissingOrCorruptChunksFailWithoutPartialFiles) {
   ASSERT_FALSE(fetched.ok());
   EXPECT_NE(fetched.status().message().find("model-00001-of-00002.safetensors"), std::string::npos)
       << fetched.status().message();
-  for (const auto& e : fs::directory_iterator(target_.path())) {
-    EXPECT_EQ(e.path().string().find(".partial"), std::string::npos) << e.path();
-    EXPECT_NE(e.path().filename(), "model-00001-of-00002.safetensors");
+  // Nothing at all: the files fetched before the missing chunk (config.json first) made the
+  // next start take the folder for a checkpoint.
+  EXPECT_TRUE(fs::is_empty(target_.path()));
+  const std::string staging_prefix = target_.path().filename().string() + ".partial-";
+  for (const auto& e : fs::directory_iterator(target_.path().parent_path())) {
+    EXPECT_NE(e.path().filename().string().rfind(staging_prefix, 0), 0u) << e.path();
   }
   // Other bytes under the chunk's key: the content hash rejects them.
   const auto wrong = make_block(77, 1000);

@@ -1,8 +1,8 @@
-// A checkpoint folder is written whole or not at all (model/checkpoint/staged_output_directory.h):
+// A checkpoint folder is written whole or not at all (base/staged_output_directory.h):
 // nothing appears at the output until publish(); an unpublished staging folder is removed; a
 // non-empty output is refused and left as it was; a staging folder abandoned by a process
 // that is gone is cleaned up. make-test-model writes through it.
-#include "model/checkpoint/staged_output_directory.h"
+#include "base/staged_output_directory.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "model/checkpoint/staged_output_directory.h"
+#include "base/staged_output_directory.h"
 
 #include <signal.h>
 #include <unistd.h>
