@@ -407,8 +407,11 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // A readable socket with nothing to read means the peer closed its side. (Pipelined
-  // bytes make it readable too; then we stop watching: the next read sees them.)
+  // A readable socket with nothing to read means the peer closed its side (or reset the
+  // connection). (Pipelined bytes make it readable too; then we stop watching: the next read
+  // sees them.) As in vLLM (uvicorn), the end of input before the answer is complete is a
+  // client that left, streaming or not: its request is aborted rather than generated to
+  // max_tokens for nobody. A client that only half-closes after its request is not answered.
   void watch_for_disconnect() {
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(),
                                                          id = current_id_](beast::error_code ec) {
@@ -416,16 +419,13 @@ class Session : public std::enable_shared_from_this<Session> {
       beast::error_code avail_ec;
       const size_t available = self->stream_.socket().available(avail_ec);
       if (avail_ec) return self->peer_gone();
-      if (available > 0) return;  // a pipelined request: read after this response
-      // End of input. A client reading a stream has gone; before the response started it may
-      // only have half-closed after sending its request (HTTP allows it): answer it, then
-      // close. A client that is really gone is found when a write fails.
-      if (self->streaming_) return self->peer_gone();
-      // Requests it pipelined before closing are in the read buffer already: they are read
-      // and answered in turn (the read after the last one meets the end and closes).
-      if (self->buffer_.size() > 0) return;
-      self->keep_alive_ = false;
-      self->close_after_write_ = true;
+      if (available > 0) return;       // a pipelined request: read after this response
+      if (self->response_complete_) {  // whole, being written: send it, then close
+        self->keep_alive_ = false;
+        self->close_after_write_ = true;
+        return;
+      }
+      self->peer_gone();
     });
   }
 

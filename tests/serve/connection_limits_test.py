@@ -7,8 +7,9 @@ Cases (all run; exit 1 if any failed):
 - one client address is capped (--max-connections-per-client);
 - out of file descriptors (RLIMIT_NOFILE lowered for the child): the accept loop backs off
   instead of spinning a core, and the server answers again once sockets close;
-- a client that half-closes after sending its request gets the answer; pipelined requests
-  are answered in order;
+- a client that closes its side before its (non-streamed) answer is complete has left, as in
+  vLLM: its request is aborted rather than generated to max_tokens; pipelined requests are
+  answered in order;
 - a client that stops reading its stream is dropped once --max-unsent-bytes of output is
   queued for it: its request is aborted (KV freed), memory does not pile up.
 Usage: connection_limits_test.py PEERSERVE_BINARY SOURCE_DIR
@@ -139,9 +140,10 @@ def out_of_descriptors_backs_off():
         p.wait(timeout=30)
 
 
-def raw_exchange(port, payload, half_close):
+def raw_exchange(port, payload, half_close, wait_before_close=0.0):
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(payload)
+        time.sleep(wait_before_close)
         if half_close:
             s.shutdown(socket.SHUT_WR)
         data = b""
@@ -160,9 +162,27 @@ def half_close_and_pipelining():
                            "max_tokens": 8, "temperature": 0})
         request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                    f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
-        reply = raw_exchange(port, request, half_close=True)
-        assert reply.startswith("HTTP/1.1 200"), f"half-closed client got: {reply[:200]!r}"
-        assert '"finish_reason"' in reply, f"no completion in: {reply[-300:]!r}"
+        long_body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": "The kernel", "n": 16,
+                                "max_tokens": 4000, "ignore_eos": True})
+        long_request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                        f"application/json\r\nContent-Length: {len(long_body)}\r\n\r\n"
+                        f"{long_body}").encode()
+        aborted_before = metric_sum(port, "peerserve:request_success_total",
+                                    'finished_reason="abort"')
+        # Closed once the request runs (closed before, it is never started).
+        reply = raw_exchange(port, long_request, half_close=True, wait_before_close=0.1)
+        assert reply == "", f"a client that left got: {reply[:200]!r}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            aborted = metric_sum(port, "peerserve:request_success_total",
+                                 'finished_reason="abort"')
+            running = metric_sum(port, "peerserve:num_requests_running")
+            if aborted > aborted_before and running == 0:
+                break
+            time.sleep(0.2)
+        assert aborted == aborted_before + 1 and running == 0, \
+            f"the request of a client that left: aborted {aborted - aborted_before}, " \
+            f"running {running}"
         health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
         last = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         reply = raw_exchange(port, request + health + last, half_close=False)
@@ -223,6 +243,7 @@ case("idle sockets are closed after the header timeout; /health and /metrics ans
 case("one client address is capped", one_client_is_capped)
 case("out of descriptors: the accept loop backs off, then serves again",
      out_of_descriptors_backs_off)
-case("half-closed clients are answered; pipelined requests in order", half_close_and_pipelining)
+case("a client that closes before its answer is aborted; pipelined requests in order",
+     half_close_and_pipelining)
 case("a client that stops reading is dropped and its request aborted", slow_reader_is_dropped)
 sys.exit(exit_code())
