@@ -19,6 +19,7 @@
 
 #include "apps/byte_size.h"
 #include "apps/command_registry.h"
+#include "apps/server_signals.h"
 #include "cache/pool_server.h"
 #include "cache/tiered_block_store.h"
 #include "kv/kv_namespace.h"
@@ -84,12 +85,9 @@ int run_cache_server(const CacheServerCli& cli) {
   server_options.block_stream_port = cli.block_stream_port;
 
   // Signals are taken by a dedicated thread with sigwait(); block them in every thread that
-  // gRPC starts from here on.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // gRPC starts from here on. Until it listens (the SSD tier's recovery), one ends it.
+  const sigset_t signals = block_server_signals();
+  StartupSignalExit startup_exit(signals);
 
   Result<std::unique_ptr<TieredBlockStore>> store = TieredBlockStore::open(store_options);
   if (!store.ok()) return fail(store.status());
@@ -118,6 +116,7 @@ int run_cache_server(const CacheServerCli& cli) {
   std::fflush(stdout);
 
   PoolServer* server_ptr = server->get();
+  startup_exit.done();
   std::thread signal_waiter([signals, server_ptr] {
     int sig = 0;
     sigwait(&signals, &sig);

@@ -27,6 +27,7 @@
 #include "apps/load_progress_bar.h"
 #include "apps/quantize_options.h"
 #include "apps/serve_router_role.h"
+#include "apps/server_signals.h"
 #include "apps/speculative_options.h"
 #include "apps/threads_option.h"
 #include "apps/whole_number_validator.h"
@@ -237,12 +238,9 @@ int run_serve(const ServeCli& cli) {
   if (Status s = check_kv_pool_flags(cli.kv_pool); !s.ok()) return fail(s);
   if (cli.model_dir.empty()) return fail(invalid_argument("--model DIR is required"));
   // Signals are taken by a dedicated thread with sigwait(); block them everywhere else
-  // (threads created from here on inherit the mask).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // (threads created from here on inherit the mask). Until it serves, one ends the process.
+  const sigset_t signals = block_server_signals();
+  StartupSignalExit startup_exit(signals);
 
   auto started = EpSession::start(cli.ep);
   if (!started.ok()) return EpSession::report_start_error(started.status());
@@ -685,6 +683,7 @@ int run_serve(const ServeCli& cli) {
   DataParallelRouter* router_ptr = router.get();
   auto run_finished = std::make_shared<std::atomic<bool>>(false);
   const auto shutdown_timeout = std::chrono::seconds(cli.shutdown_timeout);
+  startup_exit.done();
   std::thread signal_waiter(
       [signals, engine_ptr, server_ptr, router_ptr, run_finished, shutdown_timeout] {
         int sig = 0;

@@ -8,17 +8,14 @@
 #include <memory>
 #include <thread>
 
+#include "apps/server_signals.h"
 #include "serve/openai_router.h"
 #include "serve/router_backends.h"
 
 namespace peerserve {
 
 int run_router_role(const RouterRoleOptions& options) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = block_server_signals();
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
     return 1;
