@@ -37,6 +37,12 @@ const std::string* HttpRequest::header(const std::string& lowercase_name) const 
 
 namespace {
 
+// Past the connection cap, this many more are accepted for the load balancer's probes
+// (GET /health, /metrics), each given at most kOverCapHeaderSeconds to send its request;
+// beyond them a connection is closed on accept. Within the descriptors kept in reserve.
+constexpr int64_t kOverCapConnections = 64;
+constexpr int kOverCapHeaderSeconds = 2;
+
 std::string lowercase(std::string_view s) {
   std::string out(s);
   std::transform(out.begin(), out.end(), out.begin(),
@@ -126,6 +132,10 @@ struct HttpServer::Impl {
   void count_slow_client() {
     std::lock_guard<std::mutex> lock(counters_mutex);
     ++counters.slow_clients_dropped;
+  }
+  void count_refused_connection() {
+    std::lock_guard<std::mutex> lock(counters_mutex);
+    ++counters.connections_refused;
   }
 };
 
@@ -273,9 +283,11 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(64 * 1024);
     // A fresh connection gets the short header timeout (idle or trickling sockets must not
     // hold a slot); between keep-alive requests, the idle timeout.
-    stream_.expires_after(std::chrono::seconds(requests_read_ == 0 || over_limit_
-                                                   ? server_->options.header_timeout_seconds
-                                                   : server_->options.idle_timeout_seconds));
+    // Over the cap, a probe's request comes at once: its few slots must not be held long.
+    stream_.expires_after(std::chrono::seconds(
+        over_limit_ ? std::min(server_->options.header_timeout_seconds, kOverCapHeaderSeconds)
+        : requests_read_ == 0 ? server_->options.header_timeout_seconds
+                              : server_->options.idle_timeout_seconds));
     // The header first: a body over the limit is refused before it is sent, and clients
     // that wait for "100 Continue" (curl does for bodies over 1 KiB) get it at once.
     http::async_read_header(
@@ -621,7 +633,16 @@ void HttpServer::Impl::do_accept() {
     socket.set_option(tcp::no_delay(true), nodelay_ec);
     const auto remote = socket.remote_endpoint(endpoint_ec);
     std::string client = endpoint_ec ? std::string("?") : remote.address().to_string();
-    const bool over_limit = open_connections() >= options.max_connections ||
+    const int64_t open = open_connections();
+    if (open >= static_cast<int64_t>(options.max_connections) + kOverCapConnections) {
+      // Past the cap and the probes' room: closed at once, so a flood of idle sockets cannot
+      // use up the descriptors (then nothing, /health included, could be accepted).
+      beast::error_code close_ec;
+      socket.close(close_ec);
+      count_refused_connection();
+      return do_accept();
+    }
+    const bool over_limit = open >= options.max_connections ||
                             client_connections(client) >= options.max_connections_per_client;
     std::make_shared<Session>(std::move(socket), std::move(client), this)->start(over_limit);
     do_accept();

@@ -92,6 +92,8 @@ struct HttpServerCounters {
   int64_t requests_total = 0;
   // Connections dropped because their client stopped reading (max_unsent_bytes).
   int64_t slow_clients_dropped = 0;
+  // Connections closed on accept: past the cap and the room kept for probes.
+  int64_t connections_refused = 0;
   // Responses by status code.
   std::map<int, int64_t> responses_by_status;
 };

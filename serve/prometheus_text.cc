@@ -237,6 +237,9 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
   out.counter("peerserve:http_slow_clients_dropped_total",
               "Connections dropped because the client stopped reading its output.", {},
               static_cast<double>(http.slow_clients_dropped));
+  out.counter("peerserve:http_connections_refused_total",
+              "Connections closed on accept: past the cap and the room kept for probes.", {},
+              static_cast<double>(http.connections_refused));
   out.family("peerserve:http_responses_total", "HTTP responses by status code.", "counter");
   for (const auto& [status, count] : http.responses_by_status) {
     out.sample("peerserve:http_responses_total", {{"code", std::to_string(status)}},
