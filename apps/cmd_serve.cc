@@ -724,10 +724,10 @@ int run_serve(const ServeCli& cli) {
         }
         wait_until([&] { return server_ptr->active_generations() == 0; },
                    std::chrono::milliseconds(5000));
-        // The last chunks were handed to their connections; give the event loop a moment to
-        // write them out before it stops.
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        server_ptr->stop();
+        // The last answers were handed to their connections: they get up to another
+        // --shutdown-timeout to be written out (a slow reader's too), then the loop stops.
+        server_ptr->stop_after_flush(
+            std::max<std::chrono::milliseconds>(std::chrono::seconds(1), shutdown_timeout));
       });
   // A lost rank breaks the group: nothing can run any more, so the server ends (with the
   // error) instead of answering 503 forever.
@@ -854,8 +854,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   sub->add_option("--shutdown-timeout", cli->shutdown_timeout,
                   "On SIGTERM/SIGINT: seconds running requests get to finish (new ones get "
-                  "503, /health 503) before the rest end with finish_reason \"abort\"; a "
-                  "second signal exits at once")
+                  "503, /health 503) before the rest end with finish_reason \"abort\" (behind "
+                  "--role router: an error event); answers already made then get as long "
+                  "again to be written out to slow clients; a second signal exits at once")
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   sub->add_option("--role", cli->role,

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -105,7 +106,9 @@ int run_router_role(const RouterRoleOptions& options) {
         std::_Exit(1);
       }
     }
-    raw->stop();
+    // The requests left are cut off from their instances and told so; then what was handed
+    // to the clients gets as long again to be written out.
+    raw->shut_down(std::max<std::chrono::milliseconds>(std::chrono::seconds(1), shutdown_timeout));
   });
   (*router)->run();
   signal_waiter.join();

@@ -16,6 +16,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 namespace peerserve {
@@ -133,6 +134,8 @@ struct HttpServer::Impl {
     std::lock_guard<std::mutex> lock(counters_mutex);
     ++counters.slow_clients_dropped;
   }
+  // Exchanges whose answer is not yet written out (or whose connection has not yet closed).
+  std::atomic<int64_t> exchanges_in_flight{0};
   void count_refused_connection() {
     std::lock_guard<std::mutex> lock(counters_mutex);
     ++counters.connections_refused;
@@ -174,6 +177,7 @@ class Session : public std::enable_shared_from_this<Session> {
     server_->client_delta(client_, +1);
   }
   ~Session() {
+    set_in_exchange(false);
     server_->client_delta(client_, -1);
     server_->connection_delta(-1);
   }
@@ -311,7 +315,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (message.method() != http::verb::get || (path != "/health" && path != "/metrics")) {
         keep_alive_ = false;
         close_after_write_ = true;
-        in_exchange_ = true;
+        set_in_exchange(true);
         response_complete_ = false;
         head_request_ = false;
         ++current_id_;
@@ -348,7 +352,7 @@ class Session : public std::enable_shared_from_this<Session> {
       // Malformed or oversized request: answer and close (the rest of the body is unread).
       keep_alive_ = false;
       close_after_write_ = true;
-      in_exchange_ = true;
+      set_in_exchange(true);
       response_complete_ = false;
       ++current_id_;
       if (ec == http::error::body_limit) {
@@ -387,7 +391,7 @@ class Session : public std::enable_shared_from_this<Session> {
     http10_ = message.version() < 11;
     ++requests_read_;
     ++current_id_;
-    in_exchange_ = true;
+    set_in_exchange(true);
     streaming_ = false;
     response_complete_ = false;
     head_request_ = request.method == "HEAD";
@@ -496,8 +500,15 @@ class Session : public std::enable_shared_from_this<Session> {
     if (in_exchange_ && response_complete_) finish_exchange();
   }
 
+  // Counts the exchanges whose answer is not yet written out, for stop_after_flush().
+  void set_in_exchange(bool in) {
+    if (in == in_exchange_) return;
+    in_exchange_ = in;
+    server_->exchanges_in_flight.fetch_add(in ? 1 : -1);
+  }
+
   void finish_exchange() {
-    in_exchange_ = false;
+    set_in_exchange(false);
     streaming_ = false;
     disconnect_callback_ = nullptr;
     if (close_after_write_) {
@@ -714,6 +725,18 @@ void HttpServer::stop() {
     impl->acceptor.close(ec);
     impl->ioc.stop();
   });
+}
+
+void HttpServer::stop_after_flush(std::chrono::milliseconds limit) {
+  asio::post(impl_->ioc, [impl = impl_.get()] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (impl_->exchanges_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  stop();
 }
 
 HttpServerCounters HttpServer::counters() const {

@@ -13,6 +13,7 @@
 // the event-loop thread and must not block.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -110,6 +111,10 @@ class HttpServer {
   void run();
   // Stops accepting and ends the event loop; thread-safe.
   void stop();
+  // Stops accepting, waits up to `limit` until every answer handed to a connection has been
+  // written out (a slow reader still gets the end of its answer), then stop(). Blocks; call
+  // it from another thread than run()'s.
+  void stop_after_flush(std::chrono::milliseconds limit);
 
   HttpServerCounters counters() const;
 

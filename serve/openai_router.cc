@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -212,6 +213,11 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
     if (status.code() == StatusCode::kCancelled) {  // the router is shutting down
       ctx_.backends->release(index, false, "");
       if (streaming_) {
+        // A complete event first, even if the instance's was cut in the middle of one.
+        exchange_->write_chunk(
+            std::string(ends_with_event_ ? "" : "\n\n") + "data: " +
+            api_error_json(router_error(503, "the router is shutting down", "shutting_down")) +
+            "\n\ndata: [DONE]\n\n");
         exchange_->end_stream();
       } else {
         send_error(*exchange_, router_error(503, "the router is shutting down", "shutting_down"));
@@ -451,6 +457,15 @@ void OpenAiRouter::run() {
 }
 void OpenAiRouter::stop() {
   http_->stop();
+}
+void OpenAiRouter::shut_down(std::chrono::milliseconds flush_limit) {
+  context_->upstream->cancel_all();
+  // Each cancelled call answers its client on the upstream loop: wait for those answers.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (context_->active.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  http_->stop_after_flush(flush_limit);
 }
 void OpenAiRouter::begin_drain() {
   context_->draining.store(true);

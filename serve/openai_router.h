@@ -57,6 +57,11 @@ class OpenAiRouter {
   // Serves until stop(); blocks the calling thread.
   void run();
   void stop();
+  // The end of a drain: the requests still in flight are cut off from their instances (a
+  // stream ends with an error event, "shutting_down", and [DONE]; a whole answer gets 503),
+  // what was handed to the clients gets up to `flush_limit` to be written out, then stop().
+  // Blocks; call it from another thread than run()'s.
+  void shut_down(std::chrono::milliseconds flush_limit);
   // New requests get 503 and /health 503 from now on; those in flight continue.
   void begin_drain();
   int64_t active_requests() const;

@@ -72,6 +72,7 @@ class OpenAiServer {
   // Serves until stop(); blocks the calling thread.
   void run() { http_->run(); }
   void stop() { http_->stop(); }
+  void stop_after_flush(std::chrono::milliseconds limit) { http_->stop_after_flush(limit); }
   // Graceful shutdown, first step: from now on new generations get 503 and /health 503
   // (a load balancer drains this instance); running ones continue.
   void begin_drain();

@@ -171,6 +171,12 @@ UpstreamClient::UpstreamClient() : impl_(std::make_unique<Impl>()) {
 }
 
 UpstreamClient::~UpstreamClient() {
+  cancel_all();
+  impl_->work.reset();
+  impl_->thread.join();
+}
+
+void UpstreamClient::cancel_all() {
   asio::post(impl_->ioc, [impl = impl_.get()] {
     auto live = impl->live;  // finish() erases from the map
     for (auto& [raw, weak] : live) {
@@ -179,8 +185,6 @@ UpstreamClient::~UpstreamClient() {
       }
     }
   });
-  impl_->work.reset();
-  impl_->thread.join();
 }
 
 Result<std::shared_ptr<UpstreamCall>> UpstreamClient::start(UpstreamRequest request,

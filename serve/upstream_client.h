@@ -75,6 +75,9 @@ class UpstreamClient {
   UpstreamClient(const UpstreamClient&) = delete;
   UpstreamClient& operator=(const UpstreamClient&) = delete;
 
+  // Cancels the calls running now (each on_done runs, Cancelled); new calls still start.
+  void cancel_all();
+
   // InvalidArgument for a malformed endpoint or method (no callback runs then).
   Result<std::shared_ptr<UpstreamCall>> start(UpstreamRequest request, UpstreamTimeouts timeouts,
                                               UpstreamCallbacks callbacks);

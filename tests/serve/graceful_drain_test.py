@@ -5,12 +5,14 @@ Cases (all run; exit 1 if any failed):
   requests finish normally (final chunk, finish_reason, [DONE]; the non-streaming one a
   whole JSON body), the process exits 0;
 - past --shutdown-timeout the rest end with finish_reason "abort" and a proper end;
-- a second signal exits at once.
+- a second signal exits at once;
+- an answer made before the signal but not yet read by its slow client is written out whole.
 Usage: graceful_drain_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -140,9 +142,58 @@ def second_signal_exits_at_once():
             p.kill()
 
 
+def metric(port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def a_slow_reader_gets_its_whole_answer():
+    # An answer generated before the signal but not yet read by its client is written out
+    # during the drain (HttpServer::stop_after_flush).
+    p, port = start(30)
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills fast
+        s.connect(("127.0.0.1", port))
+        # About 12 MB: far more than the kernel's socket buffers hold.
+        body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": "The kernel", "n": 8,
+                           "max_tokens": 6000, "logprobs": 5, "ignore_eos": True})
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+                metric(port, "peerserve:generation_tokens_total") < 8 * 6000 or
+                metric(port, "peerserve:num_requests_running") > 0):
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the engine is idle: the drain goes straight to the end
+        s.settimeout(30)
+        data = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        head, _, answer = data.partition(b"\r\n\r\n")
+        length = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                  if l.lower().startswith(b"content-length:")]
+        assert head.startswith(b"HTTP/1.1 200") and length, f"head: {head[:200]!r}"
+        assert len(answer) == length[0], f"{len(answer)} of {length[0]} bytes arrived"
+        assert p.wait(timeout=60) == 0, f"exit {p.returncode}"
+    finally:
+        s.close()
+        if p.poll() is None:
+            p.kill()
+
+
 case("SIGTERM drains: running requests finish, new ones 503, exit 0",
      drain_finishes_running_requests)
 case("past --shutdown-timeout the rest end with abort and a proper end",
      timeout_aborts_the_rest_cleanly)
 case("a second signal exits at once", second_signal_exits_at_once)
+case("an answer made before the signal reaches its slow reader whole",
+     a_slow_reader_gets_its_whole_answer)
 sys.exit(exit_code())

@@ -15,7 +15,9 @@ Cases (all run; exit 1 if any failed):
 - an instance serving another model is refused at start; no instance up: 503;
 - `--prefill` on the router: each request names the least loaded prefill instance, the
   decode instance calls it (and ignores a name outside its own list); a prefill instance of
-  another model is refused at start.
+  another model is refused at start;
+- SIGTERM to the router past its --shutdown-timeout: the streams left end with an error
+  event and [DONE].
 Usage: router_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import http.server
@@ -485,6 +487,36 @@ def router_suggests_prefill_instances():
     other.wait(timeout=20)
 
 
+def stream_events(port, body, out, key):
+    try:
+        with urllib.request.urlopen(request(port, "/v1/completions", body), timeout=60) as r:
+            out[key] = [raw.decode().strip() for raw in r if raw.strip()]
+    except Exception as e:  # noqa: BLE001
+        out[key] = [f"exception: {e!r}"]
+
+
+def router_shutdown_ends_streams():
+    """Past the router's --shutdown-timeout the streams left end with an error event
+    ("shutting_down") and [DONE] (they were cut mid-chunk, without an end)."""
+    port = free_port()
+    p, _ = router(port, [decode_ports[0]], "--shutdown-timeout", "1")
+    body = {"model": NAME, "prompt": "The kernel", "max_tokens": 30000, "ignore_eos": True,
+            "stream": True}
+    out = {}
+    threads = [threading.Thread(target=stream_events, args=(port, body, out, k))
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    p.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=60)
+    assert p.wait(timeout=30) == 0, f"router exit {p.returncode}"
+    for k, events in out.items():
+        assert len(events) >= 2 and events[-1] == "data: [DONE]", f"stream {k}: {events[-2:]}"
+        assert "shutting_down" in events[-2], f"stream {k} ended with {events[-2][:200]}"
+
+
 try:
     case("router + prefill + decode give the all-in-one server's tokens", same_as_all_in_one)
     case("256 concurrent streams through the router all end, with the right tokens",
@@ -501,6 +533,8 @@ try:
     case("router --prefill: it suggests the least loaded prefill instance, the decode "
          "instance uses it (only its own)", router_suggests_prefill_instances)
     case("router and instance with one --api-key: the router's checks send it", with_api_key)
+    case("router SIGTERM past --shutdown-timeout: streams end with an error event and [DONE]",
+         router_shutdown_ends_streams)
 finally:
     stop_all(children)
 sys.exit(exit_code())
