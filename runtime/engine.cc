@@ -610,7 +610,11 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
     if (index == 0) request.usage.cached_prompt_tokens = update.num_cached_prompt_tokens;
     const bool first_of_request = !request.first_token_time;
     if (first_of_request) request.first_token_time = now;
-    const double itl = choice.num_generated > 1 ? now - choice.last_token_time : -1.0;
+    // One inter-token latency per step that brought tokens, as vLLM counts it: the tokens
+    // after the first of an update (accepted drafts) arrived with it, not 0 s later.
+    const bool first_of_update = &sampled == &update.tokens.front();
+    const double itl =
+        choice.num_generated > 1 && first_of_update ? now - choice.last_token_time : -1.0;
     choice.last_token_time = now;
     metrics_.update([&](EngineMetricsSnapshot& m) {
       ++m.generation_tokens_total;

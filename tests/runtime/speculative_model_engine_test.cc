@@ -358,6 +358,11 @@ TEST_F(ShippedModelTest, GreedyTokensEqualNonSpeculative) {
     EXPECT_EQ(static_cast<int64_t>(m.spec_decode_acceptance_length.count()),
               m.spec_decode_num_drafts);
     EXPECT_LT(m.steps_total, reference.metrics.steps_total) << "K=" << k;
+    // One inter-token latency per step that brought a request tokens, as vLLM counts them
+    // (each accepted draft was a sample of 0 s).
+    uint64_t gaps = 0;
+    for (const auto& sizes : spec.step_sizes) gaps += sizes.empty() ? 0 : sizes.size() - 1;
+    EXPECT_EQ(m.inter_token_latency.count(), gaps) << "K=" << k;
   }
 }
 
