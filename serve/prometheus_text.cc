@@ -85,6 +85,78 @@ void PrometheusText::histogram(std::string_view name, std::string_view help,
   sample(base + "_count", labels, static_cast<double>(histogram.count()));
 }
 
+namespace {
+
+// The families vLLM exposes under these names (its dashboards, autoscaling rules and routers
+// read them): each is written a second time under the vLLM name.
+constexpr std::pair<std::string_view, std::string_view> kVllmNames[] = {
+    {"peerserve:num_requests_running", "vllm:num_requests_running"},
+    {"peerserve:num_requests_waiting", "vllm:num_requests_waiting"},
+    {"peerserve:kv_cache_usage_perc", "vllm:kv_cache_usage_perc"},
+    {"peerserve:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},  // vLLM's older name
+    {"peerserve:prefix_cache_queries_total", "vllm:prefix_cache_queries_total"},
+    {"peerserve:prefix_cache_hits_total", "vllm:prefix_cache_hits_total"},
+    {"peerserve:num_preemptions_total", "vllm:num_preemptions_total"},
+    {"peerserve:prompt_tokens_total", "vllm:prompt_tokens_total"},
+    {"peerserve:generation_tokens_total", "vllm:generation_tokens_total"},
+    {"peerserve:request_success_total", "vllm:request_success_total"},
+    {"peerserve:time_to_first_token_seconds", "vllm:time_to_first_token_seconds"},
+    {"peerserve:inter_token_latency_seconds", "vllm:inter_token_latency_seconds"},
+    {"peerserve:time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds"},
+    {"peerserve:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"},
+    {"peerserve:request_queue_time_seconds", "vllm:request_queue_time_seconds"},
+    {"peerserve:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts_total"},
+    {"peerserve:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens_total"},
+    {"peerserve:spec_decode_num_accepted_tokens_total",
+     "vllm:spec_decode_num_accepted_tokens_total"},
+    {"peerserve:spec_decode_num_accepted_tokens_per_pos_total",
+     "vllm:spec_decode_num_accepted_tokens_per_pos_total"},
+};
+
+// The family a line of the exposition belongs to: the name after "# HELP "/"# TYPE ", or
+// the sample's name without a histogram's _bucket/_sum/_count.
+std::string_view family_of(std::string_view line) {
+  if (line.starts_with("# HELP ") || line.starts_with("# TYPE ")) {
+    line.remove_prefix(7);
+    return line.substr(0, line.find(' '));
+  }
+  std::string_view name = line.substr(0, line.find_first_of("{ "));
+  for (std::string_view suffix : {"_bucket", "_sum", "_count"}) {
+    if (name.ends_with(suffix)) {
+      const std::string_view base = name.substr(0, name.size() - suffix.size());
+      for (const auto& [ours, theirs] : kVllmNames) {
+        if (ours == base) return base;
+      }
+    }
+  }
+  return name;
+}
+
+// `text` followed by the families of kVllmNames again under vLLM's names (each family's
+// lines stay together, as the format requires).
+std::string with_vllm_names(std::string text) {
+  std::string aliases;
+  for (const auto& [ours, theirs] : kVllmNames) {
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      const std::string_view line(text.data() + start, end - start);
+      if (family_of(line) == ours) {
+        const size_t at = line.find(ours);
+        aliases.append(line.substr(0, at));
+        aliases.append(theirs);
+        aliases.append(line.substr(at + ours.size()));
+        aliases.push_back('\n');
+      }
+      start = end + 1;
+    }
+  }
+  return text + aliases;
+}
+
+}  // namespace
+
 std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServerCounters& http,
                                   const std::string& model_name) {
   PrometheusText out;
@@ -245,7 +317,7 @@ std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServ
     out.sample("peerserve:http_responses_total", {{"code", std::to_string(status)}},
                static_cast<double>(count));
   }
-  return out.text();
+  return with_vllm_names(out.text());
 }
 
 std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_experts,

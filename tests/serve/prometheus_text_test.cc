@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
+#include <vector>
 
 namespace peerserve {
 namespace {
@@ -69,6 +71,51 @@ TEST(PrometheusTextTest, ServerMetricsHaveEveryFamilyOnce) {
   EXPECT_NE(text.find("peerserve:prefix_cache_hit_rate{model_name=\"tiny\"} 0.25\n"),
             std::string::npos);
   EXPECT_NE(text.find("peerserve:http_responses_total{code=\"200\"} 3\n"), std::string::npos);
+}
+
+// vLLM's names for the families it has (its dashboards and autoscalers read them), with the
+// same samples; and every family's lines stay together, as the format requires.
+TEST(PrometheusTextTest, ServerMetricsAlsoCarryVllmNames) {
+  EngineMetricsSnapshot m;
+  m.scheduler.num_running = 3;
+  m.scheduler.num_blocks = 10;
+  m.scheduler.num_used_blocks = 4;
+  m.generation_tokens_total = 42;
+  m.time_to_first_token.observe(0.02);
+  m.requests_finished_total[static_cast<size_t>(FinishReason::kLength)] = 5;
+  const std::string text = render_server_metrics(m, HttpServerCounters{}, "tiny");
+  std::istringstream lines(text);
+  std::string line, current;
+  std::map<std::string, int> type_lines;
+  std::vector<std::string> samples;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      current = line.substr(7, line.find(' ', 7) - 7);
+      ++type_lines[current];
+      continue;
+    }
+    if (line.rfind("#", 0) == 0) continue;
+    // Each sample belongs to the family whose TYPE line came last.
+    EXPECT_EQ(line.rfind(current, 0), 0u) << line << " under " << current;
+    samples.push_back(line);
+  }
+  for (const auto& [name, count] : type_lines) EXPECT_EQ(count, 1) << name;
+  const auto has = [&](const std::string& sample) {
+    return std::find(samples.begin(), samples.end(), sample) != samples.end();
+  };
+  for (const char* sample : {
+           "vllm:num_requests_running{model_name=\"tiny\"} 3",
+           "vllm:kv_cache_usage_perc{model_name=\"tiny\"} 0.4",
+           "vllm:gpu_cache_usage_perc{model_name=\"tiny\"} 0.4",
+           "vllm:generation_tokens_total{model_name=\"tiny\"} 42",
+           "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 5",
+           "vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1",
+           "vllm:time_to_first_token_seconds_sum{model_name=\"tiny\"} 0.02",
+       }) {
+    EXPECT_TRUE(has(sample)) << sample;
+  }
+  EXPECT_EQ(type_lines["vllm:time_to_first_token_seconds"], 1);
+  EXPECT_EQ(type_lines.count("vllm:http_responses_total"), 0u);  // vLLM has no such family
 }
 
 }  // namespace
