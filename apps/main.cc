@@ -5,6 +5,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"peerserve: a serving engine for DeepSeek-V3-family mixture-of-experts models"};
+  app.set_version_flag("--version", PEERSERVE_VERSION);
   app.require_subcommand(1);
   peerserve::setup_registered_commands(app);
   CLI11_PARSE(app, argc, argv);

@@ -394,6 +394,10 @@ void route(OpenAiRouter::Context& ctx, HttpRequest request,
     if (!get_or_head) return wrong_method("GET, HEAD");
     return proxy(ctx, request, std::move(exchange), "GET");
   }
+  if (path == "/version") {
+    if (!get_or_head) return wrong_method("GET, HEAD");
+    return exchange->respond(200, kJson, json{{"version", PEERSERVE_VERSION}}.dump());
+  }
   if (path == "/health") {
     if (!get_or_head) return wrong_method("GET, HEAD");
     if (ctx.draining.load()) {

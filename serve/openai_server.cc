@@ -779,6 +779,10 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
            send_error(*ex, api_error_from_status(unavailable("the engine is not running")));
          }
        }},
+      {"/version", "GET",
+       [](OpenAiServer::Context&, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
+         ex->respond(200, kJson, json{{"version", PEERSERVE_VERSION}}.dump());
+       }},
       {"/metrics", "GET",
        [](OpenAiServer::Context& c, const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
          const HttpServerCounters http = c.http ? c.http->counters() : HttpServerCounters{};

@@ -83,6 +83,9 @@ std::unique_ptr<ServerProcess> ServerIntegrationTest::server_;
 
 TEST_F(ServerIntegrationTest, HealthModelsAndMetrics) {
   EXPECT_EQ(http_request(port(), "GET", "/health").status, 200);
+  HttpResponse version = http_request(port(), "GET", "/version");  // as vLLM's
+  ASSERT_EQ(version.status, 200) << version.body;
+  EXPECT_EQ(json::parse(version.body)["version"], PEERSERVE_VERSION);
   HttpResponse models = http_request(port(), "GET", "/v1/models", "", {auth()});
   ASSERT_EQ(models.status, 200) << models.body;
   EXPECT_EQ(json::parse(models.body)["data"][0]["id"], "tiny");
