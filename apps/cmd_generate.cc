@@ -77,6 +77,7 @@ class TokenPrinter {
   void finish() {
     if (detokenizer_) std::fputs(detokenizer_->finish().c_str(), stdout);
     std::printf("\n");
+    std::fflush(stdout);  // before the statistics on stderr (a pipe joining both)
   }
 
  private:
@@ -305,6 +306,7 @@ int run_generate(const GenerateCli& cli) {
   }
   if (detokenizer) std::fputs(detokenizer->finish().c_str(), stdout);
   std::printf("\n");
+  std::fflush(stdout);  // before the statistics on stderr (a pipe joining both)
   if (Status s = session.finish(); !s.ok()) return session.fail(s);
   const auto end = Clock::now();
   const double prefill_s = std::chrono::duration<double>(first_token - start).count();

@@ -18,8 +18,9 @@ namespace peerserve {
 
 // callback() suits ModelOptions::progress / CheckpointOptions::progress: on a terminal it
 // draws "loading [#####.....]  42%  1.2 / 2.9 GB" at most ten times a second; elsewhere (a
-// log file, a pipe) it stays silent until finish(), which prints the final line once (also
-// when some tensors were never read, e.g. a skipped MTP layer).
+// log file, a pipe) it stays silent until finish(), which prints the final line once (at 100%
+// of what was read, with the checkpoint's size when some tensors were never read, e.g. a
+// skipped MTP layer).
 class LoadProgressBar {
  public:
   explicit LoadProgressBar(const char* label = "loading") { state_->label = label; }
@@ -40,10 +41,21 @@ class LoadProgressBar {
       if (!final && now - last < std::chrono::milliseconds(100)) return;
       last = now;
       constexpr int kWidth = 30;
-      const double fraction = static_cast<double>(done) / static_cast<double>(total);
+      // The end is 100% of what was read: some tensors may never be (a skipped MTP layer),
+      // and a bar stopping at 67% looks like a load cut short. The checkpoint's size follows.
+      const double fraction = final ? 1.0 : static_cast<double>(done) / static_cast<double>(total);
       char bar[kWidth + 1];
       for (int i = 0; i < kWidth; ++i) bar[i] = i < static_cast<int>(fraction * kWidth) ? '#' : '.';
       bar[kWidth] = '\0';
+      if (final && done < total) {
+        std::fprintf(stderr,
+                     "%s%s [%s] 100%%  %.2f GB (of %.2f GB in the checkpoint; the rest "
+                     "is not used)\n",
+                     on_terminal ? "\r" : "", label, bar, done / 1e9, total / 1e9);
+        finished = true;
+        std::fflush(stderr);
+        return;
+      }
       std::fprintf(stderr, "%s%s [%s] %3d%%  %.2f / %.2f GB", on_terminal ? "\r" : "", label, bar,
                    static_cast<int>(fraction * 100.0), done / 1e9, total / 1e9);
       if (final) {
