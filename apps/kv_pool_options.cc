@@ -18,7 +18,9 @@ void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
                           "cache-server' members (consistent hashing), or 'local' for an "
                           "in-process pool. Prompts look up their KV blocks there after the local "
                           "prefix cache; new full prompt blocks are stored there. Default: none");
-  command->add_option("--kv-pool-dram", cli->dram, "With --kv-pool local: its DRAM tier (bytes)")
+  command
+      ->add_option("--kv-pool-dram", cli->dram,
+                   "With --kv-pool local: its DRAM tier (bytes, K/M/G suffixes)")
       ->needs(pool)
       ->capture_default_str();
   CLI::Option* ssd_dir =
@@ -26,7 +28,9 @@ void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
           ->add_option("--kv-pool-ssd-dir", cli->ssd_dir,
                        "With --kv-pool local: directory of its SSD tier (persisted blocks)")
           ->needs(pool);
-  command->add_option("--kv-pool-ssd", cli->ssd, "With --kv-pool-ssd-dir: its capacity (bytes)")
+  command
+      ->add_option("--kv-pool-ssd", cli->ssd,
+                   "With --kv-pool-ssd-dir: its capacity (bytes, K/M/G suffixes; required)")
       ->needs(ssd_dir)
       ->capture_default_str();
   command
@@ -62,6 +66,18 @@ Status check_kv_pool_flags(const KvPoolCli& cli) {
   }
   if (cli.members != "local") {
     PS_RETURN_IF_ERROR(parse_endpoint_list(cli.members, "--kv-pool").status());
+    // The in-process pool's tiers mean nothing for a remote one: refused, not ignored.
+    if (cli.dram != KvPoolCli{}.dram || !cli.ssd_dir.empty() || cli.ssd != KvPoolCli{}.ssd) {
+      return invalid_argument(
+          "--kv-pool-dram, --kv-pool-ssd-dir and --kv-pool-ssd are for --kv-pool local (the "
+          "members' own --dram and --ssd size a remote pool)");
+    }
+    return ok_status();
+  }
+  PS_RETURN_IF_ERROR(parse_byte_size("--kv-pool-dram", cli.dram).status());
+  if (!cli.ssd_dir.empty()) {
+    PS_ASSIGN_OR_RETURN(const uint64_t ssd, parse_byte_size("--kv-pool-ssd", cli.ssd));
+    if (ssd == 0) return invalid_argument("--kv-pool-ssd-dir needs --kv-pool-ssd BYTES (> 0)");
   }
   return ok_status();
 }

@@ -20,7 +20,8 @@ inline Status check_host_port(std::string_view endpoint, std::string_view what, 
     return invalid_argument(std::string(what) + ": '" + std::string(endpoint) + "' " + why +
                             ", expected HOST:PORT");
   };
-  if (colon == std::string_view::npos || colon == 0) return bad("has no host");
+  if (colon == std::string_view::npos) return bad("has no port");
+  if (colon == 0) return bad("has no host");
   const std::string_view port = endpoint.substr(colon + 1);
   int value = -1;
   const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);

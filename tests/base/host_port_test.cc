@@ -23,5 +23,13 @@ TEST(HostPortTest, RefusesWhatIsNotAPortNamingTheFlag) {
   }
 }
 
+// The message says which part is missing ("127.0.0.1" was reported as having no host).
+TEST(HostPortTest, SaysWhichPartIsMissing) {
+  EXPECT_NE(check_host_port("127.0.0.1", "--listen").message().find("has no port"),
+            std::string::npos);
+  EXPECT_NE(check_host_port(":8000", "--listen").message().find("has no host"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace peerserve
