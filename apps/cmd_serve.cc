@@ -252,6 +252,10 @@ int run_serve(const ServeCli& cli) {
     return session.fail(
         invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"), true);
   }
+  // A bad --host or a port in use, found before the model loads (rank 0 serves the API).
+  if (session.leader()) {
+    if (Status s = check_listen_address(cli.host, cli.port); !s.ok()) return session.fail(s);
+  }
   if (cli.max_num_batched_tokens < cli.max_num_seqs) {
     // Each running sequence needs a token of the step's budget; with fewer, the newest ones
     // would hold their KV and get nothing until older ones finish. vLLM refuses it too.
@@ -764,7 +768,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--model", cli->model_dir,
                   "Checkpoint directory (config.json, safetensors, "
                   "tokenizer.json); required except with --role router");
-  sub->add_option("--host", cli->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--host", cli->host, "Address to listen on: an IP address or a host name")
+      ->capture_default_str();
   sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
   sub->add_option("--served-model-name", cli->served_model_name,
                   "Model name clients use (default: the --model folder's name)");

@@ -660,6 +660,44 @@ void HttpServer::Impl::do_accept() {
   });
 }
 
+namespace {
+
+// An IP address as it is, or a host name's first address (vLLM's --host takes names too).
+Result<tcp::endpoint> listen_endpoint(const std::string& host, int port) {
+  if (port < 0 || port > 65535) {
+    return invalid_argument("--port " + std::to_string(port) + ": expected 0..65535");
+  }
+  beast::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(address, static_cast<uint16_t>(port));
+  asio::io_context ioc;
+  tcp::resolver resolver(ioc);
+  const auto results = resolver.resolve(
+      host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    return invalid_argument("--host '" + host + "' is neither an IP address nor a name that " +
+                            "resolves (" + (ec ? ec.message() : std::string("no address")) + ")");
+  }
+  return results.begin()->endpoint();
+}
+
+}  // namespace
+
+Status check_listen_address(const std::string& host, int port) {
+  PS_ASSIGN_OR_RETURN(const tcp::endpoint endpoint, listen_endpoint(host, port));
+  asio::io_context ioc;
+  tcp::acceptor probe(ioc);
+  beast::error_code ec;
+  probe.open(endpoint.protocol(), ec);
+  if (!ec) probe.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) probe.bind(endpoint, ec);
+  if (ec) {
+    return unavailable("cannot listen on " + host + ":" + std::to_string(port) + ": " +
+                       ec.message());
+  }
+  return ok_status();
+}
+
 Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& options,
                                                        RequestHandler handler) {
   auto impl = std::make_unique<Impl>();
@@ -688,13 +726,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const HttpServerOptions& 
     }
   }
   impl->handler = std::move(handler);
+  PS_ASSIGN_OR_RETURN(const tcp::endpoint endpoint, listen_endpoint(options.host, options.port));
   beast::error_code ec;
-  const auto address = asio::ip::make_address(options.host, ec);
-  if (ec) {
-    return invalid_argument("--host '" + options.host + "' is not an IP address (" + ec.message() +
-                            ")");
-  }
-  const tcp::endpoint endpoint(address, options.port);
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) impl->acceptor.bind(endpoint, ec);

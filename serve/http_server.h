@@ -99,6 +99,11 @@ struct HttpServerCounters {
   std::map<int, int64_t> responses_by_status;
 };
 
+// Whether `host` (an IP address or a name) and `port` could be listened on now: a bad host or
+// a port in use, found before a model takes minutes to load. (Another process may still take
+// the port in between.)
+Status check_listen_address(const std::string& host, int port);
+
 class HttpServer {
  public:
   // Binds and listens (so port() is known before run()). Errors: bad host, port in use.

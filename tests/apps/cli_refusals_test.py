@@ -5,6 +5,7 @@ model loads (no "loading" line), since a real checkpoint takes minutes.
 
 usage: cli_refusals_test.py PEERSERVE_BINARY MODEL_DIR
 """
+import socket
 import subprocess
 import sys
 
@@ -67,6 +68,16 @@ CASES = [
      "--request-rate"),
     (["bench", "--url", "http://127.0.0.1:1", "--num-prompts", "2", "--token-range", "10:25x"],
      "--token-range"),
+]
+
+# A port in use and a host that does not resolve: refused before the model loads (they were
+# found only after it, minutes later for a real checkpoint).
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen(1)
+CASES += [
+    (["serve", "--model", MODEL, "--port", str(taken.getsockname()[1])], "cannot listen on"),
+    (["serve", "--model", MODEL, "--host", "no-such-host.invalid"], "--host 'no-such-host"),
 ]
 
 failures = []
