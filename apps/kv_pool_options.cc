@@ -1,9 +1,11 @@
 #include "apps/kv_pool_options.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "apps/byte_size.h"
+#include "cache/block_sink.h"
 #include "cache/pool_client.h"
 #include "model/checkpoint_fingerprint.h"
 #include "serve/endpoint_list.h"
@@ -105,6 +107,16 @@ Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_
   setup.connector.timeout = std::chrono::milliseconds(cli.timeout_ms);
 
   PoolClientOptions client_options;
+  client_options.on_member_state = [](const std::string& member, const Status* down) {
+    if (down != nullptr) {
+      std::fprintf(stderr,
+                   "kv pool: member %s does not answer (%s); lookups of its blocks are misses, "
+                   "computed here, until it does\n",
+                   member.c_str(), down->message().c_str());
+    } else {
+      std::fprintf(stderr, "kv pool: member %s answers again\n", member.c_str());
+    }
+  };
   if (cli.members == "local") {
     TieredBlockStoreOptions store;
     PS_ASSIGN_OR_RETURN(store.dram_bytes, parse_byte_size("--kv-pool-dram", cli.dram));
@@ -123,6 +135,21 @@ Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_
       return invalid_argument("--kv-pool " + cli.members + ": " + client.status().message());
     setup.store = std::shared_ptr<KvBlockStore>(std::move(client).value());
     setup.description = "pool " + cli.members;
+    // Said now rather than found in the metrics later: a member that does not answer makes
+    // every lookup of its keys a miss (recomputed here). Keys spread over the members by
+    // hash, so lookups of a few made-up keys reach each of them; one that is down is
+    // reported by the client's on_member_state (and again whenever one goes or comes back).
+    std::vector<PoolKey> probes;
+    std::vector<std::vector<std::byte>> buffers(32);
+    std::vector<BlockSink> sinks;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      probes.push_back(PoolKey{cli.name_space, 0x9e3779b97f4a7c15ULL * (i + 1)});
+      sinks.push_back([&buffer = buffers[i]](size_t size) {
+        buffer.resize(size);  // a made-up key is a miss, but take whatever comes
+        return std::span<std::byte>(buffer);
+      });
+    }
+    (void)setup.store->get(probes, sinks, setup.connector.timeout);
   }
   setup.description += ", namespace '" + cli.name_space + "', model id " + model_id;
   return setup;

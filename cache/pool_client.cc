@@ -127,17 +127,27 @@ bool PoolClient::is_down(Member& member) const {
   return PoolClock::now() < member.down_until;
 }
 
-void PoolClient::record_outcome(Member& member, bool unavailable) {
-  std::lock_guard lock(member.mutex);
-  if (!unavailable) {
-    member.backoff = std::chrono::milliseconds(0);
-    member.down_until = {};
-    return;
+void PoolClient::record_outcome(Member& member, const Status& outcome) {
+  const bool unavailable = outcome.code() == StatusCode::kUnavailable;
+  bool went_down = false, came_back = false;
+  {
+    std::lock_guard lock(member.mutex);
+    if (!unavailable) {
+      came_back = member.backoff.count() != 0;
+      member.backoff = std::chrono::milliseconds(0);
+      member.down_until = {};
+    } else {
+      went_down = member.backoff.count() == 0;
+      member.backoff = member.backoff.count() == 0
+                           ? options_.down_backoff_initial
+                           : std::min(member.backoff * 2, options_.down_backoff_max);
+      member.down_until = PoolClock::now() + member.backoff;
+    }
   }
-  member.backoff = member.backoff.count() == 0
-                       ? options_.down_backoff_initial
-                       : std::min(member.backoff * 2, options_.down_backoff_max);
-  member.down_until = PoolClock::now() + member.backoff;
+  // Outside the lock: the callback may log.
+  if (options_.on_member_state && (went_down || came_back)) {
+    options_.on_member_state(member.transport->name(), went_down ? &outcome : nullptr);
+  }
 }
 
 std::vector<BlockLookup> PoolClient::get(std::span<const PoolKey> keys,
@@ -163,15 +173,15 @@ std::vector<BlockLookup> PoolClient::get(std::span<const PoolKey> keys,
       });
     }
     std::vector<BlockLookup> results = member.transport->get(sub_keys, sub_sinks, deadline);
-    bool member_unavailable = false;
+    Status outcome = ok_status();
     for (size_t j = 0; j < indices.size(); ++j) {
-      if (results[j].kind == BlockLookup::Kind::kError &&
+      if (outcome.ok() && results[j].kind == BlockLookup::Kind::kError &&
           results[j].error.code() == StatusCode::kUnavailable) {
-        member_unavailable = true;
+        outcome = results[j].error;
       }
       out[indices[j]] = std::move(results[j]);
     }
-    record_outcome(member, member_unavailable);
+    record_outcome(member, outcome);
   });
   for (size_t i = 0; i < out.size(); ++i) {
     ++lookups_;
@@ -213,12 +223,12 @@ std::vector<Status> PoolClient::put(std::span<const PoolKey> keys,
       sub_blocks.push_back(blocks[i]);
     }
     std::vector<Status> results = member.transport->put(sub_keys, sub_blocks, deadline);
-    bool member_unavailable = false;
+    Status outcome = ok_status();
     for (size_t j = 0; j < indices.size(); ++j) {
-      member_unavailable |= results[j].code() == StatusCode::kUnavailable;
+      if (outcome.ok() && results[j].code() == StatusCode::kUnavailable) outcome = results[j];
       out[indices[j]] = std::move(results[j]);
     }
-    record_outcome(member, member_unavailable);
+    record_outcome(member, outcome);
   });
   for (size_t i = 0; i < out.size(); ++i) {
     ++puts_;
@@ -241,7 +251,7 @@ std::vector<std::optional<uint64_t>> PoolClient::exists(std::span<const PoolKey>
     std::vector<PoolKey> sub_keys;
     for (size_t i : indices) sub_keys.push_back(keys[i]);
     auto result = member.transport->exists(sub_keys, deadline);
-    record_outcome(member, !result.ok() && result.status().code() == StatusCode::kUnavailable);
+    record_outcome(member, result.ok() ? ok_status() : result.status());
     if (!result.ok()) return;
     for (size_t j = 0; j < indices.size(); ++j) out[indices[j]] = (*result)[j];
   });
@@ -258,7 +268,7 @@ std::vector<bool> PoolClient::remove(std::span<const PoolKey> keys,
     std::vector<PoolKey> sub_keys;
     for (size_t i : indices) sub_keys.push_back(keys[i]);
     auto result = member.transport->remove(sub_keys, deadline);
-    record_outcome(member, !result.ok() && result.status().code() == StatusCode::kUnavailable);
+    record_outcome(member, result.ok() ? ok_status() : result.status());
     if (!result.ok()) return;
     for (size_t j = 0; j < indices.size(); ++j) out[indices[j]] = (*result)[j];
   });

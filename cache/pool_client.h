@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -37,6 +38,9 @@ struct PoolClientOptions {
   int virtual_nodes = 160;
   int async_threads = 2;
   size_t max_queued_async = 256;  // async calls waiting; beyond it put_async fails fast
+  // Called when a member stops answering (`down`: why) and when it answers again (null);
+  // not for every failed call. On the calling thread, outside the client's locks.
+  std::function<void(const std::string& member, const Status* down)> on_member_state;
 };
 
 // Counters of one client, for metrics.
@@ -118,7 +122,8 @@ class PoolClient final : public KvBlockStore {
   void for_each_group(const Placement& placement,
                       const std::function<void(Member&, const std::vector<size_t>&)>& fn);
   bool is_down(Member& member) const;
-  void record_outcome(Member& member, bool unavailable);
+  // `outcome`: OK, or the call's first error (Unavailable marks the member down a while).
+  void record_outcome(Member& member, const Status& outcome);
 
   PoolClientOptions options_;
   mutable std::shared_mutex ring_mutex_;

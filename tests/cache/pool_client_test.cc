@@ -87,6 +87,36 @@ class DownTransport final : public PoolTransport {
   std::string name_;
 };
 
+// A member that is down while `down` is set and otherwise an in-process member.
+class FlakyTransport final : public PoolTransport {
+ public:
+  explicit FlakyTransport(std::shared_ptr<std::atomic<bool>> down)
+      : down_(std::move(down)), inner_(make_store()) {}
+  const std::string& name() const override { return inner_.name(); }
+  std::vector<BlockLookup> get(std::span<const PoolKey> k, std::span<const BlockSink> s,
+                               PoolDeadline d) override {
+    if (*down_) return std::vector<BlockLookup>(k.size(), BlockLookup::failed(unavailable("off")));
+    return inner_.get(k, s, d);
+  }
+  std::vector<Status> put(std::span<const PoolKey> k, std::span<const std::span<const std::byte>> b,
+                          PoolDeadline d) override {
+    if (*down_) return std::vector<Status>(k.size(), unavailable("off"));
+    return inner_.put(k, b, d);
+  }
+  Result<std::vector<std::optional<uint64_t>>> exists(std::span<const PoolKey> k,
+                                                      PoolDeadline d) override {
+    return inner_.exists(k, d);
+  }
+  Result<std::vector<bool>> remove(std::span<const PoolKey> k, PoolDeadline d) override {
+    return inner_.remove(k, d);
+  }
+  Result<PoolStats> stats(PoolDeadline d) override { return inner_.stats(d); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> down_;
+  LocalPoolTransport inner_;
+};
+
 std::vector<PoolKey> make_keys(int n, const std::string& tenant = "t") {
   std::vector<PoolKey> keys;
   for (int i = 0; i < n; ++i) keys.push_back({tenant, 1000 + static_cast<uint64_t>(i) * 7919});
@@ -196,6 +226,33 @@ TEST(PoolClientTest, DownMemberIsRetriedAfterItsBackoff) {
   std::this_thread::sleep_for(milliseconds(20));
   EXPECT_EQ(client->get_one({"t", 1}, buffer, kTimeout).kind, BlockLookup::Kind::kMiss);
   EXPECT_EQ(down_ptr->calls.load(), 2);
+}
+
+// A member going down and coming back is told once each (the engine logs it), not on every
+// failed call while it stays down.
+TEST(PoolClientTest, AMemberGoingDownAndComingBackIsToldOnceEach) {
+  auto down = std::make_shared<std::atomic<bool>>(true);
+  std::vector<std::unique_ptr<PoolTransport>> members;
+  members.push_back(std::make_unique<FlakyTransport>(down));
+  std::vector<std::string> events;
+  PoolClientOptions options;
+  options.down_backoff_initial = milliseconds(1);
+  options.on_member_state = [&](const std::string& member, const Status* why) {
+    events.push_back(member + (why != nullptr ? " down: " + why->message() : " back"));
+  };
+  auto client = PoolClient::create(std::move(members), options);
+  std::vector<std::byte> buffer(kBlockBytes);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(client->get_one({"t", 1}, buffer, kTimeout).kind, BlockLookup::Kind::kMiss);
+    std::this_thread::sleep_for(milliseconds(5));  // past the backoff: asked again
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].find(" down: off"), std::string::npos) << events[0];
+  *down = false;
+  std::this_thread::sleep_for(milliseconds(20));
+  for (int i = 0; i < 2; ++i) client->get_one({"t", 1}, buffer, kTimeout);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_NE(events[1].find(" back"), std::string::npos) << events[1];
 }
 
 TEST(PoolClientTest, AddingAMemberLosesOnlyItsShare) {
