@@ -98,6 +98,7 @@ def score(model, n=1, extra=(), with_stderr=False, mca=()):
     assert rc == 0, f"exit {rc}: {err[-2000:]}"
     with open(path) as f:
         logits = json.load(f)["logits"]
+    os.remove(path)  # each is megabytes; runs of the suite piled them up in the build tree
     return (logits, err) if with_stderr else logits
 
 
@@ -387,6 +388,7 @@ def slow_loading_rank():
     if filler.is_alive():  # rank 1 never opened it: unblock the thread's open
         os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
     filler.join(5)
+    shutil.rmtree(slow, ignore_errors=True)
     assert rc == 0, f"exit {rc} after {took:.1f} s: {err[-1500:]}"
     assert took >= 3, f"rank 1 was not held back ({took:.1f} s)"
     assert out.strip() == single, f"single {single!r} != ep2 {out.strip()!r}"
