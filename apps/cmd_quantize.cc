@@ -189,12 +189,12 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--calib-tokens", cli->calib_tokens,
                   "At most this many calibration tokens (windows of 256); with --calib")
       ->needs(calib)
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
       ->capture_default_str();
   sub->add_option("--calib-rows", cli->calib_rows,
                   "Input rows sampled per weight for the error objective; with --calib")
       ->needs(calib)
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   add_threads_option(sub, &cli->threads);
   sub->add_flag("--calib-report", cli->report,

@@ -788,7 +788,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "costs about as much as that many decodes, so a small cap (e.g. 4 on a "
                   "--role decode instance, whose prompts arrive computed but for their last "
                   "block) spreads a new request's tail over several steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
   sub->add_option("--kv-cache-memory", cli->kv_cache_memory,
                   "Bytes for the paged KV cache (K/M/G suffixes)")

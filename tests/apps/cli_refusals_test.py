@@ -23,6 +23,10 @@ CASES = [
     (["serve", "--model", MODEL, "--kv-pool", "127.0.0.1:1", "--kv-pool-dram", "2GiB"],
      "are for --kv-pool local"),
     (["cache-server", "--listen", "127.0.0.1", "--dram", "1M"], "has no port"),
+    # A plain range (CLI11's PositiveNumber printed DBL_MAX's 300 digits).
+    (["serve", "--model", MODEL, "--max-prefill-chunk-tokens", "-1"], "not in range 0 to 1073741824"),
+    (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", MODEL + "/config.json",
+      "--calib-tokens", "0"], "not in range 1 to 2147483648"),
     (["serve", "--model", MODEL, "--speculative", "auto", "--num-speculative-tokens", "2"],
      "--num-speculative-tokens is for --speculative mtp"),
     (["serve", "--model", MODEL, "--max-model-len", "-5"], "--max-model-len"),
