@@ -250,7 +250,24 @@ class RatioReporter : public benchmark::ConsoleReporter {
 int main(int argc, char** argv) {
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf(
+          "usage: peerserve_bench_tokenizer [--model DIR] [benchmark flags]\n"
+          "\n"
+          "Encode, decode, streaming detokenize, chat-template rendering and sampling over a\n"
+          "DeepSeek-V3-sized vocabulary, with ratios against ceilings measured in the same\n"
+          "run (encode vs pre_tokenize_only, sample_token vs one_pass_argmax).\n"
+          "\n"
+          "  --model DIR   folder with the tokenizer.json (and tokenizer_config.json) to use;\n"
+          "                default %s\n"
+          "                (scripts/install-test-js.sh puts DeepSeek-V3's tokenizer there)\n"
+          "\n"
+          "Google Benchmark's flags follow (--benchmark_filter=REGEX, "
+          "--benchmark_repetitions=N, ...):\n\n",
+          peerserve::g_model_dir.c_str());
+      std::fflush(stdout);
+      args.push_back(argv[i]);
+    } else if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
       peerserve::g_model_dir = argv[++i];
     } else {
       args.push_back(argv[i]);
