@@ -30,7 +30,11 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "install-deps: run as root, or install sudo" >&2; exit 1; }
+    SUDO=sudo
+  fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
