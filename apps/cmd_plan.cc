@@ -335,10 +335,19 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* plan_cmd = root.add_subcommand(
       "plan", "Size a MoE deployment analytically, or reproduce the papers' tables");
   auto o = std::make_shared<PlanOptions>();
-  plan_cmd->add_option("--data-dir", o->data_dir, "folder with hardware/*.json (default: ./data)");
-  plan_cmd->add_option("--hardware", o->hardware, "hardware profile name or .json path")
+  plan_cmd->add_option(
+      "--data-dir", o->data_dir,
+      "folder with hardware/*.json (default: $PEERSERVE_DATA_DIR, else ./data, else the "
+      "source tree's data/ beside the binary)");
+  plan_cmd
+      ->add_option("--hardware", o->hardware,
+                   "hardware profile: a name of --data-dir's hardware/*.json (without .json) or a "
+                   ".json path")
       ->capture_default_str();
-  plan_cmd->add_option("--model", o->model, "model preset")->capture_default_str();
+  plan_cmd
+      ->add_option("--model", o->model,
+                   "model preset: " + plan_inputs::joined_names(plan::model_preset_names()))
+      ->capture_default_str();
   plan_cmd->add_option("--model-config", o->model_config,
                        "Hugging Face config.json instead of a preset");
   o->deployment.add_to(*plan_cmd);
@@ -366,7 +375,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
       "reproduce", "Write the papers' reproduction report (Markdown, JSON, SVG charts)");
   auto out_dir = std::make_shared<std::string>();
   reproduce->add_option("--out", *out_dir, "output folder")->required();
-  reproduce->add_option("--data-dir", o->data_dir, "folder with hardware/*.json (default: ./data)");
+  reproduce->add_option(
+      "--data-dir", o->data_dir,
+      "folder with hardware/*.json (default: $PEERSERVE_DATA_DIR, else ./data, else the "
+      "source tree's data/ beside the binary)");
   reproduce->callback(
       [o, out_dir] { set_command_exit_code(run_reproduce(o->data_dir, *out_dir)); });
 

@@ -157,10 +157,17 @@ const bool kRegistered = register_command([](CLI::App& root) {
   auto* cmd = root.add_subcommand(
       "simulate", "Discrete-event simulation of prefill/decode pools with the planner's costs");
   auto o = std::make_shared<SimulateOptions>();
-  cmd->add_option("--data-dir", o->data_dir, "folder with hardware/*.json (default: ./data)");
-  cmd->add_option("--hardware", o->hardware, "hardware profile name or .json path")
+  cmd->add_option(
+      "--data-dir", o->data_dir,
+      "folder with hardware/*.json (default: $PEERSERVE_DATA_DIR, else ./data, else the "
+      "source tree's data/ beside the binary)");
+  cmd->add_option("--hardware", o->hardware,
+                  "hardware profile: a name of --data-dir's hardware/*.json (without .json) or a "
+                  ".json path")
       ->capture_default_str();
-  cmd->add_option("--model", o->model, "model preset")->capture_default_str();
+  cmd->add_option("--model", o->model,
+                  "model preset: " + plan_inputs::joined_names(plan::model_preset_names()))
+      ->capture_default_str();
   cmd->add_option("--model-config", o->model_config, "Hugging Face config.json instead");
   o->deployment.add_to(*cmd);
   cmd->add_option("--prefill-instances", o->prefill_instances, "prefill instances")

@@ -225,13 +225,17 @@ void add_plan_afd_command(CLI::App& plan) {
   auto* sub = plan.add_subcommand(
       "afd", "Attention/FFN disaggregation: optimal A/F ratio, sweeps and simulation (paper 003)");
   auto options = std::make_shared<AfdCommandOptions>();
+  // Units: the paper's "cycles" (its Table 2), or whatever the six were fitted in together.
   sub->add_option("--alpha-attention", options->model.alpha_attention,
-                  "Attention time per KV token (default: paper 003 Table 2)");
-  sub->add_option("--beta-attention", options->model.beta_attention, "Attention fixed time");
-  sub->add_option("--alpha-ffn", options->model.alpha_ffn, "FFN time per aggregated request");
-  sub->add_option("--beta-ffn", options->model.beta_ffn, "FFN fixed time");
-  sub->add_option("--alpha-comm", options->model.alpha_comm, "round-trip time per request");
-  sub->add_option("--beta-comm", options->model.beta_comm, "round-trip fixed time");
+                  "Attention time per KV token, in the paper's cycles (default: paper 003 "
+                  "Table 2, like the five below)");
+  sub->add_option("--beta-attention", options->model.beta_attention,
+                  "Attention fixed time per step, cycles");
+  sub->add_option("--alpha-ffn", options->model.alpha_ffn,
+                  "FFN time per aggregated request, cycles");
+  sub->add_option("--beta-ffn", options->model.beta_ffn, "FFN fixed time per step, cycles");
+  sub->add_option("--alpha-comm", options->model.alpha_comm, "round-trip time per request, cycles");
+  sub->add_option("--beta-comm", options->model.beta_comm, "round-trip fixed time, cycles");
   sub->add_option("--batch", options->microbatch, "B: requests per Attention microbatch")
       ->capture_default_str();
   sub->add_option("--mu-prefill", options->mean_prefill, "mean prompt length")

@@ -54,6 +54,13 @@ inline Result<fs::path> resolve_data_dir(const std::string& flag) {
       "PEERSERVE_DATA_DIR");
 }
 
+// "a, b, c" (for --help texts).
+inline std::string joined_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 inline Result<nlohmann::json> read_json_file(const fs::path& path) {
   std::ifstream in(path);
   if (!in) return not_found("cannot open '" + path.string() + "'");
@@ -127,25 +134,45 @@ struct DeploymentFlags {
   std::optional<double> prefill_tokens_per_device;
 
   void add_to(CLI::App& app) {
-    app.add_option("--decode-preset", decode_preset, "decode deployment preset")
+    constexpr const char* kPrecisions = "fp4, fp8, int8, bf16, fp16 or fp32";
+    app.add_option("--decode-preset", decode_preset,
+                   "decode deployment preset: " + joined_names(plan::decode_preset_names()) +
+                       "; the deployment flags below default to its values")
         ->capture_default_str();
-    app.add_option("--prefill-preset", prefill_preset, "prefill deployment preset")
+    app.add_option("--prefill-preset", prefill_preset,
+                   "prefill deployment preset: " + joined_names(plan::prefill_preset_names()) +
+                       "; the prefill flags below default to its values")
         ->capture_default_str();
-    app.add_option("--decode-devices", decode_devices, "devices (EP ranks) per decode instance");
-    app.add_option("--decode-redundant", decode_redundant, "redundant routed experts in decode");
+    app.add_option("--decode-devices", decode_devices,
+                   "devices (EP ranks) per decode instance (default: the decode preset's)");
+    app.add_option("--decode-redundant", decode_redundant,
+                   "redundant routed experts in decode (default: the decode preset's)");
     app.add_option("--decode-shared-devices", decode_shared_devices,
-                   "decode devices holding only a shared expert (0: on every rank)");
-    app.add_option("--prefill-devices", prefill_devices, "devices per prefill instance");
-    app.add_option("--prefill-redundant", prefill_redundant, "redundant routed experts in prefill");
-    app.add_option("--attention-tp", attention_tp, "prefill attention TP degree");
-    app.add_option("--weights", weights, "GEMM precision (fp4, fp8, int8, bf16)");
-    app.add_option("--attention", attention, "attention precision");
-    app.add_option("--kv-cache", kv_cache, "KV cache precision");
-    app.add_option("--dispatch", dispatch, "dispatch payload precision");
-    app.add_option("--combine", combine, "combine payload precision");
-    app.add_option("--microbatching", microbatching, "on, off or auto");
-    app.add_option("--mtp-drafts", mtp_drafts, "MTP draft tokens per step (0: off)");
-    app.add_option("--mtp-acceptance", mtp_acceptance, "MTP acceptance probability");
+                   "decode devices holding only a shared expert (0: on every rank; default: the "
+                   "decode preset's)");
+    app.add_option("--prefill-devices", prefill_devices,
+                   "devices per prefill instance (default: the prefill preset's)");
+    app.add_option("--prefill-redundant", prefill_redundant,
+                   "redundant routed experts in prefill (default: the prefill preset's)");
+    app.add_option("--attention-tp", attention_tp,
+                   "prefill attention TP degree (default: the prefill preset's)");
+    app.add_option("--weights", weights,
+                   std::string("GEMM precision: ") + kPrecisions + " (default: the presets')");
+    app.add_option("--attention", attention,
+                   std::string("attention precision: ") + kPrecisions + " (default: the presets')");
+    app.add_option("--kv-cache", kv_cache,
+                   std::string("KV cache precision: ") + kPrecisions + " (default: the presets')");
+    app.add_option(
+        "--dispatch", dispatch,
+        std::string("dispatch payload precision: ") + kPrecisions + " (default: the presets')");
+    app.add_option(
+        "--combine", combine,
+        std::string("combine payload precision: ") + kPrecisions + " (default: the presets')");
+    app.add_option("--microbatching", microbatching, "on, off or auto (default: the presets')");
+    app.add_option("--mtp-drafts", mtp_drafts,
+                   "MTP draft tokens per step, 0: off (default: the decode preset's)");
+    app.add_option("--mtp-acceptance", mtp_acceptance,
+                   "MTP acceptance probability, 0..1 (default: the decode preset's)");
     app.add_option("--imbalance", imbalance, "max/mean tokens per expert rank (1: perfect EPLB)")
         ->capture_default_str();
     app.add_option("--routing", routing,
@@ -153,7 +180,7 @@ struct DeploymentFlags {
                    "the mean), or trace:FILE[,FILE...] (published per-request JSON traces); "
                    "placed EPLB-style on each deployment");
     app.add_option("--prefill-tokens-per-device", prefill_tokens_per_device,
-                   "prefill batch budget per device");
+                   "prefill batch budget per device, tokens (default: the prefill preset's)");
   }
 
   Status apply_precisions(plan::PrecisionPlan& p) const {

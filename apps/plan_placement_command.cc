@@ -273,7 +273,8 @@ void add_plan_placement_command(CLI::App& plan) {
   sub->add_option("--trace", o->traces,
                   "trace file or directory of per-request JSON files (published format); "
                   "repeatable. Without it, synthetic routing is generated");
-  sub->add_option("--experts", o->num_experts, "routed experts per MoE layer");
+  sub->add_option("--experts", o->num_experts,
+                  "routed experts per MoE layer (required with --trace; synthetic default 256)");
   sub->add_option("--top-k", o->synthetic.top_k, "synthetic: experts per token")
       ->capture_default_str();
   sub->add_option("--dense-layers", o->synthetic.num_dense_layers,
