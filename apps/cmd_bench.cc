@@ -88,6 +88,7 @@ int run_bench_command(BenchCli cli) {
   if (!cli.json_path.empty()) {
     std::ofstream out(cli.json_path);
     out << report->to_json(o).dump(2) << "\n";
+    out.close();  // the last buffer is written here: check after it
     if (!out) return fail("cannot write " + cli.json_path);
   }
   return report->failed == 0 ? 0 : 1;

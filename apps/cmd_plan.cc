@@ -313,6 +313,7 @@ int run_reproduce(const std::string& data_dir_flag, const std::string& out_dir) 
   auto write = [&](const std::string& name, const std::string& text) -> Status {
     std::ofstream out(fs::path(out_dir) / name);
     out << text;
+    out.close();  // the last buffer is written here: check after it
     if (!out) return io_error("cannot write '" + (fs::path(out_dir) / name).string() + "'");
     return ok_status();
   };

@@ -100,6 +100,7 @@ int run_score(const ScoreCli& cli) {
   std::ofstream file(cli.out_path);
   if (!file) return fail(io_error(cli.out_path + ": cannot open for writing"));
   file << doc.dump() << "\n";
+  file.close();  // the last buffer is written here: check after it
   if (!file) return fail(io_error(cli.out_path + ": write failed"));
   std::fprintf(stderr, "wrote %lld x %lld logits to %s\n", static_cast<long long>(out.num_rows()),
                static_cast<long long>(out.vocab_size), cli.out_path.c_str());

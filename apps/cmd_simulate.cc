@@ -104,6 +104,7 @@ int run_simulate(const SimulateOptions& o) {
                          r.finish_s, r.prompt_tokens, r.cached_tokens, r.output_tokens, r.ttft_s(),
                          r.tpot_s(), r.e2e_s());
     }
+    csv.close();  // the last buffer is written here: check after it
     if (!csv) return fail(io_error("cannot write '" + o.requests_csv + "'"));
   }
 

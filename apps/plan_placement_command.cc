@@ -100,6 +100,7 @@ Status write_traces(const std::vector<RequestRouting>& requests, const std::stri
     const fs::path file = fs::path(dir) / (std::to_string(i) + ".json");
     std::ofstream out(file, std::ios::binary);
     out << routing_trace_to_json(requests[i]) << '\n';
+    out.close();  // the last buffer is written here: check after it
     if (!out) return io_error(file.string() + ": write failed");
   }
   return ok_status();

@@ -23,6 +23,8 @@ CASES = [
     (["serve", "--model", MODEL, "--kv-pool", "127.0.0.1:1", "--kv-pool-dram", "2GiB"],
      "are for --kv-pool local"),
     (["cache-server", "--listen", "127.0.0.1", "--dram", "1M"], "has no port"),
+    # A write that fails only when the last buffer is flushed (it exited 0, the file lost).
+    (["simulate", "--requests", "20", "--requests-csv", "/dev/full"], "cannot write '/dev/full'"),
     # A plain range (CLI11's PositiveNumber printed DBL_MAX's 300 digits).
     (["serve", "--model", MODEL, "--max-prefill-chunk-tokens", "-1"], "not in range 0 to 1073741824"),
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", MODEL + "/config.json",
