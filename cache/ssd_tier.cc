@@ -1,6 +1,7 @@
 #include "cache/ssd_tier.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -180,8 +181,26 @@ Result<std::unique_ptr<SsdTier>> SsdTier::open(const SsdTierOptions& options) {
     return invalid_argument("SSD tier: " + options.dir.string() + " is not a folder");
   }
   auto tier = std::make_unique<SsdTier>(ConstructionKey{}, options);
+  const fs::path lock_path = options.dir / kLockFile;
+  tier->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (tier->lock_fd_ < 0) {
+    return io_error("SSD tier: cannot open " + lock_path.string() + ": " + std::strerror(errno));
+  }
+  if (::flock(tier->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    return error == EWOULDBLOCK
+               ? invalid_argument("SSD tier: " + options.dir.string() +
+                                  " is in use by another process (it holds " + lock_path.string() +
+                                  "); give each server its own folder")
+               : io_error("SSD tier: cannot lock " + lock_path.string() + ": " +
+                          std::strerror(error));
+  }
   PS_RETURN_IF_ERROR(tier->recover());
   return tier;
+}
+
+SsdTier::~SsdTier() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
 }
 
 SsdTier::SsdTier(ConstructionKey, const SsdTierOptions& options) : options_(options) {
@@ -214,6 +233,8 @@ Status SsdTier::recover() {
       const fs::directory_entry& file = *files;
       const std::string name = file.path().filename().string();
       std::error_code remove_ec;
+      // Only regular files can be ours: a link, folder or device under a block's name is left.
+      if (file.symlink_status(remove_ec).type() != fs::file_type::regular) continue;
       if (name.starts_with(kTempPrefix)) {
         fs::remove(file.path(), remove_ec);
         ++recovery_.temp_files_removed;

@@ -68,8 +68,9 @@ class SsdTier {
  public:
   static constexpr uint64_t kHeaderBytes = 48;
 
-  // Creates `dir` if needed and recovers the blocks in it. Errors: capacity 0, a folder that
-  // cannot be created or read, a bad tenant name in tenant_capacity.
+  // Creates `dir` if needed, locks it and recovers the blocks in it (only regular files named
+  // as its own are touched). Errors: capacity 0, a folder that cannot be created or read, a
+  // folder another process's tier holds, a bad tenant name in tenant_capacity.
   static Result<std::unique_ptr<SsdTier>> open(const SsdTierOptions& options);
   SsdTier(ConstructionKey, const SsdTierOptions& options);
 
@@ -120,6 +121,15 @@ class SsdTier {
   uint64_t used_bytes_ = 0;
   uint64_t temp_counter_ = 0;
   TierStats counters_;
+  // The tier's folder is locked (flock on kLockFile) for its lifetime: a second process on
+  // the same folder would delete this one's writes in flight and evict its files.
+  int lock_fd_ = -1;
+
+ public:
+  ~SsdTier();
+  SsdTier(const SsdTier&) = delete;
+  SsdTier& operator=(const SsdTier&) = delete;
+  static constexpr const char* kLockFile = ".peerserve-ssd-tier.lock";
 };
 
 }  // namespace peerserve

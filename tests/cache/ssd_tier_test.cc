@@ -3,6 +3,7 @@
 #include "cache/ssd_tier.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <fstream>
@@ -163,6 +164,39 @@ TEST(SsdTierTest, RecoveryDropsTruncatedMisnamedAndTemporaryFiles) {
   EXPECT_FALSE(read(*tier, key(2)).has_value());
   EXPECT_FALSE(read(*tier, key(7)).has_value());
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "t" / "README"));  // not ours: left alone
+}
+
+// Only regular files can be the tier's: a link, a folder or a FIFO under a block's or a temp
+// file's name is left alone (recovery removed each as a bad file).
+TEST(SsdTierTest, RecoveryLeavesWhatIsNotARegularFile) {
+  ScratchDir dir("ssd");
+  ASSERT_TRUE(open_tier(dir.path(), 1 << 20)->put(key(1), make_block(1, 512)).ok());
+  const std::filesystem::path t = dir.path() / "t";
+  std::filesystem::create_symlink("/dev/zero", t / "0000000000000009.kvb");
+  std::filesystem::create_directory(t / "000000000000000a.kvb");
+  ASSERT_EQ(::mkfifo((t / ".tmp-0000000000000003-1-1").c_str(), 0644), 0);
+  auto tier = open_tier(dir.path(), 1 << 20);
+  EXPECT_EQ(tier->recovery().blocks, 1u);
+  EXPECT_EQ(tier->recovery().bad_files_removed, 0u);
+  EXPECT_EQ(tier->recovery().temp_files_removed, 0u);
+  EXPECT_TRUE(std::filesystem::is_symlink(t / "0000000000000009.kvb"));
+  EXPECT_TRUE(std::filesystem::is_directory(t / "000000000000000a.kvb"));
+  EXPECT_TRUE(std::filesystem::is_fifo(t / ".tmp-0000000000000003-1-1"));
+}
+
+// Two tiers on one folder would delete each other's writes in flight and evict each other's
+// files: the second is refused while the first is open, and opens once it is closed.
+TEST(SsdTierTest, AFolderServesOneTierAtATime) {
+  ScratchDir dir("ssd");
+  auto first = open_tier(dir.path(), 1 << 20);
+  auto second =
+      SsdTier::open({.dir = dir.path(), .capacity_bytes = 1 << 20, .tenant_capacity = {}});
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use by another process"), std::string::npos)
+      << second.status().to_string();
+  first.reset();
+  EXPECT_TRUE(
+      SsdTier::open({.dir = dir.path(), .capacity_bytes = 1 << 20, .tenant_capacity = {}}).ok());
 }
 
 TEST(SsdTierTest, EvictsLeastRecentlyUsedPastCapacity) {
