@@ -8,6 +8,7 @@
 
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/internal/pre_tokenizer.h"
+#include "tokenizer/internal/regex.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -184,6 +185,39 @@ TEST(TokenizerComponentsTest, SplitBehaviorsMatchTheTokenizersDocumentation) {
   std::vector<std::string> pieces;
   ASSERT_TRUE(inverted->split("the-final--countdown", pieces).ok());
   EXPECT_EQ(pieces, (std::vector<std::string>{"the", "final", "countdown"}));
+}
+
+// Split patterns are read as Oniguruma (Hugging Face's engine) reads them, not as PCRE2 does:
+// \s does not take U+180E (PCRE2's horizontal space list has it; since Unicode 6.3 it is a
+// format character), \w takes combining marks but not "²", \h is a hexadecimal digit.
+TEST(TokenizerComponentsTest, RegexEscapesHaveOnigurumasMeaning) {
+  const auto matches = [](const std::string& pattern, const std::string& text) {
+    auto regex = Regex::compile(pattern);
+    EXPECT_TRUE(regex.ok()) << pattern << ": " << regex.status().to_string();
+    std::vector<std::pair<size_t, size_t>> found;
+    EXPECT_TRUE(regex->find_all(text, found).ok());
+    std::vector<std::string> out;
+    for (auto [a, b] : found) out.push_back(text.substr(a, b - a));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  const std::string mvs = "\xE1\xA0\x8E";  // U+180E
+  EXPECT_EQ(matches("\\s+", "  " + mvs + "\n"), (V{"  ", "\n"}));
+  EXPECT_EQ(matches("\\S+", "a" + mvs + "b c"), (V{"a" + mvs + "b", "c"}));
+  EXPECT_EQ(matches("\\s", "\xC2\x85\xE3\x80\x80\xE2\x80\xA8"),  // NEL, ideographic space, U+2028
+            (V{"\xC2\x85", "\xE3\x80\x80", "\xE2\x80\xA8"}));
+  EXPECT_EQ(matches("\\w+", "e\xCC\x81t\xC2\xB2"), (V{"e\xCC\x81t"}));  // e + U+0301, t; ² not
+  EXPECT_EQ(matches("\\W+", "ab\xC2\xB2 c"), (V{"\xC2\xB2 "}));
+  EXPECT_EQ(matches("\\h+", "a f 1g"), (V{"a", "f", "1"}));
+  EXPECT_EQ(matches("\\H+", "a f"), (V{" "}));
+  // Inside a class: the same members; \p{..}, \x{..}, escaped brackets and \Q..\E untouched.
+  EXPECT_EQ(matches("[^\\s\\p{L}]+", "ab 12 " + mvs), (V{"12", mvs}));
+  EXPECT_EQ(matches("[\\h\\]]+", "zA]9z"), (V{"A]9"}));
+  EXPECT_EQ(matches("\\Q\\s\\E", "a\\sb \\s"), (V{"\\s", "\\s"}));
+  EXPECT_EQ(matches("[[:digit:]\\s]+", "a1 2b"), (V{"1 2"}));
+  EXPECT_FALSE(Regex::compile("[\\H]").ok());
+  // DeepSeek-V3's own pattern pieces keep working.
+  EXPECT_EQ(matches("\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", "a  \n b"), (V{"  \n", " "}));
 }
 
 TEST(TokenizerComponentsTest, LongInputsDoNotExhaustTheRegexStack) {

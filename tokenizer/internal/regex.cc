@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "tokenizer/internal/oniguruma_escapes.h"
 #include "tokenizer/internal/utf8.h"
 
 namespace peerserve {
@@ -55,11 +56,18 @@ Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   // are matched again without a UTF check. Patterns come from downloaded files: refuse it.
   const uint32_t options =
       literal ? (PCRE2_UTF | PCRE2_LITERAL) : (PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C);
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  // Hugging Face's engine (Oniguruma) reads \s, \w and \h its own way.
+  std::string source(pattern);
+  if (!literal) {
+    PS_ASSIGN_OR_RETURN(source, oniguruma_escapes_for_pcre2(pattern));
+  }
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
                                    options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     return invalid_argument("regex /" + std::string(pattern) + "/ does not compile at offset " +
-                            std::to_string(error_offset) + ": " + pcre2_error_text(error_code));
+                            std::to_string(error_offset) +
+                            (source == pattern ? "" : " (of it with \\s, \\w, \\h spelled out)") +
+                            ": " + pcre2_error_text(error_code));
   }
   auto impl = std::make_unique<Impl>();
   impl->pattern = std::string(pattern);
