@@ -2,6 +2,8 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include "base/json_nesting.h"
 #include "tokenizer/internal/added_vocabulary.h"
@@ -287,10 +289,26 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
     }
     impl->bos_token = config_token(config, "bos_token");
     impl->eos_token = config_token(config, "eos_token");
+    // transformers' LlamaTokenizerFast (DeepSeek-V3's class) defaults add_bos_token to true
+    // and always rebuilds the post-processor from the two flags; other classes keep
+    // tokenizer.json's post-processor unless a flag is set.
+    const bool llama_fast = config.value("tokenizer_class", json()).is_string() &&
+                            config["tokenizer_class"].get<std::string>() == "LlamaTokenizerFast";
     impl->config_sets_special =
-        config.contains("add_bos_token") || config.contains("add_eos_token");
-    impl->add_bos = config.value("add_bos_token", false);
-    impl->add_eos = config.value("add_eos_token", false);
+        llama_fast || config.contains("add_bos_token") || config.contains("add_eos_token");
+    for (const auto& [key, fallback, field] :
+         {std::tuple{"add_bos_token", llama_fast, &impl->add_bos},
+          std::tuple{"add_eos_token", false, &impl->add_eos}}) {
+      const auto it = config.find(key);
+      if (it == config.end() || it->is_null()) {
+        *field = fallback;
+      } else if (it->is_boolean()) {
+        *field = it->get<bool>();
+      } else {
+        return invalid_argument(std::string("tokenizer_config.json: ") + key +
+                                " must be true or false");
+      }
+    }
     if (const auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {
       std::optional<std::string> source;
       if (it->is_string()) {

@@ -97,7 +97,8 @@ TEST(TokenizerComponentsTest, UnsupportedComponentsAreNamed) {
             std::string::npos);
   EXPECT_FALSE(Tokenizer::load_from_dir("/nonexistent/dir").ok());
   const json wrong_type = {{"add_bos_token", "yes"}};
-  EXPECT_NE(load(base, wrong_type).status().message().find("wrong type"), std::string::npos);
+  EXPECT_NE(load(base, wrong_type).status().message().find("add_bos_token must be true or false"),
+            std::string::npos);
   json config = {{"clean_up_tokenization_spaces", true}};
   EXPECT_NE(load(base, config).status().message().find("clean_up_tokenization_spaces"),
             std::string::npos);
@@ -293,6 +294,16 @@ TEST(TokenizerComponentsTest, SpecialTokensFromConfigOrPostProcessor) {
   EXPECT_EQ(*llama->encode("x"), (std::vector<TokenId>{300, 'x', 301}));
   EXPECT_EQ(llama->bos_token(), "<s>");
   EXPECT_EQ(*llama->eos_id(), 301);
+
+  // LlamaTokenizerFast without the flags: transformers defaults add_bos_token to true (and
+  // add_eos_token to false) over tokenizer.json's post-processor; BOS was left out.
+  const json llama_defaults = {{"tokenizer_class", "LlamaTokenizerFast"}, {"bos_token", "<s>"}};
+  auto defaults = load(with_template, llama_defaults);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().to_string();
+  EXPECT_EQ(*defaults->encode("x"), (std::vector<TokenId>{300, 'x'}));
+  auto other_class = load(with_template, {{"tokenizer_class", "PreTrainedTokenizerFast"}});
+  ASSERT_TRUE(other_class.ok()) << other_class.status().to_string();
+  EXPECT_EQ(*other_class->encode("x"), (std::vector<TokenId>{300, 'x', 301}));  // its template
 
   const json missing_bos = {{"add_bos_token", true}, {"bos_token", "<nope>"}};
   EXPECT_NE(load(make_tokenizer_json({}, json::array(), added), missing_bos)
