@@ -247,6 +247,16 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
   PS_RETURN_IF_ERROR(
       parse_post_processor(root.value("post_processor", json()), impl->post_template));
 
+  // An added token may reuse a model token's id only for the same text (as special tokens
+  // listed in both do). Otherwise Hugging Face would give it a new id, and the model token's
+  // text would encode to the added token's id and decode as its content: refused, named.
+  for (const AddedToken& token : impl->added.tokens()) {
+    if (impl->model.has_id(token.id) && impl->model.id_bytes(token.id) != token.content) {
+      return invalid_argument("tokenizer.json: added token '" + token.content + "' has id " +
+                              std::to_string(token.id) + ", which is the model's token '" +
+                              std::string(impl->model.id_bytes(token.id)) + "'");
+    }
+  }
   int32_t max_id = impl->model.max_id();
   // An added token whose id is also a model token wins for decode, as in Hugging Face.
   for (const AddedToken& token : impl->added.tokens()) max_id = std::max(max_id, token.id);

@@ -99,6 +99,16 @@ TEST(TokenizerComponentsTest, UnsupportedComponentsAreNamed) {
   const json wrong_type = {{"add_bos_token", "yes"}};
   EXPECT_NE(load(base, wrong_type).status().message().find("add_bos_token must be true or false"),
             std::string::npos);
+  // An added token on a model token's id with other text (Hugging Face would renumber it;
+  // "H" encoded to it and decoded as "<X>"); the same text is fine (special tokens listed
+  // in both places).
+  json collides = base;
+  collides["added_tokens"] = json::array({{{"id", 'H'}, {"content", "<X>"}, {"special", true}}});
+  EXPECT_NE(load(collides).status().message().find("which is the model's token 'H'"),
+            std::string::npos)
+      << load(collides).status().to_string();
+  collides["added_tokens"] = json::array({{{"id", 'H'}, {"content", "H"}, {"special", true}}});
+  EXPECT_TRUE(load(collides).ok()) << load(collides).status().to_string();
   json config = {{"clean_up_tokenization_spaces", true}};
   EXPECT_NE(load(base, config).status().message().find("clean_up_tokenization_spaces"),
             std::string::npos);
