@@ -972,4 +972,94 @@ json completion_logprobs_json(const std::vector<SampledToken>& tokens, const Tok
           {"text_offset", std::move(offsets)}};
 }
 
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+// The parts of the body the chat template sees, with their keys in order. An object with
+// more keys than this is dropped from the ordered copy (an ordered object finds keys by a
+// linear search: a hostile body could make this parse quadratic); the caller then falls
+// back to the sorted objects.
+constexpr size_t kMaxOrderedKeysPerObject = 4096;
+
+std::optional<ordered_json> ordered_template_parts(std::string_view body_text) {
+  std::vector<size_t> keys_per_object;
+  bool too_many = false;
+  const auto keep = [&](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
+    switch (event) {
+      case ordered_json::parse_event_t::object_start:
+        keys_per_object.push_back(0);
+        return true;
+      case ordered_json::parse_event_t::object_end:
+        if (!keys_per_object.empty()) keys_per_object.pop_back();
+        return true;
+      case ordered_json::parse_event_t::key: {
+        if (!keys_per_object.empty() && ++keys_per_object.back() > kMaxOrderedKeysPerObject) {
+          too_many = true;
+          return false;
+        }
+        if (depth != 1) return true;
+        const std::string& key = parsed.get_ref<const std::string&>();
+        return key == "messages" || key == "tools" || key == "chat_template_kwargs";
+      }
+      default:
+        return true;
+    }
+  };
+  ordered_json parts = ordered_json::parse(body_text, keep, /*allow_exceptions=*/false);
+  if (parts.is_discarded() || !parts.is_object() || too_many) return std::nullopt;
+  return parts;
+}
+
+// `original` (as sent, in order) changed to `normalized` (what the parser made of it, sorted):
+// keys the parser dropped are dropped, values it changed are replaced, the rest keep their
+// place and their own order.
+ordered_json merge_in_order(const ordered_json& original, const json& normalized) {
+  if (!original.is_object() || !normalized.is_object()) return ordered_json(normalized);
+  ordered_json out = ordered_json::object();
+  for (auto it = original.begin(); it != original.end(); ++it) {
+    const auto n = normalized.find(it.key());
+    if (n == normalized.end()) continue;
+    out[it.key()] = json(it.value()) == *n ? it.value() : ordered_json(*n);
+  }
+  for (auto it = normalized.begin(); it != normalized.end(); ++it) {
+    if (!out.contains(it.key())) out[it.key()] = ordered_json(it.value());
+  }
+  return out;
+}
+
+}  // namespace
+
+ChatTemplateInput chat_template_input(std::string_view body_text, const ChatRequest& chat) {
+  ChatTemplateInput input;
+  input.add_generation_prompt = chat.add_generation_prompt;
+  input.messages = chat.messages;
+  input.extra_variables = chat.template_variables;
+  const std::optional<ordered_json> parts = ordered_template_parts(body_text);
+  if (!parts) return input;
+  const ordered_json* messages = parts->contains("messages") ? &(*parts)["messages"] : nullptr;
+  if (messages != nullptr && messages->is_array() && messages->size() == chat.messages.size()) {
+    ordered_json ordered = ordered_json::array();
+    for (size_t i = 0; i < chat.messages.size(); ++i) {
+      ordered.push_back(merge_in_order((*messages)[i], chat.messages[i]));
+    }
+    input.messages = std::move(ordered);
+  }
+  ordered_json variables = ordered_json::object();
+  const ordered_json* kwargs =
+      parts->contains("chat_template_kwargs") ? &(*parts)["chat_template_kwargs"] : nullptr;
+  for (auto it = chat.template_variables.begin(); it != chat.template_variables.end(); ++it) {
+    const ordered_json* sent = nullptr;
+    if (it.key() == "tools" && parts->contains("tools")) {
+      sent = &(*parts)["tools"];
+    } else if (kwargs != nullptr && kwargs->is_object() && kwargs->contains(it.key())) {
+      sent = &(*kwargs)[it.key()];
+    }
+    variables[it.key()] =
+        sent != nullptr && json(*sent) == it.value() ? *sent : ordered_json(it.value());
+  }
+  input.extra_variables = std::move(variables);
+  return input;
+}
+
 }  // namespace peerserve

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -122,6 +123,12 @@ std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
                                                  const ApiLimits& limits, CompletionRequest* out);
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
                                            ChatRequest* out);
+
+// The chat template's input for `chat`, parsed from `body_text` (the request body), with the
+// body's objects in the order they were sent: nlohmann::json sorts keys, and a template
+// printing tools with tojson showed them sorted where transformers shows them as sent. Falls
+// back to `chat`'s own (sorted) objects if the body cannot be read again.
+ChatTemplateInput chat_template_input(std::string_view body_text, const ChatRequest& chat);
 
 // The token ids of a JSON array (integers 0 .. 2^31 - 1) appended to *ids, as 'prompt' and
 // /detokenize's 'tokens' take them; an error naming `field` for any other element.

@@ -476,10 +476,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.code = "unsupported_parameter";
     return send_error(*exchange, e);
   }
-  ChatTemplateInput input;
-  input.messages = chat.messages;
-  input.add_generation_prompt = chat.add_generation_prompt;
-  input.extra_variables = chat.template_variables;
+  const ChatTemplateInput input = chat_template_input(request.body, chat);
   const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
   Result<std::vector<TokenId>> tokens =
       ctx.tokenizer->encode_chat(input, static_cast<size_t>(max_len));
@@ -652,10 +649,7 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
       e.message = "this model has no chat template";
       return send_error(*exchange, e);
     }
-    ChatTemplateInput input;
-    input.messages = chat.messages;
-    input.add_generation_prompt = chat.add_generation_prompt;
-    tokens = ctx.tokenizer->encode_chat(input);
+    tokens = ctx.tokenizer->encode_chat(chat_template_input(request.body, chat));
   } else if (body->contains("prompt") && (*body)["prompt"].is_string()) {
     bool add_special = true;
     if (body->contains("add_special_tokens")) {

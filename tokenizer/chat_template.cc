@@ -24,7 +24,7 @@ Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
   return ChatTemplate(std::move(impl));
 }
 
-Result<std::string> ChatTemplate::render(const nlohmann::json& variables) const {
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& variables) const {
   return jinja::render_template(impl_->source, impl_->nodes, variables);
 }
 

@@ -35,13 +35,16 @@
 
 namespace peerserve {
 
+// Objects keep their keys in the order they came (ordered_json), as Python dicts do for
+// transformers: a template printing a request's tools with tojson shows them as sent (a
+// nlohmann::json converts implicitly, its keys sorted).
 struct ChatTemplateInput {
   // [{"role": "system"|"user"|"assistant"|"tool", "content": ..., "tool_calls": [...]}]
-  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   bool add_generation_prompt = false;
   // Further template variables (e.g. "tools"); they may not override the ones above or
   // bos_token/eos_token.
-  nlohmann::json extra_variables = nlohmann::json::object();
+  nlohmann::ordered_json extra_variables = nlohmann::ordered_json::object();
 };
 
 class ChatTemplate {
@@ -53,7 +56,7 @@ class ChatTemplate {
   ~ChatTemplate();
 
   // `variables` must be a JSON object; its members are the template's global names.
-  Result<std::string> render(const nlohmann::json& variables) const;
+  Result<std::string> render(const nlohmann::ordered_json& variables) const;
 
   // The template text as jinja2 sees it (newlines normalized, one trailing newline dropped).
   const std::string& source() const;

@@ -494,7 +494,8 @@ Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& inpu
     return invalid_argument("chat template: messages must be an array, got " +
                             std::string(input.messages.type_name()));
   }
-  json variables = input.extra_variables.is_null() ? json::object() : input.extra_variables;
+  nlohmann::ordered_json variables =
+      input.extra_variables.is_null() ? nlohmann::ordered_json::object() : input.extra_variables;
   if (!variables.is_object()) {
     return invalid_argument("chat template: extra variables must be an object");
   }

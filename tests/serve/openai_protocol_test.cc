@@ -15,6 +15,9 @@ std::optional<ApiError> parse_completion(const std::string& text, CompletionRequ
 std::optional<ApiError> parse_chat(const std::string& text, ChatRequest* out) {
   return parse_chat_request(json::parse(text), ApiLimits{}, out);
 }
+std::string ordered_json_dump(const json& j) {
+  return nlohmann::ordered_json(j).dump();
+}
 
 TEST(OpenAiProtocolTest, CompletionFieldsAreParsed) {
   CompletionRequest r;
@@ -272,6 +275,35 @@ TEST(OpenAiProtocolTest, ChatMessagesAreNormalised) {
   EXPECT_TRUE(r.params.sampling.want_logprobs);
   EXPECT_EQ(r.params.sampling.top_logprobs, 2);
   EXPECT_TRUE(r.add_generation_prompt);
+}
+
+// The chat template sees the request's objects in the order they were sent, as transformers
+// does (nlohmann::json sorts keys: tools printed with tojson came out sorted), with the
+// parser's changes (developer -> system, content parts joined) in place.
+TEST(OpenAiProtocolTest, ChatTemplateInputKeepsTheOrderSent) {
+  const std::string body = R"({"model": "m", "messages": [
+      {"role": "developer", "content": "be brief", "name": "ops"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+      "parameters": {"type": "object", "properties": {"location": {"type": "string"},
+                                                      "days": {"type": "integer"}},
+                     "required": ["location"]}}}],
+    "chat_template_kwargs": {"zeta": {"y": 1, "x": 2}}})";
+  ChatRequest chat;
+  ASSERT_FALSE(parse_chat(body, &chat).has_value());
+  const ChatTemplateInput input = chat_template_input(body, chat);
+  EXPECT_EQ(input.extra_variables["tools"].dump(),
+            R"([{"type":"function","function":{"name":"get_weather","description":"d",)"
+            R"("parameters":{"type":"object","properties":{"location":{"type":"string"},)"
+            R"("days":{"type":"integer"}},"required":["location"]}}}])");
+  EXPECT_EQ(input.extra_variables["zeta"].dump(), R"({"y":1,"x":2})");
+  EXPECT_EQ(input.messages.dump(), R"([{"role":"system","content":"be brief","name":"ops"},)"
+                                   R"({"role":"user","content":"a\nb"}])");
+  EXPECT_TRUE(input.add_generation_prompt);
+  // A body that cannot be read again (or with an object too large to keep in order): the
+  // parser's own objects, sorted.
+  const ChatTemplateInput fallback = chat_template_input("{", chat);
+  EXPECT_EQ(fallback.messages.dump(), ordered_json_dump(chat.messages));
 }
 
 TEST(OpenAiProtocolTest, BadChatInputs) {

@@ -21,7 +21,7 @@ using nlohmann::json;
 struct Case {
   std::string name;
   std::string source;
-  json variables;
+  nlohmann::ordered_json variables;  // keys in the order given (a json converts sorted)
 };
 
 // The shape of DeepSeek-V2-Chat's template (bos, "User: ...\n\n", "Assistant: ...<eos>").
@@ -196,7 +196,7 @@ std::vector<Case> construct_cases() {
 }
 
 std::vector<json> render_with_jinja2(const std::vector<Case>& cases, std::string& error) {
-  json request = json::array();
+  nlohmann::ordered_json request = nlohmann::ordered_json::array();
   for (const Case& c : cases)
     request.push_back({{"template", c.source}, {"variables", c.variables}});
   const std::string command =
@@ -206,6 +206,12 @@ std::vector<json> render_with_jinja2(const std::vector<Case>& cases, std::string
   const auto response = testing::run_json_tool(command, request, error);
   if (!response) return {};
   return response->get<std::vector<json>>();
+}
+
+// data/chat_templates/deepseek_v3_tools.jinja (empty if it cannot be read).
+std::string read_shipped_tools_template() {
+  std::ifstream in(testing::source_dir() / "data/chat_templates/deepseek_v3_tools.jinja");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 void expect_same_as_jinja2(const std::vector<Case>& cases) {
@@ -249,9 +255,8 @@ TEST(ChatTemplateTest, DeepSeekV3TemplateMatchesJinja2) {
 
 // The tools template shipped for serve --chat-template, with and without tools.
 TEST(ChatTemplateTest, ShippedToolsTemplateMatchesJinja2) {
-  std::ifstream in(testing::source_dir() / "data/chat_templates/deepseek_v3_tools.jinja");
-  ASSERT_TRUE(in.good());
-  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string source = read_shipped_tools_template();
+  ASSERT_FALSE(source.empty());
   const json tools = json::parse(R"([
       {"type": "function", "function": {"name": "get_weather", "description": "Weather \"now\"",
        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -273,6 +278,29 @@ TEST(ChatTemplateTest, ShippedToolsTemplateMatchesJinja2) {
     ++index;
   }
   expect_same_as_jinja2(cases);
+}
+
+// Objects keep the order they were given in, as Python's dicts do (tools printed with
+// tojson came out with their keys sorted).
+TEST(ChatTemplateTest, ObjectsKeepTheirKeyOrderAsInJinja2) {
+  const auto tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "description": "d",
+       "parameters": {"type": "object", "properties": {"location": {"type": "string"},
+                      "days": {"type": "integer"}}, "required": ["location"]}}}])");
+  nlohmann::ordered_json vars = {{"tools", tools},
+                                 {"d", nlohmann::ordered_json::parse(R"({"z": 1, "a": 2})")}};
+  expect_same_as_jinja2({
+      {"tojson", "{{ tools | tojson }}", vars},
+      {"items", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}", vars},
+      {"for over keys", "{% for k in d %}{{ k }}{% endfor %} {{ d }}", vars},
+      {"shipped tools template",
+       read_shipped_tools_template(),
+       {{"messages", nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])")},
+        {"tools", tools},
+        {"bos_token", "<s>"},
+        {"eos_token", "</s>"},
+        {"add_generation_prompt", true}}},
+  });
 }
 
 TEST(ChatTemplateTest, DeepSeekV2StyleTemplateMatchesJinja2) {

@@ -39,7 +39,8 @@ std::string shell_quote(const std::string& arg) {
 }
 
 std::optional<nlohmann::json> run_json_tool(const std::string& command_prefix,
-                                            const nlohmann::json& request, std::string& error) {
+                                            const nlohmann::ordered_json& request,
+                                            std::string& error) {
   static std::atomic<int> counter{0};
   const auto dir =
       std::filesystem::temp_directory_path() /

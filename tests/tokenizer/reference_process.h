@@ -22,8 +22,10 @@ std::optional<std::filesystem::path> deepseek_v3_tokenizer_dir();
 
 // Writes `request` to a file, runs `command_prefix REQUEST RESPONSE`, and returns the parsed
 // response; on failure returns nullopt and sets `error` (exit status and stderr tail).
+// (An ordered_json request keeps its objects' key order in the file.)
 std::optional<nlohmann::json> run_json_tool(const std::string& command_prefix,
-                                            const nlohmann::json& request, std::string& error);
+                                            const nlohmann::ordered_json& request,
+                                            std::string& error);
 
 std::string base64_encode(const std::string& bytes);
 

@@ -200,7 +200,8 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 class Interpreter {
  public:
-  Interpreter(std::string_view source, const nlohmann::json& variables, const RenderLimits& limits)
+  Interpreter(std::string_view source, const nlohmann::ordered_json& variables,
+              const RenderLimits& limits)
       : src_(source), limits_(limits) {
     for (const auto& [key, value] : variables.items()) globals_[key] = Value::from_json(value);
     frames_.emplace_back();
@@ -1288,14 +1289,15 @@ bool is_supported_method(std::string_view name) {
 }
 
 Result<std::string> render_template(std::string_view source, const NodeList& nodes,
-                                    const nlohmann::json& variables, const RenderLimits& limits) {
+                                    const nlohmann::ordered_json& variables,
+                                    const RenderLimits& limits) {
   if (!variables.is_object()) {
     return invalid_argument("chat template: variables must be a JSON object, got " +
                             std::string(variables.type_name()));
   }
   // Values are converted and printed recursively: bound the nesting of request data.
   constexpr size_t kMaxDepth = kMaxVariableDepth;
-  std::vector<std::pair<const nlohmann::json*, size_t>> stack = {{&variables, 1}};
+  std::vector<std::pair<const nlohmann::ordered_json*, size_t>> stack = {{&variables, 1}};
   while (!stack.empty()) {
     const auto [value, depth] = stack.back();
     stack.pop_back();

@@ -17,7 +17,7 @@ namespace peerserve::jinja {
 // `variables` must be a JSON object (the template's global names). Breaking a limit is an
 // InvalidArgument error naming it.
 Result<std::string> render_template(std::string_view source, const NodeList& nodes,
-                                    const nlohmann::json& variables,
+                                    const nlohmann::ordered_json& variables,
                                     const RenderLimits& limits = {});
 
 }  // namespace peerserve::jinja

@@ -54,30 +54,31 @@ uint64_t Value::weight() const {
 Value::Value(std::shared_ptr<Namespace> ns)
     : data_(std::move(ns)), holds_namespace_(true), depth_(kMaxNamespaceMemberDepth + 1) {}
 
-Value Value::from_json(const nlohmann::json& json) {
+Value Value::from_json(const nlohmann::ordered_json& json) {
+  using Type = nlohmann::ordered_json::value_t;
   switch (json.type()) {
-    case nlohmann::json::value_t::null:
+    case Type::null:
       return none();
-    case nlohmann::json::value_t::boolean:
+    case Type::boolean:
       return Value(json.get<bool>());
-    case nlohmann::json::value_t::number_integer:
+    case Type::number_integer:
       return Value(json.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
+    case Type::number_unsigned: {
       const uint64_t u = json.get<uint64_t>();
       return u <= static_cast<uint64_t>(INT64_MAX) ? Value(static_cast<int64_t>(u))
                                                    : Value(static_cast<double>(u));
     }
-    case nlohmann::json::value_t::number_float:
+    case Type::number_float:
       return Value(json.get<double>());
-    case nlohmann::json::value_t::string:
+    case Type::string:
       return Value(json.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case Type::array: {
       List list;
       list.reserve(json.size());
       for (const auto& item : json) list.push_back(from_json(item));
       return Value(std::move(list));
     }
-    case nlohmann::json::value_t::object: {
+    case Type::object: {
       Dict dict;
       dict.reserve(json.size());
       for (const auto& [key, item] : json.items()) dict.emplace_back(key, from_json(item));

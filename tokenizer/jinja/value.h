@@ -46,7 +46,8 @@ class Value {
   // the namespace counts as that deep plus one.
   Value(std::shared_ptr<Namespace> ns);  // NOLINT
 
-  static Value from_json(const nlohmann::json& json);
+  // Objects become dicts in the JSON's key order.
+  static Value from_json(const nlohmann::ordered_json& json);
   // A list that prints as a Python tuple: "(1, 2)".
   static Value tuple(List items) {
     Value v(std::move(items));
