@@ -190,6 +190,14 @@ std::vector<Case> construct_cases() {
        "{{ name }}\n  {{ n }}\n\t{% set z = 1 %}tab\n",
        vars},
       {"undefined member of undefined fails", "{{ missing.attr }}", vars},
+      // A {% set %} in a loop body lives for that iteration only (it carried over).
+      {"set in a loop is per iteration",
+       "{% set x = 0 %}{% for i in [1, 2] %}{{ x }}{% set x = 5 %}{{ x }}{% endfor %}{{ x }}",
+       vars},
+      {"set in a loop does not reach later iterations",
+       "{% for i in items %}{% if loop.first %}{% set seen = true %}{% endif %}"
+       "[{{ i }}{{ ' seen' if seen is defined }}]{% endfor %}",
+       vars},
       {"adding none fails", "{{ 'x' + nothing }}", vars},
   };
   return cases;

@@ -438,6 +438,9 @@ class Interpreter {
         frames_.pop_back();
         return charged;
       }
+      // Each iteration has its own scope, as in jinja2: a {% set %} in the body does not
+      // carry over to the next iteration (nor out of the loop).
+      frames_.back().clear();
       PS_RETURN_IF_ERROR(assign_targets(node, node.targets, items[static_cast<size_t>(i)]));
       Dict loop = {
           {"index", Value(i + 1)},
