@@ -190,6 +190,12 @@ std::vector<Case> construct_cases() {
        "{{ name }}\n  {{ n }}\n\t{% set z = 1 %}tab\n",
        vars},
       {"undefined member of undefined fails", "{{ missing.attr }}", vars},
+      // "}}" inside open brackets does not end the tag (it did: a dict literal ending in a
+      // dict was a syntax error).
+      {"dict literals whose braces meet the tag's end", "{{ {'a': {'b': 1}} }}|{{ {'a': 1}}}",
+       vars},
+      {"a dict with tojson", "{{ {'type': 'function', 'function': {'name': name}} | tojson }}",
+       vars},
       // A {% set %} in a loop body lives for that iteration only (it carried over).
       {"set in a loop is per iteration",
        "{% set x = 0 %}{% for i in [1, 2] %}{{ x }}{% set x = 5 %}{{ x }}{% endfor %}{{ x }}",

@@ -7,6 +7,9 @@
 namespace peerserve::jinja {
 namespace {
 
+// The parser bounds its nesting anyway; this keeps the lexer's own stack small too.
+constexpr size_t kMaxOpenBrackets = 256;
+
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
@@ -94,7 +97,9 @@ class Lexer {
   }
 
   // Lexes expression tokens up to the closing "}}" or "%}" (with optional -/+ before it).
+  // As in jinja2, a closer inside open brackets is not one: {{ {'a': {'b': 1}} }} is a dict.
   Status lex_tag(char closer, size_t tag, char& end_sign) {
+    std::string open;  // brackets not yet closed, innermost last
     while (true) {
       while (pos_ < src_.size() && is_space(src_[pos_])) ++pos_;
       if (pos_ >= src_.size()) {
@@ -102,13 +107,15 @@ class Lexer {
       }
       const char c = src_[pos_];
       const auto at = [&](size_t i) { return pos_ + i < src_.size() ? src_[pos_ + i] : '\0'; };
-      if (c == closer && at(1) == '}') {
+      if (!open.empty()) {
+        // Inside brackets: only a bracket's own closer ends it; "}}" and "%}" are not ends.
+      } else if (c == closer && at(1) == '}') {
         end_sign = '\0';
         tokens_.push_back(end_token(closer, pos_));
         pos_ += 2;
         return ok_status();
       }
-      if ((c == '-' || c == '+') && at(1) == closer && at(2) == '}') {
+      if (open.empty() && (c == '-' || c == '+') && at(1) == closer && at(2) == '}') {
         end_sign = c;
         tokens_.push_back(end_token(closer, pos_));
         pos_ += 3;
@@ -140,6 +147,15 @@ class Lexer {
       }
       if (two) continue;
       if (std::string_view("+-*/%~<>=.,:|()[]{}").find(c) != std::string_view::npos) {
+        if (c == '(' || c == '[' || c == '{') {
+          if (open.size() >= kMaxOpenBrackets) return error(pos_, "brackets nested too deeply");
+          open.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+        } else if (c == ')' || c == ']' || c == '}') {
+          if (open.empty() || open.back() != c) {
+            return error(pos_, std::string("unexpected '") + c + "'");
+          }
+          open.pop_back();
+        }
         tokens_.push_back({TokenKind::kOperator, std::string(1, c), pos_});
         ++pos_;
         continue;
