@@ -1,6 +1,6 @@
 """Independent reference for the chat-template tests: renders templates with jinja2 the
 way transformers' apply_chat_template does (ImmutableSandboxedEnvironment, trim_blocks,
-lstrip_blocks, loopcontrols, raise_exception, tojson with ensure_ascii=False).
+lstrip_blocks, loopcontrols, raise_exception, strftime_now, tojson with ensure_ascii=False).
 
 usage: /usr/bin/python3 render_reference.py REQUEST.json RESPONSE.json
 request:  [{"template": str, "variables": {...}}, ...]
@@ -8,6 +8,7 @@ response: [{"ok": true, "text": str} | {"ok": false, "error": str}, ...]
 """
 import json
 import sys
+from datetime import datetime
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -22,11 +23,16 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
                       sort_keys=sort_keys)
 
 
+def strftime_now(format):
+    return datetime.now().strftime(format)
+
+
 def render(template, variables):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env.from_string(template).render(**variables)
 
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
+#include <functional>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -15,16 +17,18 @@ namespace peerserve::jinja {
 namespace {
 
 const std::set<std::string_view> kFilters = {
-    "length", "count", "string", "trim",    "upper",   "lower",      "default", "d",     "join",
-    "first",  "last",  "list",   "tojson",  "replace", "capitalize", "title",   "items", "int",
-    "float",  "abs",   "round",  "reverse", "sort",    "unique",     "safe"};
+    "length", "count",  "string", "trim",       "upper",      "lower",   "default",    "d",
+    "join",   "first",  "last",   "list",       "tojson",     "replace", "capitalize", "title",
+    "items",  "int",    "float",  "abs",        "round",      "reverse", "sort",       "unique",
+    "safe",   "select", "reject", "selectattr", "rejectattr", "map"};
 const std::set<std::string_view> kTests = {
     "defined",  "undefined",   "none",  "string",  "number",  "mapping", "iterable",
     "sequence", "boolean",     "true",  "false",   "integer", "float",   "odd",
     "even",     "divisibleby", "eq",    "equalto", "ne",      "lt",      "le",
     "gt",       "ge",          "==",    "!=",      "<",       "<=",      ">",
     ">=",       "in",          "lower", "upper",   "sameas",  "callable"};
-const std::set<std::string_view> kFunctions = {"raise_exception", "namespace", "range", "dict"};
+const std::set<std::string_view> kFunctions = {"raise_exception", "namespace", "range", "dict",
+                                               "strftime_now"};
 const std::set<std::string_view> kMethods = {"strip",    "lstrip", "rstrip", "split",  "startswith",
                                              "endswith", "upper",  "lower",  "title",  "capitalize",
                                              "replace",  "items",  "keys",   "values", "get"};
@@ -862,9 +866,12 @@ class Interpreter {
   }
 
   Result<int64_t> int_arg(const Value* v, int64_t fallback, const Expr& e, const char* what) const {
+    return int_arg(v, fallback, e.offset, what);
+  }
+  Result<int64_t> int_arg(const Value* v, int64_t fallback, size_t offset, const char* what) const {
     if (v == nullptr || v->is_none()) return fallback;
     if (!v->is_int())
-      return error(e.offset, std::string(what) + " must be an integer, got " + describe(*v));
+      return error(offset, std::string(what) + " must be an integer, got " + describe(*v));
     return v->as_int();
   }
 
@@ -887,6 +894,21 @@ class Interpreter {
         PS_RETURN_IF_ERROR(check_namespace_member(member, e.offset));
       }
       return Value(ns);
+    }
+    if (e.name == "strftime_now") {
+      // transformers' global: the local time now, formatted (Llama 3.x templates date their
+      // system prompt with it).
+      if (args.positional.size() != 1 || !args.positional[0].is_string()) {
+        return error(e.offset, "strftime_now() takes one format string");
+      }
+      const std::string& format = args.positional[0].as_string();
+      if (format.size() > 64) return error(e.offset, "strftime_now() format longer than 64");
+      const std::time_t now = std::time(nullptr);
+      std::tm local{};
+      localtime_r(&now, &local);
+      char buffer[512];
+      const size_t n = std::strftime(buffer, sizeof(buffer), format.c_str(), &local);
+      return Value(std::string(buffer, n));
     }
     if (e.name == "dict") {
       Dict dict;
@@ -1035,7 +1057,117 @@ class Interpreter {
   Result<Value> apply_filter(const Expr& e) {
     PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
     PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 1));
-    const std::string& f = e.name;
+    return filter_value(e.name, std::move(v), args, FilterSite{e.offset});
+  }
+
+  // Where a filter or test is applied (for messages): the expression's offset.
+  struct FilterSite {
+    size_t offset;
+  };
+
+  // The items of `v` (a list, or a dict's keys, or a string's characters) kept or dropped by
+  // `keep`, for select/reject/selectattr/rejectattr.
+  Result<Value> filter_items(const Value& v, size_t offset,
+                             const std::function<Result<bool>(const Value&)>& keep) {
+    PS_ASSIGN_OR_RETURN(List items, iterate(v, offset));
+    PS_RETURN_IF_ERROR(charge_steps(items.size(), offset));
+    List kept;
+    for (Value& item : items) {
+      PS_ASSIGN_OR_RETURN(bool yes, keep(item));
+      if (yes) kept.push_back(std::move(item));
+    }
+    return Value(std::move(kept));
+  }
+
+  // An item's attribute as jinja2's attribute= arguments read it: "a.b" walks members;
+  // list items by a number ("0"). Undefined if the last is missing; an error if one before
+  // it is (as jinja2's undefined raises when read further).
+  Result<Value> attribute_of(const Value& item, const std::string& path, size_t offset) {
+    Value current = item;
+    size_t start = 0;
+    while (start <= path.size()) {
+      const size_t dot = path.find('.', start);
+      const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
+      const Value* member = current.find(part);
+      if (member == nullptr && current.is_list() && !part.empty() &&
+          part.find_first_not_of("0123456789") == std::string::npos && part.size() < 10) {
+        const size_t index = std::stoul(part);
+        if (index < current.as_list().size()) member = &current.as_list()[index];
+      }
+      if (member == nullptr) {
+        if (dot == std::string::npos) return Value::undefined(part);
+        return error(offset, "cannot read '" + path.substr(dot + 1) + "' of undefined '" + part +
+                                 "' (attribute '" + path + "')");
+      }
+      Value next = *member;  // (member points into current)
+      current = std::move(next);
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return current;
+  }
+
+  Result<Value> filter_value(const std::string& f, Value v, const Args& args, FilterSite site) {
+    const size_t offset = site.offset;
+    if (f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") {
+      const bool by_attr = f == "selectattr" || f == "rejectattr";
+      const bool want = f == "select" || f == "selectattr";
+      std::string attribute;
+      size_t next = 0;
+      if (by_attr) {
+        if (args.positional.empty() || !args.positional[0].is_string()) {
+          return error(offset, f + "() needs the attribute's name");
+        }
+        attribute = args.positional[0].as_string();
+        next = 1;
+      }
+      // No test: the value's truth, as jinja2.
+      std::string test;
+      if (args.positional.size() > next) {
+        if (!args.positional[next].is_string()) return error(offset, f + "(): a test's name");
+        test = args.positional[next].as_string();
+        if (!is_supported_test(test)) return error(offset, "unsupported test '" + test + "'");
+      }
+      const Value* test_arg =
+          args.positional.size() > next + 1 ? &args.positional[next + 1] : nullptr;
+      return filter_items(v, offset, [&](const Value& item) -> Result<bool> {
+        Value subject = item;
+        if (by_attr) {
+          PS_ASSIGN_OR_RETURN(subject, attribute_of(item, attribute, offset));
+        }
+        if (test.empty()) return subject.truthy() == want;
+        PS_ASSIGN_OR_RETURN(bool passed, test_value(test, subject, test_arg, offset));
+        return passed == want;
+      });
+    }
+    if (f == "map") {
+      PS_ASSIGN_OR_RETURN(List items, iterate(v, offset));
+      PS_RETURN_IF_ERROR(charge_steps(items.size(), offset));
+      List out;
+      out.reserve(items.size());
+      if (const Value* attribute = args.get(SIZE_MAX, "attribute")) {
+        if (!attribute->is_string()) return error(offset, "map(attribute=) needs a string");
+        const Value* fallback = args.get(SIZE_MAX, "default");
+        for (const Value& item : items) {
+          PS_ASSIGN_OR_RETURN(Value got, attribute_of(item, attribute->as_string(), offset));
+          out.push_back(got.is_undefined() && fallback != nullptr ? *fallback : std::move(got));
+        }
+        return Value(std::move(out));
+      }
+      if (args.positional.empty() || !args.positional[0].is_string()) {
+        return error(offset, "map() needs a filter's name or attribute=");
+      }
+      const std::string name = args.positional[0].as_string();
+      if (!is_supported_filter(name)) return error(offset, "unsupported filter '" + name + "'");
+      Args rest;
+      rest.positional.assign(args.positional.begin() + 1, args.positional.end());
+      rest.keyword = args.keyword;
+      for (Value& item : items) {
+        PS_ASSIGN_OR_RETURN(Value mapped, filter_value(name, std::move(item), rest, site));
+        out.push_back(std::move(mapped));
+      }
+      return Value(std::move(out));
+    }
     if (f == "default" || f == "d") {
       const Value* fallback = args.get(0, "default_value");
       const Value* boolean = args.get(1, "boolean");
@@ -1049,11 +1181,11 @@ class Interpreter {
       if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
       if (v.is_dict()) return Value(static_cast<int64_t>(v.as_dict().size()));
       if (v.is_undefined()) return Value(0);
-      return error(e.offset, "object of type '" + std::string(v.type_name()) + "' has no len()");
+      return error(offset, "object of type '" + std::string(v.type_name()) + "' has no len()");
     }
     if (f == "trim") {
       if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
-        PS_RETURN_IF_ERROR(check_characters(chars->as_string(), e.offset));
+        PS_RETURN_IF_ERROR(check_characters(chars->as_string(), offset));
       }
       return Value(strip(to_str(v), args.get(0, "chars"), true, true));
     }
@@ -1068,24 +1200,24 @@ class Interpreter {
     if (f == "replace") {
       const Value* from = args.get(0, "old");
       const Value* to = args.get(1, "new");
-      if (from == nullptr || to == nullptr) return error(e.offset, "replace needs two arguments");
-      PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, e, "count"));
+      if (from == nullptr || to == nullptr) return error(offset, "replace needs two arguments");
+      PS_ASSIGN_OR_RETURN(int64_t count, int_arg(args.get(2, "count"), -1, offset, "count"));
       // Each converted once (message contents can be megabytes).
       const std::string text = to_str(v), old_text = to_str(*from);
-      if (old_text.empty()) PS_RETURN_IF_ERROR(check_characters(text, e.offset));
-      PS_RETURN_IF_ERROR(charge_search(text.size(), old_text.size(), e.offset));
+      if (old_text.empty()) PS_RETURN_IF_ERROR(check_characters(text, offset));
+      PS_RETURN_IF_ERROR(charge_search(text.size(), old_text.size(), offset));
       return replaced(replace_all(text, old_text, to_str(*to), count, limits_.max_value_bytes),
-                      e.offset);
+                      offset);
     }
     if (f == "tojson") {
-      PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, e, "indent"));
+      PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, offset, "indent"));
       constexpr int64_t kMaxIndent = 64;
-      if (indent > kMaxIndent) return error(e.offset, "tojson indent larger than 64");
+      if (indent > kMaxIndent) return error(offset, "tojson indent larger than 64");
       const Value* sort_keys = args.get(99, "sort_keys");
       auto text =
           to_json_text(v, static_cast<int>(std::max<int64_t>(indent, -1)),
                        sort_keys != nullptr && sort_keys->truthy(), limits_.max_value_bytes);
-      if (!text.ok()) return error(e.offset, text.status().message());
+      if (!text.ok()) return error(offset, text.status().message());
       return Value(std::move(text).value());
     }
     if (f == "int") {
@@ -1095,7 +1227,7 @@ class Interpreter {
         // Python's int() truncates; out of the int64 range (or nan/inf) it cannot here.
         const double d = std::trunc(v.as_double());
         if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
-          return error(e.offset,
+          return error(offset,
                        "int() of " + float_repr(v.as_double()) + " does not fit in 64 bits");
         }
         return Value(static_cast<int64_t>(d));
@@ -1129,15 +1261,16 @@ class Interpreter {
     if (f == "abs") {
       if (v.is_float()) return Value(std::fabs(v.as_double()));
       if (v.is_int()) {
-        if (v.as_int() == INT64_MIN) return overflow(e.offset, "abs()");
+        if (v.as_int() == INT64_MIN) return overflow(offset, "abs()");
         return Value(v.as_int() < 0 ? -v.as_int() : v.as_int());
       }
       if (v.is_bool()) return Value(static_cast<int64_t>(v.as_bool()));
-      return error(e.offset, "bad operand type for abs(): " + describe(v));
+      return error(offset, "bad operand type for abs(): " + describe(v));
     }
     if (f == "round") {
-      if (!v.is_number()) return error(e.offset, "round needs a number, got " + describe(v));
-      PS_ASSIGN_OR_RETURN(int64_t precision, int_arg(args.get(0, "precision"), 0, e, "precision"));
+      if (!v.is_number()) return error(offset, "round needs a number, got " + describe(v));
+      PS_ASSIGN_OR_RETURN(int64_t precision,
+                          int_arg(args.get(0, "precision"), 0, offset, "precision"));
       const Value* method = args.get(1, "method");
       const std::string how =
           method != nullptr && method->is_string() ? method->as_string() : "common";
@@ -1151,19 +1284,19 @@ class Interpreter {
       } else if (how == "common") {
         r = std::round(x);
       } else {
-        return error(e.offset, "round method must be common, ceil or floor");
+        return error(offset, "round method must be common, ceil or floor");
       }
       return Value(r / scale);
     }
     if (f == "items") {
       if (v.is_undefined()) return Value(List{});
-      if (!v.is_dict()) return error(e.offset, "items filter needs a mapping, got " + describe(v));
+      if (!v.is_dict()) return error(offset, "items filter needs a mapping, got " + describe(v));
       List out;
       for (const auto& [key, value] : v.as_dict()) out.emplace_back(List{Value(key), value});
       return Value(std::move(out));
     }
     // Filters over sequences.
-    PS_ASSIGN_OR_RETURN(List items, iterate(v, e.offset));
+    PS_ASSIGN_OR_RETURN(List items, iterate(v, offset));
     if (f == "list") return Value(std::move(items));
     if (f == "first") return items.empty() ? Value::undefined("first") : items.front();
     if (f == "last") return items.empty() ? Value::undefined("last") : items.back();
@@ -1175,8 +1308,8 @@ class Interpreter {
         if (i > 0) out += sep;
         out += to_str(items[i]);
         if (out.size() > limits_.max_value_bytes) {
-          return error(e.offset, "join would make a string longer than " +
-                                     std::to_string(limits_.max_value_bytes) + " bytes");
+          return error(offset, "join would make a string longer than " +
+                                   std::to_string(limits_.max_value_bytes) + " bytes");
         }
       }
       return Value(std::move(out));
@@ -1192,7 +1325,7 @@ class Interpreter {
       if (f == "unique") {
         List out;
         for (const Value& item : items) {
-          PS_RETURN_IF_ERROR(charge_steps(out.size() + 1, e.offset));  // quadratic
+          PS_RETURN_IF_ERROR(charge_steps(out.size() + 1, offset));  // quadratic
           if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equals(o, item); }))
             out.push_back(item);
         }
@@ -1208,19 +1341,27 @@ class Interpreter {
         }
         return *less;
       });
-      if (!failure.ok()) return error(e.offset, failure.message());
+      if (!failure.ok()) return error(offset, failure.message());
       if (reverse != nullptr && reverse->truthy()) std::reverse(items.begin(), items.end());
       return Value(std::move(items));
     }
-    return error(e.offset, "unsupported filter '|" + f + "'");
+    return error(offset, "unsupported filter '|" + f + "'");
   }
 
   // ---- tests ----
   Result<bool> apply_test(const Expr& e) {
+    // The global functions are names jinja2 knows: `strftime_now is defined` is true there
+    // (templates test it before calling), unless a variable of that name hides it.
+    if ((e.name == "defined" || e.name == "undefined") && e.args[0]->kind == ExprKind::kName &&
+        is_supported_function(e.args[0]->name) && lookup(e.args[0]->name).is_undefined()) {
+      return e.name == "defined";
+    }
     PS_ASSIGN_OR_RETURN(Value v, eval(*e.args[0]));
     PS_ASSIGN_OR_RETURN(Args args, eval_args(e, 1));
-    const std::string& t = e.name;
-    const Value* arg = args.get(0, "other");
+    return test_value(e.name, v, args.get(0, "other"), e.offset);
+  }
+
+  Result<bool> test_value(const std::string& t, const Value& v, const Value* arg, size_t offset) {
     if (t == "defined") return !v.is_undefined();
     if (t == "undefined") return v.is_undefined();
     if (t == "none") return v.is_none();
@@ -1243,19 +1384,19 @@ class Interpreter {
     }
     if (t == "odd" || t == "even" || t == "divisibleby") {
       if (!v.is_int())
-        return error(e.offset, "test '" + t + "' needs an integer, got " + describe(v));
+        return error(offset, "test '" + t + "' needs an integer, got " + describe(v));
       if (t == "odd") return v.as_int() % 2 != 0;
       if (t == "even") return v.as_int() % 2 == 0;
       if (arg == nullptr || !arg->is_int() || arg->as_int() == 0) {
-        return error(e.offset, "divisibleby needs a non-zero integer");
+        return error(offset, "divisibleby needs a non-zero integer");
       }
       if (arg->as_int() == -1) return true;  // INT64_MIN % -1 traps
       return v.as_int() % arg->as_int() == 0;
     }
-    if (arg == nullptr) return error(e.offset, "test '" + t + "' needs an argument");
+    if (arg == nullptr) return error(offset, "test '" + t + "' needs an argument");
     if (t == "sameas") return equals(v, *arg) && v.type_name() == arg->type_name();
     if (t == "in") {
-      PS_ASSIGN_OR_RETURN(bool found, contains(*arg, v, e.offset));
+      PS_ASSIGN_OR_RETURN(bool found, contains(*arg, v, offset));
       return found;
     }
     static const std::unordered_map<std::string, std::string> kAliases = {
@@ -1263,8 +1404,8 @@ class Interpreter {
         {"gt", ">"},  {"ge", ">="},      {"==", "=="}, {"!=", "!="}, {"<", "<"},
         {"<=", "<="}, {">", ">"},        {">=", ">="}};
     const auto alias = kAliases.find(t);
-    if (alias == kAliases.end()) return error(e.offset, "unsupported test 'is " + t + "'");
-    PS_ASSIGN_OR_RETURN(Value result, compare(alias->second, v, *arg, e.offset));
+    if (alias == kAliases.end()) return error(offset, "unsupported test 'is " + t + "'");
+    PS_ASSIGN_OR_RETURN(Value result, compare(alias->second, v, *arg, offset));
     return result.as_bool();
   }
 
