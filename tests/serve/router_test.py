@@ -206,7 +206,9 @@ def client_gone():
     # 30,000 tokens take the tiny model well over 5 s: stopping within 3 s is the abort.
     s, _ = open_stream(router_port, "A long answer about file systems.", 30000)
     running = lambda: sum(metric(p, "peerserve:num_requests_running") or 0 for p in decode_ports)
-    assert running() >= 1, "no request running on the decode instances"
+    # The engines' metrics are snapshots taken between steps: on a loaded machine the one
+    # read right after the first event can predate the request's admission.
+    wait_for(lambda: running() >= 1, 10, "a request running on the decode instances")
     s.close()
     wait_for(lambda: running() == 0, 3, "the decode instance stops the abandoned request")
     wait_for(lambda: metric(router_port, "peerserve:router_requests_in_flight") == 0, 10,
