@@ -91,54 +91,65 @@ TEST(StopStringMatcherTest, ContextStartsButNeverEndsAStop) {
   EXPECT_EQ(out + s.text, "xabc");
 }
 
-// Random texts over a tiny alphabet (many partial matches), random stop sets and random
-// splits: the streamed output must equal the full text cut before its first stop string
-// (found with plain std::string::find on the whole text).
-TEST(StopStringMatcherTest, RandomSplitsMatchWholeTextReference) {
-  std::mt19937 rng(42);
+// A random text over a tiny alphabet (many partial matches), 1-3 random stop strings of
+// 1-5 characters, and whether the stop string is kept.
+struct RandomCase {
+  std::string text;
+  std::vector<std::string> stops;
+  bool include = false;
+};
+RandomCase random_case(std::mt19937& rng) {
   const std::string alphabet = "aab";
-  for (int iter = 0; iter < 3000; ++iter) {
-    std::string text;
-    const int len = static_cast<int>(rng() % 30);
-    for (int i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
-    std::vector<std::string> stops;
-    const int num_stops = 1 + static_cast<int>(rng() % 3);
-    for (int s = 0; s < num_stops; ++s) {
-      std::string stop;
-      const int slen = 1 + static_cast<int>(rng() % 5);
-      for (int i = 0; i < slen; ++i) stop += alphabet[rng() % alphabet.size()];
-      stops.push_back(stop);
-    }
-    const bool include = rng() % 2;
-    // Reference: the shortest prefix of the text that contains a stop string; the stop
-    // found there that starts first (it is the longest of those ending at that point).
-    size_t cut = std::string::npos;
-    std::string first_stop;
-    for (size_t end = 1; end <= text.size() && cut == std::string::npos; ++end) {
-      for (const std::string& s : stops) {
-        if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0 &&
-            (cut == std::string::npos || end - s.size() < cut)) {
-          cut = end - s.size();
-          first_stop = s;
-        }
+  RandomCase c;
+  const size_t len = rng() % 30;
+  for (size_t i = 0; i < len; ++i) c.text += alphabet[rng() % alphabet.size()];
+  const int num_stops = 1 + static_cast<int>(rng() % 3);
+  for (int k = 0; k < num_stops; ++k) {
+    std::string stop;
+    const int slen = 1 + static_cast<int>(rng() % 5);
+    for (int i = 0; i < slen; ++i) stop += alphabet[rng() % alphabet.size()];
+    c.stops.push_back(stop);
+  }
+  c.include = rng() % 2;
+  return c;
+}
+
+// The reference: the text cut before the first stop string to end after `context` bytes
+// (the one of those that starts first: the longest), with it when `include`; and which.
+std::pair<std::string, std::optional<std::string>> reference_cut(const RandomCase& c,
+                                                                 size_t context) {
+  size_t cut = std::string::npos;
+  std::string first_stop;
+  for (size_t end = context + 1; end <= c.text.size() && cut == std::string::npos; ++end) {
+    for (const std::string& s : c.stops) {
+      if (s.size() <= end && c.text.compare(end - s.size(), s.size(), s) == 0 &&
+          (cut == std::string::npos || end - s.size() < cut)) {
+        cut = end - s.size();
+        first_stop = s;
       }
     }
-    std::string expected = cut == std::string::npos ? text : text.substr(0, cut);
-    if (cut != std::string::npos && include) expected += first_stop;
-    // Streamed.
+  }
+  if (cut == std::string::npos) return {c.text, std::nullopt};
+  return {c.text.substr(0, cut) + (c.include ? first_stop : ""), first_stop};
+}
+
+// Random texts, stop sets and splits: the streamed output must equal the full text cut
+// before its first stop string (found by looking at every end position of the whole text).
+TEST(StopStringMatcherTest, RandomSplitsMatchWholeTextReference) {
+  std::mt19937 rng(42);
+  for (int iter = 0; iter < 3000; ++iter) {
+    const RandomCase c = random_case(rng);
+    const auto [expected, first_stop] = reference_cut(c, 0);
     std::vector<std::string> pieces;
-    for (size_t i = 0; i < text.size();) {
+    for (size_t i = 0; i < c.text.size();) {
       const size_t n = 1 + rng() % 4;
-      pieces.push_back(text.substr(i, n));
+      pieces.push_back(c.text.substr(i, n));
       i += n;
     }
-    StopStringMatcher m(stops, include);
+    StopStringMatcher m(c.stops, c.include);
     std::optional<std::string> matched;
-    ASSERT_EQ(stream(m, pieces, &matched), expected) << "text=" << text;
-    ASSERT_EQ(matched.has_value(), cut != std::string::npos) << "text=" << text;
-    if (matched) {
-      ASSERT_EQ(*matched, first_stop);
-    }
+    ASSERT_EQ(stream(m, pieces, &matched), expected) << "text=" << c.text;
+    ASSERT_EQ(matched, first_stop) << "text=" << c.text;
   }
 }
 
@@ -146,54 +157,26 @@ TEST(StopStringMatcherTest, RandomSplitsMatchWholeTextReference) {
 // reference is the first stop string to end after them (it may start inside them).
 TEST(StopStringMatcherTest, RandomContextMatchesWholeTextReference) {
   std::mt19937 rng(7);
-  const std::string alphabet = "aab";
   for (int iter = 0; iter < 3000; ++iter) {
-    std::string text;
-    const size_t len = rng() % 30;
-    for (size_t i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
-    std::vector<std::string> stops;
-    const int nstops = 1 + static_cast<int>(rng() % 3);
-    for (int k = 0; k < nstops; ++k) {
-      std::string stop;
-      const int slen = 1 + static_cast<int>(rng() % 5);
-      for (int i = 0; i < slen; ++i) stop += alphabet[rng() % alphabet.size()];
-      stops.push_back(stop);
-    }
-    const bool include = rng() % 2;
-    const size_t context = len == 0 ? 0 : rng() % (len + 1);
-    size_t cut = std::string::npos;
-    std::string first_stop;
-    for (size_t end = context + 1; end <= text.size() && cut == std::string::npos; ++end) {
-      for (const std::string& s : stops) {
-        if (s.size() <= end && text.compare(end - s.size(), s.size(), s) == 0 &&
-            (cut == std::string::npos || end - s.size() < cut)) {
-          cut = end - s.size();
-          first_stop = s;
-        }
-      }
-    }
-    std::string expected = cut == std::string::npos ? text : text.substr(0, cut);
-    if (cut != std::string::npos && include) expected += first_stop;
-
-    StopStringMatcher m(stops, include);
+    const RandomCase c = random_case(rng);
+    const size_t context = c.text.empty() ? 0 : rng() % (c.text.size() + 1);
+    const auto [expected, first_stop] = reference_cut(c, context);
+    StopStringMatcher m(c.stops, c.include);
     std::string out;
     std::optional<std::string> matched;
-    for (size_t i = 0; i < text.size() && !matched;) {
+    for (size_t i = 0; i < c.text.size() && !matched;) {
       // Pieces never straddle the context's end, as tokens never straddle min_tokens.
-      const size_t limit = i < context ? context : text.size();
+      const size_t limit = i < context ? context : c.text.size();
       const size_t n = std::min<size_t>(1 + rng() % 4, limit - i);
-      const std::string piece = text.substr(i, n);
+      const std::string piece = c.text.substr(i, n);
       StopStringMatcher::Step step = i < context ? m.push_context(piece) : m.push(piece);
       out += step.text;
       matched = step.matched;
       i += n;
     }
     if (!matched) out += m.flush();
-    ASSERT_EQ(out, expected) << "text=" << text << " context=" << context;
-    ASSERT_EQ(matched.has_value(), cut != std::string::npos) << "text=" << text;
-    if (matched) {
-      ASSERT_EQ(*matched, first_stop);
-    }
+    ASSERT_EQ(out, expected) << "text=" << c.text << " context=" << context;
+    ASSERT_EQ(matched, first_stop) << "text=" << c.text;
   }
 }
 
