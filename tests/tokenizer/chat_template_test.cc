@@ -208,6 +208,13 @@ std::vector<Case> construct_cases() {
        "{{ ['a', 'b'] | map('upper') | join }} {{ items | map('string') | list }} "
        "{{ messages | map(attribute='missing', default='-') | list }}",
        vars},
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
+      // sort_keys=False): the first positional argument is ensure_ascii (it was indent).
+      {"tojson arguments",
+       "{{ unicode | tojson }} {{ unicode | tojson(true) }} {{ tools | tojson(indent=2) }} "
+       "{{ tools | tojson(separators=(',', ':')) }} {{ tools | tojson(sort_keys=true) }} "
+       "{{ '\U0001F600\x7f' | tojson(ensure_ascii=true) }} {{ '\x7f' | tojson }}",
+       vars},
       // transformers' strftime_now (Llama 3.x templates; it was refused at parse time), and
       // the global functions are defined names.
       {"strftime_now",

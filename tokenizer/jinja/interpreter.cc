@@ -1210,13 +1210,29 @@ class Interpreter {
                       offset);
     }
     if (f == "tojson") {
-      PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(0, "indent"), -1, offset, "indent"));
+      // transformers' filter: tojson(x, ensure_ascii=False, indent=None, separators=None,
+      // sort_keys=False), positionally in that order.
+      JsonTextOptions options;
+      options.max_bytes = limits_.max_value_bytes;
+      if (const Value* a = args.get(0, "ensure_ascii")) options.ensure_ascii = a->truthy();
+      PS_ASSIGN_OR_RETURN(int64_t indent, int_arg(args.get(1, "indent"), -1, offset, "indent"));
       constexpr int64_t kMaxIndent = 64;
       if (indent > kMaxIndent) return error(offset, "tojson indent larger than 64");
-      const Value* sort_keys = args.get(99, "sort_keys");
-      auto text =
-          to_json_text(v, static_cast<int>(std::max<int64_t>(indent, -1)),
-                       sort_keys != nullptr && sort_keys->truthy(), limits_.max_value_bytes);
+      options.indent = static_cast<int>(std::max<int64_t>(indent, -1));
+      if (const Value* separators = args.get(2, "separators");
+          separators != nullptr && !separators->is_none()) {
+        if (!separators->is_list() || separators->as_list().size() != 2 ||
+            !separators->as_list()[0].is_string() || !separators->as_list()[1].is_string() ||
+            separators->as_list()[0].as_string().size() > 16 ||
+            separators->as_list()[1].as_string().size() > 16) {
+          return error(offset, "tojson separators must be two short strings");
+        }
+        options.item_separator = separators->as_list()[0].as_string();
+        options.key_separator = separators->as_list()[1].as_string();
+      }
+      if (const Value* sort_keys = args.get(3, "sort_keys"))
+        options.sort_keys = sort_keys->truthy();
+      auto text = to_json_text(v, options);
       if (!text.ok()) return error(offset, text.status().message());
       return Value(std::move(text).value());
     }

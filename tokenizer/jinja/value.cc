@@ -211,9 +211,10 @@ std::string string_repr(const std::string& s) {
   return out;
 }
 
-void append_json_string(std::string& out, const std::string& s) {
+void append_json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -237,9 +238,25 @@ void append_json_string(std::string& out, const std::string& s) {
         out += "\\f";
         break;
       default:
-        if (c < 0x20 || c == 0x7F) {
+        if (c < 0x20 || (c == 0x7F && ensure_ascii)) {  // json.dumps escapes DEL only then
           char hex[8];
           std::snprintf(hex, sizeof(hex), "\\u%04x", c);
+          out += hex;
+        } else if (c >= 0x80 && ensure_ascii) {
+          // One UTF-8 character (the strings are valid UTF-8) as \uXXXX, or a surrogate pair.
+          const int length = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+          uint32_t cp = c & (length == 4 ? 0x07 : length == 3 ? 0x0F : 0x1F);
+          for (int k = 1; k < length && i + 1 < s.size(); ++k) {
+            cp = (cp << 6) | (static_cast<unsigned char>(s[++i]) & 0x3F);
+          }
+          char hex[16];
+          if (cp >= 0x10000) {
+            cp -= 0x10000;
+            std::snprintf(hex, sizeof(hex), "\\u%04x\\u%04x", 0xD800 + (cp >> 10),
+                          0xDC00 + (cp & 0x3FF));
+          } else {
+            std::snprintf(hex, sizeof(hex), "\\u%04x", cp);
+          }
           out += hex;
         } else {
           out += static_cast<char>(c);
@@ -249,18 +266,18 @@ void append_json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-Status append_json(std::string& out, const Value& v, int indent, bool sort_keys, int depth,
-                   uint64_t max_bytes) {
-  if (out.size() > max_bytes) {
-    return invalid_argument("tojson: the text would be longer than " + std::to_string(max_bytes) +
+Status append_json(std::string& out, const Value& v, const JsonTextOptions& o, int depth) {
+  if (out.size() > o.max_bytes) {
+    return invalid_argument("tojson: the text would be longer than " + std::to_string(o.max_bytes) +
                             " bytes");
   }
   const auto newline = [&](int level) {
-    if (indent < 0) return;
+    if (o.indent < 0) return;
     out += '\n';
-    out.append(static_cast<size_t>(indent * level), ' ');
+    out.append(static_cast<size_t>(o.indent * level), ' ');
   };
-  const char* item_separator = indent < 0 ? ", " : ",";
+  const std::string item_separator = o.item_separator.value_or(o.indent < 0 ? ", " : ",");
+  const std::string key_separator = o.key_separator.value_or(": ");
   if (v.is_none()) {
     out += "null";
   } else if (v.is_bool()) {
@@ -273,7 +290,7 @@ Status append_json(std::string& out, const Value& v, int indent, bool sort_keys,
            : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
                            : float_repr(d);
   } else if (v.is_string()) {
-    append_json_string(out, v.as_string());
+    append_json_string(out, v.as_string(), o.ensure_ascii);
   } else if (v.is_list()) {
     const List& list = v.as_list();
     if (list.empty()) {
@@ -284,14 +301,14 @@ Status append_json(std::string& out, const Value& v, int indent, bool sort_keys,
     for (size_t i = 0; i < list.size(); ++i) {
       if (i > 0) out += item_separator;
       newline(depth + 1);
-      PS_RETURN_IF_ERROR(append_json(out, list[i], indent, sort_keys, depth + 1, max_bytes));
+      PS_RETURN_IF_ERROR(append_json(out, list[i], o, depth + 1));
     }
     newline(depth);
     out += ']';
   } else if (v.is_dict()) {
     std::vector<const std::pair<std::string, Value>*> items;
     for (const auto& item : v.as_dict()) items.push_back(&item);
-    if (sort_keys) {
+    if (o.sort_keys) {
       std::stable_sort(items.begin(), items.end(),
                        [](auto* a, auto* b) { return a->first < b->first; });
     }
@@ -303,10 +320,9 @@ Status append_json(std::string& out, const Value& v, int indent, bool sort_keys,
     for (size_t i = 0; i < items.size(); ++i) {
       if (i > 0) out += item_separator;
       newline(depth + 1);
-      append_json_string(out, items[i]->first);
-      out += ": ";
-      PS_RETURN_IF_ERROR(
-          append_json(out, items[i]->second, indent, sort_keys, depth + 1, max_bytes));
+      append_json_string(out, items[i]->first, o.ensure_ascii);
+      out += key_separator;
+      PS_RETURN_IF_ERROR(append_json(out, items[i]->second, o, depth + 1));
     }
     newline(depth);
     out += '}';
@@ -364,13 +380,12 @@ std::string to_repr(const Value& v) {
   return to_str(v);
 }
 
-Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys,
-                                 uint64_t max_bytes) {
+Result<std::string> to_json_text(const Value& value, const JsonTextOptions& options) {
   std::string out;
-  PS_RETURN_IF_ERROR(append_json(out, value, indent, sort_keys, 0, max_bytes));
-  if (out.size() > max_bytes) {
-    return invalid_argument("tojson: the text would be longer than " + std::to_string(max_bytes) +
-                            " bytes");
+  PS_RETURN_IF_ERROR(append_json(out, value, options, 0));
+  if (out.size() > options.max_bytes) {
+    return invalid_argument("tojson: the text would be longer than " +
+                            std::to_string(options.max_bytes) + " bytes");
   }
   return out;
 }

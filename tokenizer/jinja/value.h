@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -121,11 +122,19 @@ std::string to_str(const Value& value);
 std::string to_repr(const Value& value);
 // Python repr() of a float ("1.0", "0.1", "1e-05", "1e+16").
 std::string float_repr(double value);
-// json.dumps(x, ensure_ascii=False, indent=indent) (indent < 0: None), as transformers'
-// tojson filter. Fails for Undefined and namespaces, and when the text
-// would pass `max_bytes`.
-Result<std::string> to_json_text(const Value& value, int indent, bool sort_keys,
-                                 uint64_t max_bytes = UINT64_MAX);
+// json.dumps's options as transformers' tojson filter passes them.
+struct JsonTextOptions {
+  int indent = -1;  // < 0: None
+  bool sort_keys = false;
+  bool ensure_ascii = false;  // escape every non-ASCII character as \uXXXX (pairs past U+FFFF)
+  // Between items and between a key and its value; unset: json.dumps's defaults (", " and
+  // ": ", or "," and ": " with an indent).
+  std::optional<std::string> item_separator, key_separator;
+  uint64_t max_bytes = UINT64_MAX;
+};
+// json.dumps(x, ...) as transformers' tojson filter. Fails for Undefined and namespaces,
+// and when the text would pass `max_bytes`.
+Result<std::string> to_json_text(const Value& value, const JsonTextOptions& options);
 
 // Python ==.
 bool equals(const Value& a, const Value& b);
