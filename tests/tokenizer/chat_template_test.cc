@@ -208,6 +208,16 @@ std::vector<Case> construct_cases() {
        "{{ ['a', 'b'] | map('upper') | join }} {{ items | map('string') | list }} "
        "{{ messages | map(attribute='missing', default='-') | list }}",
        vars},
+      // round is Python's round() (halves to even, integers stay integers); int parses as
+      // int(text), else int(float(text)).
+      {"round",
+       "{{ 2.5 | round }} {{ 3.5 | round }} {{ 3 | round }} {{ 2.675 | round(2) }} "
+       "{{ 2.5 | round(method='floor') }} {{ -0.5 | round }}",
+       vars},
+      {"int",
+       "{{ '3.9' | int }} {{ '1e3' | int }} {{ '1_000' | int }} {{ ' 42 ' | int }} "
+       "{{ 'x' | int }} {{ 'nan' | int(7) }} {{ '_1' | int }} {{ '-2.5' | int }}",
+       vars},
       // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
       // sort_keys=False): the first positional argument is ensure_ascii (it was indent).
       {"tojson arguments",

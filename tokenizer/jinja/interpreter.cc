@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <optional>
@@ -1249,12 +1251,41 @@ class Interpreter {
         return Value(static_cast<int64_t>(d));
       }
       if (v.is_string()) {
+        // jinja2: int(text), else int(float(text)) ("3.9" -> 3, "1e3" -> 1000); Python's int()
+        // takes surrounding space and single underscores between digits ("1_000").
+        const std::string s = strip(v.as_string(), nullptr, true, true);
+        std::string digits;
+        bool well_placed = !s.empty() && s.front() != '_' && s.back() != '_';
+        for (size_t i = 0; i < s.size(); ++i) {
+          if (s[i] == '_') {
+            well_placed = well_placed && i > 0 &&
+                          std::isdigit(static_cast<unsigned char>(s[i - 1])) && i + 1 < s.size() &&
+                          std::isdigit(static_cast<unsigned char>(s[i + 1]));
+          } else {
+            digits += s[i];
+          }
+        }
+        if (well_placed) {
+          try {
+            size_t used = 0;
+            const long long parsed = std::stoll(digits, &used);
+            if (used == digits.size()) return Value(static_cast<int64_t>(parsed));
+          } catch (...) {
+          }
+        }
+        double d = 0;
+        size_t used = 0;
         try {
-          size_t used = 0;
-          const std::string s = strip(v.as_string(), nullptr, true, true);
-          const long long parsed = std::stoll(s, &used);
-          if (used == s.size()) return Value(static_cast<int64_t>(parsed));
+          d = std::stod(s, &used);
         } catch (...) {
+          used = 0;
+        }
+        if (used == s.size() && used > 0 && !std::isnan(d)) {
+          if (std::isinf(d) ||
+              !(std::trunc(d) >= -9223372036854775808.0 && std::trunc(d) < 9223372036854775808.0)) {
+            return error(offset, "int() of '" + s + "' does not fit in 64 bits");
+          }
+          return Value(static_cast<int64_t>(std::trunc(d)));
         }
       }
       const Value* fallback = args.get(0, "default");
@@ -1290,6 +1321,17 @@ class Interpreter {
       const Value* method = args.get(1, "method");
       const std::string how =
           method != nullptr && method->is_string() ? method->as_string() : "common";
+      // "common" is Python's round(): an integer stays one (precision >= 0), and halves go
+      // to the even neighbour (2.5 -> 2.0); floor and ceil give floats.
+      if (how == "common" && v.is_int() && precision >= 0) return v;
+      if (how == "common" && precision >= 0) {
+        // Python rounds the exact binary value (2.675 is 2.67499..., so 2.67): so does
+        // printf, ties to even. Past 30 places a double has nothing left to round.
+        if (precision > 30 || !std::isfinite(v.as_double())) return Value(v.as_double());
+        char text[512];
+        std::snprintf(text, sizeof(text), "%.*f", static_cast<int>(precision), v.as_double());
+        return Value(std::strtod(text, nullptr));
+      }
       const double scale = std::pow(10.0, static_cast<double>(precision));
       const double x = v.as_double() * scale;
       double r;
@@ -1298,7 +1340,7 @@ class Interpreter {
       } else if (how == "ceil") {
         r = std::ceil(x);
       } else if (how == "common") {
-        r = std::round(x);
+        r = std::nearbyint(x);  // the default rounding mode: to nearest, ties to even
       } else {
         return error(offset, "round method must be common, ceil or floor");
       }
