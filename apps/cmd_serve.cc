@@ -589,7 +589,12 @@ int run_serve(const ServeCli& cli) {
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
   if (!engine.ok()) return session.fail(engine.status());
   if (router) router->attach(engine->get());
-  if (router && !session.leader()) return follow_leader(session, **engine, *router);
+  if (router && !session.leader()) {
+    // A follower keeps the signals blocked while it serves: rank 0 drains and stops the group
+    // (a signal to every rank, as systemd sends, must not end a follower mid-drain).
+    startup_exit.done();
+    return follow_leader(session, **engine, *router);
+  }
 
   OpenAiServerOptions server_options;
   server_options.http.host = cli.host;

@@ -17,6 +17,7 @@ namespace peerserve {
 
 int run_router_role(const RouterRoleOptions& options) {
   const sigset_t signals = block_server_signals();
+  StartupSignalExit startup_exit(signals);  // until it serves, a signal ends it at once
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
     return 1;
@@ -88,6 +89,7 @@ int run_router_role(const RouterRoleOptions& options) {
 
   OpenAiRouter* raw = router->get();
   const auto shutdown_timeout = std::chrono::seconds(options.shutdown_timeout_s);
+  startup_exit.done();
   std::thread signal_waiter([signals, raw, shutdown_timeout] {
     int sig = 0;
     sigwait(&signals, &sig);

@@ -478,7 +478,7 @@ def serve_ep2():
     """serve --ep 2: rank 0 answers the API and hands requests to both ranks (least loaded);
     concurrent requests (one prefilling a long prompt while others decode) give the single
     process's tokens; only rank 0 listens; an idle pause longer than the peer timeout does
-    not break the lock-step; SIGTERM ends every rank with exit 0."""
+    not break the lock-step; SIGTERM to every rank ends them all with exit 0."""
     port = free_port()
     args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
             str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
@@ -509,10 +509,13 @@ def serve_ep2():
         time.sleep(3)  # idle longer than --ep-timeout-ms: the ranks keep agreeing meanwhile
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
-        # SIGTERM to rank 0 (what a supervisor of the front end sends; mpirun itself turns
-        # a signal into a non-zero exit): rank 0 stops the group, every rank exits 0.
+        # SIGTERM to every rank at once (what systemd sends to a unit's processes; mpirun
+        # itself turns a signal into a non-zero exit): the followers keep serving, rank 0
+        # drains and stops the group, every rank exits 0. (A follower used to end at once.)
         ranks = rank_pids(p)
-        os.kill(ranks[0], signal.SIGTERM)
+        assert sorted(ranks) == [0, 1], f"rank pids: {ranks}"
+        for rank in sorted(ranks, reverse=True):
+            os.kill(ranks[rank], signal.SIGTERM)
         _, err = p.communicate(timeout=30)
         assert p.returncode == 0, f"exit {p.returncode}: {err[-1500:]}"
     finally:
