@@ -7,7 +7,8 @@
 #include <fstream>
 #include <vector>
 
-#include "base/staged_output_directory.h"
+#include <unistd.h>
+
 #include "cache/block_checksum.h"
 
 namespace peerserve {
@@ -168,15 +169,28 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
     total += size;
     if (total > o.max_model_bytes) return data_loss("model cache: '" + id + "' is too large");
   }
-  // Into a staging folder renamed into place at the end: a fetch that fails half-way leaves
-  // nothing that a later start would take for a checkpoint.
-  auto staged = StagedOutputDirectory::begin(dir.string());
-  if (!staged.ok()) return staged.status().with_context("model cache");
+  // Into a staging folder inside `dir` (the same file system, whatever is mounted there, and
+  // no write outside it), moved into `dir` when every file is whole, config.json last: a
+  // fetch that fails half-way leaves nothing that a later start takes for a checkpoint.
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return io_error("model cache: cannot create " + dir.string() + ": " + ec.message());
+  const fs::path staging = dir / (".partial-" + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  if (ec) return io_error("model cache: cannot create " + staging.string() + ": " + ec.message());
+  struct RemoveStaging {
+    const fs::path& path;
+    ~RemoveStaging() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } remove_staging{staging};
   ModelCacheTransfer done;
   for (const json& f : manifest["files"]) {
     const std::string name = f["name"].get<std::string>();
     const uint64_t size = f["size"].get<uint64_t>();
-    const fs::path path = staged->path() / name;
+    const fs::path path = staging / name;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (!out) return io_error("model cache: cannot write " + path.string());
     const json& ids = f["chunks"];
@@ -214,7 +228,20 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
     done.bytes += size;
     ++done.files;
   }
-  PS_RETURN_IF_ERROR(staged->publish().with_context("model cache"));
+  std::vector<std::string> names;
+  for (const json& f : manifest["files"]) {
+    if (f["name"] != "config.json") names.push_back(f["name"].get<std::string>());
+  }
+  for (const json& f : manifest["files"]) {
+    if (f["name"] == "config.json") names.push_back("config.json");  // last
+  }
+  for (const std::string& name : names) {
+    fs::rename(staging / name, dir / name, ec);
+    if (ec) {
+      return io_error("model cache: cannot move " + (staging / name).string() + " into " +
+                      dir.string() + ": " + ec.message());
+    }
+  }
   done.seconds = seconds_since(start);
   return done;
 }

@@ -54,9 +54,10 @@ Result<ModelCacheTransfer> publish_model(KvBlockStore& pool, const std::string& 
 Result<std::string> cached_model_fingerprint(KvBlockStore& pool, const std::string& id,
                                              const ModelCacheOptions& options = {});
 
-// Writes model `id` from the pool into `dir`, which must not exist or be empty: whole or not
-// at all (base/staged_output_directory.h), so a failed fetch leaves nothing that looks like a
-// checkpoint. NotFound when the pool has no manifest for `id`;
+// Writes model `id` from the pool into `dir` (created if missing; files there with the same
+// names are replaced). The files are written into a staging folder inside `dir` and moved into
+// place when all are whole, config.json last, so a failed fetch leaves nothing that looks like
+// a checkpoint. NotFound when the pool has no manifest for `id`;
 // Unavailable/DataLoss naming the file when a chunk is missing or corrupt.
 Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id,
                                        const std::filesystem::path& dir,

@@ -113,6 +113,23 @@ TEST_F(ModelCacheTest, MissingOrCorruptChunksFailWithoutPartialFiles) {
   EXPECT_EQ(fetched.status().code(), StatusCode::kDataLoss);
 }
 
+// The fetch stays inside its folder: a folder that already holds something else (a volume's
+// lost+found) or is a mount point (nothing written beside it, nothing renamed over it) works.
+TEST_F(ModelCacheTest, FetchesIntoAFolderThatAlreadyHoldsSomething) {
+  ASSERT_TRUE(publish_model(*pool_, "m", source_.path(), "v1", options_).ok());
+  fs::create_directories(target_.path() / "vol" / "lost+found");
+  auto fetched = fetch_model(*pool_, "m", target_.path() / "vol", options_);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  for (const auto& [name, bytes] : files_) {
+    EXPECT_EQ(read_file(target_.path() / "vol" / name), bytes) << name;
+  }
+  EXPECT_TRUE(fs::is_directory(target_.path() / "vol" / "lost+found"));
+  // Nothing left beside the folder or inside it but the model and what was there.
+  EXPECT_EQ(std::distance(fs::directory_iterator(target_.path()), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(target_.path() / "vol"), fs::directory_iterator()),
+            static_cast<std::ptrdiff_t>(files_.size()) + 1);
+}
+
 TEST_F(ModelCacheTest, ManifestNamingOtherPathsIsRefused) {
   for (const std::string bad : {"../evil", "a/b", ".hidden", ""}) {
     const std::string manifest =
