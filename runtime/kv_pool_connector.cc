@@ -215,7 +215,8 @@ void KvPoolConnector::store(std::vector<BlockHash> hashes,
         counters_.store_failures += static_cast<int64_t>(hashes.size());
         return;
       }
-      pushes_.push_back(Push{{}, std::move(hashes), std::move(blocks), /*store_only=*/true});
+      pushes_.push_back(
+          Push{{}, std::move(hashes), std::move(blocks), /*store_only=*/true, next_push_seq_++});
       push_wake_.notify_one();
       return;
     }
@@ -247,16 +248,22 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
       counters_.push_failures += static_cast<int64_t>(hashes.size());
       return;
     }
-    pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks)});
+    pushes_.push_back(Push{std::move(target), std::move(hashes), std::move(blocks),
+                           /*store_only=*/false, next_push_seq_++});
   }
   push_wake_.notify_one();
 }
 
 std::deque<KvPoolConnector::Push>::iterator KvPoolConnector::next_push() {
-  bool push_before = !pushing_to_.empty();
+  // A store waits for the pushes queued before it (in the queue or in flight), not for
+  // those queued after it: with several decode instances a push is nearly always in flight.
+  uint64_t oldest_in_flight = UINT64_MAX;
+  for (const auto& [endpoint, seq] : pushing_to_)
+    oldest_in_flight = std::min(oldest_in_flight, seq);
+  bool push_before = false;
   for (auto it = pushes_.begin(); it != pushes_.end(); ++it) {
     if (it->store_only) {
-      if (!push_before) return it;
+      if (!push_before && oldest_in_flight > it->seq) return it;
     } else {
       if (!pushing_to_.contains(it->target.endpoint)) return it;
       push_before = true;
@@ -281,7 +288,7 @@ void KvPoolConnector::run_pushes() {
       pushes_.erase(next);
       if (!push.store_only) {
         const std::string& endpoint = push.target.endpoint;
-        pushing_to_.insert(endpoint);
+        pushing_to_.emplace(endpoint, push.seq);
         auto found = push_clients_.find(endpoint);
         if (found == push_clients_.end()) {
           // The endpoint was checked when the request was parsed; a bad one fails the sends.

@@ -29,7 +29,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "cache/block_stream_client.h"
@@ -184,11 +183,12 @@ class KvPoolConnector {
     std::vector<BlockHash> hashes;
     std::vector<std::vector<std::byte>> blocks;
     bool store_only = false;  // a pool store queued behind pushes (see store())
+    uint64_t seq = 0;         // order of queueing
   };
   void run_pushes();
   // The next queued entry a pusher may take, or pushes_.end(): a push whose decode instance
-  // has no push in flight, or a store with no push queued before it nor in flight. mutex_
-  // held.
+  // has no push in flight, or a store none of whose earlier pushes is queued or in flight.
+  // mutex_ held.
   std::deque<Push>::iterator next_push();
   // Hands blocks to the pool's background writes now.
   void start_store(std::vector<BlockHash> hashes, std::vector<std::vector<std::byte>> blocks);
@@ -200,8 +200,9 @@ class KvPoolConnector {
   std::deque<Push> pushes_;  // guarded by mutex_
   // The entries of pushes_ that are stores (store_only) or pushes; mutex_ held. At most 128.
   size_t queued(bool store_only) const;
-  // Decode instances with a push in flight; mutex_ held.
-  std::unordered_set<std::string> pushing_to_;
+  // Decode instances with a push in flight, and that push's place in the queue; mutex_ held.
+  std::unordered_map<std::string, uint64_t> pushing_to_;
+  uint64_t next_push_seq_ = 0;  // mutex_ held
   std::condition_variable push_wake_;
   // Clients per receiver endpoint; mutex_ held to look one up.
   std::unordered_map<std::string, std::shared_ptr<BlockStreamClient>> push_clients_;

@@ -677,6 +677,43 @@ TEST(EngineKvPoolTest, ASilentDecodeInstanceHoldsUpOnlyItsOwnPushes) {
   ::close(listener);
 }
 
+// A pool store waits for the pushes queued before it, not for those queued after it: a push
+// to a silent decode instance queued after the store used to hold it until its timeout
+// (with several decode instances some push is nearly always in flight: stores starved).
+TEST(EngineKvPoolTest, AStoreDoesNotWaitForPushesQueuedAfterIt) {
+  int port = 0;
+  const int listener = testing::loopback_listener(&port);  // accepts, never answers
+  ASSERT_GE(listener, 0);
+  auto receiver = std::make_shared<KvHandoffReceiver>();
+  auto server = BlockStreamServer::start(receiver, BlockStreamServerOptions{});
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  std::vector<std::byte> landing(64);
+  const std::string transfer = receiver->open({2}, {std::span<std::byte>(landing)});
+  KvPoolConnectorOptions options;
+  options.tenant = "test";
+  options.timeout = std::chrono::milliseconds(3000);
+  {
+    KvPoolConnector connector(local_pool(), 64, options, [] {});
+    const std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{7}));
+    const KvPushTarget live{.endpoint = "127.0.0.1:" + std::to_string((*server)->port()),
+                            .transfer = transfer};
+    const KvPushTarget silent{.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
+    connector.push(live, {2}, block);
+    connector.store({100}, block);  // behind the live push
+    connector.push(silent, {1}, block);
+    KvPoolCounters counters = connector.counters();
+    for (int i = 0; i < 300 && counters.blocks_stored == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      counters = connector.counters();
+    }
+    EXPECT_EQ(counters.blocks_stored, 1);
+    EXPECT_EQ(counters.push_failures, 0) << "the store waited for the silent push queued after it";
+  }
+  receiver->close(transfer);
+  (*server)->stop();
+  ::close(listener);
+}
+
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
   auto pool = local_pool();
   EngineOptions options;
