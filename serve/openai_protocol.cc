@@ -976,35 +976,40 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-// The parts of the body the chat template sees, with their keys in order. An object with
-// more keys than this is dropped from the ordered copy (an ordered object finds keys by a
-// linear search: a hostile body could make this parse quadratic); the caller then falls
-// back to the sorted objects.
-constexpr size_t kMaxOrderedKeysPerObject = 4096;
+// The parts of the body the chat template sees, with their keys in order. An ordered object
+// finds a key by a linear search, so building one is quadratic in its keys: past these bounds
+// the ordered copy is given up (the caller falls back to the sorted objects) rather than let a
+// hostile body cost seconds of a worker.
+constexpr size_t kMaxOrderedKeysPerObject = 512;
+constexpr size_t kMaxOrderedKeys = 32768;
 
 std::optional<ordered_json> ordered_template_parts(std::string_view body_text) {
-  std::vector<size_t> keys_per_object;
+  // Keys seen in the object open at each depth (objects that are dropped get no end event,
+  // so the count is reset where an object starts, not popped where it ends).
+  std::vector<size_t> keys_at_depth;
+  size_t keys = 0;
   bool too_many = false;
+  bool in_dropped_member = false;  // inside a top-level member that is not kept: not counted
   const auto keep = [&](int depth, ordered_json::parse_event_t event, ordered_json& parsed) {
-    switch (event) {
-      case ordered_json::parse_event_t::object_start:
-        keys_per_object.push_back(0);
-        return true;
-      case ordered_json::parse_event_t::object_end:
-        if (!keys_per_object.empty()) keys_per_object.pop_back();
-        return true;
-      case ordered_json::parse_event_t::key: {
-        if (!keys_per_object.empty() && ++keys_per_object.back() > kMaxOrderedKeysPerObject) {
-          too_many = true;
-          return false;
-        }
-        if (depth != 1) return true;
-        const std::string& key = parsed.get_ref<const std::string&>();
-        return key == "messages" || key == "tools" || key == "chat_template_kwargs";
-      }
-      default:
-        return true;
+    const auto level = static_cast<size_t>(std::max(depth, 0));
+    if (event == ordered_json::parse_event_t::key && depth == 1) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      in_dropped_member = key != "messages" && key != "tools" && key != "chat_template_kwargs";
+      if (in_dropped_member) return false;
     }
+    if (in_dropped_member && depth > 1) return true;  // dropped with its member anyway
+    if (event == ordered_json::parse_event_t::object_start) {
+      if (keys_at_depth.size() <= level + 1) keys_at_depth.resize(level + 2, 0);
+      keys_at_depth[level + 1] = 0;
+      return true;
+    }
+    if (event != ordered_json::parse_event_t::key) return true;
+    if (keys_at_depth.size() <= level) keys_at_depth.resize(level + 1, 0);
+    if (++keys_at_depth[level] > kMaxOrderedKeysPerObject || ++keys > kMaxOrderedKeys) {
+      too_many = true;
+      return false;
+    }
+    return true;
   };
   ordered_json parts = ordered_json::parse(body_text, keep, /*allow_exceptions=*/false);
   if (parts.is_discarded() || !parts.is_object() || too_many) return std::nullopt;

@@ -304,6 +304,26 @@ TEST(OpenAiProtocolTest, ChatTemplateInputKeepsTheOrderSent) {
   // parser's own objects, sorted.
   const ChatTemplateInput fallback = chat_template_input("{", chat);
   EXPECT_EQ(fallback.messages.dump(), ordered_json_dump(chat.messages));
+
+  // Members the template does not see are not counted against the bounds, however large
+  // (a 600-key metadata object before the messages made the ordered copy give up).
+  json metadata = json::object();
+  for (int i = 0; i < 600; ++i) metadata["k" + std::to_string(i)] = i;
+  const std::string with_metadata = R"({"metadata": )" + metadata.dump() +
+                                    R"(, "response_format": {"type": "text"}, "model": "m",
+      "messages": [{"role": "user", "content": "x", "name": "n"}]})";
+  ChatRequest small;
+  ASSERT_FALSE(parse_chat(with_metadata, &small).has_value());
+  EXPECT_EQ(chat_template_input(with_metadata, small).messages.dump(),
+            R"([{"role":"user","content":"x","name":"n"}])");
+  // A message with more keys than the bound: the sorted objects (no quadratic parse).
+  json wide = {{"role", "user"}, {"content", "x"}};
+  for (int i = 0; i < 600; ++i) wide["z" + std::to_string(i)] = i;
+  const std::string wide_body = json({{"messages", json::array({wide})}}).dump();
+  ChatRequest wide_chat;
+  ASSERT_FALSE(parse_chat(wide_body, &wide_chat).has_value());
+  EXPECT_EQ(chat_template_input(wide_body, wide_chat).messages.dump(),
+            ordered_json_dump(wide_chat.messages));
 }
 
 TEST(OpenAiProtocolTest, BadChatInputs) {
