@@ -219,6 +219,9 @@ TEST(TokenizerComponentsTest, RegexEscapesHaveOnigurumasMeaning) {
             (V{"\xC2\x85", "\xE3\x80\x80", "\xE2\x80\xA8"}));
   EXPECT_EQ(matches("\\w+", "e\xCC\x81t\xC2\xB2"), (V{"e\xCC\x81t"}));  // e + U+0301, t; ² not
   EXPECT_EQ(matches("\\W+", "ab\xC2\xB2 c"), (V{"\xC2\xB2 "}));
+  // Alphabetic, not just letters: U+216B (Nl), U+3007 (Nl, as in 二〇二四), U+24D0 (So).
+  EXPECT_EQ(matches("\\w+", "\xE2\x85\xAB \xE4\xBA\x8C\xE3\x80\x87 \xE2\x93\x90"),
+            (V{"\xE2\x85\xAB", "\xE4\xBA\x8C\xE3\x80\x87", "\xE2\x93\x90"}));
   EXPECT_EQ(matches("\\h+", "a f 1g"), (V{"a", "f", "1"}));
   EXPECT_EQ(matches("\\H+", "a f"), (V{" "}));
   // Inside a class: the same members; \p{..}, \x{..}, escaped brackets and \Q..\E untouched.

@@ -5,7 +5,7 @@ namespace {
 
 // Members of each class, for use inside [...].
 constexpr std::string_view kSpace = "\\t\\n\\x0B\\f\\r\\x{85}\\p{Z}";
-constexpr std::string_view kWord = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+constexpr std::string_view kWord = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
 constexpr std::string_view kHex = "0-9A-Fa-f";
 
 // Copies an escape with a braced or bracketed argument (\p{..}, \x{..}, \k<..>, ...) whole.
