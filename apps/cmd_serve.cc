@@ -475,8 +475,13 @@ int run_serve(const ServeCli& cli) {
     std::string compute;
     if (model_options.quantize == WeightQuantization::kInt8) compute = "w8a8";
     if (model_options.gemm_precision == GemmPrecision::kFp32) compute += "+fp32";
+    KvPoolCli pool_flags = cli.kv_pool;
+    if (session.distributed() && pool_flags.members == "local" && !pool_flags.ssd_dir.empty()) {
+      // Each rank has its own in-process pool; an SSD tier's folder serves one at a time.
+      pool_flags.ssd_dir += "/rank-" + std::to_string(session.rank());
+    }
     auto pool =
-        open_kv_pool(cli.kv_pool, cli.model_dir, kv_geometry, speculative->num_tokens > 0, compute);
+        open_kv_pool(pool_flags, cli.model_dir, kv_geometry, speculative->num_tokens > 0, compute);
     // Per rank (each connects on its own): an error here is this rank's, said with its rank.
     if (!pool.ok()) return session.fail(pool.status());
     engine_options.kv_pool = pool->store;

@@ -28,7 +28,8 @@ void add_kv_pool_options(CLI::App* command, KvPoolCli* cli) {
   CLI::Option* ssd_dir =
       command
           ->add_option("--kv-pool-ssd-dir", cli->ssd_dir,
-                       "With --kv-pool local: directory of its SSD tier (persisted blocks)")
+                       "With --kv-pool local: directory of its SSD tier (persisted blocks; "
+                       "under --ep each rank uses DIR/rank-N)")
           ->needs(pool);
   command
       ->add_option("--kv-pool-ssd", cli->ssd,
