@@ -133,6 +133,7 @@ int run_quantize(const QuantizeCli& cli) {
   Result<Int8CheckpointSummary> summary =
       write_int8_checkpoint(cli.model_dir, cli.out_dir, options);
   if (!summary.ok()) {
+    progress.abandon();
     std::fprintf(stderr, "error: %s\n", summary.status().message().c_str());
     return 1;
   }

@@ -28,6 +28,13 @@ class LoadProgressBar {
     return [state = state_](uint64_t done, uint64_t total) { state->draw(done, total, false); };
   }
   void finish() { state_->draw(state_->done, state_->total, true); }
+  // The load failed: end the bar's line on a terminal (the error follows), claim nothing.
+  void abandon() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->finished) return;
+    state_->finished = true;
+    if (state_->on_terminal && state_->done > 0) std::fprintf(stderr, "\n");
+  }
 
  private:
   struct State {
@@ -80,7 +87,11 @@ inline Result<std::unique_ptr<DeepseekModel>> load_model_showing_progress(const 
   LoadProgressBar progress;
   options.progress = progress.callback();
   auto model = DeepseekModel::load(dir, options);
-  progress.finish();
+  if (model.ok()) {
+    progress.finish();
+  } else {
+    progress.abandon();
+  }
   return model;
 }
 
