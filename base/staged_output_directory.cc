@@ -26,11 +26,26 @@ Status check_output_directory(const std::string& out_dir) {
 
 namespace {
 
-// Removes `<name>.partial-<pid>` folders in `parent` whose process no longer runs.
+// This host's name, in staging folder names: a process id means something only on its host
+// (a shared volume may hold another host's staging folder).
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "host";
+  std::string out(name);
+  for (char& c : out) {
+    if (c == '/' || c == '-') c = '_';
+  }
+  return out;
+}
+
+// Removes `<name>.partial-<host>-<pid>` folders in `parent` of this host whose process no
+// longer runs.
 void remove_abandoned_staging(const fs::path& parent, const std::string& name) {
-  const std::string prefix = name + ".partial-";
+  const std::string prefix = name + ".partial-" + host_name() + "-";
   std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(parent, ec)) {
+  const fs::directory_iterator end;
+  for (fs::directory_iterator it(parent, ec); !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
     const std::string file = entry.path().filename().string();
     if (file.size() <= prefix.size() || file.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string digits = file.substr(prefix.size());
@@ -50,6 +65,10 @@ void remove_abandoned_staging(const fs::path& parent, const std::string& name) {
 
 }  // namespace
 
+std::filesystem::path staging_path_for(const std::filesystem::path& out, int pid) {
+  return out.string() + ".partial-" + host_name() + "-" + std::to_string(pid);
+}
+
 Result<StagedOutputDirectory> StagedOutputDirectory::begin(const std::string& out_dir) {
   PS_RETURN_IF_ERROR(check_output_directory(out_dir));
   std::error_code ec;
@@ -61,7 +80,7 @@ Result<StagedOutputDirectory> StagedOutputDirectory::begin(const std::string& ou
   if (ec)
     return io_error(out.parent_path().string() + ": cannot create directory: " + ec.message());
   remove_abandoned_staging(out.parent_path(), out.filename().string());
-  fs::path staging = out.string() + ".partial-" + std::to_string(::getpid());
+  fs::path staging = staging_path_for(out, ::getpid());
   fs::remove_all(staging, ec);
   fs::create_directory(staging, ec);
   if (ec) return io_error(staging.string() + ": cannot create directory: " + ec.message());

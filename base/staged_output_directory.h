@@ -1,5 +1,5 @@
 // StagedOutputDirectory: a checkpoint folder written whole or not at all. Its files go into
-// `<out>.partial-<pid>` beside the output; publish() renames that folder to the output,
+// `<out>.partial-<host>-<pid>` beside the output; publish() renames that folder to the output,
 // which must not exist or be empty. Until then the output is untouched, and a staging folder
 // that is destroyed unpublished removes what it holds: a failed or interrupted writer never
 // leaves a half-written checkpoint that loads, nor mixes new files with an old one's.
@@ -15,6 +15,10 @@ namespace peerserve {
 
 // OK when `out_dir` does not exist or is an empty directory; otherwise an error naming it.
 Status check_output_directory(const std::string& out_dir);
+
+// The staging folder of output `out` for process `pid` of this host:
+// `<out>.partial-<host>-<pid>` (a process id means something only on its own host).
+std::filesystem::path staging_path_for(const std::filesystem::path& out, int pid);
 
 class StagedOutputDirectory {
  public:

@@ -678,6 +678,11 @@ Result<tcp::endpoint> listen_endpoint(const std::string& host, int port) {
     return invalid_argument("--host '" + host + "' is neither an IP address nor a name that " +
                             "resolves (" + (ec ? ec.message() : std::string("no address")) + ")");
   }
+  // An IPv4 address first, as uvicorn binds a name: "localhost" listed as ::1 before
+  // 127.0.0.1 would otherwise listen on IPv6 only, and probes of 127.0.0.1 would fail.
+  for (const auto& entry : results) {
+    if (entry.endpoint().address().is_v4()) return entry.endpoint();
+  }
   return results.begin()->endpoint();
 }
 

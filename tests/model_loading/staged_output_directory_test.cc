@@ -71,10 +71,12 @@ TEST(StagedOutputDirectoryTest, AStagingFolderOfAProcessThatIsGoneIsRemoved) {
   ASSERT_GT(child, 0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // its pid now names no process
   const fs::path out = fs::path(scratch.path()) / "model";
-  const fs::path abandoned = out.string() + ".partial-" + std::to_string(child);
-  const fs::path other = fs::path(scratch.path()) / ("other.partial-" + std::to_string(child));
-  const fs::path running = out.string() + ".partial-1";  // init: alive
-  for (const fs::path& p : {abandoned, other, running}) {
+  const fs::path abandoned = staging_path_for(out, child);
+  const fs::path other = staging_path_for(fs::path(scratch.path()) / "other", child);
+  const fs::path running = staging_path_for(out, 1);  // init: alive
+  // Another host's staging folder under the same process id: not judged from here.
+  const fs::path elsewhere = out.string() + ".partial-another_host-" + std::to_string(child);
+  for (const fs::path& p : {abandoned, other, running, elsewhere}) {
     fs::create_directories(p);
     write_file(p / "model-00001-of-00002.safetensors", "half");
   }
@@ -83,6 +85,7 @@ TEST(StagedOutputDirectoryTest, AStagingFolderOfAProcessThatIsGoneIsRemoved) {
   EXPECT_FALSE(fs::exists(abandoned));
   EXPECT_TRUE(fs::exists(other));    // another output's
   EXPECT_TRUE(fs::exists(running));  // its process runs
+  EXPECT_TRUE(fs::exists(elsewhere));
 }
 
 // make-test-model: a non-empty output (here a trained checkpoint's files) is refused and
