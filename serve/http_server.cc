@@ -662,7 +662,8 @@ void HttpServer::Impl::do_accept() {
 
 namespace {
 
-// An IP address as it is, or a host name's first address (vLLM's --host takes names too).
+// An IP address as it is, or an address of a host name, IPv4 first (vLLM's --host takes
+// names too).
 Result<tcp::endpoint> listen_endpoint(const std::string& host, int port) {
   if (port < 0 || port > 65535) {
     return invalid_argument("--port " + std::to_string(port) + ": expected 0..65535");
