@@ -288,8 +288,14 @@ class Interpreter {
     }
     return ok_status();
   }
+  // Work that grows with a string's size (copying it out, counting its characters) is
+  // charged as steps too, one per 64 bytes: a loop copying a 60 MB string cost 72 ms per
+  // iteration at a few steps each, so a hostile template could hold a worker for hours.
+  Status charge_bytes(size_t bytes, size_t offset) { return charge_steps(bytes / 64, offset); }
+
   // Strings are split into characters for iteration, indexing and slicing.
-  Status check_characters(const std::string& s, size_t offset) const {
+  Status check_characters(const std::string& s, size_t offset) {
+    PS_RETURN_IF_ERROR(charge_bytes(s.size(), offset));
     if (static_cast<int64_t>(utf8::count_code_points(s)) > limits_.max_list_items) {
       return error(offset, "a string of more than " + std::to_string(limits_.max_list_items) +
                                " characters cannot be iterated, indexed or sliced");
@@ -334,7 +340,9 @@ class Interpreter {
         return Flow::kNormal;
       case NodeKind::kOutput: {
         PS_ASSIGN_OR_RETURN(Value v, eval(*node.expr));
-        out += to_str(v);
+        const std::string text = to_str(v);
+        PS_RETURN_IF_ERROR(charge_bytes(text.size(), node.offset));
+        out += text;
         PS_RETURN_IF_ERROR(check_output(out, node.offset));
         return Flow::kNormal;
       }
@@ -382,6 +390,7 @@ class Interpreter {
       PS_ASSIGN_OR_RETURN(Flow flow, exec(node.body, text));
       (void)flow;
       value = Value(std::move(text));
+      PS_RETURN_IF_ERROR(check_computed(value, node.offset));  // a new string, like any
     }
     if (!node.attribute.empty()) {
       const Value target = lookup(node.targets[0]);
@@ -406,7 +415,7 @@ class Interpreter {
     return assign_targets(node, node.targets, value);
   }
 
-  Result<List> iterate(const Value& v, size_t offset) const {
+  Result<List> iterate(const Value& v, size_t offset) {
     if (v.is_list()) return v.as_list();
     if (v.is_undefined()) return List{};
     if (v.is_dict()) {
@@ -593,7 +602,7 @@ class Interpreter {
     return error(e.offset, "internal: unknown expression");
   }
 
-  Result<Value> get_item(const Value& object, const Value& key, size_t offset) const {
+  Result<Value> get_item(const Value& object, const Value& key, size_t offset) {
     if (object.is_undefined()) {
       return error(offset, "cannot read item " + to_repr(key) + " of " + undefined_label(object));
     }
@@ -1179,7 +1188,10 @@ class Interpreter {
     if (f == "safe") return v;
     if (f == "string") return Value(to_str(v));
     if (f == "length" || f == "count") {
-      if (v.is_string()) return Value(static_cast<int64_t>(utf8::count_code_points(v.as_string())));
+      if (v.is_string()) {
+        PS_RETURN_IF_ERROR(charge_bytes(v.as_string().size(), offset));
+        return Value(static_cast<int64_t>(utf8::count_code_points(v.as_string())));
+      }
       if (v.is_list()) return Value(static_cast<int64_t>(v.as_list().size()));
       if (v.is_dict()) return Value(static_cast<int64_t>(v.as_dict().size()));
       if (v.is_undefined()) return Value(0);
