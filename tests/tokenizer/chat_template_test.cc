@@ -208,6 +208,15 @@ std::vector<Case> construct_cases() {
        "{{ ['a', 'b'] | map('upper') | join }} {{ items | map('string') | list }} "
        "{{ messages | map(attribute='missing', default='-') | list }}",
        vars},
+      // sort and unique ignore case unless asked and take attribute= (they compared with
+      // case and ignored attribute); sort(reverse=true) keeps equal items in order.
+      {"sort and unique",
+       "{{ ['b', 'A', 'a', 'C'] | sort }} {{ ['b', 'A', 'a', 'C'] | sort(case_sensitive=true) }} "
+       "{{ ['b', 'A', 'a', 'C'] | sort(reverse=true) }} {{ ['a', 'A', 'b'] | unique | list }} "
+       "{{ messages | sort(attribute='role') | map(attribute='content') | list }} "
+       "{{ messages | sort(attribute='role', reverse=true) | map(attribute='role') | list }} "
+       "{{ [3, 1, 2] | sort }}",
+       vars},
       // round is Python's round() (halves to even, integers stay integers); int parses as
       // int(text), else int(float(text)).
       {"round",

@@ -1392,19 +1392,70 @@ class Interpreter {
       return Value(std::move(out));
     }
     if (f == "sort" || f == "unique") {
-      if (f == "unique") {
+      // jinja2: sort(reverse=False, case_sensitive=False, attribute=None) and
+      // unique(case_sensitive=False, attribute=None); strings compare without case unless
+      // asked, and items by their attribute ("a.b", or "a,b" for several keys to sort by).
+      const bool is_sort = f == "sort";
+      const Value* reverse = is_sort ? args.get(0, "reverse") : nullptr;
+      const Value* case_sensitive = args.get(is_sort ? 1 : 0, "case_sensitive");
+      const Value* attribute = args.get(is_sort ? 2 : 1, "attribute");
+      const bool fold = case_sensitive == nullptr || !case_sensitive->truthy();
+      std::vector<std::string> paths;
+      if (attribute != nullptr && !attribute->is_none()) {
+        const std::string spec = to_str(*attribute);
+        size_t start = 0;
+        while (true) {
+          const size_t comma = spec.find(',', start);
+          paths.push_back(
+              strip(spec.substr(start, comma == std::string::npos ? comma : comma - start), nullptr,
+                    true, true));
+          if (comma == std::string::npos) break;
+          start = comma + 1;
+        }
+      }
+      // The key each item is compared by.
+      std::vector<List> keys;
+      keys.reserve(items.size());
+      for (const Value& item : items) {
+        List key;
+        if (paths.empty()) {
+          key.push_back(item);
+        } else {
+          for (const std::string& path : paths) {
+            PS_ASSIGN_OR_RETURN(Value part, attribute_of(item, path, offset));
+            key.push_back(std::move(part));
+          }
+        }
+        if (fold) {
+          for (Value& part : key) {
+            if (part.is_string()) part = Value(ascii_lower(part.as_string()));
+          }
+        }
+        keys.push_back(std::move(key));
+      }
+      if (!is_sort) {
         List out;
-        for (const Value& item : items) {
-          PS_RETURN_IF_ERROR(charge_steps(out.size() + 1, offset));  // quadratic
-          if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equals(o, item); }))
-            out.push_back(item);
+        std::vector<size_t> kept;
+        for (size_t i = 0; i < items.size(); ++i) {
+          PS_RETURN_IF_ERROR(charge_steps(kept.size() + 1, offset));  // quadratic
+          const bool seen = std::any_of(kept.begin(), kept.end(), [&](size_t k) {
+            return equals(Value(keys[k]), Value(keys[i]));
+          });
+          if (!seen) {
+            kept.push_back(i);
+            out.push_back(items[i]);
+          }
         }
         return Value(std::move(out));
       }
-      const Value* reverse = args.get(0, "reverse");
+      std::vector<size_t> order(items.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      const bool descending = reverse != nullptr && reverse->truthy();
       Status failure = ok_status();
-      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
-        Result<bool> less = less_than(a, b);
+      // Stable either way, as Python's sorted(reverse=True): equal keys keep their order.
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        Result<bool> less = descending ? less_than(Value(keys[b]), Value(keys[a]))
+                                       : less_than(Value(keys[a]), Value(keys[b]));
         if (!less.ok()) {
           failure = less.status();
           return false;
@@ -1412,8 +1463,10 @@ class Interpreter {
         return *less;
       });
       if (!failure.ok()) return error(offset, failure.message());
-      if (reverse != nullptr && reverse->truthy()) std::reverse(items.begin(), items.end());
-      return Value(std::move(items));
+      List out;
+      out.reserve(order.size());
+      for (size_t i : order) out.push_back(items[i]);
+      return Value(std::move(out));
     }
     return error(offset, "unsupported filter '|" + f + "'");
   }
