@@ -11,29 +11,15 @@ usage: server_signals_test.py PEERSERVE_BINARY MODEL_DIR WORK_DIR
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
+from serve_harness import case, exit_code, free_port  # noqa: E402
+
 BIN, MODEL, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
-failures = []
-
-
-def case(name, fn):
-    try:
-        fn()
-        print(f"PASS {name}")
-    except AssertionError as e:
-        print(f"FAIL {name}: {e}")
-        failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def signal_while_loading(sig):
@@ -93,6 +79,4 @@ os.makedirs(WORK, exist_ok=True)
 case("SIGTERM while loading ends the process at once", signal_while_loading(signal.SIGTERM))
 case("SIGINT while loading ends the process at once", signal_while_loading(signal.SIGINT))
 case("a server whose log pipe lost its reader drains and exits 0", sigterm_with_a_closed_log_pipe)
-if failures:
-    print(f"{len(failures)} failed: {failures}")
-    sys.exit(1)
+sys.exit(exit_code())

@@ -27,18 +27,24 @@ std::shared_ptr<TieredBlockStore> make_store(uint64_t dram_bytes = 8 << 20) {
   return std::shared_ptr<TieredBlockStore>(std::move(store).value());
 }
 
-// A local member under another name (the ring places by name).
+// A local member under another name (the ring places by name); with `down`, gets and puts
+// fail as Unavailable while it is set.
 class NamedLocalTransport final : public PoolTransport {
  public:
-  NamedLocalTransport(std::string name, std::shared_ptr<TieredBlockStore> store)
-      : name_(std::move(name)), inner_(std::move(store)) {}
+  NamedLocalTransport(std::string name, std::shared_ptr<TieredBlockStore> store,
+                      std::shared_ptr<std::atomic<bool>> down = nullptr)
+      : name_(std::move(name)), inner_(std::move(store)), down_(std::move(down)) {}
   const std::string& name() const override { return name_; }
   std::vector<BlockLookup> get(std::span<const PoolKey> k, std::span<const BlockSink> s,
                                PoolDeadline d) override {
+    if (down_ && *down_) {
+      return std::vector<BlockLookup>(k.size(), BlockLookup::failed(unavailable("off")));
+    }
     return inner_.get(k, s, d);
   }
   std::vector<Status> put(std::span<const PoolKey> k, std::span<const std::span<const std::byte>> b,
                           PoolDeadline d) override {
+    if (down_ && *down_) return std::vector<Status>(k.size(), unavailable("off"));
     return inner_.put(k, b, d);
   }
   Result<std::vector<std::optional<uint64_t>>> exists(std::span<const PoolKey> k,
@@ -53,6 +59,7 @@ class NamedLocalTransport final : public PoolTransport {
  private:
   std::string name_;
   LocalPoolTransport inner_;
+  std::shared_ptr<std::atomic<bool>> down_;
 };
 
 // A member that is down: every call fails with kUnavailable; counts how often it is asked.
@@ -85,36 +92,6 @@ class DownTransport final : public PoolTransport {
 
  private:
   std::string name_;
-};
-
-// A member that is down while `down` is set and otherwise an in-process member.
-class FlakyTransport final : public PoolTransport {
- public:
-  explicit FlakyTransport(std::shared_ptr<std::atomic<bool>> down)
-      : down_(std::move(down)), inner_(make_store()) {}
-  const std::string& name() const override { return inner_.name(); }
-  std::vector<BlockLookup> get(std::span<const PoolKey> k, std::span<const BlockSink> s,
-                               PoolDeadline d) override {
-    if (*down_) return std::vector<BlockLookup>(k.size(), BlockLookup::failed(unavailable("off")));
-    return inner_.get(k, s, d);
-  }
-  std::vector<Status> put(std::span<const PoolKey> k, std::span<const std::span<const std::byte>> b,
-                          PoolDeadline d) override {
-    if (*down_) return std::vector<Status>(k.size(), unavailable("off"));
-    return inner_.put(k, b, d);
-  }
-  Result<std::vector<std::optional<uint64_t>>> exists(std::span<const PoolKey> k,
-                                                      PoolDeadline d) override {
-    return inner_.exists(k, d);
-  }
-  Result<std::vector<bool>> remove(std::span<const PoolKey> k, PoolDeadline d) override {
-    return inner_.remove(k, d);
-  }
-  Result<PoolStats> stats(PoolDeadline d) override { return inner_.stats(d); }
-
- private:
-  std::shared_ptr<std::atomic<bool>> down_;
-  LocalPoolTransport inner_;
 };
 
 std::vector<PoolKey> make_keys(int n, const std::string& tenant = "t") {
@@ -233,7 +210,7 @@ TEST(PoolClientTest, DownMemberIsRetriedAfterItsBackoff) {
 TEST(PoolClientTest, AMemberGoingDownAndComingBackIsToldOnceEach) {
   auto down = std::make_shared<std::atomic<bool>>(true);
   std::vector<std::unique_ptr<PoolTransport>> members;
-  members.push_back(std::make_unique<FlakyTransport>(down));
+  members.push_back(std::make_unique<NamedLocalTransport>("flaky:1", make_store(), down));
   std::vector<std::string> events;
   PoolClientOptions options;
   options.down_backoff_initial = milliseconds(1);

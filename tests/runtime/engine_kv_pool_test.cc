@@ -638,80 +638,87 @@ TEST(EngineKvPoolTest, StoresBehindAStalledPushAreBoundedAndLeavePushesRoom) {
   ::close(listener);
 }
 
+// Two decode instances' hand-off ports on loopback: `silent` accepts and never answers,
+// `live` is a receiver with a transfer open for block hash 2 landing in `landing`.
+struct SilentAndLiveDecodeInstances {
+  SilentAndLiveDecodeInstances() {
+    int port = 0;
+    listener = testing::loopback_listener(&port);
+    PS_CHECK(listener >= 0);
+    auto started = BlockStreamServer::start(receiver, BlockStreamServerOptions{});
+    PS_CHECK(started.ok()) << started.status().to_string();
+    server = std::move(started).value();
+    transfer = receiver->open({2}, {std::span<std::byte>(landing)});
+    silent = {.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
+    live = {.endpoint = "127.0.0.1:" + std::to_string(server->port()), .transfer = transfer};
+  }
+  ~SilentAndLiveDecodeInstances() {
+    receiver->close(transfer);
+    server->stop();
+    ::close(listener);
+  }
+  static KvPoolConnectorOptions options() {  // the silent push ends after 3 s
+    KvPoolConnectorOptions o;
+    o.tenant = "test";
+    o.timeout = std::chrono::milliseconds(3000);
+    return o;
+  }
+
+  int listener = -1;
+  std::shared_ptr<KvHandoffReceiver> receiver = std::make_shared<KvHandoffReceiver>();
+  std::unique_ptr<BlockStreamServer> server;
+  std::vector<std::byte> landing = std::vector<std::byte>(64);
+  std::string transfer;
+  KvPushTarget silent, live;
+};
+
+// The connector's counters once `done` holds of them (or after ~1.5 s).
+KvPoolCounters counters_when(KvPoolConnector& connector,
+                             const std::function<bool(const KvPoolCounters&)>& done) {
+  KvPoolCounters counters = connector.counters();
+  for (int i = 0; i < 300 && !done(counters); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    counters = connector.counters();
+  }
+  return counters;
+}
+
 // A decode instance that stops answering holds up only its own pushes: a push to another
 // one queued behind it arrives while the first is still waiting for its timeout (one pusher
 // thread made it wait out that timeout first).
 TEST(EngineKvPoolTest, ASilentDecodeInstanceHoldsUpOnlyItsOwnPushes) {
-  int port = 0;
-  const int listener = testing::loopback_listener(&port);  // accepts, never answers
-  ASSERT_GE(listener, 0);
-  auto receiver = std::make_shared<KvHandoffReceiver>();
-  auto server = BlockStreamServer::start(receiver, BlockStreamServerOptions{});
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  std::vector<std::byte> landing(64);
-  const std::string transfer = receiver->open({2}, {std::span<std::byte>(landing)});
-  KvPoolConnectorOptions options;
-  options.tenant = "test";
-  options.timeout = std::chrono::milliseconds(3000);
+  SilentAndLiveDecodeInstances decode;
   {
-    KvPoolConnector connector(local_pool(), 64, options, [] {});
+    KvPoolConnector connector(local_pool(), 64, decode.options(), [] {});
     std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{7}));
-    const KvPushTarget silent{.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
-    connector.push(silent, {1}, block);
-    const KvPushTarget live{.endpoint = "127.0.0.1:" + std::to_string((*server)->port()),
-                            .transfer = transfer};
-    connector.push(live, {2}, block);
-    EXPECT_EQ(receiver->wait(transfer, std::chrono::steady_clock::now() + std::chrono::seconds(2)),
+    connector.push(decode.silent, {1}, block);
+    connector.push(decode.live, {2}, block);
+    EXPECT_EQ(decode.receiver->wait(decode.transfer,
+                                    std::chrono::steady_clock::now() + std::chrono::seconds(2)),
               1u);
-    KvPoolCounters counters = connector.counters();
-    for (int i = 0; i < 200 && counters.push_blocks == 0; ++i) {  // the sender's count follows
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      counters = connector.counters();
-    }
+    // The sender's count follows the receiver's.
+    const KvPoolCounters counters =
+        counters_when(connector, [](const KvPoolCounters& c) { return c.push_blocks > 0; });
     EXPECT_EQ(counters.push_blocks, 1);
     EXPECT_EQ(counters.push_failures, 0) << "the live push went after the silent one's timeout";
-    EXPECT_EQ(landing[0], std::byte{7});
+    EXPECT_EQ(decode.landing[0], std::byte{7});
   }  // the silent instance's push ends by its timeout
-  receiver->close(transfer);
-  (*server)->stop();
-  ::close(listener);
 }
 
 // A pool store waits for the pushes queued before it, not for those queued after it: a push
 // to a silent decode instance queued after the store used to hold it until its timeout
 // (with several decode instances some push is nearly always in flight: stores starved).
 TEST(EngineKvPoolTest, AStoreDoesNotWaitForPushesQueuedAfterIt) {
-  int port = 0;
-  const int listener = testing::loopback_listener(&port);  // accepts, never answers
-  ASSERT_GE(listener, 0);
-  auto receiver = std::make_shared<KvHandoffReceiver>();
-  auto server = BlockStreamServer::start(receiver, BlockStreamServerOptions{});
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  std::vector<std::byte> landing(64);
-  const std::string transfer = receiver->open({2}, {std::span<std::byte>(landing)});
-  KvPoolConnectorOptions options;
-  options.tenant = "test";
-  options.timeout = std::chrono::milliseconds(3000);
-  {
-    KvPoolConnector connector(local_pool(), 64, options, [] {});
-    const std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{7}));
-    const KvPushTarget live{.endpoint = "127.0.0.1:" + std::to_string((*server)->port()),
-                            .transfer = transfer};
-    const KvPushTarget silent{.endpoint = "127.0.0.1:" + std::to_string(port), .transfer = "t"};
-    connector.push(live, {2}, block);
-    connector.store({100}, block);  // behind the live push
-    connector.push(silent, {1}, block);
-    KvPoolCounters counters = connector.counters();
-    for (int i = 0; i < 300 && counters.blocks_stored == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      counters = connector.counters();
-    }
-    EXPECT_EQ(counters.blocks_stored, 1);
-    EXPECT_EQ(counters.push_failures, 0) << "the store waited for the silent push queued after it";
-  }
-  receiver->close(transfer);
-  (*server)->stop();
-  ::close(listener);
+  SilentAndLiveDecodeInstances decode;
+  KvPoolConnector connector(local_pool(), 64, decode.options(), [] {});
+  const std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{7}));
+  connector.push(decode.live, {2}, block);
+  connector.store({100}, block);  // behind the live push
+  connector.push(decode.silent, {1}, block);
+  const KvPoolCounters counters =
+      counters_when(connector, [](const KvPoolCounters& c) { return c.blocks_stored > 0; });
+  EXPECT_EQ(counters.blocks_stored, 1);
+  EXPECT_EQ(counters.push_failures, 0) << "the store waited for the silent push queued after it";
 }
 
 TEST(EngineKvPoolTest, ConfigurationErrorsAreRefused) {
