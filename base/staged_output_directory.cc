@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "base/file_sync.h"
+
 namespace peerserve {
 
 namespace fs = std::filesystem;
@@ -107,13 +109,15 @@ Status StagedOutputDirectory::publish() {
     if (ec)
       return io_error(out_.string() + ": cannot replace the empty directory: " + ec.message());
   }
+  // Synced before the rename, so the name never points at unwritten data after a power loss.
+  PS_RETURN_IF_ERROR(sync_tree(staging_));
   fs::rename(staging_, out_, ec);
   if (ec) {
     return io_error("cannot rename " + staging_.string() + " to " + out_.string() + ": " +
                     ec.message());
   }
   staging_.clear();
-  return ok_status();
+  return sync_path(fs::absolute(out_).parent_path());
 }
 
 }  // namespace peerserve

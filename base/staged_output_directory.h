@@ -3,7 +3,8 @@
 // which must not exist or be empty. Until then the output is untouched, and a staging folder
 // that is destroyed unpublished removes what it holds: a failed or interrupted writer never
 // leaves a half-written checkpoint that loads, nor mixes new files with an old one's.
-// (A power loss can still leave unsynced files; the writers do not fsync.)
+// publish() syncs the files before the rename and the parent folder after it, so a power loss
+// leaves no output naming unwritten data.
 #pragma once
 
 #include <filesystem>

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include "base/file_sync.h"
 #include "cache/block_checksum.h"
 
 namespace peerserve {
@@ -128,6 +129,7 @@ Result<ModelCacheTransfer> publish_model(KvBlockStore& pool, const std::string& 
                                         text.size());
   const Status stored = pool.put({&key, 1}, {&view, 1}, o.timeout)[0];
   if (!stored.ok()) return stored.with_context("model cache: storing the manifest of " + id);
+  if (Status synced = sync_path(dir); !synced.ok()) return synced.with_context("model cache");
   done.seconds = seconds_since(start);
   return done;
 }
@@ -225,6 +227,8 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
     }
     out.close();
     if (!out) return io_error("model cache: writing " + path.string() + " failed");
+    // Synced before it is moved into DIR, so no name there points at unwritten data.
+    if (Status synced = sync_path(path); !synced.ok()) return synced.with_context("model cache");
     done.bytes += size;
     ++done.files;
   }
@@ -242,6 +246,7 @@ Result<ModelCacheTransfer> fetch_model(KvBlockStore& pool, const std::string& id
                       dir.string() + ": " + ec.message());
     }
   }
+  if (Status synced = sync_path(dir); !synced.ok()) return synced.with_context("model cache");
   done.seconds = seconds_since(start);
   return done;
 }

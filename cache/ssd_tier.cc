@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/file_descriptor.h"
+#include "base/file_sync.h"
 #include "cache/block_checksum.h"
 #include "kv/kv_namespace.h"
 
@@ -23,22 +25,6 @@ constexpr char kMagic[8] = {'P', 'S', 'K', 'V', 'B', 'L', 'K', '1'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr std::string_view kSuffix = ".kvb";
 constexpr std::string_view kTempPrefix = ".tmp-";
-
-// An open file descriptor, closed on scope exit.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-
- private:
-  int fd_;
-};
 
 struct BlockHeader {
   uint32_t tenant_length = 0;
@@ -150,14 +136,6 @@ std::optional<BlockHash> parse_block_file_name(const std::string& name) {
 
 Status errno_error(const std::string& what, const fs::path& path) {
   return io_error("SSD tier: " + what + " " + path.string() + ": " + std::strerror(errno));
-}
-
-// Makes the entries of folder `dir` (a rename into it, a folder made in it) survive a power
-// loss.
-Status sync_directory(const fs::path& dir) {
-  FileDescriptor fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid() || ::fsync(fd.get()) != 0) return errno_error("cannot sync the folder", dir);
-  return ok_status();
 }
 
 }  // namespace
@@ -362,9 +340,9 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
     // start, the tier's folder that holds the namespace's folder (whichever write made it:
     // a concurrent first write must not be acknowledged before it is synced). A failure
     // leaves no block that may vanish at the next restart.
-    Status synced = sync_directory(final_path.parent_path());
+    Status synced = sync_path(final_path.parent_path());
     if (synced.ok() && !synced_tenant_folders_.contains(key.tenant)) {
-      synced = sync_directory(final_path.parent_path().parent_path());
+      synced = sync_path(final_path.parent_path().parent_path());
       if (synced.ok()) synced_tenant_folders_.insert(key.tenant);
     }
     if (!synced.ok()) {
@@ -373,7 +351,7 @@ Status SsdTier::put(const PoolKey& key, std::span<const std::byte> bytes) {
         erase_locked(existing->second, /*unlink_file=*/false);
       }
       ++counters_.errors;
-      return synced;
+      return synced.with_context("SSD tier");
     }
   }
   insert_locked(key, file_bytes);
