@@ -283,6 +283,24 @@ TEST_F(MatmulInt8Test, ActivationQuantizationIsTheSameBitsAtEveryLevel) {
     EXPECT_EQ(internal::quantize_activation_row(tiny.data(), 4, got.data()), 1e-37f / 127.0f);
     EXPECT_EQ(got, tiny_q) << level_label(level);
   }
+  // Half steps round to even: max |x| = 127 makes the multiplier exactly 1, so each .5 is a
+  // tie (half away from zero would give 1, 3, -1, -2, 127); ties in the vector body and tail.
+  {
+    std::vector<float> x(37, 0.0f);
+    x[0] = 127.0f;
+    const std::vector<float> ties = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f};
+    const std::vector<int> expected = {0, 2, 2, 0, -2, -2, 126, -126};
+    const std::vector<size_t> at = {1, 2, 3, 9, 17, 30, 33, 36};
+    for (size_t t = 0; t < ties.size(); ++t) x[at[t]] = ties[t];
+    for (IsaLevel level : levels_to_test()) {
+      ScopedIsaLevel isa(level);
+      std::vector<int8_t> got(x.size());
+      EXPECT_EQ(internal::quantize_activation_row(x.data(), 37, got.data()), 1.0f);
+      for (size_t t = 0; t < ties.size(); ++t) {
+        EXPECT_EQ(got[at[t]], expected[t]) << level_label(level) << ": " << ties[t];
+      }
+    }
+  }
   // An all-zero row: scale 0, values 0 (no division by zero).
   std::vector<float> zeros(20, 0.0f);
   std::vector<int8_t> q(20, 1);

@@ -29,25 +29,24 @@ TEST(QuantizeRowsInt8, MatchesADoubleReferenceAndRoundTripsWithinHalfAStep) {
   std::vector<float> back(rows * cols);
   dequantize_rows_int8(q.data(), scales.data(), rows, cols, back.data(), cols);
 
-  int exact = 0;
   for (int64_t i = 0; i < rows; ++i) {
     double amax = 0.0;
     for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(double{x[i * stride + k]}));
     const double scale = amax / 127.0;
     EXPECT_NEAR(scales[i], scale, scale * 1e-6) << "row " << i;
+    // The header's formula in the same fp32 operations: one multiply, then nearbyint (ties
+    // to even), so the codes must match exactly.
+    const float inverse = 127.0f / static_cast<float>(amax);
     for (int64_t k = 0; k < cols; ++k) {
       const double value = x[i * stride + k];
-      const double reference = amax == 0.0 ? 0.0 : std::nearbyint(value / scale);
-      // fp32 products can move a value that sits within an ulp of a half step: +-1.
-      EXPECT_LE(std::fabs(q[i * cols + k] - reference), 1.0) << i << "," << k;
-      exact += q[i * cols + k] == reference;
+      const float reference = amax == 0.0 ? 0.0f : std::nearbyint(x[i * stride + k] * inverse);
+      EXPECT_EQ(q[i * cols + k], static_cast<int>(reference)) << i << "," << k;
       EXPECT_GE(q[i * cols + k], -127);
       // Round trip: half a step, plus fp32 rounding of the scale and the product.
       EXPECT_LE(std::fabs(back[i * cols + k] - value), scale * (0.5 + 1e-5) + 1e-30)
           << i << "," << k;
     }
   }
-  EXPECT_GE(exact, rows * cols * 99 / 100);  // the +-1 cases are rare
   EXPECT_EQ(scales[5], 0.0f);
   EXPECT_EQ(q[6 * cols + 3], -127);
 }
@@ -72,6 +71,30 @@ TEST(QuantizeRowsInt8, EveryIsaLevelGivesTheSameBits) {
       quantize_rows_int8(x.data(), 3, cols, cols, q.data(), scales.data());
       EXPECT_EQ(q, reference) << isa_level_name(level) << ", cols " << cols;
       EXPECT_EQ(scales, reference_scales) << isa_level_name(level);
+    }
+  }
+}
+
+TEST(QuantizeRowsInt8, HalfStepsRoundToEvenAtEveryIsaLevel) {
+  // max |x| = 127 makes the multiplier exactly 1, so every .5 below is a tie after scaling;
+  // half away from zero would give 1, 3, -1, -2, 127. The ties sit in the vector body and in
+  // the tail of the AVX-512 loop (16 lanes).
+  const std::vector<float> ties = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f};
+  const std::vector<int> expected = {0, 2, 2, 0, -2, -2, 126, -126};
+  const int64_t cols = 37;
+  std::vector<float> x(cols, 0.0f);
+  x[0] = 127.0f;
+  const std::vector<int64_t> positions = {1, 2, 3, 9, 17, 30, 33, 36};
+  for (size_t t = 0; t < ties.size(); ++t) x[positions[t]] = ties[t];
+  for (IsaLevel level : supported_isa_levels()) {
+    ScopedIsaLevel scoped(level);
+    std::vector<int8_t> q(cols);
+    float scale = 0.0f;
+    quantize_rows_int8(x.data(), 1, cols, cols, q.data(), &scale);
+    EXPECT_EQ(scale, 1.0f);
+    EXPECT_EQ(q[0], 127);
+    for (size_t t = 0; t < ties.size(); ++t) {
+      EXPECT_EQ(q[positions[t]], expected[t]) << isa_level_name(level) << ": " << ties[t];
     }
   }
 }
