@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <vector>
 
 #include "tensor/float_convert.h"
 
@@ -20,6 +22,33 @@ KvLayout layout(DType dtype) {
   return l;
 }
 
+// The cache's whole buffer, built independently: token (layer, block, slot) starts at element
+// ((block * num_layers + layer) * block_size + slot) * (latent_dim + rope_dim), its latent
+// first, then its rope part; everything never written is zero.
+template <typename Element, typename Convert>
+std::vector<std::byte> expected_buffer(size_t total_bytes, Convert convert,
+                                       const std::vector<std::array<int64_t, 3>>& where,
+                                       const std::vector<std::vector<float>>& tokens) {
+  std::vector<std::byte> buffer(total_bytes, std::byte{0});
+  const KvLayout l = layout(DType::kF32);
+  for (size_t t = 0; t < where.size(); ++t) {
+    const auto [layer, block, slot] = where[t];
+    const size_t first = static_cast<size_t>(
+        ((block * l.num_layers + layer) * l.block_size + slot) * (l.latent_dim + l.rope_dim));
+    for (size_t i = 0; i < tokens[t].size(); ++i) {
+      const Element e = convert(tokens[t][i]);
+      std::memcpy(buffer.data() + (first + i) * sizeof(Element), &e, sizeof(Element));
+    }
+  }
+  return buffer;
+}
+
+std::vector<float> concat(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
 TEST(LatentKvCacheTest, StoresTokensBlockMajorAndRoundsToBf16) {
   auto cache = LatentKvCache::create(layout(DType::kBF16), 5);
   ASSERT_TRUE(cache.ok());
@@ -27,22 +56,21 @@ TEST(LatentKvCacheTest, StoresTokensBlockMajorAndRoundsToBf16) {
   EXPECT_EQ(cache->total_bytes(), 5 * cache->layout().block_bytes());
   const std::vector<float> c_kv = {1.0f, 0.1f, -2.5f, 3.14159f, 1e-3f, 7.0f};
   const std::vector<float> k_pe = {0.333333f, -0.7f};
+  const std::vector<float> c_kv2 = {-4.0f, 5.5f, 0.01f, -0.02f, 9.0f, -1.25f};
+  const std::vector<float> k_pe2 = {2.0f, -3.0f};
   cache->write_token(/*layer=*/2, /*block=*/3, /*slot=*/1, c_kv, k_pe);
+  cache->write_token(/*layer=*/0, /*block=*/4, /*slot=*/3, c_kv2, k_pe2);
+  const std::byte* base = cache->block_bytes(0).data();
+  EXPECT_EQ(cache->layer_block(2, 3), base + (3 * 3 + 2) * 4 * 8 * 2);
+  // Every byte of the buffer, against the layout built above from the rounded values.
+  const std::vector<std::byte> expected =
+      expected_buffer<bf16>(cache->total_bytes(), [](float v) { return float_to_bf16(v); },
+                            {{2, 3, 1}, {0, 4, 3}}, {concat(c_kv, k_pe), concat(c_kv2, k_pe2)});
+  EXPECT_EQ(std::memcmp(base, expected.data(), expected.size()), 0);
   std::vector<float> back(8);
   cache->read_token(2, 3, 1, back);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(back[i], bf16_to_float(float_to_bf16(c_kv[i])));
   for (int i = 0; i < 2; ++i) EXPECT_EQ(back[6 + i], bf16_to_float(float_to_bf16(k_pe[i])));
-  // Block 3, layer 2, slot 1 starts at ((3 * 3 + 2) * 4 + 1) * 8 elements of the buffer.
-  const std::byte* base = cache->block_bytes(0).data();
-  EXPECT_EQ(cache->layer_block(2, 3), base + (3 * 3 + 2) * 4 * 8 * 2);
-  bf16 stored;
-  std::memcpy(&stored, base + ((3 * 3 + 2) * 4 + 1) * 8 * 2, 2);
-  EXPECT_EQ(stored.bits, float_to_bf16(1.0f).bits);
-  // Everything else is still zero.
-  int nonzero = 0;
-  for (std::byte b : std::span<const std::byte>(base, cache->total_bytes()))
-    nonzero += b != std::byte{0};
-  EXPECT_LE(nonzero, 16);
 }
 
 TEST(LatentKvCacheTest, Fp32CacheIsExact) {
@@ -51,10 +79,12 @@ TEST(LatentKvCacheTest, Fp32CacheIsExact) {
   const std::vector<float> c_kv = {1.0f, 0.1f, -2.5f, 3.14159f, 1e-3f, 7.0f};
   const std::vector<float> k_pe = {0.333333f, -0.7f};
   cache->write_token(0, 1, 3, c_kv, k_pe);
+  const std::vector<std::byte> expected = expected_buffer<float>(
+      cache->total_bytes(), [](float v) { return v; }, {{0, 1, 3}}, {concat(c_kv, k_pe)});
+  EXPECT_EQ(std::memcmp(cache->block_bytes(0).data(), expected.data(), expected.size()), 0);
   std::vector<float> back(8);
   cache->read_token(0, 1, 3, back);
-  EXPECT_EQ(std::vector<float>(back.begin(), back.begin() + 6), c_kv);
-  EXPECT_EQ(back[7], -0.7f);
+  EXPECT_EQ(back, concat(c_kv, k_pe));
 }
 
 TEST(LatentKvCacheTest, RejectsBadLayouts) {
