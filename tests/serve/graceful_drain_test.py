@@ -94,6 +94,8 @@ def drain_finishes_running_requests():
         for t in threads:
             t.join(timeout=90)
         assert p.wait(timeout=60) == 0, f"exit {p.returncode}"
+        assert not any(t.is_alive() for t in threads), "a client is still waiting"
+        assert sorted(results) == [0, 1, 2], f"answers of {sorted(results)} only"
         for k, r in results.items():
             if r[0] == "stream":
                 assert r[1] == "length" and r[2], f"stream {k} ended {r}"
@@ -114,6 +116,8 @@ def timeout_aborts_the_rest_cleanly():
             t.join(timeout=60)
         assert p.wait(timeout=30) == 0, f"exit {p.returncode}"
         assert time.monotonic() - started < 15, "drain took far past --shutdown-timeout"
+        assert not any(t.is_alive() for t in threads), "a client is still waiting"
+        assert sorted(results) == [0, 1, 2], f"answers of {sorted(results)} only"
         for k, r in results.items():
             if r[0] == "stream":
                 assert r[1] == "abort" and r[2], f"stream {k} ended {r} (want abort + [DONE])"

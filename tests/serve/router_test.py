@@ -514,6 +514,8 @@ def router_shutdown_ends_streams():
     for t in threads:
         t.join(timeout=60)
     assert p.wait(timeout=30) == 0, f"router exit {p.returncode}"
+    assert not any(t.is_alive() for t in threads), "a stream is still open"
+    assert sorted(out) == [0, 1], f"streams {sorted(out)} ended only"
     for k, events in out.items():
         assert len(events) >= 2 and events[-1] == "data: [DONE]", f"stream {k}: {events[-2:]}"
         assert "shutting_down" in events[-2], f"stream {k} ended with {events[-2][:200]}"
