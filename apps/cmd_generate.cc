@@ -6,6 +6,7 @@
 //                                                               when the folder has none)
 //
 // Text goes to stdout as it is generated; the load progress bar and timings go to stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -135,8 +136,10 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
       static_cast<int32_t>(std::min<int64_t>(cli.max_tokens, max_len - prompt.size()));
   spec.sampling = sampling;
   spec.seed = cli.seed;
-  if (!cli.ignore_eos && model.config().eos_token_id) {
-    spec.eos_token_id = static_cast<TokenId>(*model.config().eos_token_id);
+  if (!cli.ignore_eos) {
+    for (const int64_t id : model.config().eos_token_ids) {
+      spec.eos_token_ids.push_back(static_cast<TokenId>(id));
+    }
   }
   if (Status s = (*scheduler)->add(spec); !s.ok()) return fail(s);
 
@@ -268,7 +271,7 @@ int run_generate(const GenerateCli& cli) {
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDetokenizer> detokenizer;
   if (tokenizer) detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer);
-  const std::optional<int64_t> eos = model.config().eos_token_id;
+  const std::vector<int64_t>& eos_ids = model.config().eos_token_ids;
   ForwardOutput out;
   auto state = model.new_forward_state();
   int64_t cached = 0;
@@ -299,7 +302,9 @@ int run_generate(const GenerateCli& cli) {
       std::printf("%s%d", generated.size() > 1 ? "," : "", next.token);
     }
     std::fflush(stdout);
-    const bool stop = (!cli.ignore_eos && eos && next.token == *eos) ||
+    const bool is_eos =
+        std::find(eos_ids.begin(), eos_ids.end(), int64_t{next.token}) != eos_ids.end();
+    const bool stop = (!cli.ignore_eos && is_eos) ||
                       static_cast<int64_t>(generated.size()) >= cli.max_tokens ||
                       static_cast<int64_t>(tokens.size()) >= max_len;
     if (stop) break;

@@ -455,10 +455,11 @@ int run_serve(const ServeCli& cli) {
       static_cast<int32_t>(std::min<int64_t>((*executor)->kv_cache().num_blocks(), INT32_MAX));
   sched.block_pool.block_size = static_cast<int32_t>(kv_geometry.block_size);
   sched.block_pool.enable_prefix_caching = !cli.no_prefix_caching;
-  if (config.eos_token_id) {
-    engine_options.eos_token_id = static_cast<TokenId>(*config.eos_token_id);
-  } else if (tokenizer && tokenizer->eos_id()) {
-    engine_options.eos_token_id = *tokenizer->eos_id();
+  for (const int64_t id : config.eos_token_ids) {
+    engine_options.eos_token_ids.push_back(static_cast<TokenId>(id));
+  }
+  if (engine_options.eos_token_ids.empty() && tokenizer && tokenizer->eos_id()) {
+    engine_options.eos_token_ids.push_back(*tokenizer->eos_id());
   }
   engine_options.vocab_size = config.vocab_size;
   engine_options.seed = cli.seed;

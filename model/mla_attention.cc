@@ -22,6 +22,10 @@ namespace {
 
 // Queries per work item of the plain form: the scores of a tile are [tile, context] floats.
 constexpr int64_t kQueryTile = 32;
+// q_a_layernorm and kv_a_layernorm use the RMSNorm default of DeepSeek's and Hugging Face's
+// modeling code, not config.rms_norm_eps (the same for DeepSeek's checkpoints; Moonlight's
+// 1e-5 applies to the layer norms only).
+constexpr float kLowRankNormEps = 1e-6f;
 
 }  // namespace
 
@@ -51,7 +55,7 @@ Status MlaAttention::forward(const ComputeContext& ctx, const AttentionWeights& 
   const int64_t qk = config_.qk_head_dim(), nope = config_.qk_nope_head_dim;
   const int64_t rope = config_.qk_rope_head_dim, lora = config_.kv_lora_rank;
   const int64_t width = lora + rope, v = config_.v_head_dim;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float eps = kLowRankNormEps;
   // Whether `replicated` took a projection (then it wrote the outputs).
   auto offered = [&](ReplicatedProjection which, const float* x,
                      std::initializer_list<float*> outputs) -> Result<bool> {
@@ -150,7 +154,7 @@ void MlaAttention::store_latents(const ComputeContext& ctx, const AttentionWeigh
                 .out_stride = width,
                 .rows = t_rows,
                 .dim = lora,
-                .eps = static_cast<float>(config_.rms_norm_eps)},
+                .eps = kLowRankNormEps},
                w.kv_a_norm.data());
   const int64_t half = rope / 2;
   for_row_ranges(ctx, t_rows, [&](int64_t t0, int64_t t1, int) {

@@ -428,19 +428,33 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   PS_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.boolean("tie_word_embeddings", false));
 
   PS_ASSIGN_OR_RETURN(c.bos_token_id, f.nullable_integer("bos_token_id", std::nullopt, 0));
+  // eos_token_id: an integer or a list of them, each of which ends generation (as in
+  // Hugging Face's generate); null or absent: none.
+  c.eos_token_ids.clear();
   if (f.has("eos_token_id") && f.at("eos_token_id").is_array()) {
     const json& list = f.at("eos_token_id");
-    if (list.empty()) return f.error("eos_token_id", list, "an integer or a non-empty list");
-    PS_ASSIGN_OR_RETURN(int64_t eos, f.integer_value("eos_token_id[0]", list[0], 0));
-    c.eos_token_id = eos;
-  } else {
-    PS_ASSIGN_OR_RETURN(c.eos_token_id, f.nullable_integer("eos_token_id", std::nullopt, 0));
-  }
-  for (auto [name, id] :
-       {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id}}) {
-    if (id && *id >= c.vocab_size) {
-      return f.error(name, *id, "< vocab_size (" + std::to_string(c.vocab_size) + ")");
+    if (list.empty() || list.size() > 64) {
+      return f.error("eos_token_id", list, "an integer or a list of 1 to 64 integers");
     }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string name = "eos_token_id[" + std::to_string(i) + "]";
+      PS_ASSIGN_OR_RETURN(int64_t eos, f.integer_value(name, list[i], 0));
+      if (eos >= c.vocab_size) {
+        return f.error(name, eos, "< vocab_size (" + std::to_string(c.vocab_size) + ")");
+      }
+      c.eos_token_ids.push_back(eos);
+    }
+  } else {
+    PS_ASSIGN_OR_RETURN(std::optional<int64_t> eos,
+                        f.nullable_integer("eos_token_id", std::nullopt, 0));
+    if (eos && *eos >= c.vocab_size) {
+      return f.error("eos_token_id", *eos, "< vocab_size (" + std::to_string(c.vocab_size) + ")");
+    }
+    if (eos) c.eos_token_ids.push_back(*eos);
+  }
+  if (c.bos_token_id && *c.bos_token_id >= c.vocab_size) {
+    return f.error("bos_token_id", *c.bos_token_id,
+                   "< vocab_size (" + std::to_string(c.vocab_size) + ")");
   }
   PS_RETURN_IF_ERROR(check_weight_sizes(source, c));
   PS_RETURN_IF_ERROR(read_quantization(f, c));
@@ -499,7 +513,10 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["attention_dropout"] = 0.0;
   j["aux_loss_alpha"] = 0.001;
   j["bos_token_id"] = c.bos_token_id ? json(*c.bos_token_id) : json(nullptr);
-  j["eos_token_id"] = c.eos_token_id ? json(*c.eos_token_id) : json(nullptr);
+  // One id as an integer (as the checkpoints of DeepSeek write it), several as a list.
+  j["eos_token_id"] = c.eos_token_ids.empty()       ? json(nullptr)
+                      : c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0])
+                                                    : json(c.eos_token_ids);
   j["ep_size"] = 1;
   j["first_k_dense_replace"] = c.first_k_dense_replace;
   j["hidden_act"] = "silu";

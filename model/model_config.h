@@ -56,7 +56,7 @@ struct ModelConfig {
   std::optional<YarnScaling> rope_scaling;           // rope_scaling
   bool tie_word_embeddings = false;                  // tie_word_embeddings
   std::optional<int64_t> bos_token_id = 0;           // bos_token_id
-  std::optional<int64_t> eos_token_id = 1;           // eos_token_id (first, if a list)
+  std::vector<int64_t> eos_token_ids = {1};          // eos_token_id (an integer or a list)
   // quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128]}
   std::optional<int64_t> fp8_block_rows;  // weight_block_size[0]
   std::optional<int64_t> fp8_block_cols;  // weight_block_size[1]

@@ -439,7 +439,7 @@ void Engine::admit_now(Pending pending) {
     spec.stop_token_ids = params.stop_token_ids;
     spec.cache_salt = live.request.cache_salt;
     if (i > 0) spec.prompt_from = first_seq_id;  // shares choice 0's computed prompt blocks
-    if (!params.ignore_eos) spec.eos_token_id = options_.eos_token_id;
+    if (!params.ignore_eos) spec.eos_token_ids = options_.eos_token_ids;
     if (i == 0 && pending.prefilled_tail) {
       spec.prefilled_tail_block = pending.prefilled_tail;
       spec.prefilled_tail_tokens =
@@ -450,8 +450,9 @@ void Engine::admit_now(Pending pending) {
     if (spec.sampling.min_tokens > 0) {
       // Until min_tokens are out, the tokens that would end the choice cannot be drawn.
       spec.sampling.suppressed_until_min_tokens = spec.stop_token_ids;
-      if (spec.eos_token_id)
-        spec.sampling.suppressed_until_min_tokens.push_back(*spec.eos_token_id);
+      spec.sampling.suppressed_until_min_tokens.insert(
+          spec.sampling.suppressed_until_min_tokens.end(), spec.eos_token_ids.begin(),
+          spec.eos_token_ids.end());
     }
     status = scheduler_->add(spec);
     if (!status.ok()) break;

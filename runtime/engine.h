@@ -38,8 +38,8 @@ namespace peerserve {
 
 struct EngineOptions {
   SchedulerOptions scheduler;
-  // Ends generation unless ignore_eos. Default: none.
-  std::optional<TokenId> eos_token_id;
+  // Each ends generation unless ignore_eos. Default: none.
+  std::vector<TokenId> eos_token_ids;
   // Prompt token ids must be below this (the model's vocabulary); 0 = unchecked.
   int64_t vocab_size = 0;
   // Choices per request at most. Default 16.

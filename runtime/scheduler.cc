@@ -400,7 +400,8 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
       }
       seq.tokens.push_back(token);
       update.tokens.push_back(outcome.tokens[j]);
-      if (seq.spec.eos_token_id && token == *seq.spec.eos_token_id) {
+      const std::vector<TokenId>& eos_ids = seq.spec.eos_token_ids;
+      if (std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end()) {
         update.finish_reason = FinishReason::kStop;
         update.stop_token = token;
       } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {

@@ -27,7 +27,7 @@ struct SequenceSpec {
   SamplingParams sampling;
   uint64_t seed = 0;  // resolved seed for the sampler
   std::vector<TokenId> stop_token_ids;
-  std::optional<TokenId> eos_token_id;  // nullopt: never stop on EOS (ignore_eos)
+  std::vector<TokenId> eos_token_ids;  // empty: never stop on EOS (ignore_eos)
   // A KV block that already holds prompt tokens [F * block_size, F * block_size +
   // prefilled_tail_tokens), F = (prompt tokens - 1) / block_size: the partial block a prefill
   // instance pushed (runtime/kv_handoff_receiver.h). The caller holds one reference on it and

@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
+#include "base/staged_output_directory.h"
 #include "base/thread_pool.h"
 #include "model/checkpoint/deterministic_normal.h"
 #include "model/checkpoint/fp8_block_scaling.h"
 #include "model/checkpoint/safetensors_writer.h"
-#include "base/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_tokenizer.h"
 
@@ -274,7 +274,7 @@ std::string generation_config_json(const ModelConfig& config) {
   nlohmann::ordered_json g;
   g["_from_model_config"] = true;
   g["bos_token_id"] = config.bos_token_id.value_or(0);
-  g["eos_token_id"] = config.eos_token_id.value_or(1);
+  g["eos_token_id"] = config.eos_token_ids.empty() ? 1 : config.eos_token_ids[0];
   g["do_sample"] = true;
   g["temperature"] = 0.6;
   g["top_p"] = 0.95;
@@ -353,7 +353,7 @@ ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
                                  .mscale_all_dim = 0.707};
     c.tie_word_embeddings = false;
     c.bos_token_id = 0;
-    c.eos_token_id = 1;
+    c.eos_token_ids = {1};
     if (fp8) c.fp8_block_rows = c.fp8_block_cols = 128;
     return c;
   }
@@ -364,7 +364,7 @@ ModelConfig test_model_config(TestModelPreset preset, bool fp8) {
   c.n_shared_experts = 1;
   c.first_k_dense_replace = 1;
   c.bos_token_id = 0;
-  c.eos_token_id = 1;
+  c.eos_token_ids = {1};
   if (preset == TestModelPreset::kTiny || preset == TestModelPreset::kTinyV2) {
     // Sizes deliberately not multiples of 32 (intermediate 80, q_lora_rank 48, kv_a rows 40)
     // so that the FP8 variant has partial edge blocks.

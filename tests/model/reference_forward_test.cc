@@ -3,6 +3,11 @@
 // on the paged cache, and the MTP layer.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "model/checkpoint/checkpoint.h"
 #include "model/deepseek_model.h"
 #include "tests/model/forward_test_util.h"
@@ -82,6 +87,40 @@ TEST_P(ReferenceForwardTest, PromptDecodeAndMtpMatchTheReference) {
   mtp.all_logits = true;
   ASSERT_TRUE(model->forward_mtp({&mtp, 1}, cache, &out).ok());
   EXPECT_LT(max_rel_diff(ref_mtp, out.logits, 0, total - 1), param.tolerance) << "MTP";
+}
+
+// A config whose rms_norm_eps is far from 1e-6: it applies to the layer, final and MTP norms,
+// while q_a_layernorm and kv_a_layernorm keep the RMSNorm default 1e-6, as in DeepSeek's and
+// Hugging Face's modeling code (with 1e-2 there too, the logits move by ~1e-1 of their scale).
+TEST(ReferenceForwardConfigTest, RmsNormEpsLeavesTheLowRankNormsAtTheirDefault) {
+  const std::string dir = testing::make_temp_dir("eps");
+  for (const auto& entry : std::filesystem::directory_iterator(testing::tiny_checkpoint_dir())) {
+    const std::filesystem::path to = std::filesystem::path(dir) / entry.path().filename();
+    if (entry.path().filename() == "config.json") {
+      nlohmann::json config = nlohmann::json::parse(std::ifstream(entry.path()));
+      config["rms_norm_eps"] = 1e-2;
+      std::ofstream(to) << config.dump();
+    } else {
+      std::filesystem::create_symlink(entry.path(), to);
+    }
+  }
+  auto checkpoint = Checkpoint::open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
+  ASSERT_EQ(checkpoint->config().rms_norm_eps, 1e-2);
+  testing::ReferenceModel reference(*checkpoint);
+  ModelOptions options;
+  options.num_threads = 2;
+  options.gemm_precision = GemmPrecision::kFp32;
+  auto model = testing::load_model(dir, options);
+  const int64_t prompt = 12;
+  testing::TestSequence seq{
+      testing::test_tokens(prompt, model->config().vocab_size, 11), {3, 0, 2}, 0};
+  LatentKvCache cache = testing::make_cache(*model, 8, DType::kF32, 4);
+  const Matrix ref = reference.forward(seq.tokens, nullptr);
+  SequenceChunk chunk = seq.next_chunk(prompt, true);
+  ForwardOutput out;
+  ASSERT_TRUE(model->forward({&chunk, 1}, cache, &out).ok());
+  EXPECT_LT(max_rel_diff(ref, out.logits, 0, prompt), 1e-5);
 }
 
 // fp32 activations and an fp32 cache: only fp32 rounding (relative ~1e-7 per operation,

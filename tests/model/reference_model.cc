@@ -90,12 +90,14 @@ Matrix ReferenceModel::linear(const Matrix& x, const std::string& name) {
   return y;
 }
 
-Matrix ReferenceModel::rmsnorm(const Matrix& x, const std::string& name) {
+Matrix ReferenceModel::rmsnorm(const Matrix& x, const std::string& name,
+                               std::optional<double> eps) {
   const std::vector<double>& w = vec(name);
+  const double epsilon = eps.value_or(c_.rms_norm_eps);
   Matrix y = x;
   for (auto& row : y) {
     const double ms = dot(row, row) / static_cast<double>(row.size());
-    const double inv = 1.0 / std::sqrt(ms + c_.rms_norm_eps);
+    const double inv = 1.0 / std::sqrt(ms + epsilon);
     for (size_t k = 0; k < row.size(); ++k) row[k] = w[k] * (row[k] * inv);
   }
   return y;
@@ -144,10 +146,11 @@ Matrix ReferenceModel::attention(const Matrix& x, const std::string& p) {
   const int64_t n = static_cast<int64_t>(x.size()), heads = c_.num_attention_heads;
   const int64_t nope = c_.qk_nope_head_dim, rope_dim = c_.qk_rope_head_dim, v_dim = c_.v_head_dim;
   const int64_t qk = nope + rope_dim, lora = c_.kv_lora_rank;
-  Matrix q = c_.q_lora_rank
-                 ? linear(rmsnorm(linear(x, p + "q_a_proj.weight"), p + "q_a_layernorm.weight"),
-                          p + "q_b_proj.weight")
-                 : linear(x, p + "q_proj.weight");
+  Matrix q =
+      c_.q_lora_rank
+          ? linear(rmsnorm(linear(x, p + "q_a_proj.weight"), p + "q_a_layernorm.weight", 1e-6),
+                   p + "q_b_proj.weight")
+          : linear(x, p + "q_proj.weight");
   Matrix ckv = linear(x, p + "kv_a_proj_with_mqa.weight");
   Matrix latent(n), k_pe(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -155,7 +158,8 @@ Matrix ReferenceModel::attention(const Matrix& x, const std::string& p) {
     k_pe[i].assign(ckv[i].begin() + lora, ckv[i].end());
     rope(k_pe[i], i);
   }
-  const Matrix kv = linear(rmsnorm(latent, p + "kv_a_layernorm.weight"), p + "kv_b_proj.weight");
+  const Matrix kv =
+      linear(rmsnorm(latent, p + "kv_a_layernorm.weight", 1e-6), p + "kv_b_proj.weight");
   double scale = 1.0 / std::sqrt(static_cast<double>(qk));
   if (c_.rope_scaling && c_.rope_scaling->mscale_all_dim != 0) {
     const double m = yarn_mscale(c_.rope_scaling->factor, c_.rope_scaling->mscale_all_dim);

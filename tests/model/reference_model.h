@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,8 @@ class ReferenceModel {
   const Matrix& weight(const std::string& name);  // 2-D, as double
   const std::vector<double>& vec(const std::string& name);
   Matrix linear(const Matrix& x, const std::string& name);
-  Matrix rmsnorm(const Matrix& x, const std::string& name);
+  // eps: config.rms_norm_eps unless given (q_a/kv_a_layernorm use the RMSNorm default 1e-6).
+  Matrix rmsnorm(const Matrix& x, const std::string& name, std::optional<double> eps = {});
   Matrix decoder_layer(const Matrix& x, int64_t layer);
   Matrix attention(const Matrix& x, const std::string& prefix);
   Matrix mlp(const Matrix& x, const std::string& prefix);

@@ -117,7 +117,7 @@ TEST(ModelConfigTest, ParsesDeepseekV3) {
   EXPECT_EQ(c.fp8_block_rows, std::optional<int64_t>(128));
   EXPECT_EQ(c.fp8_block_cols, std::optional<int64_t>(128));
   EXPECT_EQ(c.bos_token_id, std::optional<int64_t>(0));
-  EXPECT_EQ(c.eos_token_id, std::optional<int64_t>(1));
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{1});
   EXPECT_FALSE(c.is_moe_layer(2));
   EXPECT_TRUE(c.is_moe_layer(3));
 }
@@ -136,7 +136,7 @@ TEST(ModelConfigTest, ParsesDeepseekV2Lite) {
   EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 1.0);
   EXPECT_DOUBLE_EQ(c.rope_scaling->mscale, 0.707);
   EXPECT_FALSE(c.fp8_block_rows.has_value());
-  EXPECT_EQ(c.eos_token_id, std::optional<int64_t>(100001));
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{100001});
 }
 
 TEST(ModelConfigTest, ParsesMoonlight) {
@@ -158,7 +158,7 @@ TEST(ModelConfigTest, GroupLimitedGreedyAndEosList) {
   Result<ModelConfig> r = parse_model_config(j.dump(), "c.json");
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->topk_method, TopkMethod::kGroupLimitedGreedy);
-  EXPECT_EQ(r->eos_token_id, std::optional<int64_t>(100001));
+  EXPECT_EQ(r->eos_token_ids, (std::vector<int64_t>{100001, 100002}));
 }
 
 TEST(ModelConfigTest, KimiK2ModelTypeIsV3) {

@@ -107,7 +107,7 @@ class EngineTest : public ::testing::Test {
     options.scheduler.max_waiting_seqs = max_waiting;
     options.scheduler.block_pool = {
         .num_blocks = num_blocks, .block_size = 4, .enable_prefix_caching = true};
-    options.eos_token_id = eos;
+    if (eos) options.eos_token_ids = {*eos};
     options.vocab_size = tokenizer_->vocab_size();
     auto executor = std::make_unique<FakeExecutor>(num_blocks, 4, alphabet_);
     executor_ = executor.get();

@@ -41,7 +41,7 @@ SequenceSpec spec(SequenceId id, std::vector<TokenId> prompt, int32_t max_tokens
   s.prompt_tokens = std::move(prompt);
   s.max_tokens = max_tokens;
   s.sampling.temperature = 0;
-  s.eos_token_id = eos;
+  if (eos) s.eos_token_ids = {*eos};
   return s;
 }
 
@@ -634,6 +634,13 @@ TEST(SchedulerTest, StopTokensEosAndLength) {
   ASSERT_TRUE(s->add(spec(2, prompt, 10, ref[1])).ok());
   // Length.
   ASSERT_TRUE(s->add(spec(3, prompt, 4, std::nullopt)).ok());
+  // Several EOS ids (a config's eos_token_id list): the second of them ends it.
+  SequenceSpec d = spec(4, prompt, 10, std::nullopt);
+  d.eos_token_ids = {kVocab - 1, ref[3]};
+  const bool listed_first_appears =
+      std::find(ref.begin(), ref.begin() + 4, kVocab - 1) != ref.begin() + 4;
+  ASSERT_FALSE(listed_first_appears) << "pick another unused id";
+  ASSERT_TRUE(s->add(d).ok());
   std::map<SequenceId, std::vector<TokenId>> out;
   std::map<SequenceId, FinishReason> reasons;
   run_to_completion(*s, ex, &out, &reasons);
@@ -649,6 +656,8 @@ TEST(SchedulerTest, StopTokensEosAndLength) {
   EXPECT_EQ(reasons[2], FinishReason::kStop);
   EXPECT_EQ(out[3], first(4));
   EXPECT_EQ(reasons[3], FinishReason::kLength);
+  EXPECT_EQ(out[4], first(stop_at(ref[3])));
+  EXPECT_EQ(reasons[4], FinishReason::kStop);
 }
 
 TEST(SchedulerTest, ContextLengthEndsGeneration) {

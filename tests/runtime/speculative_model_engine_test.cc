@@ -63,7 +63,7 @@ RunResult run(DeepseekModel* model, const Tokenizer* tokenizer, const RunConfig&
                              .enable_prefix_caching = true};
   eo.scheduler.num_speculative_tokens = config.num_speculative_tokens;
   eo.vocab_size = model->config().vocab_size;
-  eo.eos_token_id = config.eos;
+  if (config.eos) eo.eos_token_ids = {*config.eos};
   auto engine = Engine::create(eo, std::move(executor).value(), tokenizer);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   (*engine)->start();

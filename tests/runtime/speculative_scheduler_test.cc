@@ -44,7 +44,7 @@ SequenceSpec spec(SequenceId id, std::vector<TokenId> prompt, int32_t max_tokens
   s.prompt_tokens = std::move(prompt);
   s.max_tokens = max_tokens;
   s.sampling.temperature = 0;
-  s.eos_token_id = kEos;
+  s.eos_token_ids = {kEos};
   return s;
 }
 
