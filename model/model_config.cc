@@ -164,30 +164,43 @@ Result<ModelArch> read_arch(const FieldReader& f) {
   return f.missing("architectures", "[\"DeepseekV3ForCausalLM\"] or model_type \"deepseek_v3\"");
 }
 
-Result<std::optional<YarnScaling>> read_rope_scaling(const FieldReader& f) {
-  if (f.is_null("rope_scaling")) return std::optional<YarnScaling>{};
-  const json& rs = f.at("rope_scaling");
-  if (!rs.is_object()) return f.error("rope_scaling", rs, "an object or null");
-  const char* type_key = rs.contains("type") ? "type" : "rope_type";
-  if (!rs.contains(type_key)) return f.missing("rope_scaling.type", "\"yarn\"");
-  const json& type = rs.at(type_key);
-  if (type != "yarn") {
-    return f.unsupported(std::string("rope_scaling.") + type_key, type, "\"yarn\"");
+// RoPE as Hugging Face reads it. transformers 4 wrote `rope_scaling` (null: plain RoPE) and a
+// top-level `rope_theta`; transformers 5 writes `rope_parameters` {"rope_type", "rope_theta",
+// ...} and reads `rope_scaling` first when both are there, with a `rope_theta` inside the
+// object over the top-level one. Sets c.rope_theta and c.rope_scaling.
+Status read_rope(const FieldReader& f, ModelConfig& c) {
+  PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", 10000.0, true));
+  const bool legacy = !f.is_null("rope_scaling") &&
+                      !(f.at("rope_scaling").is_object() && f.at("rope_scaling").empty());
+  const char* key = legacy ? "rope_scaling" : "rope_parameters";
+  c.rope_scaling.reset();
+  if (f.is_null(key)) return ok_status();
+  const json& rs = f.at(key);
+  const std::string prefix = std::string(key) + ".";
+  if (!rs.is_object()) return f.error(key, rs, "an object or null");
+  if (rs.contains("rope_theta")) {
+    PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", std::nullopt, true, &rs, prefix));
   }
+  const char* type_key = rs.contains("type") ? "type" : "rope_type";
+  if (!rs.contains(type_key) && legacy) return f.missing(prefix + "type", "\"yarn\"");
+  const json type = rs.value(type_key, json("default"));
+  if (type == "default") return ok_status();  // plain RoPE, as transformers reads it
+  if (type != "yarn") return f.unsupported(prefix + type_key, type, "\"yarn\", \"default\"");
   YarnScaling y;
-  PS_ASSIGN_OR_RETURN(y.factor, f.number("factor", std::nullopt, true, &rs, "rope_scaling."));
+  PS_ASSIGN_OR_RETURN(y.factor, f.number("factor", std::nullopt, true, &rs, prefix));
   if (rs.contains("original_max_position_embeddings")) {
     PS_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
-                        f.integer_value("rope_scaling.original_max_position_embeddings",
+                        f.integer_value(prefix + "original_max_position_embeddings",
                                         rs.at("original_max_position_embeddings"), 1));
   }
-  PS_ASSIGN_OR_RETURN(y.beta_fast, f.number("beta_fast", 32.0, false, &rs, "rope_scaling."));
-  PS_ASSIGN_OR_RETURN(y.beta_slow, f.number("beta_slow", 1.0, false, &rs, "rope_scaling."));
+  // 0 would put every frequency's correction dimension at infinity (NaN frequencies).
+  PS_ASSIGN_OR_RETURN(y.beta_fast, f.number("beta_fast", 32.0, true, &rs, prefix));
+  PS_ASSIGN_OR_RETURN(y.beta_slow, f.number("beta_slow", 1.0, true, &rs, prefix));
   // Absent mscale keys mean what they mean in the Hugging Face YaRN class (1 and 0).
-  PS_ASSIGN_OR_RETURN(y.mscale, f.number("mscale", 1.0, false, &rs, "rope_scaling."));
-  PS_ASSIGN_OR_RETURN(y.mscale_all_dim,
-                      f.number("mscale_all_dim", 0.0, false, &rs, "rope_scaling."));
-  return std::optional<YarnScaling>{y};
+  PS_ASSIGN_OR_RETURN(y.mscale, f.number("mscale", 1.0, false, &rs, prefix));
+  PS_ASSIGN_OR_RETURN(y.mscale_all_dim, f.number("mscale_all_dim", 0.0, false, &rs, prefix));
+  c.rope_scaling = y;
+  return ok_status();
 }
 
 // compressed-tensors W8A8: only the scheme the INT8 kernels run (8-bit symmetric integer
@@ -322,9 +335,8 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   PS_ASSIGN_OR_RETURN(c.arch, read_arch(f));
   const bool v3 = c.arch == ModelArch::kDeepseekV3;
 
-  if (f.has("hidden_act")) {
-    PS_ASSIGN_OR_RETURN(std::string act, f.string("hidden_act", "silu"));
-    if (act != "silu") return f.unsupported("hidden_act", f.at("hidden_act"), "\"silu\"");
+  if (f.has("hidden_act") && f.at("hidden_act") != "silu") {
+    return f.unsupported("hidden_act", f.at("hidden_act"), "\"silu\"");
   }
   PS_ASSIGN_OR_RETURN(bool attention_bias, f.boolean("attention_bias", false));
   if (attention_bias) return f.unsupported("attention_bias", true, "false");
@@ -370,6 +382,7 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   PS_ASSIGN_OR_RETURN(std::optional<int64_t> topk_group,
                       f.nullable_integer("topk_group", v3 ? 4 : 1, 1));
   c.topk_group = topk_group.value_or(1);
+  const bool topk_group_null = f.has("topk_group") && !topk_group;
   PS_ASSIGN_OR_RETURN(
       std::optional<int64_t> experts_per_tok,
       f.nullable_integer("num_experts_per_tok", moe ? std::nullopt : std::optional<int64_t>{0},
@@ -412,6 +425,10 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
       return f.error("topk_group", c.topk_group, "<= n_group (" + std::to_string(c.n_group) + ")");
     }
     const bool grouped = c.topk_method != TopkMethod::kGreedy;
+    if (grouped && c.n_group > 1 && topk_group_null) {
+      // The reference code fails there (topk with k=None); one group is a guess.
+      return f.error("topk_group", nullptr, "an integer in [1, n_group] with n_group > 1");
+    }
     const int64_t reachable = c.topk_group * (c.n_routed_experts / c.n_group);
     if (grouped && c.num_experts_per_tok > reachable) {
       return f.error(
@@ -420,11 +437,15 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
     }
   }
 
+  // Absent: Hugging Face's defaults (DeepseekV3Config 4096, DeepseekV2Config 2048).
   PS_ASSIGN_OR_RETURN(c.max_position_embeddings,
-                      f.integer("max_position_embeddings", c.max_position_embeddings, 1));
+                      f.integer("max_position_embeddings", v3 ? 4096 : 2048, 1));
   PS_ASSIGN_OR_RETURN(c.rms_norm_eps, f.number("rms_norm_eps", 1e-6, true));
-  PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", 10000.0, true));
-  PS_ASSIGN_OR_RETURN(c.rope_scaling, read_rope_scaling(f));
+  PS_RETURN_IF_ERROR(read_rope(f, c));
+  // The checkpoint's rope dimensions are stored as interleaved pairs (rope_interleave, true in
+  // every DeepSeek checkpoint); the other layout has no kernel here.
+  PS_ASSIGN_OR_RETURN(bool rope_interleave, f.boolean("rope_interleave", true));
+  if (!rope_interleave) return f.unsupported("rope_interleave", false, "true");
   PS_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.boolean("tie_word_embeddings", false));
 
   PS_ASSIGN_OR_RETURN(c.bos_token_id, f.nullable_integer("bos_token_id", std::nullopt, 0));

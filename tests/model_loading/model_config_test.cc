@@ -234,6 +234,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"rms_norm_eps", 0, StatusCode::kInvalidArgument},
         BadField{"eos_token_id", 200000, StatusCode::kInvalidArgument},
         BadField{"rope_scaling.type", "linear", StatusCode::kUnimplemented},
+        BadField{"rope_scaling.beta_fast", 0, StatusCode::kInvalidArgument},  // NaN frequencies
+        BadField{"rope_scaling.beta_slow", 0, StatusCode::kInvalidArgument},
+        BadField{"rope_interleave", false, StatusCode::kUnimplemented},  // was ignored
+        BadField{"topk_group", nlohmann::json::object(), StatusCode::kInvalidArgument},
         BadField{"quantization_config.quant_method", "gptq", StatusCode::kUnimplemented},
         BadField{"quantization_config.fmt", "e5m2", StatusCode::kUnimplemented},
         BadField{"quantization_config.weight_block_size", {128}, StatusCode::kInvalidArgument},
@@ -265,6 +269,65 @@ TEST(ModelConfigTest, ExpertGroupsAreBoundedAndDefaultAsInHuggingFace) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->n_group, 8);
   EXPECT_EQ(c->topk_group, 4);
+}
+
+// transformers 5 writes rope_parameters in place of rope_scaling and rope_theta; both are read
+// as it reads them (rope_scaling first, a rope_theta inside over the top-level one). They were
+// ignored: plain RoPE at theta 10000, and a softmax scale without YaRN's mscale.
+TEST(ModelConfigTest, RopeParametersAsTransformers5WritesThem) {
+  const ModelConfig legacy = *parse_model_config(kDeepseekV3Config, "a.json");
+  nlohmann::json j = base_config();
+  nlohmann::json rope = j["rope_scaling"];
+  rope.erase("type");
+  rope["rope_type"] = "yarn";
+  rope["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = rope;
+  Result<ModelConfig> r = parse_model_config(j.dump(), "m/config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_TRUE(r->rope_scaling.has_value());
+  EXPECT_EQ(model_config_to_json(*r), model_config_to_json(legacy));
+
+  // rope_theta inside the object wins; "default" is plain RoPE.
+  j["rope_theta"] = 1234.0;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 50000.0}};
+  r = parse_model_config(j.dump(), "m/config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE(r->rope_scaling.has_value());
+  EXPECT_EQ(r->rope_theta, 50000.0);
+
+  // rope_scaling, when set, is read before rope_parameters (transformers 5 does the same).
+  j["rope_scaling"] = base_config()["rope_scaling"];
+  r = parse_model_config(j.dump(), "m/config.json");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->rope_scaling.has_value());
+
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+  const Status s = parse_status(j);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.to_string();
+  EXPECT_NE(s.message().find("rope_parameters.rope_type"), std::string::npos) << s.message();
+}
+
+// Absent fields take Hugging Face's defaults; a null topk_group with several groups, on which
+// the reference code fails, is refused (it was read as 1).
+TEST(ModelConfigTest, DefaultsAndNullsAsInHuggingFace) {
+  nlohmann::json j = base_config();
+  j.erase("max_position_embeddings");
+  EXPECT_EQ(parse_model_config(j.dump(), "m/config.json")->max_position_embeddings, 4096);
+  nlohmann::json v2 = nlohmann::json::parse(kDeepseekV2LiteConfig);
+  v2.erase("max_position_embeddings");
+  EXPECT_EQ(parse_model_config(v2.dump(), "m/config.json")->max_position_embeddings, 2048);
+  j = base_config();
+  j["topk_group"] = nullptr;
+  Status s = parse_status(j);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("topk_group"), std::string::npos) << s.message();
+  j = base_config();
+  j["hidden_act"] = nullptr;
+  s = parse_status(j);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.to_string();
 }
 
 TEST(ModelConfigTest, RejectsBadJson) {
