@@ -30,9 +30,11 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
         if (prepare) {
           PS_RETURN_IF_ERROR(prepare(weights).with_context("layer " + std::to_string(layer) +
                                                            " expert " + std::to_string(expert)));
+          const bool fused_int8 = weights.gate_up_int8 != nullptr;
           for (const LinearWeight* w : {&weights.gate, &weights.up, &weights.down}) {
-            // The packed copy is what the kernels read (as in DeepseekModel::load).
-            if (w->bf16_packed) {
+            // The packed or INT8 copy is what the kernels read (as in DeepseekModel::load).
+            const bool int8 = w->int8 != nullptr || (fused_int8 && w != &weights.down);
+            if (w->bf16_packed || int8) {
               checkpoint_.release_pages(w->data,
                                         static_cast<size_t>(w->rows * w->cols) * sizeof(*w->data));
             }

@@ -540,7 +540,12 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
                       load_deepseek_weights(checkpoint, options.load_mtp, options.routed_experts));
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
   if (options.quantize == WeightQuantization::kInt8) {
-    PS_RETURN_IF_ERROR(quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool));
+    // The checkpoint's BF16 copies of the quantized weights are not kept resident: the INT8
+    // forms are what the kernels read.
+    PS_RETURN_IF_ERROR(quantize_weights_int8(
+        impl->weights, options.quantize_lm_head, &impl->pool, [&](const LinearWeight& w) {
+          checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
+        }));
   }
   if (packs_bf16_weights(options)) {
     PS_RETURN_IF_ERROR(

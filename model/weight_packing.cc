@@ -20,11 +20,21 @@ void add(std::vector<Target>& out, LinearWeight& w, std::string name) {
   if (w.data != nullptr && !w.int8 && !w.bf16_packed) out.push_back({&w, std::move(name)});
 }
 
+// An MLP quantized to INT8 runs its gate and up through the fused form only: they are not
+// packed (their int8 member stays empty, so add() alone would take them).
+MlpVisitor skip_fused_int8(std::vector<Target>& out) {
+  return [&out](MlpWeights& m, const std::string&) {
+    if (!m.gate_up_int8) return;
+    std::erase_if(out, [&](const Target& t) { return t.weight == &m.gate || t.weight == &m.up; });
+  };
+}
+
 // Every weight of the layer the forward multiplies (kv_b too: the prefill decompresses the
 // context with it).
 void add_layer(std::vector<Target>& out, DecoderLayerWeights& layer) {
-  for_each_layer_linear(layer, "layer " + std::to_string(layer.index),
-                        [&](LinearWeight& w, const std::string& name) { add(out, w, name); });
+  for_each_layer_linear(
+      layer, "layer " + std::to_string(layer.index),
+      [&](LinearWeight& w, const std::string& name) { add(out, w, name); }, skip_fused_int8(out));
 }
 
 Status pack_one(const Target& target, const std::function<void(const LinearWeight&)>& packed_fn) {
@@ -50,8 +60,9 @@ bool packs_bf16_weights(const ModelOptions& options) {
 
 Status pack_mlp_bf16(MlpWeights& mlp) {
   std::vector<Target> targets;
-  for_each_mlp_linear(mlp, "expert",
-                      [&](LinearWeight& w, const std::string& name) { add(targets, w, name); });
+  for_each_mlp_linear(
+      mlp, "expert", [&](LinearWeight& w, const std::string& name) { add(targets, w, name); },
+      skip_fused_int8(targets));
   for (const Target& target : targets) PS_RETURN_IF_ERROR(pack_one(target, {}));
   return ok_status();
 }

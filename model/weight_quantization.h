@@ -1,13 +1,15 @@
 // Load-time W8A8 quantization of a loaded model (ModelOptions::quantize, docs/quantization.md).
 //
 // Which weights: the linear layers paper 000 §4.5 runs in INT8 — attention q_a / q_b /
-// q_proj, kv_a, o_proj; dense MLP and shared/routed expert gate, up, down (gate and up also
-// packed together for the fused kernel) — get an INT8 form next to the BF16 one (per output
-// channel, round to nearest). kv_b stays BF16 (the absorbed attention uses its per-head
+// q_proj, kv_a, o_proj; dense MLP and shared/routed expert gate, up, down (gate and up only
+// packed together, the fused kernel's form) — get an INT8 form next to the BF16 one (per
+// output channel, round to nearest). kv_b stays BF16 (the absorbed attention uses its per-head
 // slices), and so do norms, the router and the embeddings; the LM head (and the MTP head)
-// only with `lm_head`. The BF16 views stay (zero-copy views of the checkpoint mapping: pages
-// the forward no longer touches are not resident).
+// only with `lm_head`. The BF16 views stay (zero-copy views of the checkpoint mapping, whose
+// pages the loader releases once quantized: they are read again only if a path needs them).
 #pragma once
+
+#include <functional>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -16,8 +18,11 @@
 namespace peerserve {
 
 // Adds the INT8 forms, matrices spread over `pool`'s threads (nullptr: the calling thread);
-// InvalidArgument for a weight the kernels cannot take (k too large), naming it.
-Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool = nullptr);
+// InvalidArgument for a weight the kernels cannot take (k too large), naming it. `quantized`
+// is called for each weight that got an INT8 form, once its group (a layer) is done: the
+// caller may release the BF16 pages (a later read of them faults them in again).
+Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool = nullptr,
+                             const std::function<void(const LinearWeight&)>& quantized = {});
 // One MLP (a routed expert loaded later, e.g. by an expert rebalance).
 Status quantize_mlp_int8(MlpWeights& mlp);
 
