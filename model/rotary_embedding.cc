@@ -35,28 +35,44 @@ double mla_softmax_scale(const ModelConfig& config) {
 RotaryEmbedding::RotaryEmbedding(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {
   PS_CHECK(dim_ > 0 && dim_ % 2 == 0) << "qk_rope_head_dim " << dim_;
   const int64_t half = dim_ / 2;
-  const double base = config.rope_theta;
+  // The frequencies are computed in fp32 in Hugging Face's order of operations (its rope
+  // initialization), so that they come out as the same floats:
+  //   pos_freq = base ** (float(2i) / dim)        (fp32 pow)
+  //   inv_freq = 1 / pos_freq                     (plain RoPE)
+  // and with YaRN the blend of 1 / pos_freq and 1 / (factor * pos_freq) by a linear ramp.
+  // Computed in double and rounded once, 10 of DeepSeek-V3's 32 differed by an ulp, which
+  // moves cos/sin by ~1e-3 at position 100,000; now all 32 are torch's (the pow of two
+  // libraries can still differ by an ulp: 1 of 32 at theta 50,000).
+  const float base = static_cast<float>(config.rope_theta);
+  const float dim = static_cast<float>(dim_);
+  std::vector<float> pos_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    pos_freq[i] = std::pow(base, static_cast<float>(2 * i) / dim);
+  }
   inv_freq_.resize(half);
   if (!config.rope_scaling) {
-    for (int64_t i = 0; i < half; ++i) {
-      inv_freq_[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / dim_));
-    }
+    for (int64_t i = 0; i < half; ++i) inv_freq_[i] = 1.0f / pos_freq[i];
     return;
   }
   const YarnScaling& yarn = *config.rope_scaling;
   const double d = static_cast<double>(dim_);
   const double orig = static_cast<double>(yarn.original_max_position_embeddings);
-  double low = std::floor(yarn_find_correction_dim(yarn.beta_fast, d, base, orig));
-  double high = std::ceil(yarn_find_correction_dim(yarn.beta_slow, d, base, orig));
+  const double theta = config.rope_theta;
+  // The ramp's ends are Python floats in the reference (double), used in fp32 arithmetic.
+  double low = std::floor(yarn_find_correction_dim(yarn.beta_fast, d, theta, orig));
+  double high = std::ceil(yarn_find_correction_dim(yarn.beta_slow, d, theta, orig));
   low = std::max(low, 0.0);
   high = std::min(high, d - 1.0);
   if (low == high) high += 0.001;  // avoid a zero-width ramp, as HF does
+  const float low_f = static_cast<float>(low), width = static_cast<float>(high - low);
+  const float factor = static_cast<float>(yarn.factor);
   for (int64_t i = 0; i < half; ++i) {
-    const double extra = 1.0 / std::pow(base, static_cast<double>(2 * i) / d);
-    const double inter = extra / yarn.factor;
-    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
-    const double mask = 1.0 - ramp;
-    inv_freq_[i] = static_cast<float>(inter * (1.0 - mask) + extra * mask);
+    const float extrapolation = 1.0f / pos_freq[i];
+    const float interpolation = 1.0f / (factor * pos_freq[i]);
+    const float ramp = std::clamp((static_cast<float>(i) - low_f) / width, 0.0f, 1.0f);
+    const float extrapolation_weight = 1.0f - ramp;
+    inv_freq_[i] =
+        interpolation * (1.0f - extrapolation_weight) + extrapolation * extrapolation_weight;
   }
   mscale_ = static_cast<float>(yarn_get_mscale(yarn.factor, yarn.mscale) /
                                yarn_get_mscale(yarn.factor, yarn.mscale_all_dim));

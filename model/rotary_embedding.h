@@ -34,7 +34,7 @@ class RotaryEmbedding {
   explicit RotaryEmbedding(const ModelConfig& config);
 
   int64_t dim() const { return dim_; }
-  // [dim / 2], fp32 as HF registers it.
+  // [dim / 2], computed in fp32 in Hugging Face's order of operations.
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   // Factor applied to cos and sin (1 without YaRN).
   float mscale() const { return mscale_; }
