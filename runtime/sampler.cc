@@ -198,17 +198,19 @@ std::vector<TokenLogprob> top_entries(std::span<const float> values, std::span<c
   return out;
 }
 
-// Logprobs of result->token for a greedy request: log_softmax of the penalised logits.
-void describe_greedy(std::span<const float> penalised, const SamplingParams& params,
-                     SampledToken* result) {
+// Logprobs as vLLM reports them by default ("raw_logprobs"): log_softmax of the model's
+// logits, before penalties, temperature and truncation, for result->token and the
+// params.top_logprobs most likely tokens.
+void describe_raw(std::span<const float> logits, const SamplingParams& params,
+                  SampledToken* result) {
   float max_value = kNegInf;
-  for (float v : penalised) max_value = std::max(max_value, v);
+  for (float v : logits) max_value = std::max(max_value, v);
   double total = 0.0;
-  for (float v : penalised) total += std::exp(static_cast<double>(v - max_value));
+  for (float v : logits) total += std::exp(static_cast<double>(v - max_value));
   const double log_total = std::log(total);
   result->logprob = static_cast<float>(
-      static_cast<double>(penalised[static_cast<size_t>(result->token)] - max_value) - log_total);
-  result->top_logprobs = top_entries(penalised, {}, log_total, max_value, params.top_logprobs);
+      static_cast<double>(logits[static_cast<size_t>(result->token)] - max_value) - log_total);
+  result->top_logprobs = top_entries(logits, {}, log_total, max_value, params.top_logprobs);
 }
 
 }  // namespace
@@ -336,7 +338,7 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     std::vector<float> work(logits.begin(), logits.end());
     apply_penalties(work, params, context.generated, context.prompt);
     result.token = argmax(work);
-    if (params.want_logprobs) describe_greedy(work, params, &result);
+    if (params.want_logprobs) describe_raw(logits, params, &result);
     return result;
   }
 
@@ -353,39 +355,16 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
   }
   PS_CHECK(chosen >= 0) << "no token kept";
   result.token = chosen;
-  if (params.want_logprobs) {
-    const double log_total = std::log(t.total);
-    result.logprob = static_cast<float>(
-        static_cast<double>(t.scaled[static_cast<size_t>(chosen)] - t.max_scaled) - log_total);
-    result.top_logprobs =
-        top_entries(t.scaled, t.weight, log_total, t.max_scaled, params.top_logprobs);
-  }
+  if (params.want_logprobs) describe_raw(logits, params, &result);
   return result;
 }
 
 SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
-                            std::span<const TokenId> generated, TokenId token,
-                            std::span<const TokenId> prompt) {
+                            TokenId token) {
   PS_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size()) << "token " << token;
   SampledToken result;
   result.token = token;
-  if (!params.want_logprobs) return result;
-  if (is_greedy(params)) {
-    std::vector<float> work(logits.begin(), logits.end());
-    apply_penalties(work, params, generated, prompt);
-    describe_greedy(work, params, &result);
-    return result;
-  }
-  const Truncation t = truncate(logits, params, generated, prompt);
-  const double log_total = std::log(t.total);
-  result.logprob =
-      t.weight[static_cast<size_t>(token)] > 0.0
-          ? static_cast<float>(
-                static_cast<double>(t.scaled[static_cast<size_t>(token)] - t.max_scaled) -
-                log_total)
-          : -std::numeric_limits<float>::infinity();
-  result.top_logprobs =
-      top_entries(t.scaled, t.weight, log_total, t.max_scaled, params.top_logprobs);
+  if (params.want_logprobs) describe_raw(logits, params, &result);
   return result;
 }
 

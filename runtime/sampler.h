@@ -17,10 +17,9 @@
 //   3. top_k, then top_p, then min_p truncation of softmax(logits / temperature);
 //   4. a draw from the renormalised remaining distribution.
 //
-// Logprobs ("final distribution"): log-probabilities of the distribution the token was
-// drawn from (after penalties, temperature and truncation, renormalised). For greedy
-// requests that distribution is softmax of the penalised logits (temperature 1, no
-// truncation), as OpenAI reports logprobs for temperature 0.
+// Logprobs as vLLM reports them by default (logprobs_mode "raw_logprobs"): log_softmax of
+// the model's logits, before penalties, temperature and truncation, whatever the request's
+// sampling parameters; the top entries are the most likely tokens of that distribution.
 #pragma once
 
 #include <cstdint>
@@ -77,9 +76,9 @@ struct TokenLogprob {
 
 struct SampledToken {
   TokenId token = 0;
-  // Log-probability of `token` in the final distribution (0 unless want_logprobs).
+  // Log-probability of `token` under the model's logits (0 unless want_logprobs).
   float logprob = 0.0f;
-  // Most likely first (ties: lower id first); only tokens with non-zero probability.
+  // Most likely first (ties: lower id first), top_logprobs of them.
   std::vector<TokenLogprob> top_logprobs;
 };
 
@@ -105,11 +104,10 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
                           const SamplingContext& context);
 
 // The SampledToken that sample_token reports when it draws `token` (its logprob and the top
-// logprobs of the same final distribution): for tokens chosen by speculative decoding.
+// logprobs): for tokens chosen by speculative decoding.
 // REQUIRES: as sample_token, and token in [0, logits.size()).
 SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
-                            std::span<const TokenId> generated, TokenId token,
-                            std::span<const TokenId> prompt = {});
+                            TokenId token);
 
 // The distribution sample_token draws from: the kept tokens in ascending id order and
 // their probabilities (summing to 1). For greedy requests, the single argmax token.

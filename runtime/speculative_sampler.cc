@@ -84,7 +84,7 @@ DraftVerdict verify_draft(std::span<const float> target_logits, const SamplingPa
     if (token < 0) token = draw(p.tokens, p.probs, v);
   }
   PS_CHECK(token >= 0) << "empty target distribution";
-  verdict.token = describe_token(target_logits, params, context.generated, token, context.prompt);
+  verdict.token = describe_token(target_logits, params, token);
   return verdict;
 }
 

@@ -329,50 +329,51 @@ TEST(SamplerTest, SamplesFollowSoftmaxOfTemperatureScaledLogits) {
   }
 }
 
-TEST(SamplerTest, LogprobsDescribeTheFinalDistribution) {
+// Logprobs as vLLM reports them by default (raw_logprobs): log_softmax of the model's logits,
+// whatever the penalties, temperature and truncation of the request.
+TEST(SamplerTest, LogprobsAreTheModelsRawDistribution) {
   const auto logits = random_logits(5000, 11);
-  // Greedy: log_softmax of the logits.
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  greedy.want_logprobs = true;
-  greedy.top_logprobs = 5;
-  const SampledToken g = sample_token(logits, greedy, {});
   double max_value = *std::max_element(logits.begin(), logits.end());
   double total = 0;
   for (float v : logits) total += std::exp(v - max_value);
   const auto log_softmax = [&](TokenId t) {
     return logits[static_cast<size_t>(t)] - max_value - std::log(total);
   };
-  EXPECT_NEAR(g.logprob, log_softmax(g.token), 1e-5);
-  ASSERT_EQ(g.top_logprobs.size(), 5u);
-  EXPECT_EQ(g.top_logprobs[0].token, g.token);
   std::vector<TokenId> order(logits.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<TokenId>(i);
   std::sort(order.begin(), order.end(),
             [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
-  for (size_t r = 0; r < 5; ++r) {
-    EXPECT_EQ(g.top_logprobs[r].token, order[r]);
-    EXPECT_NEAR(g.top_logprobs[r].logprob, log_softmax(order[r]), 1e-5);
-  }
 
-  // Sampling with truncation: logprobs of the renormalised truncated distribution.
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.want_logprobs = true;
+  greedy.top_logprobs = 5;
+  SamplingParams penalised = greedy;
+  penalised.repetition_penalty = 3.0f;  // moves the argmax's logit, not its logprob
+  const std::vector<TokenId> prompt = {order[0], order[1]};
   SamplingParams sampled;
-  sampled.temperature = 0.8f;
+  sampled.temperature = 0.3f;
   sampled.top_k = 3;
   sampled.want_logprobs = true;
   sampled.top_logprobs = 10;
-  const SampledToken s = sample_token(logits, sampled, {.seed = 5});
-  const auto expected = reference_distribution(logits, sampled, {});
-  ASSERT_EQ(s.top_logprobs.size(), 3u);  // only tokens with non-zero probability
-  double mass = 0;
-  for (const TokenLogprob& entry : s.top_logprobs) {
-    ASSERT_TRUE(expected.count(entry.token));
-    // fp32 logprobs of probabilities computed in double: ~1e-6 absolute.
-    EXPECT_NEAR(entry.logprob, std::log(expected.at(entry.token)), 1e-5);
-    mass += std::exp(entry.logprob);
+  for (const auto& [params, context] : {std::pair{greedy, SamplingContext{}},
+                                        std::pair{penalised, SamplingContext{.prompt = prompt}},
+                                        std::pair{sampled, SamplingContext{.seed = 5}}}) {
+    const SampledToken t = sample_token(logits, params, context);
+    // fp32 logits, log-sum-exp in double: ~1e-6 absolute.
+    EXPECT_NEAR(t.logprob, log_softmax(t.token), 1e-5);
+    ASSERT_EQ(t.top_logprobs.size(), static_cast<size_t>(params.top_logprobs));
+    for (size_t r = 0; r < t.top_logprobs.size(); ++r) {
+      EXPECT_EQ(t.top_logprobs[r].token, order[r]);
+      EXPECT_NEAR(t.top_logprobs[r].logprob, log_softmax(order[r]), 1e-5);
+    }
+    // describe_token (speculative decoding's) reports the same.
+    const SampledToken d = describe_token(logits, params, t.token);
+    EXPECT_EQ(d.logprob, t.logprob);
+    ASSERT_EQ(d.top_logprobs.size(), t.top_logprobs.size());
   }
-  EXPECT_NEAR(mass, 1.0, 1e-5);
-  EXPECT_NEAR(s.logprob, std::log(expected.at(s.token)), 1e-5);
+  // The penalty changed the choice; the reported logprob is still the model's.
+  EXPECT_NE(sample_token(logits, penalised, {.prompt = prompt}).token, order[0]);
 }
 
 TEST(SamplerTest, ValidateNamesTheField) {
@@ -484,7 +485,10 @@ TEST(SamplerTest, ForcedTokensAreTheOnlyChoice) {
     for (uint64_t seed = 0; seed < 50; ++seed) {
       const SampledToken first = sample_token(logits, params, {.seed = seed});
       EXPECT_EQ(first.token, 2);
-      EXPECT_NEAR(first.logprob, 0.0f, 1e-6);
+      // The model's logprob of the forced token (raw logprobs), not the forced 0.
+      double total = 0.0;
+      for (float v : logits) total += std::exp(static_cast<double>(v) - 9.0);
+      EXPECT_NEAR(first.logprob, -3.0 - 9.0 - std::log(total), 1e-5);
       const std::vector<TokenId> one = {2};
       EXPECT_EQ(sample_token(logits, params, {.generated = one, .seed = seed}).token, 0);
     }
