@@ -144,6 +144,13 @@ Status Engine::validate(EngineRequest& request) const {
       return invalid_argument("stop token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
+  for (const auto& [t, bias] : params.sampling.logit_bias) {
+    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
+      return invalid_argument("logit_bias token id " + std::to_string(t) +
+                              " is outside the vocabulary [0, " +
+                              std::to_string(options_.vocab_size) + ")");
+    }
+  }
   for (TokenId t : params.sampling.forced_tokens) {
     if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
       return invalid_argument("forced token id " + std::to_string(t) +

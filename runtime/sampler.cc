@@ -25,7 +25,7 @@ bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
          params.frequency_penalty != 0.0f ||
          (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty()) ||
-         !params.forced_tokens.empty();
+         !params.forced_tokens.empty() || !params.logit_bias.empty();
 }
 
 // Lowest id among the largest values (NaN never wins; all NaN gives 0).
@@ -165,16 +165,16 @@ Truncation truncate(std::span<const float> logits, const SamplingParams& params,
     t.weight[i] =
         t.scaled[i] >= threshold ? static_cast<double>(std::exp(t.scaled[i] - t.max_scaled)) : 0.0;
   }
-  if (params.top_p < 1.0f) apply_top_p(t, params.top_p);
-
-  // min-p: drop tokens whose probability is below min_p times the largest one. The most
-  // likely token has weight 1 and always survives top-k and top-p.
+  // min-p before top-p, as vLLM applies them: drop tokens whose probability is below min_p
+  // times the largest one (weight 1, always kept); top-p then cuts the renormalised rest.
+  // (top-k and min-p commute: both keep the most likely tokens.)
   if (params.min_p > 0.0f) {
     const double threshold = static_cast<double>(params.min_p);
     for (double& w : t.weight) {
       if (w < threshold) w = 0.0;
     }
   }
+  if (params.top_p < 1.0f) apply_top_p(t, params.top_p);
   for (double w : t.weight) t.total += w;
   return t;
 }
@@ -240,6 +240,11 @@ Status SamplingParams::validate() const {
   if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f) {
     return out_of("repetition_penalty", repetition_penalty, "a finite value > 0 (1 = off)");
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return out_of("logit_bias", bias, "in [-100, 100]");
+    }
+  }
   if (top_logprobs < 0 || top_logprobs > 20)
     return out_of("top_logprobs", top_logprobs, "in [0, 20]");
   if (top_logprobs > 0 && !want_logprobs) {
@@ -266,6 +271,9 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
     std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
     logits[static_cast<size_t>(forced)] = std::isfinite(kept) ? kept : 0.0f;
     return;
+  }
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] += bias;
   }
   if (static_cast<int64_t>(generated.size()) < params.min_tokens) {
     for (const TokenId id : params.suppressed_until_min_tokens) {

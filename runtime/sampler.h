@@ -7,14 +7,15 @@
 // random draw for output position t of a request is a counter-based hash of (seed, t), so no RNG
 // state has to be carried or shared.
 //
-// Order of processing (transformers' logits-processor order):
-//   1. penalties: repetition_penalty over every token seen so far, the prompt's and the
+// Order of processing (vLLM's):
+//   1. logit_bias, then penalties: repetition_penalty over every token seen so far, the prompt's
+//   and the
 //      generated ones (CTRL/transformers/vLLM: positive logits divided by it, negative ones
 //      multiplied), then OpenAI's frequency/presence penalties over the generated tokens:
 //        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
 //   2. temperature below kGreedyTemperature (0 in practice): greedy, the argmax (lowest id
 //      on ties); otherwise logits / temperature;
-//   3. top_k, then top_p, then min_p truncation of softmax(logits / temperature);
+//   3. min_p, then top_k, then top_p truncation of softmax(logits / temperature);
 //   4. a draw from the renormalised remaining distribution.
 //
 // Logprobs as vLLM reports them by default (logprobs_mode "raw_logprobs"): log_softmax of
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -49,6 +51,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   // Multiplicative penalty (> 0) for tokens of the prompt or already generated; 1 = off.
   float repetition_penalty = 1.0f;
+  // OpenAI's logit_bias: added to the token's logit before the penalties (vLLM's order),
+  // each in [-100, 100]; ids must be in the vocabulary (the engine checks).
+  std::vector<std::pair<TokenId, float>> logit_bias;
   // Per-request seed; requests without one get a seed drawn by the runtime at admission.
   std::optional<uint64_t> seed;
   // Number of top log-probabilities to report per position (OpenAI top_logprobs, 0..20);

@@ -1,6 +1,7 @@
 #include "serve/openai_protocol.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -183,8 +184,10 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   if (auto v = f.number("repetition_penalty", 0.0, 10.0, /*lo_open=*/true)) {
     s.repetition_penalty = static_cast<float>(*v);
   }
+  // -1 is "no seed", as in vLLM (a seed drawn per request).
   if (auto v = f.integer("seed", std::numeric_limits<int64_t>::min(),
-                         std::numeric_limits<int64_t>::max())) {
+                         std::numeric_limits<int64_t>::max());
+      v && *v != -1) {
     s.seed = static_cast<uint64_t>(*v);
   }
   const int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
@@ -219,17 +222,40 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
     json neutral;  // also accepted; null always is
   };
   const Extension kUnbuiltExtensions[] = {
-      {"guided_json", nullptr},        {"guided_regex", nullptr},
-      {"guided_choice", nullptr},      {"guided_grammar", nullptr},
-      {"structured_outputs", nullptr}, {"prompt_logprobs", nullptr},
-      {"allowed_token_ids", nullptr},  {"truncate_prompt_tokens", nullptr},
-      {"logits_processors", nullptr},  {"use_beam_search", false},
-      {"length_penalty", 1.0},         {"return_tokens_as_token_ids", false},
+      {"guided_json", nullptr},
+      {"guided_regex", nullptr},
+      {"guided_choice", nullptr},
+      {"guided_grammar", nullptr},
+      {"structured_outputs", nullptr},
+      {"prompt_logprobs", nullptr},
+      {"allowed_token_ids", nullptr},
+      {"truncate_prompt_tokens", nullptr},
+      {"logits_processors", nullptr},
+      {"use_beam_search", false},
+      {"length_penalty", 1.0},
+      {"return_tokens_as_token_ids", false},
+      {"logprob_token_ids", nullptr},
+      {"return_token_ids", false},
+      {"repetition_detection", nullptr},
+      {"thinking_token_budget", nullptr},
+      {"stream_interval", 1},
+      // BOS as the two endpoints add it: completions tokenize with special tokens, chat
+      // leaves them to the template.
+      {"add_special_tokens", !chat},
   };
-  for (const Extension& e : kUnbuiltExtensions) {
+  const Extension kUnbuiltChatExtensions[] = {
+      {"continue_final_message", false},
+      {"chat_template", nullptr},
+      {"documents", nullptr},
+  };
+  const auto refuse_unbuilt = [&](const Extension& e) {
     const json* v = f.get(e.name);
-    if (v == nullptr || f.error || (!e.neutral.is_null() && *v == e.neutral)) continue;
+    if (v == nullptr || f.error || (!e.neutral.is_null() && *v == e.neutral)) return;
     f.fail_unsupported(e.name, std::string("'") + e.name + "' (a vLLM extension) is not supported");
+  };
+  for (const Extension& e : kUnbuiltExtensions) refuse_unbuilt(e);
+  if (chat) {
+    for (const Extension& e : kUnbuiltChatExtensions) refuse_unbuilt(e);
   }
   if (auto v = f.integer("n", 1, limits.max_n)) p.n = static_cast<int32_t>(*v);
   if (auto v = f.integer("best_of", 1, limits.max_n); v && *v != p.n) {
@@ -301,11 +327,30 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       flag("continuous_usage_stats", &out->continuous_usage);
     }
   }
-  if (const json* bias = f.get("logit_bias"); bias && !f.error) {
+  // OpenAI's logit_bias: token id (a string key) -> bias, clamped to [-100, 100] as vLLM
+  // does; ids outside the vocabulary are refused by the engine.
+  if (const json* bias = f.get("logit_bias"); bias && !f.error && !bias->is_null()) {
+    constexpr size_t kMaxEntries = 1024;
     if (!bias->is_object()) {
       f.fail("logit_bias", "'logit_bias' must be an object, got " + type_name(*bias));
-    } else if (!bias->empty()) {
-      f.fail_unsupported("logit_bias", "'logit_bias' is not supported");
+    } else if (bias->size() > kMaxEntries) {
+      f.fail("logit_bias", "'logit_bias' has " + std::to_string(bias->size()) +
+                               " entries, at most " + std::to_string(kMaxEntries) + " are allowed");
+    }
+    for (auto it = bias->begin(); it != bias->end() && !f.error && bias->is_object(); ++it) {
+      const std::string& key = it.key();
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || key.empty() || id < 0 ||
+          id > std::numeric_limits<int32_t>::max()) {
+        f.fail("logit_bias", "'logit_bias' keys must be token ids, got " + brief(json(key)));
+      } else if (!it.value().is_number() || !std::isfinite(it.value().get<double>())) {
+        f.fail("logit_bias", "'logit_bias' values must be numbers, got " + type_name(it.value()) +
+                                 " for token " + key);
+      } else {
+        const double value = std::clamp(it.value().get<double>(), -100.0, 100.0);
+        s.logit_bias.emplace_back(static_cast<TokenId>(id), static_cast<float>(value));
+      }
     }
   }
 }

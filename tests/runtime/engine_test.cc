@@ -370,6 +370,10 @@ TEST_F(EngineTest, RejectsRequestsUpFront) {
   bad.stop_strings = {""};
   EXPECT_EQ(engine_->submit({{alphabet_[0]}, bad}, nullptr).status().code(),
             StatusCode::kInvalidArgument);
+  bad = greedy(4);
+  bad.sampling.logit_bias = {{static_cast<TokenId>(tokenizer_->vocab_size()), 1.0f}};
+  EXPECT_EQ(engine_->submit({{alphabet_[0]}, bad}, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
   // Without max_tokens the default fills the KV cache / context.
   GenerationParams unbounded;
   unbounded.sampling.temperature = 0;

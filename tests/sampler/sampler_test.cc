@@ -68,6 +68,14 @@ std::map<TokenId, double> reference_distribution(const std::vector<float>& raw,
     const float kth = sorted[static_cast<size_t>(p.top_k) - 1];
     for (size_t i = 0; i < n; ++i) keep[i] = keep[i] && scaled[i] >= kth;
   }
+  // vLLM's order: min_p, then top_p over what is left.
+  if (p.min_p > 0.0f) {
+    double best = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (keep[i]) best = std::max(best, prob[i]);
+    }
+    for (size_t i = 0; i < n; ++i) keep[i] = keep[i] && prob[i] >= p.min_p * best;
+  }
   if (p.top_p < 1.0f) {
     std::vector<size_t> order;
     double total = 0;
@@ -85,13 +93,6 @@ std::map<TokenId, double> reference_distribution(const std::vector<float>& raw,
       if (r > 0 && before >= p.top_p * total) keep[order[r]] = false;
       before += prob[order[r]];
     }
-  }
-  if (p.min_p > 0.0f) {
-    double best = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (keep[i]) best = std::max(best, prob[i]);
-    }
-    for (size_t i = 0; i < n; ++i) keep[i] = keep[i] && prob[i] >= p.min_p * best;
   }
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += keep[i] ? prob[i] : 0.0;
@@ -374,6 +375,37 @@ TEST(SamplerTest, LogprobsAreTheModelsRawDistribution) {
   }
   // The penalty changed the choice; the reported logprob is still the model's.
   EXPECT_NE(sample_token(logits, penalised, {.prompt = prompt}).token, order[0]);
+}
+
+// logit_bias is added before the penalties and temperature (vLLM's order): it moves the
+// argmax and the sampled distribution, not the reported (raw) logprobs; values past +-100
+// are refused by validate().
+TEST(SamplerTest, LogitBiasMovesTheChoice) {
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.logit_bias = {{2, 2.5f}, {0, -0.1f}};
+  EXPECT_EQ(sample_token(logits, params, {}).token, 2);  // 0 + 2.5 beats 2 - 0.1
+  params.temperature = 1.0f;
+  const TokenDistribution d = final_distribution(logits, params, {});
+  ASSERT_EQ(d.tokens.size(), 4u);
+  const double total = std::exp(1.9) + std::exp(1.0) + std::exp(2.5) + std::exp(-1.0);
+  EXPECT_NEAR(d.probs[2], std::exp(2.5) / total, 1e-6);
+  params.logit_bias = {{1, 101.0f}};
+  EXPECT_NE(params.validate().message().find("logit_bias"), std::string::npos);
+}
+
+// min_p before top_p (vLLM): min_p 0.2 keeps A, B, C (probabilities .30, .09, .07 against a
+// tail of 55 tokens at .01); top_p 0.7 of those renormalised (.65, .20, .15) keeps A and B.
+// top_p first would keep A, B, C and 24 tail tokens, then min_p A, B, C.
+TEST(SamplerTest, MinPComesBeforeTopP) {
+  std::vector<float> logits = {std::log(0.30f), std::log(0.09f), std::log(0.07f)};
+  for (int i = 0; i < 54; ++i) logits.push_back(std::log(0.01f));
+  SamplingParams params;
+  params.min_p = 0.2f;
+  params.top_p = 0.7f;
+  const TokenDistribution d = final_distribution(logits, params, {});
+  EXPECT_EQ(d.tokens, (std::vector<TokenId>{0, 1}));
 }
 
 TEST(SamplerTest, ValidateNamesTheField) {

@@ -61,6 +61,22 @@ TEST(OpenAiProtocolTest, CompletionFieldsAreParsed) {
   EXPECT_EQ(refused->param, "stream_options");
 }
 
+// logit_bias as OpenAI and vLLM take it (string token ids, values clamped to [-100, 100]);
+// seed -1 is "no seed", as in vLLM.
+TEST(OpenAiProtocolTest, LogitBiasAndSeedMinusOne) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": "x", "logit_bias": {"5": 2.5, "7": -300, "9": 1e9}, "seed": -1})", &r));
+  auto bias = r.params.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<TokenId, float>>{{5, 2.5f}, {7, -100.0f}, {9, 100.0f}}));
+  EXPECT_FALSE(r.params.sampling.seed.has_value());
+  CompletionRequest seeded;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "seed": -2, "logit_bias": null})", &seeded));
+  EXPECT_EQ(seeded.params.sampling.seed, static_cast<uint64_t>(int64_t{-2}));
+  EXPECT_TRUE(seeded.params.sampling.logit_bias.empty());
+}
+
 TEST(OpenAiProtocolTest, PromptForms) {
   CompletionRequest a, b, c;
   ASSERT_FALSE(parse_completion(R"({"prompt": ["x", "y"]})", &a));
@@ -111,7 +127,13 @@ TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
       {R"({"prompt": "x", "logprobs": true})", "logprobs"},
       {R"({"prompt": "x", "echo": true})", "echo"},
       {R"({"prompt": "x", "best_of": 3})", "best_of"},
-      {R"({"prompt": "x", "logit_bias": {"5": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"a5": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"-5": 1}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": [5]})", "logit_bias"},
+      {R"({"prompt": "x", "add_special_tokens": false})", "add_special_tokens"},
+      {R"({"prompt": "x", "return_token_ids": true})", "return_token_ids"},
+      {R"({"prompt": "x", "logprob_token_ids": [3]})", "logprob_token_ids"},
       {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
       {R"({"prompt": "x", "model": 5})", "model"},
   };
@@ -582,6 +604,11 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("truncate_prompt_tokens": 8)", "truncate_prompt_tokens"},
            Refused{R"("use_beam_search": true)", "use_beam_search"},
            Refused{R"("length_penalty": 0.5)", "length_penalty"},
+           Refused{R"("continue_final_message": true)", "continue_final_message"},
+           Refused{R"("chat_template": "{{ 1 }}")", "chat_template"},
+           Refused{R"("documents": [{"text": "a"}])", "documents"},
+           Refused{R"("add_special_tokens": true)", "add_special_tokens"},
+           Refused{R"("thinking_token_budget": 10)", "thinking_token_budget"},
        }) {
     ChatRequest r;
     auto e = chat(c.fields, &r);
@@ -593,7 +620,8 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
   ASSERT_FALSE(chat(R"("user": "alice", "tools": [], "tool_choice": "none", "echo": false,
                        "bad_words": [], "min_tokens": 4, "max_tokens": 4,
                        "guided_json": null, "use_beam_search": false, "length_penalty": 1.0,
-                       "prompt_logprobs": null)",
+                       "prompt_logprobs": null, "add_special_tokens": false,
+                       "continue_final_message": false, "stream_interval": 1)",
                     &r)
                    .has_value());
   EXPECT_EQ(r.params.sampling.min_tokens, 4);
