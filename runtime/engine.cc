@@ -661,7 +661,8 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
     }
   }
   if (update.finish_reason) {
-    delta.stop_token = update.stop_token;
+    // vLLM's stop_reason: the stop_token_ids entry that ended the choice; null for EOS.
+    if (!update.stopped_on_eos) delta.stop_token = update.stop_token;
     finish_choice(request, index, *update.finish_reason, &delta, now);
   }
 }

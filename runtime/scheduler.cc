@@ -404,6 +404,7 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
       if (std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end()) {
         update.finish_reason = FinishReason::kStop;
         update.stop_token = token;
+        update.stopped_on_eos = true;
       } else if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
         update.finish_reason = FinishReason::kStop;
         update.stop_token = token;

@@ -82,6 +82,7 @@ struct SequenceUpdate {
   int32_t num_accepted_drafts = 0;
   std::optional<FinishReason> finish_reason;
   std::optional<TokenId> stop_token;     // the stop token id / EOS that ended it
+  bool stopped_on_eos = false;           // stop_token is an EOS id, not a stop_token_ids one
   int64_t num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache
 };
 

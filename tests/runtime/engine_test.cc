@@ -269,7 +269,7 @@ TEST_F(EngineTest, StopTokenIdsAndEosAndIgnoreEos) {
   auto choices = assemble(collector_.wait(submit(p, greedy(30))));
   EXPECT_EQ(choices[0].tokens, std::vector<TokenId>(ref.begin(), ref.begin() + first_eos + 1));
   EXPECT_EQ(choices[0].finish, FinishReason::kStop);
-  EXPECT_EQ(choices[0].stop_token, eos);
+  EXPECT_EQ(choices[0].stop_token, std::nullopt);  // vLLM's stop_reason is null for EOS
 
   GenerationParams ignore = greedy(30);
   ignore.ignore_eos = true;
