@@ -12,6 +12,7 @@ namespace peerserve {
 namespace {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 std::string brief(const json& value) {
   std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -973,11 +974,11 @@ double finite_logprob(float lp) {
 
 }  // namespace
 
-json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
-                        int32_t top_logprobs) {
-  json content = json::array();
+ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
+                                int32_t top_logprobs) {
+  ordered_json content = ordered_json::array();
   for (const SampledToken& t : tokens) {
-    json top = json::array();
+    ordered_json top = ordered_json::array();
     for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
       const TokenLogprob& alt = t.top_logprobs[k];
       top.push_back({{"token", token_display(tokenizer, alt.token)},
@@ -992,21 +993,24 @@ json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer
   return {{"content", std::move(content)}};
 }
 
-json completion_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
-                              int32_t top_logprobs, int64_t text_offset) {
-  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
+                                      const Tokenizer* tokenizer, int32_t top_logprobs,
+                                      int64_t text_offset) {
+  ordered_json toks = ordered_json::array(), lps = ordered_json::array(),
+               tops = ordered_json::array(), offsets = ordered_json::array();
   int64_t offset = text_offset;
   for (const SampledToken& t : tokens) {
     const std::string text = token_display(tokenizer, t.token);
     toks.push_back(text);
     lps.push_back(finite_logprob(t.logprob));
-    json top = json::object();
+    // In vLLM's order (JSON objects keep the order they are written): the sampled token,
+    // always there (OpenAI: up to logprobs + 1 entries), then the most likely first.
+    ordered_json top = ordered_json::object();
+    top[text] = finite_logprob(t.logprob);
     for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
-      top[token_display(tokenizer, t.top_logprobs[k].token)] =
-          finite_logprob(t.top_logprobs[k].logprob);
+      const std::string alt = token_display(tokenizer, t.top_logprobs[k].token);
+      if (!top.contains(alt)) top[alt] = finite_logprob(t.top_logprobs[k].logprob);
     }
-    // The sampled token is always among them (OpenAI: up to logprobs + 1 entries; vLLM).
-    if (!top.contains(text)) top[text] = finite_logprob(t.logprob);
     tops.push_back(std::move(top));
     offsets.push_back(offset);
     offset += static_cast<int64_t>(utf8::count_code_points(text));  // characters, as OpenAI
@@ -1018,8 +1022,6 @@ json completion_logprobs_json(const std::vector<SampledToken>& tokens, const Tok
 }
 
 namespace {
-
-using ordered_json = nlohmann::ordered_json;
 
 // The parts of the body the chat template sees, with their keys in order. An ordered object
 // finds a key by a linear search, so building one is quadratic in its keys: past these bounds

@@ -146,13 +146,13 @@ std::string token_display(const Tokenizer* tokenizer, TokenId id);
 std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id);
 
 // Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
-nlohmann::json chat_logprobs_json(const std::vector<SampledToken>& tokens,
-                                  const Tokenizer* tokenizer, int32_t top_logprobs);
+nlohmann::ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens,
+                                          const Tokenizer* tokenizer, int32_t top_logprobs);
 // Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
 // `text_offset` is the length of the text before the first token.
-nlohmann::json completion_logprobs_json(const std::vector<SampledToken>& tokens,
-                                        const Tokenizer* tokenizer, int32_t top_logprobs,
-                                        int64_t text_offset);
+nlohmann::ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
+                                                const Tokenizer* tokenizer, int32_t top_logprobs,
+                                                int64_t text_offset);
 
 // Replaces invalid UTF-8 with U+FFFD (so it can go into JSON).
 std::string sanitize_utf8(std::string_view text);

@@ -15,7 +15,9 @@
 
 namespace peerserve {
 
-using json = nlohmann::json;
+// Responses keep the order their members are written in (completions' top_logprobs are
+// ordered by likelihood, as vLLM writes them); request bodies are parsed as nlohmann::json.
+using json = nlohmann::ordered_json;
 
 struct OpenAiServer::Context {
   OpenAiServerOptions options;
@@ -80,9 +82,9 @@ std::optional<ApiError> check_model(const OpenAiServer::Context& ctx,
 
 // Parses the body as JSON (depth-checked, see parse_json_body); on failure sends 400 and
 // returns nullopt.
-std::optional<json> parse_body(const OpenAiServer::Context& ctx, const HttpRequest& request,
-                               HttpExchange& exchange) {
-  json body;
+std::optional<nlohmann::json> parse_body(const OpenAiServer::Context& ctx,
+                                         const HttpRequest& request, HttpExchange& exchange) {
+  nlohmann::json body;
   if (auto e = parse_json_body(request.body, ctx.options.limits, &body)) {
     send_error(exchange, *e);
     return std::nullopt;

@@ -458,6 +458,15 @@ TEST(OpenAiProtocolTest, CompletionLogprobsOffsets) {
   EXPECT_EQ(j["top_logprobs"][1]["token_id:8"], -9999.0);
   json two = completion_logprobs_json(toks, nullptr, 0, 0);
   EXPECT_EQ(two["top_logprobs"][0], json({{"token_id:7", -0.5}}));
+  // As vLLM writes them: the sampled token, then the most likely first (JSON object order;
+  // the keys sorted put token_id:10 before token_id:9).
+  SampledToken ranked;
+  ranked.token = 11;
+  ranked.logprob = -2.0f;
+  ranked.top_logprobs = {{9, -0.1f}, {10, -1.0f}, {11, -2.0f}};
+  const std::string text =
+      completion_logprobs_json({ranked}, nullptr, 3, 0)["top_logprobs"][0].dump();
+  EXPECT_EQ(text, R"({"token_id:11":-2.0,"token_id:9":-0.10000000149011612,"token_id:10":-1.0})");
 }
 
 // text_offset counts characters, as OpenAI's and vLLM's do, not UTF-8 bytes.
