@@ -455,11 +455,12 @@ void Engine::admit_now(Pending pending) {
       pending.prefilled_tail.reset();  // the scheduler owns it now, whatever add() says
     }
     if (spec.sampling.min_tokens > 0) {
-      // Until min_tokens are out, the tokens that would end the choice cannot be drawn.
+      // Until min_tokens are out, the tokens that would end the choice cannot be drawn; EOS
+      // neither, even under ignore_eos (vLLM's min_tokens processor blocks it always).
       spec.sampling.suppressed_until_min_tokens = spec.stop_token_ids;
       spec.sampling.suppressed_until_min_tokens.insert(
-          spec.sampling.suppressed_until_min_tokens.end(), spec.eos_token_ids.begin(),
-          spec.eos_token_ids.end());
+          spec.sampling.suppressed_until_min_tokens.end(), options_.eos_token_ids.begin(),
+          options_.eos_token_ids.end());
     }
     status = scheduler_->add(spec);
     if (!status.ok()) break;

@@ -31,6 +31,7 @@ struct RunConfig {
   bool prefix_caching = true;
   int microbatches = 1;
   MicrobatchSplit microbatch_split = MicrobatchSplit::kAlways;
+  std::vector<TokenId> eos_token_ids;
 };
 
 struct RunResult {
@@ -83,6 +84,7 @@ class ModelEngineTest : public ::testing::Test {
                                .block_size = config.block_size,
                                .enable_prefix_caching = config.prefix_caching};
     eo.vocab_size = model_->config().vocab_size;
+    eo.eos_token_ids = config.eos_token_ids;
     auto engine = Engine::create(eo, std::move(executor).value(), nullptr);
     EXPECT_TRUE(engine.ok()) << engine.status().to_string();
     (*engine)->start();
@@ -165,6 +167,22 @@ TEST_F(ModelEngineTest, BatchedEqualsSequentialGreedyAndSeeded) {
     ASSERT_EQ(sequential.tokens[i].size(), 12u);
     EXPECT_EQ(batched.tokens[i], sequential.tokens[i]) << "request " << i;
   }
+}
+
+// Under ignore_eos, EOS is still kept out of the first min_tokens tokens, as vLLM's
+// min_tokens processor does: the greedy token at position 1 made the EOS id cannot come out
+// before position 4, and comes out as usual without min_tokens.
+TEST_F(ModelEngineTest, MinTokensKeepsEosOutUnderIgnoreEos) {
+  const RunResult plain = run(RunConfig{}, {request(prompt(9, 3), 6)}, false);
+  ASSERT_EQ(plain.tokens[0].size(), 6u);
+  RunConfig with_eos;
+  with_eos.eos_token_ids = {plain.tokens[0][1]};
+  EXPECT_EQ(run(with_eos, {request(prompt(9, 3), 6)}, false).tokens[0], plain.tokens[0]);
+  EngineRequest held = request(prompt(9, 3), 6);
+  held.params.sampling.min_tokens = 4;
+  const RunResult r = run(with_eos, {held}, false);
+  ASSERT_EQ(r.tokens[0].size(), 6u);
+  EXPECT_EQ(std::count(r.tokens[0].begin(), r.tokens[0].begin() + 4, plain.tokens[0][1]), 0);
 }
 
 TEST_F(ModelEngineTest, TwoMicrobatchesGiveTheSameTokensAsOne) {
