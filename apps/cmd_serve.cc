@@ -42,6 +42,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_handoff_receiver.h"
 #include "runtime/model_executor.h"
+#include "serve/generation_defaults.h"
 #include "serve/openai_server.h"
 #include "serve/prefill_dispatcher.h"
 #include "serve/prometheus_text.h"
@@ -97,6 +98,7 @@ struct ServeCli {
   std::string tool_call_parser = "deepseek_v3";
   bool enable_auto_tool_choice = false;
   bool allow_forced_output = false;
+  std::string generation_config = "auto";
   // The serve command, to tell which flags were given (set at registration).
   const CLI::App* command = nullptr;
 };
@@ -296,6 +298,20 @@ int run_serve(const ServeCli& cli) {
                    static_cast<double>(fetched->bytes) / 1e9, fetched->seconds,
                    static_cast<double>(fetched->bytes) / 1e9 / std::max(fetched->seconds, 1e-9));
       fetched_from_cache = true;
+    }
+  }
+  // The checkpoint's recommended sampling, as vLLM's --generation-config auto: read (and
+  // checked) before the minutes of loading.
+  GenerationDefaults generation_defaults;
+  if (cli.generation_config == "auto") {
+    Result<GenerationDefaults> defaults = load_generation_defaults(cli.model_dir);
+    if (!defaults.ok()) return session.fail(defaults.status(), true);
+    generation_defaults = *defaults;
+    if (!generation_defaults.empty()) {
+      std::fprintf(stderr,
+                   "default sampling of requests that leave it out, from the checkpoint's "
+                   "generation_config.json: %s (--generation-config vllm: OpenAI's defaults)\n",
+                   generation_defaults.describe().c_str());
     }
   }
   std::fprintf(stderr, "loading %s\n", cli.model_dir.c_str());
@@ -622,6 +638,7 @@ int run_serve(const ServeCli& cli) {
   if (!cli.api_key.empty()) server_options.api_key = cli.api_key;
   server_options.kv_namespace_identity = kv_identity;
   server_options.limits.max_n = engine_options.max_n;
+  server_options.limits.sampling_defaults = generation_defaults;
   server_options.tool_calling = tool_calling;
   server_options.allow_forced_output = cli.allow_forced_output;
   server_options.accept_kv_push = cli.role == "prefill";
@@ -946,6 +963,12 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_flag("--enable-auto-tool-choice", cli->enable_auto_tool_choice,
                 "Accepted for vLLM compatibility: tool_choice \"auto\" is on whenever "
                 "--tool-call-parser is not none");
+  sub->add_option("--generation-config", cli->generation_config,
+                  "Sampling defaults of requests that leave temperature, top_p, top_k, min_p or "
+                  "repetition_penalty out: auto (the checkpoint's generation_config.json, as "
+                  "vLLM) or vllm (OpenAI's: temperature 1, no truncation)")
+      ->check(CLI::IsMember({"auto", "vllm"}))
+      ->capture_default_str();
   sub->add_flag("--allow-forced-output", cli->allow_forced_output,
                 "Testing hook: a chat request's 'peerserve_forced_output' text is decoded "
                 "instead of the model's choice (to test clients against known output); never "

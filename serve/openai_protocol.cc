@@ -172,6 +172,7 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   }
   GenerationParams& p = out->params;
   SamplingParams& s = p.sampling;
+  limits.sampling_defaults.apply_to(s);
   if (auto v = f.number("temperature", 0.0, 2.0)) s.temperature = static_cast<float>(*v);
   if (auto v = f.number("top_p", 0.0, 1.0, /*lo_open=*/true)) s.top_p = static_cast<float>(*v);
   if (auto v = f.integer("top_k", -1, std::numeric_limits<int32_t>::max())) {

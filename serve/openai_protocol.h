@@ -15,6 +15,7 @@
 
 #include "base/status.h"
 #include "runtime/request.h"
+#include "serve/generation_defaults.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -44,6 +45,9 @@ struct ApiLimits {
   // no later copy, dump or template conversion can recurse deeper.
   int32_t max_json_depth = 64;
   int32_t max_tools = 128;  // entries of a chat request's `tools`, as OpenAI allows
+  // What a request that leaves out temperature, top_p, top_k, min_p or repetition_penalty
+  // gets (the checkpoint's generation_config.json: serve/generation_defaults.h).
+  GenerationDefaults sampling_defaults;
 };
 
 // Parses a request body as JSON. Bodies nested deeper than limits.max_json_depth are

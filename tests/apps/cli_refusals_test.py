@@ -5,9 +5,12 @@ model loads (no "loading" line), since a real checkpoint takes minutes.
 
 usage: cli_refusals_test.py PEERSERVE_BINARY MODEL_DIR
 """
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 
@@ -86,12 +89,26 @@ CASES += [
     (["serve", "--model", MODEL, "--host", "no-such-host.invalid"], "--host 'no-such-host"),
 ]
 
+# A checkpoint whose generation_config.json recommends a value no request may have: refused
+# before loading, naming the key and the file (serve reads it for its sampling defaults).
+bad_generation = tempfile.mkdtemp(prefix="cli_refusals_")
+for name in os.listdir(MODEL):
+    if name != "generation_config.json":
+        os.symlink(os.path.join(MODEL, name), os.path.join(bad_generation, name))
+with open(os.path.join(bad_generation, "generation_config.json"), "w") as f:
+    f.write('{"temperature": 0.6, "top_p": 2}')
+CASES += [
+    (["serve", "--model", bad_generation], "generation_config.json"),
+    (["serve", "--model", MODEL, "--generation-config", "hf"], "--generation-config"),
+]
+
 failures = []
 for args, expected in CASES:
     p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=60)
     out = p.stdout + p.stderr
     if p.returncode == 0 or expected not in out or "loading" in out.lower():
         failures.append(f"{' '.join(args)}: exit {p.returncode}, output {out[-300:]!r}")
+shutil.rmtree(bad_generation, ignore_errors=True)
 for f in failures:
     print("FAIL", f)
 print(f"{len(CASES) - len(failures)} of {len(CASES)} refused as expected")
