@@ -175,13 +175,13 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                          {"logprobs", nullptr},
                          {"finish_reason", nullptr}};
-          exchange_->write_chunk(sse(chunk_envelope(json::array({choice}))));
+          exchange_->write_chunk(sse(chunk_envelope(json::array({choice}), i)));
           if (!prefix_deltas[i].empty()) {
             json header = {{"index", i},
                            {"delta", std::move(prefix_deltas[i])},
                            {"logprobs", nullptr},
                            {"finish_reason", nullptr}};
-            exchange_->write_chunk(sse(chunk_envelope(json::array({header}))));
+            exchange_->write_chunk(sse(chunk_envelope(json::array({header}), i)));
           }
         }
       }
@@ -195,6 +195,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::optional<FinishReason> finish;
     json stop_reason = nullptr;
     int64_t text_length = 0;  // for completion text_offset
+    int64_t tokens = 0;       // generated so far (continuous usage stats)
     // Tool calling: the parser, the content it let through, the ids of the calls it found.
     std::optional<ToolCallStreamParser> tools;
     std::string tool_content;
@@ -244,13 +245,19 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     return finish_reason_string(*c.finish);
   }
 
-  json chunk_envelope(json choices) const {
+  // `choice`: the index of the one choice in `choices`, whose usage continuous_usage_stats
+  // reports (its prompt's tokens and its own, as vLLM does); none: the request's.
+  json chunk_envelope(json choices, std::optional<int32_t> choice = std::nullopt) const {
     json chunk = {{"id", id_},
                   {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
                   {"created", created_},
                   {"model", ctx_->options.served_model_name},
                   {"choices", std::move(choices)}};
-    if (continuous_usage_) {
+    if (continuous_usage_ && choice) {
+      Usage usage = usage_[static_cast<size_t>(*choice / n_)];
+      usage.completion_tokens = choices_[static_cast<size_t>(*choice)].tokens;
+      chunk["usage"] = usage_json(usage);
+    } else if (continuous_usage_) {
       chunk["usage"] = usage_json(total_usage());
     } else if (include_usage_) {
       chunk["usage"] = nullptr;
@@ -277,6 +284,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       ChoiceState& c = choices_[index];
       const int64_t offset = c.text_length;
       c.text += delta.text;
+      c.tokens += static_cast<int64_t>(delta.token_ids.size());
       c.text_length += static_cast<int64_t>(utf8::count_code_points(delta.text));
       if (want_logprobs_)
         c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
@@ -322,8 +330,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       if (delta.finish_reason) choice["stop_reason"] = c.stop_reason;
       stream_choices.push_back(std::move(choice));
     }
-    if (stream_ && !stream_choices.empty()) {
-      exchange_->write_chunk(sse(chunk_envelope(std::move(stream_choices))));
+    // One chunk per choice, as OpenAI and vLLM stream n > 1 (clients read choices[0]).
+    for (json& choice : stream_choices) {
+      const auto index = choice["index"].get<int32_t>();
+      exchange_->write_chunk(sse(chunk_envelope(json::array({std::move(choice)}), index)));
     }
     if (out.finished && --num_unfinished_prompts_ == 0) finish();
   }

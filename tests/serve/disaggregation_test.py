@@ -182,6 +182,20 @@ def continuous_usage_in_every_chunk():
             if line.startswith("data: ") and line != "data: [DONE]":
                 counts.append(json.loads(line[6:])["usage"]["completion_tokens"])
     assert counts and counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 12, counts
+    # n = 2: each chunk carries one choice and that choice's own count, as vLLM's does.
+    body["n"] = 2
+    req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    per_choice = {0: [], 1: []}
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                assert len(chunk["choices"]) == 1, chunk
+                per_choice[chunk["choices"][0]["index"]].append(chunk["usage"]["completion_tokens"])
+    for index, counts in per_choice.items():
+        assert counts == sorted(counts) and counts[-1] == 12, (index, counts)
 
 
 def held_back_text_still_streams_a_chunk_per_step():

@@ -174,6 +174,15 @@ def n2_and_logprobs(a):
     assert (content, args, finish) == ("Sure.", '{"city": "Rome"}', "tool_calls"), \
         (content, args, finish)
     assert logprobs == r["usage"]["completion_tokens"] // 2, (logprobs, r["usage"])
+    # n = 2 streamed: one choice per chunk, as OpenAI and vLLM stream it, both indexes whole.
+    chunks = a.post({"messages": MESSAGES, "stream": True, "n": 2, "max_tokens": 6,
+                     "peerserve_forced_output": "Hello there"})
+    texts = {0: "", 1: ""}
+    for chunk in chunks:
+        assert len(chunk["choices"]) <= 1, chunk
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content") or ""
+    assert all(t.startswith("Hello there") for t in texts.values()), texts
 
 
 def server_b_cases(b):
