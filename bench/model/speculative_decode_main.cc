@@ -1,8 +1,8 @@
 // peerserve_bench_speculative_decode: decode tokens/s with and without MTP speculative
 // decoding, through the serving path (scheduler + model executor), at several batch sizes.
-// Each configuration (K = 0 = off, then the given K) runs --runs times, interleaved, and the
-// medians are reported with the speedup over off measured in the same run, the draft
-// acceptance and the tokens emitted per sequence and step.
+// Each configuration (K = 0 = off, then the given K) runs --runs times, interleaved: the
+// median tokens/s, the median over runs of each run's speed-up over the off run beside it,
+// and the draft acceptance and tokens per sequence and step over all runs.
 //
 //   peerserve_bench_speculative_decode [--model DIR] [--text FILE] [--batch 1,8,32]
 //       [--k 1,2] [--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]
@@ -223,7 +223,10 @@ int run(const Args& args) {
   for (int batch : args.batches) {
     const std::vector<std::vector<int32_t>> subset(prompts.begin(), prompts.begin() + batch);
     std::vector<std::vector<double>> rates(ks.size());
-    std::vector<Measurement> last(ks.size());
+    // Each run's speed-up over the run of K = 0 beside it (runs are interleaved so that a
+    // drift of the machine moves both), and the drafts of all runs summed.
+    std::vector<std::vector<double>> speedups(ks.size());
+    std::vector<Measurement> total(ks.size());
     for (int r = 0; r < args.runs; ++r) {
       for (size_t i = 0; i < ks.size(); ++i) {
         auto m = ks[i] < 0 ? measure(model, subset, args.new_tokens, 1, &*policy)
@@ -233,12 +236,15 @@ int run(const Args& args) {
           return 1;
         }
         rates[i].push_back(m->decode_tokens_per_s);
-        last[i] = *m;
+        speedups[i].push_back(m->decode_tokens_per_s / rates[0].back());
+        total[i].drafts += m->drafts;
+        total[i].accepted += m->accepted;
+        total[i].sequence_steps += m->sequence_steps;
+        total[i].decode_tokens += m->decode_tokens;
       }
     }
-    const double off = bench::median(rates[0]);
     for (size_t i = 0; i < ks.size(); ++i) {
-      const Measurement& m = last[i];
+      const Measurement& m = total[i];
       const double rate = bench::median(rates[i]);
       char accepted[32] = "-";
       if (m.drafts > 0) {
@@ -247,7 +253,7 @@ int run(const Args& args) {
       const double seq_steps = std::max<double>(1.0, static_cast<double>(m.sequence_steps));
       const std::string k_label = ks[i] < 0 ? "auto" : std::to_string(ks[i]);
       std::printf("%6d %4s %12.1f %8.2fx %11s %16.2f %16.2f\n", batch, k_label.c_str(), rate,
-                  rate / off, accepted, static_cast<double>(m.drafts) / seq_steps,
+                  bench::median(speedups[i]), accepted, static_cast<double>(m.drafts) / seq_steps,
                   static_cast<double>(m.decode_tokens) / seq_steps);
     }
   }
@@ -260,8 +266,9 @@ int run(const Args& args) {
 constexpr const char* kUsage =
     "usage: peerserve_bench_speculative_decode [options]\n"
     "Decode tokens/s with and without MTP speculative decoding through the serving path\n"
-    "(scheduler + model executor), each K interleaved with K = 0 (off) --runs times: medians,\n"
-    "the speedup over off from the same run, draft acceptance and tokens per sequence-step;\n"
+    "(scheduler + model executor), each K interleaved with K = 0 (off) --runs times: median\n"
+    "tokens/s, the median of each run's speedup over the off run beside it, and draft\n"
+    "acceptance and tokens per sequence-step over all runs;\n"
     "first the start-up calibration that --speculative auto decides from.\n"
     "  --model DIR        checkpoint with an MTP layer (default: the mini preset, written once\n"
     "                     to $TMPDIR/peerserve_bench_mini; its random MTP head accepts ~0%)\n"
