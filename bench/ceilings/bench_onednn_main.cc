@@ -152,7 +152,7 @@ int run(int argc, char** argv) {
                    "Our matmul_bf16 beside oneDNN's matmul primitive on the same shapes in one\n"
                    "run (bf16 activations, checkpoint-layout bf16 weights, fp32 output).\n"
                    "  --threads N   our kernels' threads (default 0: one per core); oneDNN's\n"
-                   "                follow OMP_NUM_THREADS\n"
+                   "                follow OMP_NUM_THREADS, set to the same number if unset\n"
                    "  --cpu-time    time with the calling thread's CPU clock (needs --threads 1\n"
                    "                and OMP_NUM_THREADS=1)\n"
                    "  --help        this text\n");
@@ -164,10 +164,23 @@ int run(int argc, char** argv) {
     return 2;
   }
   ThreadPool pool(threads);
+  // oneDNN's OpenMP threads: as many as ours unless OMP_NUM_THREADS says otherwise (set
+  // before oneDNN's first call, which reads it), so that both sides run on the same cores.
+  const std::string ours = std::to_string(pool.num_threads());
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", ours.c_str(), 1);
+  const std::string theirs = std::getenv("OMP_NUM_THREADS");
   const double bandwidth = measure_read_bandwidth(pool, int64_t{1} << 30, 5, time);
-  const double dot_peak = measure_bf16_dot_peak(pool, 5, 0.1, time);
-  std::printf("threads %d; read bandwidth %.1f GB/s; bf16 dot peak %.1f GFLOP/s\n",
-              pool.num_threads(), bandwidth, dot_peak);
+  double dot_peak = measure_bf16_dot_peak(pool, 5, 0.1, time);
+  const char* peak_name = "bf16 dot peak";
+  if (dot_peak <= 0.0) {  // no AVX512_BF16: the fp32 FMA peak bounds both sides instead
+    dot_peak = measure_fp32_fma_peak(pool, 5, 0.1, time);
+    peak_name = "fp32 FMA peak (no bf16 dot product on this CPU)";
+  }
+  std::printf(
+      "threads %d (oneDNN: OMP_NUM_THREADS=%s%s); read bandwidth %.1f GB/s; %s %.1f GFLOP/s\n",
+      pool.num_threads(), theirs.c_str(),
+      theirs == ours ? "" : ", NOT the same: ratios compare different thread counts", bandwidth,
+      peak_name, dot_peak);
   std::printf("%-16s %10s %10s %9s %9s  %s\n", "m x n x k", "ours_ms", "onednn_ms", "ours",
               "onednn", "oneDNN implementation");
   const int64_t shapes[][3] = {{1, 2048, 2048},   {1, 4096, 2048},  {1, 1024, 1024},
@@ -192,7 +205,7 @@ int run(int argc, char** argv) {
                   100 * flops / (t.onednn_ms * 1e-3) / 1e9 / dot_peak, t.onednn_impl.c_str());
     }
   }
-  std::printf("(ratios: of read bandwidth for m <= 4, of the bf16 dot peak otherwise)\n");
+  std::printf("(ratios: of read bandwidth for m <= 4, of the %s otherwise)\n", peak_name);
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {1024, 2816}}) {
     std::printf("oneDNN rows bitwise independent of the batch (512x%ldx%ld vs m = 1, 7): %s\n", n,
                 k, onednn_batch_invariant(n, k) ? "yes" : "no");
