@@ -9,12 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint/safetensors_writer.h"
-#include "model/checkpoint/tensor_layout.h"
-#include "model/checkpoint/test_model.h"
 #include "model/deepseek_model.h"
 #include "tests/base/resident_memory.h"
-#include "tests/model_loading/scratch_dir.h"
+#include "tests/model_loading/constant_checkpoint.h"
 
 namespace peerserve {
 namespace {
@@ -26,19 +23,7 @@ TEST(Int8LoadMemoryTest, QuantizedWeightsLeaveNoResidentBf16Copy) {
   config.n_routed_experts = 64;
   config.num_experts_per_tok = 4;
   config.moe_intermediate_size = 256;
-  testing::write_file_bytes(dir.file("config.json"), model_config_to_json(config));
-  uint64_t file_bytes = 0;
-  {
-    std::vector<TensorToWrite> tensors;
-    for (const TensorSpec& spec : deepseek_tensor_layout(config)) {
-      int64_t n = 1;
-      for (int64_t d : spec.shape) n *= d;
-      tensors.push_back({spec.name, DType::kBF16, spec.shape,
-                         std::vector<std::byte>(static_cast<size_t>(n) * 2, std::byte{0x3c})});
-      file_bytes += tensors.back().bytes.size();
-    }
-    ASSERT_TRUE(write_safetensors_file(dir.file("model.safetensors"), tensors).ok());
-  }  // writer buffers freed here
+  const uint64_t file_bytes = testing::write_constant_checkpoint(dir, config, std::byte{0x3c});
   ASSERT_GT(file_bytes, 40ull << 20);
 
   ModelOptions options;

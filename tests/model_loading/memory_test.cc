@@ -7,11 +7,9 @@
 #include <string>
 
 #include "model/checkpoint/checkpoint.h"
-#include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
-#include "model/checkpoint/test_model.h"
 #include "tests/base/resident_memory.h"
-#include "tests/model_loading/scratch_dir.h"
+#include "tests/model_loading/constant_checkpoint.h"
 
 namespace peerserve {
 namespace {
@@ -21,19 +19,8 @@ TEST(MemoryTest, Bf16CheckpointResidentGrowthBelow1Point2xItsSize) {
   // A tiny-architecture config with a large vocabulary so that the checkpoint is ~64 MiB.
   ModelConfig config = test_model_config(TestModelPreset::kTiny, false);
   config.vocab_size = 131072;
-  testing::write_file_bytes(dir.file("config.json"), model_config_to_json(config));
-  uint64_t file_bytes = 0;
-  {
-    std::vector<TensorToWrite> tensors;
-    for (const TensorSpec& spec : deepseek_tensor_layout(config)) {
-      int64_t n = 1;
-      for (int64_t d : spec.shape) n *= d;
-      tensors.push_back({spec.name, DType::kBF16, spec.shape,
-                         std::vector<std::byte>(static_cast<size_t>(n) * 2, std::byte{0x3f})});
-      file_bytes += tensors.back().bytes.size();
-    }
-    ASSERT_TRUE(write_safetensors_file(dir.file("model.safetensors"), tensors).ok());
-  }  // writer buffers freed here
+  // The writer's buffers are freed when it returns.
+  const uint64_t file_bytes = testing::write_constant_checkpoint(dir, config, std::byte{0x3f});
   ASSERT_GT(file_bytes, 60ull << 20);
 
   const int64_t before = testing::resident_bytes();
