@@ -35,6 +35,11 @@ void encode_sampling(const SamplingParams& s, ByteWriter& out) {
   out.put<int32_t>(s.min_tokens);
   out.put_array<TokenId>(s.suppressed_until_min_tokens);
   out.put_array<TokenId>(s.forced_tokens);
+  out.put<uint64_t>(s.logit_bias.size());
+  for (const auto& [id, bias] : s.logit_bias) {
+    out.put<TokenId>(id);
+    out.put<float>(bias);
+  }
 }
 
 SamplingParams decode_sampling(ByteReader& in) {
@@ -52,6 +57,12 @@ SamplingParams decode_sampling(ByteReader& in) {
   s.min_tokens = in.get<int32_t>();
   s.suppressed_until_min_tokens = in.get_array<TokenId>();
   s.forced_tokens = in.get_array<TokenId>();
+  const uint64_t biases = in.get_count(sizeof(TokenId) + sizeof(float));
+  s.logit_bias.reserve(biases);
+  for (uint64_t i = 0; i < biases && in.ok(); ++i) {
+    const TokenId id = in.get<TokenId>();
+    s.logit_bias.emplace_back(id, in.get<float>());
+  }
   return s;
 }
 
