@@ -12,6 +12,9 @@
 // oneDNN's own thread count follows OMP_NUM_THREADS. --cpu-time (with --threads 1 and
 // OMP_NUM_THREADS=1, where both run on the calling thread) times with the thread's CPU clock,
 // leaving out preemption on a shared machine.
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -164,11 +167,22 @@ int run(int argc, char** argv) {
     return 2;
   }
   ThreadPool pool(threads);
-  // oneDNN's OpenMP threads: as many as ours unless OMP_NUM_THREADS says otherwise (set
-  // before oneDNN's first call, which reads it), so that both sides run on the same cores.
+  // oneDNN's OpenMP threads: as many as ours unless OMP_NUM_THREADS says otherwise. The
+  // OpenMP runtime reads the variable when it is loaded, before main, so the process starts
+  // itself again with it set.
   const std::string ours = std::to_string(pool.num_threads());
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) ::setenv("OMP_NUM_THREADS", ours.c_str(), 1);
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    ::setenv("OMP_NUM_THREADS", ours.c_str(), 1);
+    ::execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "cannot restart with OMP_NUM_THREADS=%s: %s\n", ours.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
   const std::string theirs = std::getenv("OMP_NUM_THREADS");
+  if (time == TimeSource::kThreadCpu && theirs != "1") {
+    std::fprintf(stderr, "--cpu-time needs oneDNN on the calling thread: OMP_NUM_THREADS=1\n");
+    return 2;
+  }
   const double bandwidth = measure_read_bandwidth(pool, int64_t{1} << 30, 5, time);
   double dot_peak = measure_bf16_dot_peak(pool, 5, 0.1, time);
   const char* peak_name = "bf16 dot peak";
