@@ -129,7 +129,6 @@ Result<ModelCacheTransfer> publish_model(KvBlockStore& pool, const std::string& 
                                         text.size());
   const Status stored = pool.put({&key, 1}, {&view, 1}, o.timeout)[0];
   if (!stored.ok()) return stored.with_context("model cache: storing the manifest of " + id);
-  if (Status synced = sync_path(dir); !synced.ok()) return synced.with_context("model cache");
   done.seconds = seconds_since(start);
   return done;
 }
