@@ -146,6 +146,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       }
     }
     for (int32_t p = 0; p < num_prompts; ++p) {
+      // Known now: the first chunks' continuous usage reports it, as vLLM's do.
+      usage_[static_cast<size_t>(p)].prompt_tokens =
+          static_cast<int64_t>(requests[static_cast<size_t>(p)].prompt_tokens.size());
       auto self = shared_from_this();
       auto exchange = exchange_;
       EngineClient::OutputSink sink = [self, exchange, p](RequestOutput out) {
