@@ -309,8 +309,8 @@ int run_serve(const ServeCli& cli) {
     generation_defaults = *defaults;
     if (!generation_defaults.empty()) {
       std::fprintf(stderr,
-                   "default sampling of requests that leave it out, from the checkpoint's "
-                   "generation_config.json: %s (--generation-config vllm: OpenAI's defaults)\n",
+                   "from the checkpoint's generation_config.json (--generation-config vllm: "
+                   "OpenAI's defaults): %s\n",
                    generation_defaults.describe().c_str());
     }
   }
@@ -473,6 +473,20 @@ int run_serve(const ServeCli& cli) {
   sched.block_pool.enable_prefix_caching = !cli.no_prefix_caching;
   for (const int64_t id : config.eos_token_ids) {
     engine_options.eos_token_ids.push_back(static_cast<TokenId>(id));
+  }
+  // generation_config.json's end-of-sequence ids end generation too (vLLM adds them as stop
+  // ids): a chat model's end-of-turn token is often listed only there.
+  for (const int64_t id : generation_defaults.eos_token_ids) {
+    if (id >= config.vocab_size) {
+      return session.fail(invalid_argument(
+          cli.model_dir + "/generation_config.json: eos_token_id " + std::to_string(id) +
+          " is not below the vocabulary size " + std::to_string(config.vocab_size)));
+    }
+    const auto token = static_cast<TokenId>(id);
+    if (std::find(engine_options.eos_token_ids.begin(), engine_options.eos_token_ids.end(),
+                  token) == engine_options.eos_token_ids.end()) {
+      engine_options.eos_token_ids.push_back(token);
+    }
   }
   if (engine_options.eos_token_ids.empty() && tokenizer && tokenizer->eos_id()) {
     engine_options.eos_token_ids.push_back(*tokenizer->eos_id());

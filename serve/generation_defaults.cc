@@ -32,6 +32,11 @@ std::string GenerationDefaults::describe() const {
   add("top_k", top_k);
   add("min_p", min_p);
   add("repetition_penalty", repetition_penalty);
+  if (!eos_token_ids.empty()) {
+    out << separator << "eos_token_id=[";
+    for (size_t i = 0; i < eos_token_ids.size(); ++i) out << (i ? "," : "") << eos_token_ids[i];
+    out << "]";
+  }
   return out.str();
 }
 
@@ -62,7 +67,21 @@ Result<GenerationDefaults> parse_generation_defaults(const std::string& source,
       return invalid_argument(source_name + ": 'top_k' must be an integer >= -1, got " +
                               it->dump());
     }
-    d.top_k = static_cast<int32_t>(it->get<int64_t>());
+    // transformers' default top_k: dropped as vLLM's to_diff_dict drops it.
+    if (it->get<int64_t>() != 50) d.top_k = static_cast<int32_t>(it->get<int64_t>());
+  }
+  if (const auto it = root.find("eos_token_id"); it != root.end() && !it->is_null()) {
+    const json list = it->is_array() ? *it : json::array({*it});
+    if (list.empty() || list.size() > 64) {
+      return invalid_argument(source_name + ": 'eos_token_id' must be an id or 1 to 64 ids");
+    }
+    for (const json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0) {
+        return invalid_argument(source_name + ": 'eos_token_id' entries must be token ids, got " +
+                                id.dump());
+      }
+      d.eos_token_ids.push_back(id.get<int64_t>());
+    }
   }
   // The same ranges as a request's (the message names the field).
   SamplingParams check;

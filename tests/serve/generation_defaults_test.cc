@@ -23,13 +23,19 @@ TEST(GenerationDefaultsTest, ReadsTheSamplingKeysOnly) {
   EXPECT_EQ(d->temperature, 0.6f);
   EXPECT_EQ(d->top_p, 0.95f);
   EXPECT_FALSE(d->top_k || d->min_p || d->repetition_penalty);
-  EXPECT_EQ(d->describe(), "temperature=0.6, top_p=0.95");
+  EXPECT_EQ(d->eos_token_ids, std::vector<int64_t>{1});
+  EXPECT_EQ(d->describe(), "temperature=0.6, top_p=0.95, eos_token_id=[1]");
   d = parse_generation_defaults(R"({"top_k": 20, "min_p": 0.1, "repetition_penalty": 1.1,
                                     "temperature": null})",
                                 "g.json");
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   EXPECT_EQ(d->top_k, 20);
   EXPECT_FALSE(d->temperature);
+  // transformers' own default top_k (50) and an end-of-turn id listed only here.
+  d = parse_generation_defaults(R"({"top_k": 50, "eos_token_id": [163585, 163586]})", "g.json");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_FALSE(d->top_k);
+  EXPECT_EQ(d->eos_token_ids, (std::vector<int64_t>{163585, 163586}));
 }
 
 TEST(GenerationDefaultsTest, RefusesWhatNoRequestMayHaveNamingTheKeyAndFile) {
@@ -41,6 +47,8 @@ TEST(GenerationDefaultsTest, RefusesWhatNoRequestMayHaveNamingTheKeyAndFile) {
            {R"({"top_k": -2})", "top_k"},
            {R"({"repetition_penalty": 0})", "repetition_penalty"},
            {R"({"min_p": 3})", "min_p"},
+           {R"({"eos_token_id": [-1]})", "eos_token_id"},
+           {R"({"eos_token_id": []})", "eos_token_id"},
            {R"([1])", "JSON object"},
            {R"({"temperature": 0.6)", "JSON object"},
        }) {
