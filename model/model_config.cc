@@ -181,7 +181,8 @@ Status read_rope(const FieldReader& f, ModelConfig& c) {
   if (rs.contains("rope_theta")) {
     PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", std::nullopt, true, &rs, prefix));
   }
-  const char* type_key = rs.contains("type") ? "type" : "rope_type";
+  // rope_type over the legacy type, as transformers reads them.
+  const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
   if (!rs.contains(type_key) && legacy) return f.missing(prefix + "type", "\"yarn\"");
   const json type = rs.value(type_key, json("default"));
   if (type == "default") return ok_status();  // plain RoPE, as transformers reads it

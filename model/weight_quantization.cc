@@ -98,7 +98,11 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
     add_layer(jobs, weights.mtp->layer, "mtp layer");
     if (lm_head) add(jobs, weights.mtp->head, "mtp shared_head");
   }
-  if (lm_head) add(groups.emplace_back(), weights.lm_head, "lm_head");
+  // The LM head (one large job) joins the last group, where it runs beside that group's
+  // matrices instead of alone on one thread at the end.
+  if (lm_head) {
+    add(groups.empty() ? groups.emplace_back() : groups.back(), weights.lm_head, "lm_head");
+  }
   for (const std::vector<Job>& jobs : groups) {
     PS_RETURN_IF_ERROR(run_all(jobs, pool));
     if (!quantized) continue;

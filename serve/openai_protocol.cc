@@ -253,7 +253,10 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   const auto refuse_unbuilt = [&](const Extension& e) {
     const json* v = f.get(e.name);
     if (v == nullptr || f.error || (!e.neutral.is_null() && *v == e.neutral)) return;
-    f.fail_unsupported(e.name, std::string("'") + e.name + "' (a vLLM extension) is not supported");
+    f.fail_unsupported(
+        e.name,
+        std::string("'") + e.name + "' (a vLLM extension) is not supported" +
+            (e.neutral.is_null() ? std::string() : "; only " + e.neutral.dump() + " is accepted"));
   };
   for (const Extension& e : kUnbuiltExtensions) refuse_unbuilt(e);
   if (chat) {
