@@ -539,21 +539,19 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
   PS_ASSIGN_OR_RETURN(DeepseekWeights weights,
                       load_deepseek_weights(checkpoint, options.load_mtp, options.routed_experts));
   auto impl = std::make_unique<Impl>(checkpoint.config(), options, std::move(weights));
+  // A weight given another form (INT8, packed BF16): its checkpoint pages are not kept
+  // resident, the new form is what the kernels read.
+  const auto release = [&](const LinearWeight& w) {
+    checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
+  };
   if (options.quantize == WeightQuantization::kInt8) {
-    // The checkpoint's BF16 copies of the quantized weights are not kept resident: the INT8
-    // forms are what the kernels read.
-    PS_RETURN_IF_ERROR(quantize_weights_int8(
-        impl->weights, options.quantize_lm_head, &impl->pool, [&](const LinearWeight& w) {
-          checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
-        }));
+    PS_RETURN_IF_ERROR(
+        quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool, release));
   }
   if (packs_bf16_weights(options)) {
     PS_RETURN_IF_ERROR(
         pack_absorbed_attention_bf16(impl->weights, checkpoint.config(), &impl->pool));
-    // The checkpoint's copy is read again only by the embedding lookup: not kept resident.
-    PS_RETURN_IF_ERROR(pack_weights_bf16(impl->weights, &impl->pool, [&](const LinearWeight& w) {
-      checkpoint.release_pages(w.data, static_cast<size_t>(w.rows * w.cols) * sizeof(bf16));
-    }));
+    PS_RETURN_IF_ERROR(pack_weights_bf16(impl->weights, &impl->pool, release));
   }
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <ranges>
 #include <span>
 #include <string>
 
@@ -139,24 +140,19 @@ Status Engine::validate(EngineRequest& request) const {
   if (request.kv_push && !connector_) {
     return invalid_argument("a KV push needs an engine with a KV caching pool (--kv-pool)");
   }
-  for (TokenId t : params.stop_token_ids) {
-    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
-      return invalid_argument("stop token id " + std::to_string(t) + " is outside the vocabulary");
+  // Token ids the request names besides its prompt.
+  const auto check_ids = [&](const char* what, auto&& ids) -> Status {
+    for (const TokenId t : ids) {
+      if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
+        return invalid_argument(std::string(what) + " token id " + std::to_string(t) +
+                                " is outside the vocabulary");
+      }
     }
-  }
-  for (const auto& [t, bias] : params.sampling.logit_bias) {
-    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
-      return invalid_argument("logit_bias token id " + std::to_string(t) +
-                              " is outside the vocabulary [0, " +
-                              std::to_string(options_.vocab_size) + ")");
-    }
-  }
-  for (TokenId t : params.sampling.forced_tokens) {
-    if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
-      return invalid_argument("forced token id " + std::to_string(t) +
-                              " is outside the vocabulary");
-    }
-  }
+    return ok_status();
+  };
+  PS_RETURN_IF_ERROR(check_ids("stop", params.stop_token_ids));
+  PS_RETURN_IF_ERROR(check_ids("logit_bias", std::views::keys(params.sampling.logit_bias)));
+  PS_RETURN_IF_ERROR(check_ids("forced", params.sampling.forced_tokens));
   for (const std::string& s : params.stop_strings) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   }
