@@ -145,7 +145,8 @@ Status Engine::validate(EngineRequest& request) const {
     for (const TokenId t : ids) {
       if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
         return invalid_argument(std::string(what) + " token id " + std::to_string(t) +
-                                " is outside the vocabulary");
+                                " is outside the vocabulary [0, " +
+                                std::to_string(options_.vocab_size) + ")");
       }
     }
     return ok_status();
