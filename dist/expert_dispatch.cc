@@ -131,7 +131,9 @@ ExpertExchange::ExpertExchange(Communicator& comm, const ExchangeShape& shape,
       rank_cost_(shape.num_ranks),
       slot_stamp_(static_cast<size_t>(shape.num_ranks) * shape.slots_per_rank, 0),
       experts_per_rank_(shape.num_ranks),
-      result_staging_(shape.num_ranks * layout_.combine_region_bytes) {
+      result_staging_(shape.num_ranks * layout_.combine_region_bytes),
+      combine_rows_f32_(shape.top_k),
+      combine_rows_bf16_(shape.top_k) {
   for (int r = 0; r < shape.num_ranks; ++r) {
     direct_.push_back(shape.direct_stores ? window_->direct(r) : nullptr);
   }
@@ -528,16 +530,24 @@ Status ExpertExchange::combine(int slot, const RoutedTokens& tokens, std::span<f
   const std::byte* base = window_->local().data();
   const int32_t* owner_of = pair_owner_[slot].data();
   const int32_t* position = pair_position_[slot].data();
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (int64_t i = 0; i < n * k; ++i) {
-    const std::byte* row =
-        base + layout_.combine_region(slot, owner_of[i]) + position[i] * layout_.result_bytes;
-    float* y = out.data() + (i / k) * hidden;
-    if (shape_.dtype == DispatchDtype::kFp32) {
-      kernels::axpy(tokens.weights[i], reinterpret_cast<const float*>(row), y, hidden);
-    } else {
-      kernels::axpy(tokens.weights[i], reinterpret_cast<const bf16*>(row), y, hidden);
+  // Each token's k results, wherever they lie, summed in top-k order from zero and written
+  // once: bit for bit the axpy calls of the single-process backend.
+  auto sum_results = [&]<typename T>(std::vector<const T*>& rows) {
+    PS_CHECK(static_cast<int64_t>(rows.size()) >= k) << "top " << k;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t i = t * k + j;
+        rows[j] = reinterpret_cast<const T*>(base + layout_.combine_region(slot, owner_of[i]) +
+                                             position[i] * layout_.result_bytes);
+      }
+      kernels::weighted_sum(tokens.weights.data() + t * k, rows.data(), k, out.data() + t * hidden,
+                            hidden);
     }
+  };
+  if (shape_.dtype == DispatchDtype::kFp32) {
+    sum_results(combine_rows_f32_);
+  } else {
+    sum_results(combine_rows_bf16_);
   }
   return ok_status();
 }

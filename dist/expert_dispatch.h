@@ -47,6 +47,7 @@
 #include "dist/communicator.h"
 #include "dist/expert_placement.h"
 #include "model/expert_backend.h"
+#include "tensor/float_convert.h"
 
 namespace peerserve::dist {
 
@@ -218,6 +219,9 @@ class ExpertExchange {
   int64_t count_experts_up_to_ = 0;
   // Result staging: one region per source, laid out as in the source's buffer.
   std::vector<std::byte> result_staging_;
+  // combine: where one token's results lie (fp32 or bf16 rows).
+  std::vector<const float*> combine_rows_f32_;
+  std::vector<const bf16*> combine_rows_bf16_;
 };
 
 }  // namespace peerserve::dist

@@ -72,6 +72,19 @@ void axpy(float alpha, const bf16* x, float* y, int64_t n) {
   internal::active_kernel_table().axpy_bf16(alpha, bits(x), y, n);
 }
 
+void weighted_sum(const float* w, const float* const* rows, int64_t count, float* out, int64_t n) {
+  if (n <= 0) return;
+  PS_CHECK(count >= 0) << "weighted_sum: " << count << " rows";
+  internal::active_kernel_table().weighted_sum_f32(w, rows, count, out, n);
+}
+
+void weighted_sum(const float* w, const bf16* const* rows, int64_t count, float* out, int64_t n) {
+  if (n <= 0) return;
+  PS_CHECK(count >= 0) << "weighted_sum: " << count << " rows";
+  internal::active_kernel_table().weighted_sum_bf16(
+      w, reinterpret_cast<const uint16_t* const*>(rows), count, out, n);
+}
+
 void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const float* v, int64_t v_stride,
                    int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
   if (rows <= 0 || tokens <= 0 || dim <= 0) return;

@@ -16,6 +16,12 @@ float dot(const float* a, const bf16* b, int64_t n);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 void axpy(float alpha, const bf16* x, float* y, int64_t n);
 
+// out[d] = sum_{j < count} w[j] * rows[j][d] for d < n: bit for bit zeroing out, then
+// axpy(w[j], rows[j], out, n) for j in order, but each out element is written once (an MoE
+// combine of a token's top-k expert outputs, wherever they lie).
+void weighted_sum(const float* w, const float* const* rows, int64_t count, float* out, int64_t n);
+void weighted_sum(const float* w, const bf16* const* rows, int64_t count, float* out, int64_t n);
+
 // Attention-weighted sums of rows: o[r, d] += sum_{j < tokens} p[r, j] * v[j, d] for r < rows,
 // d < dim (row r of p at p + r * p_stride, of v at v + j * v_stride, of o at o + r * o_stride).
 // Bit for bit the same as axpy(p[r, j], v[j], o[r]) for j in order, r in any order: each v row

@@ -221,13 +221,16 @@ Status LocalExpertBackend::combine(Call& call_base, std::span<float> out) {
                             " values, expected " + std::to_string(call.tokens.num_tokens) + " x " +
                             std::to_string(hidden));
   }
-  // Combine in top-k order per token.
+  // Combine in top-k order per token, from zero (kernels::weighted_sum).
   const ComputeContext ctx{pool_, precision_};
   for_row_ranges(ctx, call.tokens.num_tokens, [&](int64_t t0, int64_t t1, int) {
-    std::fill(out.begin() + t0 * hidden, out.begin() + t1 * hidden, 0.0f);
-    for (int64_t i = t0 * top_k; i < t1 * top_k; ++i) {
-      kernels::axpy(call.tokens.weights[i], call.down.data() + call.slot_of_pair[i] * hidden,
-                    out.data() + (i / top_k) * hidden, hidden);
+    std::vector<const float*> rows(top_k);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < top_k; ++j) {
+        rows[j] = call.down.data() + call.slot_of_pair[t * top_k + j] * hidden;
+      }
+      kernels::weighted_sum(call.tokens.weights.data() + t * top_k, rows.data(), top_k,
+                            out.data() + t * hidden, hidden);
     }
   });
   call.dispatched = call.computed = false;

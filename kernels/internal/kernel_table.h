@@ -128,6 +128,13 @@ struct KernelTable {
   void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n) = nullptr;
   void (*axpy_bf16)(float alpha, const uint16_t* x, float* y, int64_t n) = nullptr;
   void (*scale)(float alpha, float* x, int64_t n) = nullptr;
+  // out[d] = sum_{j < count} w[j] * rows[j][d] for d < n, from zero in j order with one
+  // multiply-add per term: bit for bit zeroing out, then axpy(w[j], rows[j], out) in order.
+  void (*weighted_sum_f32)(const float* w, const float* const* rows, int64_t count, float* out,
+                           int64_t n) = nullptr;
+  void (*weighted_sum_bf16)(const float* w, const uint16_t* const* rows, int64_t count, float* out,
+                            int64_t n) = nullptr;
+
   // o[r * o_stride + d] += sum_{j < tokens} p[r * p_stride + j] * v[j * v_stride + d] for
   // r < rows, d < dim; each element summed in j order, one multiply-add per term, so the
   // result is bit for bit that of axpy calls in j order.

@@ -57,6 +57,12 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
 }
 
 template <typename X>
+void weighted_sum(const float* w, const X* const* rows, int64_t count, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < count; ++j) axpy(w[j], rows[j], out, n);
+}
+
+template <typename X>
 void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const X* v, int64_t v_stride,
                    int64_t tokens, float* o, int64_t o_stride, int64_t dim) {
   for (int64_t j = 0; j < tokens; ++j) {
@@ -117,6 +123,8 @@ KernelTable make_scalar_table() {
   t.dot_bf16 = &dot<uint16_t>;
   t.axpy_f32 = &axpy<float>;
   t.axpy_bf16 = &axpy<uint16_t>;
+  t.weighted_sum_f32 = &weighted_sum<float>;
+  t.weighted_sum_bf16 = &weighted_sum<uint16_t>;
   t.weighted_rows_f32 = &weighted_rows<float>;
   t.weighted_rows_bf16 = &weighted_rows<uint16_t>;
   t.scale = &scale;

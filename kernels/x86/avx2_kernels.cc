@@ -139,6 +139,44 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
   }
 }
 
+// out = sum_j w[j] * rows[j], from zero in j order with one multiply-add per term (= axpy
+// calls onto a zeroed out); four column vectors per pass over the rows, each out vector
+// stored once.
+template <typename X>
+void weighted_sum(const float* w, const X* const* rows, int64_t count, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (int64_t j = 0; j < count; ++j) {
+      const __m256 a = _mm256_set1_ps(w[j]);
+      const X* x = rows[j] + i;
+      acc0 = _mm256_fmadd_ps(a, load_f(x), acc0);
+      acc1 = _mm256_fmadd_ps(a, load_f(x + 8), acc1);
+      acc2 = _mm256_fmadd_ps(a, load_f(x + 16), acc2);
+      acc3 = _mm256_fmadd_ps(a, load_f(x + 24), acc3);
+    }
+    _mm256_storeu_ps(out + i, acc0);
+    _mm256_storeu_ps(out + i + 8, acc1);
+    _mm256_storeu_ps(out + i + 16, acc2);
+    _mm256_storeu_ps(out + i + 24, acc3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), load_f(rows[j] + i), acc);
+    }
+    _mm256_storeu_ps(out + i, acc);
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), load_part(rows[j] + i, rest), acc);
+    }
+    store_part(out + i, acc, rest);
+  }
+}
+
 // One block of weighted_rows: NR rows x NV vectors of 8 columns, the last vector `last` wide.
 template <int NR, int NV, typename X>
 void weighted_rows_block(const float* p, int64_t p_stride, const X* v, int64_t v_stride,
@@ -308,6 +346,8 @@ KernelTable make_avx2_table() {
   t.dot_bf16 = &dot<uint16_t>;
   t.axpy_f32 = &axpy<float>;
   t.axpy_bf16 = &axpy<uint16_t>;
+  t.weighted_sum_f32 = &weighted_sum<float>;
+  t.weighted_sum_bf16 = &weighted_sum<uint16_t>;
   t.weighted_rows_f32 = &weighted_rows<float>;
   t.weighted_rows_bf16 = &weighted_rows<uint16_t>;
   t.scale = &scale;

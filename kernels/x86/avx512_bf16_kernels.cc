@@ -1,5 +1,6 @@
-// AVX512_BF16 kernels: the bf16 x bf16 matmul with vdpbf16ps; everything else is the
-// AVX512_VNNI table. Compiled with -mavx512bf16 (see internal/kernel_table.h).
+// AVX512_BF16 kernels: the bf16 x bf16 matmul with vdpbf16ps and the fp32 -> bf16 conversion
+// with vcvtne2ps2bf16; everything else is the AVX512_VNNI table. Compiled with -mavx512bf16
+// (see internal/kernel_table.h).
 //
 // Summation order of y[i, j] (the same in every register block: batch invariance): one
 // 16-lane fp32 accumulator; each k step of 32 adds lane l's pair x[2l, 2l+1] * w[2l, 2l+1]
@@ -266,6 +267,46 @@ void matmul_packed_bf16(const PackedBf16Tile& t) {
   }
 }
 
+// fp32 -> bf16 bits, rounded to nearest even, NaNs quieted: what vcvtne2ps2bf16 does, except
+// that it flushes subnormal inputs to zero. A vector holding a subnormal (rare: below 1.2e-38)
+// takes the integer rounding of the AVX-512 table instead, so every level converts alike.
+inline __mmask16 subnormal_lanes(__m512i u) {
+  const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  // 1 <= magnitude <= 0x007fffff, in one unsigned compare.
+  return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)),
+                                 _mm512_set1_epi32(0x007fffff));
+}
+
+inline __m256i integer_rounded_bf16(__m512i u) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_bits(u), 16));
+}
+
+inline __m256i bf16_of(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  if (subnormal_lanes(u) != 0) [[unlikely]]
+    return integer_rounded_bf16(u);
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+}
+
+void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+    if ((subnormal_lanes(_mm512_castps_si512(lo)) | subnormal_lanes(_mm512_castps_si512(hi))) == 0)
+        [[likely]] {
+      _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_of(lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 16), bf16_of(hi));
+    }
+  }
+  for (; i < n; i += 16) {
+    const int rest = static_cast<int>(n - i < 16 ? n - i : 16);
+    const __mmask16 mask = static_cast<__mmask16>((1u << rest) - 1u);
+    _mm256_mask_storeu_epi16(dst + i, mask, bf16_of(_mm512_maskz_loadu_ps(mask, src + i)));
+  }
+}
+
 KernelTable make_avx512_bf16_table() {
   KernelTable t = avx512_vnni_kernel_table();
   t.level = IsaLevel::kAvx512Bf16;
@@ -273,6 +314,7 @@ KernelTable make_avx512_bf16_table() {
   t.bf16_x_k_multiple = kStep;
   t.matmul_packed_bf16 = &matmul_packed_bf16;
   t.packed_bf16_fast = true;
+  t.fp32_to_bf16 = &fp32_to_bf16;
   return t;
 }
 

@@ -143,6 +143,55 @@ TEST(VectorOps, AxpyAndScale) {
   }
 }
 
+// weighted_sum against a double reference and bit for bit against the axpy calls onto a
+// zeroed row it replaces (an MoE combine); rows lie anywhere in one buffer, out past n stays.
+TEST(VectorOps, WeightedSumMatchesAxpyChainAndReference) {
+  Random rng(62);
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      for (const int64_t count : {0, 1, 2, 6, 9}) {
+        const int64_t slots = 11, stride = n + 3;
+        const std::vector<float> pool = rng.floats(static_cast<size_t>(slots * stride));
+        const std::vector<bf16> pool_b = rng.bf16s(static_cast<size_t>(slots * stride));
+        const std::vector<float> w = rng.floats(static_cast<size_t>(count));
+        std::vector<const float*> rows;
+        std::vector<const bf16*> rows_b;
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t slot = (j * 7 + 3) % slots;  // scattered, out of order, some repeated
+          rows.push_back(pool.data() + slot * stride + j % 3);
+          rows_b.push_back(pool_b.data() + slot * stride + j % 3);
+        }
+        std::vector<float> out(static_cast<size_t>(n) + 1, 7.0f), out_b = out;
+        weighted_sum(w.data(), rows.data(), count, out.data(), n);
+        weighted_sum(w.data(), rows_b.data(), count, out_b.data(), n);
+        std::vector<float> chain(static_cast<size_t>(n), 0.0f), chain_b = chain;
+        for (int64_t j = 0; j < count; ++j) {
+          axpy(w[j], rows[j], chain.data(), n);
+          axpy(w[j], rows_b[j], chain_b.data(), n);
+        }
+        for (int64_t d = 0; d < n; ++d) {
+          ASSERT_EQ(bits_of(out[d]), bits_of(chain[d])) << n << " " << count << " " << d;
+          ASSERT_EQ(bits_of(out_b[d]), bits_of(chain_b[d])) << n << " " << count << " " << d;
+          double ref = 0, mag = 0, ref_b = 0, mag_b = 0;
+          for (int64_t j = 0; j < count; ++j) {
+            ref += static_cast<double>(w[j]) * rows[j][d];
+            mag += std::fabs(static_cast<double>(w[j]) * rows[j][d]);
+            ref_b += static_cast<double>(w[j]) * bf16_to_float(rows_b[j][d]);
+            mag_b += std::fabs(static_cast<double>(w[j]) * bf16_to_float(rows_b[j][d]));
+          }
+          const double chain_bound = 2.0 * static_cast<double>(count) * kUnitRoundoff;
+          ASSERT_NEAR(out[d], ref, chain_bound * mag);
+          ASSERT_NEAR(out_b[d], ref_b, chain_bound * mag_b);
+        }
+        EXPECT_EQ(out[n], 7.0f) << "wrote past the end";
+        EXPECT_EQ(out_b[n], 7.0f) << "wrote past the end";
+      }
+    }
+  }
+}
+
 // weighted_rows against a double reference (a chain of `tokens` multiply-adds per element)
 // and bit for bit against the axpy calls it replaces; strides leave gaps that must stay
 // untouched. Shapes cover the register blocks' row and column tails.
