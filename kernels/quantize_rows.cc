@@ -6,7 +6,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu_features.h"
-#include "kernels/internal/quantize_rows_avx512.h"
+#include "kernels/internal/quantize_rows_x86.h"
 
 namespace peerserve::kernels {
 
@@ -14,19 +14,22 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t x_st
                         float* scales) {
   PS_CHECK(rows >= 0 && cols >= 0 && x_stride >= cols)
       << rows << "x" << cols << " stride " << x_stride;
-  // AVX-512 loops where active (bitwise the same results); otherwise branch-free element
+  // AVX-512 or AVX2 loops where active (bitwise the same results); otherwise branch-free element
   // loops that the compiler vectorizes (this file is built with -O3).
   // Adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to the nearest integer, ties to
   // even, in the default rounding mode (what nearbyint does, without a library call).
   constexpr float kRound = 12582912.0f;
   const bool avx512 = active_isa_level() >= IsaLevel::kAvx512;
+  const bool avx2 = !avx512 && active_isa_level() >= IsaLevel::kAvx2;
+  const bool simd = avx512 || avx2;
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = x + i * x_stride;
     // max |x| as the max of the sign-cleared bit patterns: for non-negative floats the
     // integer order is the float order, and inf/NaN patterns are the largest.
     uint32_t max_bits = 0;
     if (avx512) max_bits = internal::max_abs_bits_avx512(row, cols);
-    for (int64_t k = 0; k < cols && !avx512; ++k) {
+    if (avx2) max_bits = internal::max_abs_bits_avx2(row, cols);
+    for (int64_t k = 0; k < cols && !simd; ++k) {
       const uint32_t bits = std::bit_cast<uint32_t>(row[k]) & 0x7fffffffu;
       max_bits = max_bits < bits ? bits : max_bits;
     }
@@ -49,6 +52,10 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t x_st
     }
     if (avx512) {
       internal::scale_round_int8_avx512(row, cols, inverse, out);
+      continue;
+    }
+    if (avx2) {
+      internal::scale_round_int8_avx2(row, cols, inverse, out);
       continue;
     }
     for (int64_t c = 0; c < cols; ++c) {

@@ -6,8 +6,8 @@
 //   x'[i, k] = q[i, k] * scale[i]       (dequantize)
 //
 // so |x' - x| <= scale / 2 (plus fp32 rounding of the two products). Non-finite inputs
-// are a caller bug (checked). AVX-512 loops at IsaLevel::kAvx512 and above, plain loops
-// otherwise, with bitwise the same results. Thread-safe (no state).
+// are a caller bug (checked). AVX-512 loops at IsaLevel::kAvx512 and above, AVX2 loops at
+// kAvx2, plain loops otherwise, with bitwise the same results. Thread-safe (no state).
 #pragma once
 
 #include <cstdint>

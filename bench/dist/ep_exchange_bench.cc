@@ -275,6 +275,8 @@ constexpr const char* kUsage =
     "                    mpirun's --mca options, e.g. --mca osc pt2pt --mca btl self,tcp)\n"
     "                    (default auto)\n"
     "  --iterations N    timed iterations per token count (default 31)\n"
+    "  --isa LEVEL       force a kernel level the CPU supports (conversions and the combine\n"
+    "                    sum): scalar, avx2, avx512, avx512_vnni or avx512_bf16 (default: best)\n"
     "  --help            this text\n";
 
 int main(int argc, char** argv) {
@@ -311,6 +313,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       windows = *parsed;
+    } else if (flag == "--isa") {
+      bool supported = false;
+      for (const kernels::IsaLevel level : kernels::supported_isa_levels()) {
+        if (kernels::isa_level_name(level) == value)
+          supported = kernels::force_isa_level(level).ok();
+      }
+      if (!supported) {
+        std::fprintf(stderr, "error: --isa %s: not a level this CPU supports\n", value.c_str());
+        return 2;
+      }
     } else if (flag == "--iterations") {
       iterations = static_cast<int>(peerserve::bench::flag_integer(flag, value, 1, 1 << 24));
     } else {

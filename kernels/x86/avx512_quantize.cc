@@ -1,6 +1,6 @@
 #include <immintrin.h>
 
-#include "kernels/internal/quantize_rows_avx512.h"
+#include "kernels/internal/quantize_rows_x86.h"
 
 namespace peerserve::kernels::internal {
 

@@ -54,10 +54,12 @@ TEST(QuantizeRowsInt8, MatchesADoubleReferenceAndRoundTripsWithinHalfAStep) {
 TEST(QuantizeRowsInt8, EveryIsaLevelGivesTheSameBits) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (int64_t cols : {1, 15, 16, 17, 100, 1024, 1030}) {
+  // Bodies and tails of the 16-lane (AVX-512) and 32-value (AVX2) loops.
+  for (int64_t cols : {1, 15, 16, 17, 31, 32, 33, 63, 65, 100, 1024, 1030}) {
     std::vector<float> x(3 * cols);
     for (float& v : x) v = normal(rng);
     x[cols / 2] = 0.5f * 127.0f / 64.0f;  // lands on a tie after scaling in some rows
+    x[2 * cols - 1] = -50.0f;             // row 1's maximum in its last element
     std::vector<int8_t> reference(x.size());
     std::vector<float> reference_scales(3);
     {
