@@ -69,8 +69,32 @@ __m128i round_pack(__m256i u) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
+// The rounded high halves of 8 values without NaNs, in the low 16 bits of each lane.
+__m256i rounded_high_halves(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
+                           16);
+}
+
 void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
+  // 16 at a time, one pack and one permute for both vectors; a block holding a NaN (which
+  // must be quieted, not rounded) goes 8 at a time through round_pack.
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(src + i), b = _mm256_loadu_ps(src + i + 8);
+    const __m256 nan =
+        _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+    if (!_mm256_testz_ps(nan, nan)) [[unlikely]] {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), round_pack(_mm256_castps_si256(a)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 8), round_pack(_mm256_castps_si256(b)));
+      continue;
+    }
+    // packus per 128-bit lane: a0-3 b0-3 | a4-7 b4-7; then qwords 0, 2, 1, 3.
+    const __m256i packed = _mm256_packus_epi32(rounded_high_halves(a), rounded_high_halves(b));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_permute4x64_epi64(packed, _MM_SHUFFLE(3, 1, 2, 0)));
+  }
   for (; i + 8 <= n; i += 8) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                      round_pack(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
