@@ -208,15 +208,19 @@ namespace {
 
 class MpiWindow final : public Window {
  public:
-  // `direct` has a pointer per rank for a shared-memory window, or is empty. A put, flush or
-  // flag to a peer that does not complete within `timeout` ends the process (CallWatchdog).
+  // `base` and `direct` (a pointer per rank for a shared-memory window, or empty) are the
+  // 64-byte-aligned starts of the parts; `pads[r]` is where rank r's aligned start lies in
+  // its MPI part (the displacement added to every put and flag). A put, flush or flag to a
+  // peer that does not complete within `timeout` ends the process (CallWatchdog).
   MpiWindow(std::shared_ptr<MpiCommunicator::Impl> comm, MPI_Win win, std::byte* base, size_t bytes,
-            std::vector<std::byte*> direct, std::chrono::milliseconds timeout)
+            std::vector<std::byte*> direct, std::vector<uint64_t> pads,
+            std::chrono::milliseconds timeout)
       : comm_(std::move(comm)),
         win_(win),
         base_(base),
         bytes_(bytes),
         direct_(std::move(direct)),
+        pads_(std::move(pads)),
         timeout_(timeout) {}
 
   ~MpiWindow() override {
@@ -243,10 +247,10 @@ class MpiWindow final : public Window {
     while (done < bytes.size()) {
       const int chunk = static_cast<int>(std::min<size_t>(bytes.size() - done, INT_MAX / 2));
       const CallWatchdog::Guard guard = comm_->watchdog->guard("MPI_Put", target, timeout_);
-      PS_RETURN_IF_ERROR(
-          comm_->check(MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
-                               static_cast<MPI_Aint>(offset + done), chunk, MPI_BYTE, win_),
-                       "MPI_Put", target));
+      PS_RETURN_IF_ERROR(comm_->check(
+          MPI_Put(bytes.data() + done, chunk, MPI_BYTE, target,
+                  static_cast<MPI_Aint>(pads_[target] + offset + done), chunk, MPI_BYTE, win_),
+          "MPI_Put", target));
       done += chunk;
     }
     return ok_status();
@@ -274,10 +278,10 @@ class MpiWindow final : public Window {
     {
       const CallWatchdog::Guard guard =
           comm_->watchdog->guard("MPI_Accumulate (flag)", target, timeout_);
-      PS_RETURN_IF_ERROR(comm_->check(
-          MPI_Accumulate(&value, 1, MPI_UINT64_T, target, static_cast<MPI_Aint>(offset), 1,
-                         MPI_UINT64_T, MPI_REPLACE, win_),
-          "MPI_Accumulate (flag)", target));
+      PS_RETURN_IF_ERROR(comm_->check(MPI_Accumulate(&value, 1, MPI_UINT64_T, target,
+                                                     static_cast<MPI_Aint>(pads_[target] + offset),
+                                                     1, MPI_UINT64_T, MPI_REPLACE, win_),
+                                      "MPI_Accumulate (flag)", target));
     }
     return flush(target);  // `value` is a local: complete before returning
   }
@@ -331,6 +335,7 @@ class MpiWindow final : public Window {
   std::byte* base_;
   size_t bytes_;
   std::vector<std::byte*> direct_;
+  std::vector<uint64_t> pads_;  // per rank
   std::chrono::milliseconds timeout_;
 };
 
@@ -463,16 +468,32 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
   }
   void* base = nullptr;
   MPI_Win win = MPI_WIN_NULL;
+  // MPI aligns a part as it likes (Open MPI's shared parts lie back to back, 8 bytes off a
+  // cache line here), and a store that straddles two lines costs both: each part is
+  // allocated one line longer and used from its first 64-byte boundary.
+  constexpr size_t kAlign = 64;
+  const size_t allocated_bytes = bytes + kAlign;
   // Shared windows (one node, MpiWindows::kAuto): memory every rank can also store into.
   Status allocated = impl_->check(
-      impl_->shared_windows ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1,
+      impl_->shared_windows ? MPI_Win_allocate_shared(static_cast<MPI_Aint>(allocated_bytes), 1,
                                                       MPI_INFO_NULL, impl_->comm, &base, &win)
-                            : MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL,
-                                               impl_->comm, &base, &win),
+                            : MPI_Win_allocate(static_cast<MPI_Aint>(allocated_bytes), 1,
+                                               MPI_INFO_NULL, impl_->comm, &base, &win),
       "MPI_Win_allocate");
   if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
-  std::memset(base, 0, bytes);
+  auto pad_of = [](const void* p) {
+    return static_cast<uint64_t>((kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign);
+  };
+  const uint64_t my_pad = pad_of(base);
+  std::byte* aligned_base = static_cast<std::byte*>(base) + my_pad;
+  std::memset(aligned_base, 0, bytes);
+  // Every rank's line offset: puts and flags to rank r land pads[r] bytes into its part.
+  // (On an error below the window is left to the OS, as MPI_Win_free would wait for a
+  // lost peer.)
+  std::vector<uint64_t> pads(static_cast<size_t>(impl_->size));
+  PS_RETURN_IF_ERROR(allgather(std::as_bytes(std::span(&my_pad, 1)),
+                               std::as_writable_bytes(std::span(pads)), timeout));
   std::vector<std::byte*> direct;
   if (impl_->shared_windows) {
     for (int r = 0; r < impl_->size; ++r) {
@@ -481,12 +502,13 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
       void* peer = nullptr;
       PS_RETURN_IF_ERROR(
           impl_->check(MPI_Win_shared_query(win, r, &size, &unit, &peer), "MPI_Win_shared_query"));
-      direct.push_back(static_cast<std::byte*>(peer));
+      // The owner's aligned start (parts map page-aligned, so it is aligned here too).
+      direct.push_back(static_cast<std::byte*>(peer) + pads[r]);
     }
   }
   PS_RETURN_IF_ERROR(impl_->check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win), "MPI_Win_lock_all"));
-  auto window = std::make_unique<MpiWindow>(impl_, win, static_cast<std::byte*>(base), bytes,
-                                            std::move(direct), timeout);
+  auto window = std::make_unique<MpiWindow>(impl_, win, aligned_base, bytes, std::move(direct),
+                                            std::move(pads), timeout);
   // Nobody may put before every rank has zeroed its part.
   PS_RETURN_IF_ERROR(barrier(timeout));
   return std::unique_ptr<Window>(std::move(window));

@@ -106,6 +106,23 @@ Status run(Communicator& comm, const Flags& flags) {
     const size_t bytes = comm.rank() + 1 == comm.size() ? 8192 : 4096;
     return comm.create_window(bytes, std::chrono::milliseconds(flags.timeout_ms)).status();
   }
+  {
+    // Window contract: every rank's part 64-byte aligned, also as a peer sees it (the
+    // exchange's layout assumes whole cache lines). An odd size: parts allocated back to
+    // back would not be.
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<Window> probe,
+                        comm.create_window(4096 + 8, std::chrono::milliseconds(flags.timeout_ms)));
+    const auto misaligned = [](const std::byte* p) {
+      return reinterpret_cast<uintptr_t>(p) % 64 != 0;
+    };
+    if (misaligned(probe->local().data())) return internal_error("window part not 64-aligned");
+    for (int r = 0; r < comm.size(); ++r) {
+      if (probe->direct(r) != nullptr && misaligned(probe->direct(r))) {
+        return internal_error("rank " + std::to_string(r) + "'s window part, stored into " +
+                              "directly, is not 64-byte aligned");
+      }
+    }
+  }
   const RandomMoe moe(/*hidden=*/128, /*inter=*/48, /*experts=*/16, /*top_k=*/4,
                       /*layers=*/{1, 2, 3}, /*seed=*/9);
   PS_ASSIGN_OR_RETURN(ExpertPlacement placement,
