@@ -9,7 +9,7 @@
 //             back to its source;
 //   combine:  wait for every owner's rows and sum them in top-k order.
 // With DispatchDtype::kFp32 the result is bitwise that of LocalExpertBackend over all
-// experts (the GEMMs are row-wise batch-invariant and the final sum is the same axpy
+// experts (the GEMMs are row-wise batch-invariant and the final sum is the same fma
 // sequence); int8/bf16 dispatch round the tokens, and results travel as bf16.
 //
 // collective() is true: every rank must make every call, in the same order, with zero

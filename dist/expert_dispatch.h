@@ -7,7 +7,7 @@
 // owner writes each (token, expert) output, unweighted, back into the source rank's
 // buffer at the position the source chose at dispatch, and the source sums
 //   out[t] = 0; for j in 0 .. top_k-1: out[t] += w[t, j] * result(t, j)
-// in top-k order with kernels::axpy, the same operations as the single-process backend
+// in top-k order with kernels::weighted_sum, the same operations as the single-process backend
 // (so FP32 dispatch is bitwise equal to it).
 //
 // Buffers are sized once, at creation, by eq. 1-2 of the paper:
