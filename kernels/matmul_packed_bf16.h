@@ -4,7 +4,8 @@
 //
 // x is fp32 [m, k] with a row stride, rounded to bf16 (round to nearest even) at the input
 // as ActivationPrecision::kBf16 of kernels/matmul.h does; the bf16 x bf16 products are exact
-// in fp32 and summed in fp32. The outer-product form: one vector lane per output column,
+// in fp32 (unless below 2^-126, where the FMA levels round them once fewer than the scalar
+// one) and summed in fp32. The outer-product form: one vector lane per output column,
 // activations broadcast, k summed sequentially in pairs per lane (vdpbf16ps where available;
 // elsewhere two fp32 adds per pair, in the same order at every other level). No horizontal
 // reductions, and one loop nest for decode and prefill: with few rows every row sits in the

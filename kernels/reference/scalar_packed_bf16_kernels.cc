@@ -1,7 +1,7 @@
 // Scalar packed-bf16 kernel: the reference the SIMD level is tested against, and the
 // product at levels without a fast packed kernel. Per output lane, k in order, one fp32
-// addition per product (products of two bf16 are exact in fp32, so a fused multiply-add
-// would give the same bits).
+// addition per product (products of two bf16 are exact in fp32 unless subnormal, so a
+// fused multiply-add gives the same bits wherever no product is below 2^-126).
 #include <algorithm>
 #include <bit>
 

@@ -132,12 +132,14 @@ inline void store_part(float* p, __m256 v, int count) {
   _mm256_maskstore_ps(p, first_lanes(count), v);
 }
 
-// exp(x) as in avx512_math.h, with 2^n built in the exponent bits: x is clamped to
-// [-87, 88] so that n stays a normal exponent, and the result set to 0 below -87 (true
-// value < 1.7e-38) and to inf above 88.72. NaN stays NaN.
+// exp(x) as in avx512_math.h, with 2^n built in the exponent bits of two factors 2^(n/2)
+// and 2^(n - n/2) (n reaches 128 just below the overflow threshold, past any one normal
+// exponent): x is clamped to [-87, 88.72], the result set to 0 below -87 (true value
+// < 1.7e-38) and to inf above 88.72. NaN stays NaN.
 inline __m256 exp_ps(__m256 x_in) {
+  constexpr float kOverflow = 88.72283935546875f;  // exp(x) > FLT_MAX above
   __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x_in);
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(kOverflow), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -150,12 +152,17 @@ inline __m256 exp_ps(__m256 x_in) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
   p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  // Scaling by powers of two is exact, so the two factors give the bits of one 2^n.
+  const __m256i n_all = _mm256_cvtps_epi32(n);
+  const __m256i n_half = _mm256_srai_epi32(n_all, 1);
+  auto power_of_two = [](__m256i e) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+  };
+  __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, power_of_two(n_half)),
+                                power_of_two(_mm256_sub_epi32(n_all, n_half)));
   result = _mm256_andnot_ps(_mm256_cmp_ps(x_in, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), result);
   return _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()),
-                          _mm256_cmp_ps(x_in, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ));
+                          _mm256_cmp_ps(x_in, _mm256_set1_ps(kOverflow), _CMP_GT_OQ));
 }
 
 }  // namespace

@@ -7,8 +7,9 @@
 // and a mask widen each into the fp32 weights of k and of k + 1. Activations are widened to
 // fp32 once per call and broadcast from memory. Per lane: acc += x_k w_k, then
 // acc += x_k+1 w_k+1, k in order: the scalar kernel's sequence, and since a product of two
-// bf16 is exact in fp32 a fused multiply-add rounds as its separate add does, so the results
-// are bitwise the scalar reference's.
+// bf16 is exact in fp32 unless it falls below 2^-126 (subnormal: then the separate multiply
+// rounds it), a fused multiply-add rounds as its separate add does, so the results are
+// bitwise the scalar reference's for every product in fp32's normal range.
 #include <immintrin.h>
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "kernels/internal/kernel_table.h"
 #include "kernels/x86/divide_quantize_row.h"
@@ -195,7 +196,10 @@ float quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t off
   }
   const float absmax = _mm512_reduce_max_ps(vmax);
   const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
-  if (inverse > 3.0e38f) {  // overflowed (absmax < ~3.7e-37): as the scalar reference
+  // Overflowed (absmax < 127 / FLT_MAX, ~3.7e-37): divide, exactly where the scalar
+  // reference does (a looser bound divided rows it multiplies, with other roundings).
+  constexpr float kFloatMax = std::numeric_limits<float>::max();  // folded: no call
+  if (!(inverse <= kFloatMax)) {
     return divide_quantize_row_int8(x, k, k_padded, absmax, offset, out);
   }
   const __m512 inv = _mm512_set1_ps(inverse);

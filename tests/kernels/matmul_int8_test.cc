@@ -249,7 +249,8 @@ TEST_F(MatmulInt8Test, ActivationQuantizationIsTheSameBitsAtEveryLevel) {
   for (int64_t k : {1, 3, 8, 15, 16, 17, 33, 100, 1000}) {
     // 1e-37: below 127 / FLT_MAX the inverse of the absmax overflows (each element is then
     // divided); its rows used to come out with positive values at -127 on the SIMD levels.
-    for (float magnitude : {1e-37f, 1e-30f, 1e-3f, 1.0f, 3e4f}) {
+    // 4e-37: just above 127 / FLT_MAX (~3.73e-37), where every level must still multiply.
+    for (float magnitude : {1e-37f, 4e-37f, 4.2e-37f, 1e-30f, 1e-3f, 1.0f, 3e4f}) {
       std::vector<float> x = rng.floats(static_cast<size_t>(k), -magnitude, magnitude);
       if (k > 2) x[1] = 0.0f;
       std::vector<int8_t> ref(static_cast<size_t>(k));
@@ -273,6 +274,17 @@ TEST_F(MatmulInt8Test, ActivationQuantizationIsTheSameBitsAtEveryLevel) {
         EXPECT_EQ(q, ref) << level_label(level) << " k=" << k << " magnitude=" << magnitude;
       }
     }
+  }
+  // A row whose absmax lies between 127 / FLT_MAX and 127 / 3e38: the inverse is finite, so
+  // the scalar reference multiplies; the SIMD levels divided (and rounded 8, 12, -14 as 7,
+  // 11, -13).
+  const std::vector<float> band = {4.0e-37f, 0x1.0138a8p-125f, 0x1.8a67fp-125f, -0x1.ceff94p-125f};
+  const std::vector<int8_t> band_q = {127, 8, 12, -14};
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    std::vector<int8_t> got(band.size());
+    internal::quantize_activation_row(band.data(), 4, got.data());
+    EXPECT_EQ(got, band_q) << level_label(level);
   }
   // The smallest rows: signs and zeros kept at every level.
   const std::vector<float> tiny = {1e-37f, 0.0f, -1e-37f, 5e-38f};
