@@ -70,6 +70,15 @@ void add_layer(std::vector<Job>& jobs, DecoderLayerWeights& layer, const std::st
       add_gate_up(jobs));
 }
 
+// The kernels read the INT8 form from now on, as they do for an INT8 checkpoint's weights,
+// which have no BF16 form: drop it. For a file-backed weight this only lets go of the mapping
+// (its pages are released by the caller's callback); for a converted one (an FP8 or F32
+// source) it frees the BF16 copy, which releasing file pages does not.
+void drop_bf16(LinearWeight& w) {
+  w.data = nullptr;
+  w.storage.reset();
+}
+
 Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
   return parallel_for_each(pool, static_cast<int64_t>(jobs.size()),
                            [&](int64_t i) { return run(jobs[static_cast<size_t>(i)]); });
@@ -92,11 +101,15 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
   for (DecoderLayerWeights& layer : weights.layers) {
     add_layer(groups.emplace_back(), layer, "layer " + std::to_string(layer.index));
   }
+  // The loader shares the LM head with the MTP layer's head when they hold the same values
+  // (DeepSeek's checkpoints store a copy): one INT8 form for both, as an INT8 checkpoint gets.
+  const bool mtp_head_shared = weights.mtp && weights.mtp->head.data != nullptr &&
+                               weights.mtp->head.data == weights.lm_head.data;
   if (weights.mtp) {
     std::vector<Job>& jobs = groups.emplace_back();
     add(jobs, weights.mtp->eh_proj, "mtp eh_proj");
     add_layer(jobs, weights.mtp->layer, "mtp layer");
-    if (lm_head) add(jobs, weights.mtp->head, "mtp shared_head");
+    if (lm_head && !mtp_head_shared) add(jobs, weights.mtp->head, "mtp shared_head");
   }
   // The LM head (one large job) joins the last group, where it runs beside that group's
   // matrices instead of alone on one thread at the end.
@@ -105,14 +118,26 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
   }
   for (const std::vector<Job>& jobs : groups) {
     PS_RETURN_IF_ERROR(run_all(jobs, pool));
-    if (!quantized) continue;
     for (const Job& job : jobs) {
-      if (job.linear != nullptr && job.linear->int8) quantized(*job.linear);
+      if (job.linear != nullptr && job.linear->int8) {
+        if (quantized) quantized(*job.linear);
+        drop_bf16(*job.linear);
+      }
       if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
-        quantized(job.gate_up->gate);
-        quantized(job.gate_up->up);
+        if (quantized) {
+          quantized(job.gate_up->gate);
+          quantized(job.gate_up->up);
+        }
+        drop_bf16(job.gate_up->gate);
+        drop_bf16(job.gate_up->up);
       }
     }
+  }
+  if (lm_head && mtp_head_shared) {
+    LinearWeight& head = weights.mtp->head;
+    head.int8 = weights.lm_head.int8;
+    head.int8_compensation = weights.lm_head.int8_compensation;
+    drop_bf16(head);
   }
   return ok_status();
 }

@@ -20,7 +20,10 @@ namespace peerserve {
 // Adds the INT8 forms, matrices spread over `pool`'s threads (nullptr: the calling thread);
 // InvalidArgument for a weight the kernels cannot take (k too large), naming it. `quantized`
 // is called for each weight that got an INT8 form, once its group (a layer) is done: the
-// caller may release the BF16 pages (a later read of them faults them in again).
+// caller may release the BF16 pages (a later read of them faults them in again). Then the
+// weight's BF16 form is dropped (data null, storage released: the kernels read the INT8
+// form, as for an INT8 checkpoint). An MTP head that shares the LM head's values shares its
+// INT8 form too.
 Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool = nullptr,
                              const std::function<void(const LinearWeight&)>& quantized = {});
 // One MLP (a routed expert loaded later, e.g. by an expert rebalance).

@@ -534,6 +534,9 @@ Result<WeightTensor> Checkpoint::get_bf16(std::string_view name,
     }
     if (owned == nullptr) {
       PS_ASSIGN_OR_RETURN(owned, impl_->convert_to_bf16(*e));
+      // The converted copy is what callers read: the stored bytes (FP8, F32) need not stay
+      // resident beside it.
+      release_pages(bytes.data(), bytes.size());
       std::lock_guard<std::mutex> lock(impl_->converted_mutex);
       if (auto held = impl_->converted[e].lock(); held != nullptr) {
         owned = std::move(held);  // another thread converted it meanwhile

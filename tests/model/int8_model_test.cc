@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "model/checkpoint/checkpoint.h"
 #include "model/deepseek_model.h"
+#include "model/deepseek_weights.h"
+#include "model/weight_quantization.h"
 #include "tests/model/forward_test_util.h"
 #include "tests/model/test_checkpoints.h"
 
@@ -115,6 +118,37 @@ TEST(Int8ModelTest, ShippedModelLogitsStayCloseToBf16) {
       std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no " << dir;
   expect_close_to_bf16(dir, 0.15, 0.8);
+}
+
+// Quantizing at load leaves one form per weight, as an INT8 checkpoint has: the BF16 copy of
+// a converted (FP8) weight is freed, and the MTP head that the loader shares with the LM head
+// (the shipped model stores a copy) gets the LM head's INT8 form, not a second one.
+TEST(Int8ModelTest, QuantizingAtLoadKeepsOneFormPerWeight) {
+  {
+    Result<Checkpoint> checkpoint = Checkpoint::open(tiny_checkpoint_dir(/*fp8=*/true));
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
+    Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, false, {});
+    ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+    LinearWeight& o_proj = weights->layers.front().attention.o_proj;
+    ASSERT_NE(o_proj.data, nullptr);
+    const std::weak_ptr<const void> bf16_copy = o_proj.storage;
+    ASSERT_FALSE(bf16_copy.expired());
+    ASSERT_TRUE(quantize_weights_int8(*weights, true).ok());
+    EXPECT_NE(o_proj.int8, nullptr);
+    EXPECT_EQ(o_proj.data, nullptr);
+    EXPECT_TRUE(bf16_copy.expired()) << "the dequantized BF16 copy of an FP8 weight stayed";
+  }
+  const std::string dir =
+      std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
+  Result<Checkpoint> checkpoint = Checkpoint::open(dir);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
+  Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, true, {});
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  ASSERT_TRUE(weights->mtp.has_value());
+  ASSERT_EQ(weights->mtp->head.data, weights->lm_head.data) << "the loader shares equal heads";
+  ASSERT_TRUE(quantize_weights_int8(*weights, true).ok());
+  ASSERT_NE(weights->lm_head.int8, nullptr);
+  EXPECT_EQ(weights->mtp->head.int8.get(), weights->lm_head.int8.get());
 }
 
 TEST(Int8ModelTest, RaggedBatchGivesEachSequenceItsLogitsBitwise) {
