@@ -1,11 +1,11 @@
 // peerserve quantize: writes an INT8 (W8A8) copy of a checkpoint (model/int8_checkpoint.h,
 // docs/quantization.md) that serve, generate, score and the benches load like any other.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "apps/command_registry.h"
@@ -35,13 +35,23 @@ struct QuantizeCli {
 Result<Int8Transforms> calibrate(const QuantizeCli& cli, const Int8PipelineOptions& pipeline) {
   PS_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load_from_dir(cli.model_dir));
   std::ifstream file(cli.calib, std::ios::binary);
-  std::stringstream text;
-  text << file.rdbuf();
-  if (!file) return io_error(cli.calib + ": cannot read");
+  if (!file.is_open()) return io_error(cli.calib + ": cannot open");
+  // Only a prefix is read and tokenized: 64 bytes per requested token (far more than any
+  // tokenizer needs; at least 1 MiB), cut after its last newline, so that a large corpus or
+  // an endless stream costs that much and no more (the whole file took ~11x its size).
+  const int64_t budget = std::max<int64_t>(int64_t{1} << 20, cli.calib_tokens * 64);
+  std::string text(static_cast<size_t>(budget), '\0');
+  file.read(text.data(), budget);
+  if (file.bad()) return io_error(cli.calib + ": cannot read");
+  const bool cut = file.gcount() == budget;
+  text.resize(static_cast<size_t>(file.gcount()));
+  if (const size_t newline = text.rfind('\n'); cut && newline != std::string::npos) {
+    text.resize(newline + 1);
+  }
   EncodeOptions plain;
   plain.add_special_tokens = false;
   plain.match_added_tokens = false;
-  PS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.encode(text.str(), plain));
+  PS_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.encode(text, plain));
   if (static_cast<int64_t>(ids.size()) > cli.calib_tokens) ids.resize(cli.calib_tokens);
   if (ids.empty()) return invalid_argument(cli.calib + ": no tokens");
   CalibrationOptions options;
