@@ -134,11 +134,14 @@ int run_quantize(const QuantizeCli& cli) {
   }
   LoadProgressBar progress("quantizing");
   options.progress = progress.callback();
+  // A tied head is the embedding table, which the checkpoint keeps in BF16.
+  const Result<ModelConfig> config = load_model_config(cli.model_dir + "/config.json");
+  const bool tied = config.ok() && config->tie_word_embeddings;
+  const std::string head = tied ? "tied to the embeddings, BF16" : cli.lm_head;
   std::fprintf(stderr,
                "quantizing %s to %s (W8A8: INT8 weights per output channel, lm_head %s, "
                "pipeline %s)\n",
-               cli.model_dir.c_str(), cli.out_dir.c_str(), cli.lm_head.c_str(),
-               pipeline_name.c_str());
+               cli.model_dir.c_str(), cli.out_dir.c_str(), head.c_str(), pipeline_name.c_str());
   const auto start = std::chrono::steady_clock::now();
   Result<Int8CheckpointSummary> summary =
       write_int8_checkpoint(cli.model_dir, cli.out_dir, options);

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "base/staged_output_directory.h"
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
-#include "base/staged_output_directory.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "tensor/float_convert.h"
 
@@ -204,6 +204,12 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
   Int8CheckpointSummary summary;
   for (const TensorSpec& spec : layout) {
     PS_ASSIGN_OR_RETURN(CheckpointTensorInfo info, source.info(spec.name));
+    if (info.dtype == DType::kI8) {
+      // INT8 tensors without a quantization_config load, but copying them would leave their
+      // scales behind: the source is an INT8 checkpoint either way.
+      return invalid_argument(in_dir + ": tensor '" + spec.name +
+                              "' is already INT8; quantize a BF16, FP8 or F32 checkpoint");
+    }
     Planned p{&spec};
     p.source_dtype = info.dtype;
     const uint64_t n = static_cast<uint64_t>(numel_of(spec.shape));

@@ -10,9 +10,11 @@
 // `quantization_config` (W8A8 int, channel-wise weights, dynamic per-token activations) that
 // names the unquantized linear modules in "ignore"; tokenizer and other files are copied.
 //
-// Loading the result gives the same INT8 weights as `--quantize int8` on the source (with
-// `--quantize-lm-head` when the heads were quantized), so the same logits, without the BF16
-// weights in memory.
+// Loading the result gives the same INT8 weights as `--quantize int8` on a BF16 or FP8
+// source (with `--quantize-lm-head` when the heads were quantized), so the same logits,
+// without the BF16 weights in memory. Not on an F32 source (quantized here from the stored
+// values, at load after rounding to BF16) nor for a tied head (the embedding table, kept
+// BF16 here).
 #pragma once
 
 #include <cstdint>
@@ -56,7 +58,7 @@ struct Int8CheckpointSummary {
 Status check_int8_output_dir(const std::string& in_dir, const std::string& out_dir);
 
 // Writes the INT8 checkpoint of `in_dir` into `out_dir`. Everything is written into a
-// sibling staging directory (`out_dir` + ".partial-<pid>"), renamed to `out_dir` once
+// sibling staging directory (`out_dir` + ".partial-<host>-<pid>"), renamed to `out_dir` once
 // complete and removed on any error, so `out_dir` either holds a whole checkpoint or does not
 // exist. Errors: those of check_int8_output_dir, a source that is already INT8 or fails
 // validate_layout(), I/O errors naming the path.

@@ -300,6 +300,14 @@ struct Checkpoint::Impl {
         PS_ASSIGN_OR_RETURN(std::vector<float> scales, int8_scales(e));
         const auto* q = reinterpret_cast<const int8_t*>(bytes.data());
         const int64_t cols = e.info->shape[1];
+        // Symmetric INT8 stores [-127, 127], as the packed (kernel) path requires too.
+        if (const int8_t* low = std::find(q, q + out->size(), int8_t{-128});
+            low != q + out->size()) {
+          const int64_t at = low - q;
+          return invalid_argument(file_of(e) + ": tensor '" + e.name + "' stores -128 at row " +
+                                  std::to_string(at / cols) + ", column " +
+                                  std::to_string(at % cols) + " (symmetric INT8 is -127..127)");
+        }
         for (size_t i = 0; i < out->size(); ++i) {
           (*out)[i] =
               float_to_bf16(static_cast<float>(q[i]) * scales[i / static_cast<size_t>(cols)]);

@@ -281,6 +281,28 @@ TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
   }
 }
 
+// An I8 weight the model dequantizes (kv_b: the absorbed attention reads BF16 slices) is
+// checked like a packed one: -128 is outside symmetric INT8 (it loaded before).
+TEST(Int8CheckpointTest, ADequantizedInt8WeightWithMinus128IsRefused) {
+  const std::string kv_b = "model.layers.0.self_attn.kv_b_proj.weight";
+  const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_kv_b", true);
+  rewrite(dir, [&](std::map<std::string, TensorToWrite>& t) {
+    const std::vector<int64_t> shape = t[kv_b].shape;
+    std::vector<std::byte> values(static_cast<size_t>(shape[0] * shape[1]), std::byte{1});
+    values[7] = static_cast<std::byte>(0x80);
+    t[kv_b] = {kv_b, DType::kI8, shape, values};
+    std::vector<float> scales(static_cast<size_t>(shape[0]), 0.01f);
+    std::vector<std::byte> scale_bytes(scales.size() * sizeof(float));
+    std::memcpy(scale_bytes.data(), scales.data(), scale_bytes.size());
+    t[int8_scale_name(kv_b)] = {int8_scale_name(kv_b), DType::kF32, {shape[0], 1}, scale_bytes};
+  });
+  auto model = DeepseekModel::load(dir, options(WeightQuantization::kNone, false));
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("-128"), std::string::npos) << model.status().message();
+  EXPECT_NE(model.status().message().find("kv_b_proj"), std::string::npos)
+      << model.status().message();
+}
+
 TEST(Int8CheckpointTest, ErrorCompensationOnGateOrUpIsRefused) {
   const std::string gate = "model.layers.1.mlp.experts.3.gate_proj.weight";
   const std::string dir = quantized_copy(tiny_checkpoint_dir(), "int8_bad_gate", true);
@@ -353,6 +375,19 @@ TEST(Int8CheckpointTest, RefusesItsSourceAndInt8Sources) {
   auto twice = write_int8_checkpoint(out, make_temp_dir("int8_twice_out"));
   ASSERT_FALSE(twice.ok());
   EXPECT_NE(twice.status().message().find("already an INT8"), std::string::npos);
+  // Without its quantization_config the copy still loads (the I8 tensors say what they are);
+  // quantizing it again copied them without their scales and wrote a checkpoint that did not.
+  {
+    std::ifstream in(out + "/config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config.erase("quantization_config");
+    std::ofstream(out + "/config.json") << config.dump(2);
+  }
+  ASSERT_TRUE(DeepseekModel::load(out, options(WeightQuantization::kNone, false)).ok());
+  auto unmarked = write_int8_checkpoint(out, make_temp_dir("int8_unmarked_out"));
+  ASSERT_FALSE(unmarked.ok());
+  EXPECT_NE(unmarked.status().message().find("is already INT8"), std::string::npos)
+      << unmarked.status().message();
 }
 
 // Nothing is overwritten: a non-empty output directory is refused before any work, and its
