@@ -305,8 +305,11 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     fields.token = static_cast<int32_t>(t);
     const std::byte* payload =
         shape_.dtype == DispatchDtype::kFp32 ? reinterpret_cast<const std::byte*>(x) : nullptr;
+    static const bool self_first = getenv("SELF_FIRST") != nullptr;
+    for (int pass = 0; pass < 2; ++pass)
     for (int64_t j = 0; j < k; ++j) {
       const int owner = owner_of[t * k + j];
+      if (self_first ? ((owner == me) != (pass == 0)) : pass == 1) continue;
       bool first = true;
       for (int64_t i = 0; i < j && first; ++i) first = owner_of[t * k + i] != owner;
       if (!first) continue;
