@@ -181,16 +181,21 @@ StepPlan Scheduler::schedule() {
   drafting_ = drafting_step();
   plan.speculative = speculation_enabled();
 
-  // 1. Running sequences, oldest first. Victims of preemption are always newer than the
-  // sequence being grown, so nothing already in the plan is preempted.
+  // 1. Running sequences, oldest first: their known tokens. Victims of preemption are always
+  // newer than the sequence being grown, so nothing already in the plan is preempted.
+  struct DraftCandidate {
+    Sequence* seq;
+    int64_t num_new;
+    size_t chunk;
+  };
+  std::vector<DraftCandidate> draft_candidates;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
     const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens,
                                      capped_budget(budget, running_.size() > 1));
     PS_CHECK(num_new > 0) << "running sequence " << seq.spec.id << " has nothing to compute";
-    const int64_t num_drafts = usable_drafts(seq, num_new, budget);
     bool preempted_self = false;
-    while (!grow_blocks(seq, tokens_to_cover(seq, num_new, num_drafts))) {
+    while (!grow_blocks(seq, tokens_to_cover(seq, num_new, 0))) {
       if (release_waiting_tails(nullptr)) continue;
       Sequence* victim = running_.back();
       plan.preempted.push_back(victim->spec.id);
@@ -201,8 +206,11 @@ StepPlan Scheduler::schedule() {
       }
     }
     if (preempted_self) break;
-    add_chunk(seq, num_new, num_drafts, &plan);
-    budget -= num_new + num_drafts;
+    if (usable_drafts(seq, num_new, num_new + options_.num_speculative_tokens) > 0) {
+      draft_candidates.push_back({&seq, num_new, plan.chunks.size()});
+    }
+    add_chunk(seq, num_new, &plan);
+    budget -= num_new;
     ++i;
   }
 
@@ -214,6 +222,21 @@ StepPlan Scheduler::schedule() {
       if (!try_admit(*waiting_.front(), budget, &plan)) break;
       budget -= static_cast<int64_t>(plan.chunks[before].tokens.size());
     }
+  }
+
+  // 3. Drafts to verify, oldest first, from the budget the known tokens and admissions left:
+  // they never keep a running sequence from its step or a waiting one from admission (taken
+  // first, the oldest sequences' drafts could fill the budget for their whole lives). Nor do
+  // they preempt: with blocks short, a sequence verifies fewer.
+  for (const DraftCandidate& c : draft_candidates) {
+    if (budget <= 0) break;
+    int64_t num_drafts = usable_drafts(*c.seq, c.num_new, c.num_new + budget);
+    while (num_drafts > 0 && !grow_blocks(*c.seq, tokens_to_cover(*c.seq, c.num_new, num_drafts))) {
+      --num_drafts;
+    }
+    if (num_drafts == 0) continue;
+    add_drafts(*c.seq, num_drafts, &plan.chunks[c.chunk], &plan);
+    budget -= num_drafts;
   }
   in_step_ = !plan.empty();
   return plan;
@@ -330,11 +353,11 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   waiting_.pop_front();
   seq.status = SequenceStatus::kRunning;
   insert_running(&seq);
-  add_chunk(seq, num_new, 0, plan);
+  add_chunk(seq, num_new, plan);
   return true;
 }
 
-void Scheduler::add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan) {
+void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
   ScheduledChunk chunk;
   chunk.seq_id = seq.spec.id;
   chunk.start_pos = seq.num_computed_tokens;
@@ -347,19 +370,25 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, St
   chunk.generated = seq.generated();
   chunk.prompt = seq.spec.prompt_tokens;
   if (speculation_enabled()) {
-    chunk.drafts = std::span<const DraftToken>(seq.drafts).first(static_cast<size_t>(num_drafts));
-    for (const DraftToken& d : chunk.drafts) chunk.tokens.push_back(d.token);
     if (!chunk.sample) {
       chunk.next_token = seq.tokens[static_cast<size_t>(seq.num_computed_tokens + num_new)];
     } else if (drafting_ && seq.num_tokens() + 1 < seq.max_length(options_.max_model_len)) {
       chunk.num_lookahead = options_.num_speculative_tokens;  // another step may follow
     }
   }
-  plan->num_batched_tokens += num_new + num_drafts;
+  plan->num_batched_tokens += num_new;
   if (num_new > 1 || seq.num_computed_tokens < seq.num_prompt_tokens()) {
     plan->num_prefill_tokens += num_new;
   }
   plan->chunks.push_back(std::move(chunk));
+}
+
+void Scheduler::add_drafts(const Sequence& seq, int64_t num_drafts, ScheduledChunk* chunk,
+                           StepPlan* plan) const {
+  chunk->drafts = std::span<const DraftToken>(seq.drafts).first(static_cast<size_t>(num_drafts));
+  for (const DraftToken& d : chunk->drafts) chunk->tokens.push_back(d.token);
+  chunk->block_table = seq.block_table;  // grown for the drafts
+  plan->num_batched_tokens += num_drafts;
 }
 
 std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepResult& result) {

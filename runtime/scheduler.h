@@ -20,10 +20,12 @@
 //      served (the head of the queue is never overtaken, so nothing starves) while there is
 //      budget, fewer than max_num_seqs are running and the pool can hold them. Admission
 //      looks the prompt up in the prefix cache and shares the cached leading blocks.
-//   4. update() appends the sampled tokens (several when speculative drafts were accepted), ends
-//   sequences on EOS / stop token / max_tokens /
-//      context length, publishes the newly filled blocks in the prefix cache and frees the
-//      blocks of finished sequences.
+//   4. Speculative decoding: what budget is left goes to the drafts of the running decodes,
+//      oldest first, as far as the pool has blocks for them (drafts never preempt, and never
+//      keep a sequence from its step or from admission).
+//   5. update() appends the sampled tokens (several when speculative drafts were accepted),
+//      ends sequences on EOS / stop token / max_tokens / context length, publishes the newly
+//      filled blocks in the prefix cache and frees the blocks of finished sequences.
 // Sequences that can never fit (longer than the context, or needing more blocks than the
 // whole pool) are rejected by add() with a clear error.
 //
@@ -212,7 +214,12 @@ class Scheduler {
   // of their prompt.
   bool waits_for_prompt_sibling(const Sequence& seq) const;
   void publish_computed_blocks(Sequence& seq);
-  void add_chunk(Sequence& seq, int64_t num_new, int64_t num_drafts, StepPlan* plan);
+  // The chunk of `num_new` known tokens; drafts are added later (add_drafts), from the
+  // budget the known tokens of every running sequence and the admissions leave.
+  void add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan);
+  // Appends seq's first `num_drafts` drafts to its chunk (blocks already grown for them).
+  void add_drafts(const Sequence& seq, int64_t num_drafts, ScheduledChunk* chunk,
+                  StepPlan* plan) const;
   void remove(Sequence& seq, FinishReason reason);
   void insert_waiting(Sequence* seq);
   void insert_running(Sequence* seq);

@@ -258,6 +258,49 @@ TEST(SpeculativeSchedulerTest, DraftsOnlyWhileTheBatchIsSmall) {
   }
 }
 
+// Drafts get only the budget that every running sequence's known token and the admissions
+// leave. Taken first, the two oldest sequences' drafts (1 + 3 tokens each) filled a budget of
+// 8 for their whole lives: the other two were not admitted until they ended.
+TEST(SpeculativeSchedulerTest, DraftsNeverCrowdOutOtherSequences) {
+  constexpr int32_t kVocab = 64;
+  auto s = Scheduler::create(options(3, 256, 8));
+  ASSERT_TRUE(s.ok());
+  FakeExecutor executor(256, 4, kVocab);  // drafts always right
+  const Workload w = make_workload(9, 4, kVocab);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    SequenceSpec sequence = spec(i + 1, {w.prompts[i].begin(), w.prompts[i].begin() + 3}, 40);
+    sequence.eos_token_ids.clear();  // all four run their 40 tokens
+    ASSERT_TRUE((*s)->add(std::move(sequence)).ok());
+  }
+  int32_t most_running = 0;
+  int64_t steps = 0, drafts = 0;
+  std::map<SequenceId, std::vector<TokenId>> tokens;
+  while ((*s)->has_work() && steps < 1000) {
+    const int32_t running = (*s)->stats().num_running;
+    most_running = std::max(most_running, running);
+    StepPlan plan = (*s)->schedule();
+    EXPECT_LE(plan.num_batched_tokens, 8);
+    // Every running sequence moves in every step.
+    EXPECT_GE(static_cast<int32_t>(plan.chunks.size()), running) << "step " << steps;
+    for (const ScheduledChunk& c : plan.chunks) drafts += static_cast<int64_t>(c.drafts.size());
+    auto result = executor.execute(plan);
+    ASSERT_TRUE(result.ok());
+    for (const SequenceUpdate& u : (*s)->update(plan, *result)) {
+      for (const SampledToken& t : u.tokens) tokens[u.seq_id].push_back(t.token);
+    }
+    ++steps;
+    if (steps == 3) {
+      EXPECT_EQ((*s)->stats().num_waiting, 0) << "all four admitted early";
+    }
+  }
+  EXPECT_EQ(most_running, 4);
+  EXPECT_GT(drafts, 0);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    EXPECT_EQ(tokens[i + 1], reference_generate({w.prompts[i].begin(), w.prompts[i].begin() + 3},
+                                                40, kVocab, std::nullopt));
+  }
+}
+
 TEST(SpeculativeSchedulerTest, GuardTurnsUselessDraftsOff) {
   constexpr int32_t kVocab = 64;
   const Workload w = make_workload(6, 8, kVocab);
