@@ -256,6 +256,7 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
     const std::vector<SequenceChunk> decode = chunks(context - 1, 1, false, false);
     const std::vector<SequenceChunk> verify = chunks(context - 1, 2, true, true);
     auto median_seconds = [&](auto&& run) -> Result<double> {
+      PS_RETURN_IF_ERROR(run());  // untimed: the first pass faults in scratch and weights
       std::vector<double> t;
       for (int r = 0; r < reps; ++r) {
         const auto start = std::chrono::steady_clock::now();
