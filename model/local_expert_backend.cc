@@ -224,7 +224,8 @@ Status LocalExpertBackend::combine(Call& call_base, std::span<float> out) {
   // Combine in top-k order per token, from zero (kernels::weighted_sum).
   const ComputeContext ctx{pool_, precision_};
   for_row_ranges(ctx, call.tokens.num_tokens, [&](int64_t t0, int64_t t1, int) {
-    std::vector<const float*> rows(top_k);
+    thread_local std::vector<const float*> rows;  // grown once: no allocation per step
+    rows.resize(static_cast<size_t>(top_k));
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t j = 0; j < top_k; ++j) {
         rows[j] = call.down.data() + call.slot_of_pair[t * top_k + j] * hidden;
