@@ -37,16 +37,31 @@ Result<Int8Transforms> calibrate(const QuantizeCli& cli, const Int8PipelineOptio
   std::ifstream file(cli.calib, std::ios::binary);
   if (!file.is_open()) return io_error(cli.calib + ": cannot open");
   // Only a prefix is read and tokenized: 64 bytes per requested token (far more than any
-  // tokenizer needs; at least 1 MiB), cut after its last newline, so that a large corpus or
-  // an endless stream costs that much and no more (the whole file took ~11x its size).
+  // tokenizer needs; at least 1 MiB), so that a large corpus or an endless stream costs that
+  // much and no more (the whole file took ~11x its size). Read in pieces: the buffer grows
+  // with the text, not with --calib-tokens.
   const int64_t budget = std::max<int64_t>(int64_t{1} << 20, cli.calib_tokens * 64);
-  std::string text(static_cast<size_t>(budget), '\0');
-  file.read(text.data(), budget);
+  std::string text;
+  std::string piece(size_t{1} << 16, '\0');
+  while (static_cast<int64_t>(text.size()) < budget && file) {
+    const int64_t want = std::min<int64_t>(static_cast<int64_t>(piece.size()),
+                                           budget - static_cast<int64_t>(text.size()));
+    file.read(piece.data(), want);
+    text.append(piece.data(), static_cast<size_t>(file.gcount()));
+  }
   if (file.bad()) return io_error(cli.calib + ": cannot read");
-  const bool cut = file.gcount() == budget;
-  text.resize(static_cast<size_t>(file.gcount()));
-  if (const size_t newline = text.rfind('\n'); cut && newline != std::string::npos) {
-    text.resize(newline + 1);
+  if (static_cast<int64_t>(text.size()) == budget && file.peek() != EOF) {
+    // Cut where the text was: after the last newline in its second half, else at the last
+    // whole UTF-8 character (never most of the text for want of a newline).
+    const size_t newline = text.rfind('\n');
+    if (newline != std::string::npos && newline >= text.size() / 2) {
+      text.resize(newline + 1);
+    } else {
+      size_t end = text.size();
+      while (end > 0 && (static_cast<unsigned char>(text[end - 1]) & 0xC0) == 0x80) --end;
+      if (end > 0 && static_cast<unsigned char>(text[end - 1]) >= 0xC0) --end;  // its lead
+      text.resize(end);
+    }
   }
   EncodeOptions plain;
   plain.add_special_tokens = false;

@@ -2,11 +2,11 @@
 //
 // Which weights: the linear layers paper 000 §4.5 runs in INT8 — attention q_a / q_b /
 // q_proj, kv_a, o_proj; dense MLP and shared/routed expert gate, up, down (gate and up only
-// packed together, the fused kernel's form) — get an INT8 form next to the BF16 one (per
-// output channel, round to nearest). kv_b stays BF16 (the absorbed attention uses its per-head
-// slices), and so do norms, the router and the embeddings; the LM head (and the MTP head)
-// only with `lm_head`. The BF16 views stay (zero-copy views of the checkpoint mapping, whose
-// pages the loader releases once quantized: they are read again only if a path needs them).
+// packed together, the fused kernel's form) — get an INT8 form (per output channel, round to
+// nearest) that replaces the BF16 one, as in an INT8 checkpoint. kv_b stays BF16 (the
+// absorbed attention uses its per-head slices), and so do norms, the router and the
+// embeddings; the LM head (and the MTP head) only with `lm_head`. quantize_mlp_int8 (routed
+// experts loaded later, under --ep) adds the INT8 form and keeps the BF16 one.
 #pragma once
 
 #include <functional>

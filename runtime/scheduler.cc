@@ -183,12 +183,8 @@ StepPlan Scheduler::schedule() {
 
   // 1. Running sequences, oldest first: their known tokens. Victims of preemption are always
   // newer than the sequence being grown, so nothing already in the plan is preempted.
-  struct DraftCandidate {
-    Sequence* seq;
-    int64_t num_new;
-    size_t chunk;
-  };
-  std::vector<DraftCandidate> draft_candidates;
+  std::vector<DraftCandidate>& draft_candidates = draft_candidates_;  // reused: no allocation
+  draft_candidates.clear();
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
     const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens,

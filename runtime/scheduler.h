@@ -226,6 +226,13 @@ class Scheduler {
 
   SchedulerOptions options_;
   BlockPool pool_;
+  // schedule(): the running decodes that may verify drafts, with their chunk in the plan.
+  struct DraftCandidate {
+    Sequence* seq;
+    int64_t num_new;
+    size_t chunk;
+  };
+  std::vector<DraftCandidate> draft_candidates_;
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> sequences_;
   std::vector<Sequence*> running_;  // oldest arrival first
   std::deque<Sequence*> waiting_;   // oldest arrival first

@@ -1,6 +1,7 @@
 """`peerserve quantize --calib` reads only the prefix of the calibration text it needs: a
 stream that never ends (a FIFO fed forever, like a large corpus piped in) must not be read
-whole. Before, the whole input was read and tokenized first, then cut to --calib-tokens
+whole, and a long text is cut where it keeps its tokens (between characters, not after a
+newline near its start). Before, the whole input was read and tokenized first, then cut to --calib-tokens
 (~11x the file's size in memory; an endless stream never finished).
 
 usage: quantize_calibration_input_test.py PEERSERVE_BINARY MODEL_DIR
@@ -52,6 +53,21 @@ with tempfile.TemporaryDirectory() as tmp:
         os.close(fd)
     except OSError:
         pass
+
+# A text longer than the prefix read whose only newline is near its start, with characters of
+# two bytes: the cut must keep the text (not end after "title") and fall between characters.
+with tempfile.TemporaryDirectory() as tmp:
+    calib = os.path.join(tmp, "one_line.txt")
+    with open(calib, "w", encoding="utf-8") as f:
+        f.write("title\n" + "Éléphant rose sur la route. " * 60000)
+    assert os.path.getsize(calib) > 1 << 20
+    p = subprocess.run([BIN, "quantize", "--model", MODEL, "--out", os.path.join(tmp, "out"),
+                        "--calib", calib, "--pipeline", "clip", "--calib-tokens", "512"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if p.returncode != 0:
+        failures.append(f"one long line: quantize exited {p.returncode}: {p.stdout[-600:]}")
+    elif "calibrating on 512 tokens" not in p.stdout:
+        failures.append(f"one long line: expected 512 calibration tokens: {p.stdout[-600:]}")
 
 for f in failures:
     print("FAIL", f)
