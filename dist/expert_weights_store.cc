@@ -31,12 +31,18 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
           PS_RETURN_IF_ERROR(prepare(weights).with_context("layer " + std::to_string(layer) +
                                                            " expert " + std::to_string(expert)));
           const bool fused_int8 = weights.gate_up_int8 != nullptr;
-          for (const LinearWeight* w : {&weights.gate, &weights.up, &weights.down}) {
+          for (LinearWeight* w : {&weights.gate, &weights.up, &weights.down}) {
             // The packed or INT8 copy is what the kernels read (as in DeepseekModel::load).
             const bool int8 = w->int8 != nullptr || (fused_int8 && w != &weights.down);
             if (w->bf16_packed || int8) {
               checkpoint_.release_pages(w->data,
                                         static_cast<size_t>(w->rows * w->cols) * sizeof(*w->data));
+            }
+            // An INT8 weight keeps no BF16 form, as at load (quantize_weights_int8): for an
+            // FP8 checkpoint that form is a converted copy, which releasing pages leaves.
+            if (int8) {
+              w->data = nullptr;
+              w->storage.reset();
             }
           }
         }

@@ -36,7 +36,8 @@ class ExpertWeightsStore {
   static Result<std::unique_ptr<ExpertWeightsStore>> open(const std::string& model_dir);
 
   // Called once per expert read, before it is cached: adds the forms the forward multiplies
-  // (may add a packed BF16 copy, after which the checkpoint's pages of it are dropped).
+  // (may add a packed BF16 copy, after which the checkpoint's pages of it are dropped; after
+  // an INT8 form, the weight's BF16 form is dropped too).
   using Prepare = std::function<Status(MlpWeights&)>;
 
   // `rank`'s experts under `placement`, for decoder layers [0, num_layers) (include the MTP
