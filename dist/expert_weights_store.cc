@@ -40,10 +40,7 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
             }
             // An INT8 weight keeps no BF16 form, as at load (quantize_weights_int8): for an
             // FP8 checkpoint that form is a converted copy, which releasing pages leaves.
-            if (int8) {
-              w->data = nullptr;
-              w->storage.reset();
-            }
+            if (int8) drop_bf16_form(*w);
           }
         }
         it = cache_.emplace(std::make_pair(layer, expert), std::move(weights)).first;

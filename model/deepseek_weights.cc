@@ -271,6 +271,11 @@ bool same_int8_stored(Checkpoint& checkpoint, const std::string& a, const std::s
 
 }  // namespace
 
+void drop_bf16_form(LinearWeight& w) {
+  w.data = nullptr;
+  w.storage.reset();
+}
+
 void add_int8_compensation(const LinearWeight& w, int64_t m, float* y, int64_t y_stride) {
   if (!w.int8_compensation) return;
   const float* b = w.int8_compensation->data();

@@ -39,6 +39,11 @@ struct LinearWeight {
   std::shared_ptr<const kernels::PackedBf16Matrix> bf16_packed;
 };
 
+// Forgets w's BF16 form (data and its storage) once the kernels read an INT8 one, as for an
+// INT8 checkpoint's weights, which have none. For a weight converted at load (FP8, F32) this
+// frees the copy; for a view of the checkpoint mapping, release its pages first.
+void drop_bf16_form(LinearWeight& w);
+
 // y[i, :] += w.int8_compensation for the m rows of a product with w (y_stride 0: w.rows);
 // nothing without a compensation. Call it after the INT8 product.
 void add_int8_compensation(const LinearWeight& w, int64_t m, float* y, int64_t y_stride = 0);

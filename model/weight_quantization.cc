@@ -70,15 +70,6 @@ void add_layer(std::vector<Job>& jobs, DecoderLayerWeights& layer, const std::st
       add_gate_up(jobs));
 }
 
-// The kernels read the INT8 form from now on, as they do for an INT8 checkpoint's weights,
-// which have no BF16 form: drop it. For a file-backed weight this only lets go of the mapping
-// (its pages are released by the caller's callback); for a converted one (an FP8 or F32
-// source) it frees the BF16 copy, which releasing file pages does not.
-void drop_bf16(LinearWeight& w) {
-  w.data = nullptr;
-  w.storage.reset();
-}
-
 Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
   return parallel_for_each(pool, static_cast<int64_t>(jobs.size()),
                            [&](int64_t i) { return run(jobs[static_cast<size_t>(i)]); });
@@ -121,15 +112,15 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
     for (const Job& job : jobs) {
       if (job.linear != nullptr && job.linear->int8) {
         if (quantized) quantized(*job.linear);
-        drop_bf16(*job.linear);
+        drop_bf16_form(*job.linear);
       }
       if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
         if (quantized) {
           quantized(job.gate_up->gate);
           quantized(job.gate_up->up);
         }
-        drop_bf16(job.gate_up->gate);
-        drop_bf16(job.gate_up->up);
+        drop_bf16_form(job.gate_up->gate);
+        drop_bf16_form(job.gate_up->up);
       }
     }
   }
@@ -137,7 +128,7 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
     LinearWeight& head = weights.mtp->head;
     head.int8 = weights.lm_head.int8;
     head.int8_compensation = weights.lm_head.int8_compensation;
-    drop_bf16(head);
+    drop_bf16_form(head);
   }
   return ok_status();
 }
