@@ -234,6 +234,7 @@ int run_generate(const GenerateCli& cli) {
   options.gemm_precision = cli.precision == "fp32" ? GemmPrecision::kFp32 : GemmPrecision::kBf16;
   options.load_mtp = cli.speculative.method != "off";
   if (Status s = apply_quantize_options(cli.quantize, &options); !s.ok()) return fail(s);
+  apply_draft_quantization(cli.speculative, &options);
   options.attention_form = attention_form_named(cli.attention_form);
   if (options.load_mtp && session.distributed()) {
     return fail(invalid_argument(

@@ -321,6 +321,7 @@ int run_serve(const ServeCli& cli) {
   if (Status s = apply_quantize_options(cli.quantize, &model_options); !s.ok()) {
     return session.fail(s, true);
   }
+  apply_draft_quantization(cli.speculative, &model_options);
   model_options.attention_form = attention_form_named(cli.attention_form);
   if (Status s = session.plan_experts(cli.model_dir, &model_options); !s.ok()) {
     return session.fail(s, true);
@@ -506,6 +507,12 @@ int run_serve(const ServeCli& cli) {
     std::string compute;
     if (model_options.quantize == WeightQuantization::kInt8) compute = "w8a8";
     if (model_options.gemm_precision == GemmPrecision::kFp32) compute += "+fp32";
+    // The MTP layer's KV, stored beside the main layers' when speculating, comes from the
+    // drafter's own precision.
+    if (speculative->num_tokens > 0 && model_options.quantize != WeightQuantization::kInt8 &&
+        model_options.quantize_draft == WeightQuantization::kInt8) {
+      compute += "+draft-w8a8";
+    }
     KvPoolCli pool_flags = cli.kv_pool;
     if (session.distributed() && pool_flags.members == "local" && !pool_flags.ssd_dir.empty()) {
       // Each rank has its own in-process pool; an SSD tier's folder serves one at a time.
@@ -712,7 +719,8 @@ int run_serve(const ServeCli& cli) {
   }
   if (sched.num_speculative_tokens > 0) {
     std::fprintf(
-        stderr, "speculative decoding: MTP drafts %d token%s per step%s\n",
+        stderr, "speculative decoding: the MTP layer%s drafts %d token%s per step%s\n",
+        model_options.quantize_draft == WeightQuantization::kInt8 ? " (INT8)" : "",
         sched.num_speculative_tokens, sched.num_speculative_tokens > 1 ? "s" : "",
         sched.speculative_max_running > 0
             ? (" while at most " + std::to_string(sched.speculative_max_running) + " sequences run")

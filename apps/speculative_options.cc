@@ -25,6 +25,23 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
                                                 std::to_string(kMaxSpeculativeTokens) +
                                                 "; above 1 the MTP layer runs autoregressively)")
                                ->capture_default_str();
+  cli->draft_quantization_option =
+      command
+          ->add_option("--speculative-draft-quantization", cli->draft_quantization,
+                       "Precision of the drafter (the MTP layer and its head) with --speculative "
+                       "mtp or auto: int8 (W8A8 at load, round to nearest: half the bytes per "
+                       "draft, so speculation costs less and pays at more batch sizes; a head "
+                       "shared with a BF16 LM head gets its own INT8 copy) or none (as the main "
+                       "model). Drafts only choose what the main model verifies: outputs are the "
+                       "same either way")
+          ->check(CLI::IsMember({"int8", "none"}))
+          ->capture_default_str();
+}
+
+void apply_draft_quantization(const SpeculativeCli& cli, ModelOptions* options) {
+  if (cli.method != "off" && cli.draft_quantization == "int8") {
+    options->quantize_draft = WeightQuantization::kInt8;
+  }
 }
 
 Status check_speculative_flags(const SpeculativeCli& cli) {
@@ -38,6 +55,12 @@ Status check_speculative_flags(const SpeculativeCli& cli) {
     return invalid_argument(
         "--num-speculative-tokens is for --speculative mtp (this is --speculative " + cli.method +
         ")");
+  }
+  if (cli.draft_quantization_option != nullptr && cli.draft_quantization_option->count() > 0 &&
+      cli.method == "off") {
+    return invalid_argument(
+        "--speculative-draft-quantization is for --speculative mtp or auto (this is "
+        "--speculative off)");
   }
   return ok_status();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/model_options.h"
 #include "runtime/speculative_policy.h"
 
 namespace peerserve {
@@ -16,8 +17,11 @@ namespace peerserve {
 struct SpeculativeCli {
   std::string method = "off";
   int32_t num_tokens = 1;
+  // --speculative-draft-quantization: the MTP layer's own precision (int8 or none).
+  std::string draft_quantization = "int8";
   // The --num-speculative-tokens option (set by add_speculative_options): whether it was given.
   const CLI::Option* num_tokens_option = nullptr;
+  const CLI::Option* draft_quantization_option = nullptr;
 };
 
 struct SpeculativeSetting {
@@ -31,6 +35,10 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli);
 
 // The flags' own checks, before any model is loaded (resolve_speculative_options runs them too).
 Status check_speculative_flags(const SpeculativeCli& cli);
+
+// ModelOptions::quantize_draft from --speculative-draft-quantization, when speculation can
+// run (mtp or auto): an MTP layer that never drafts is not worth quantizing.
+void apply_draft_quantization(const SpeculativeCli& cli, ModelOptions* options);
 
 // The setting for a model with (or without) an MTP layer. Errors: mtp without an MTP layer,
 // K outside 1..kMaxSpeculativeTokens, K given without --speculative mtp.

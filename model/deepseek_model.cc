@@ -548,6 +548,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
     PS_RETURN_IF_ERROR(
         quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool, release));
   }
+  if (options.quantize_draft == WeightQuantization::kInt8) {
+    PS_RETURN_IF_ERROR(quantize_draft_int8(impl->weights, &impl->pool, release));
+  }
   if (packs_bf16_weights(options)) {
     PS_RETURN_IF_ERROR(
         pack_absorbed_attention_bf16(impl->weights, checkpoint.config(), &impl->pool));

@@ -41,6 +41,12 @@ struct ModelOptions {
   WeightQuantization quantize = WeightQuantization::kNone;
   // With kInt8: the LM head (and the MTP head) too. Default: false.
   bool quantize_lm_head = false;
+  // The drafter of speculative decoding — the MTP layer, its eh_proj and its head — in W8A8
+  // (round to nearest, the weights `quantize` would pick, plus the head), whatever `quantize`
+  // says of the main model: drafts only choose what the main model verifies, so outputs stay
+  // those of the main model, and an INT8 drafter reads half the bytes per draft. A head shared
+  // with the BF16 LM head gets its own INT8 copy (vocab x hidden bytes). Default: kNone.
+  WeightQuantization quantize_draft = WeightQuantization::kNone;
   // Repack the BF16 linear weights at load for the outer-product kernels
   // (model/weight_packing.h) when the GEMM precision is kBf16 and the ISA level has a fast
   // packed kernel (avx512_bf16, avx2): faster prefill and batched decode. The checkpoint's

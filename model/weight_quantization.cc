@@ -83,6 +83,35 @@ Status quantize_mlp_int8(MlpWeights& mlp) {
   return run_all(jobs, nullptr);
 }
 
+Status quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool,
+                           const std::function<void(const LinearWeight&)>& quantized) {
+  if (!weights.mtp) return ok_status();
+  MtpWeights& mtp = *weights.mtp;
+  std::vector<Job> jobs;
+  add(jobs, mtp.eh_proj, "mtp eh_proj");
+  add_layer(jobs, mtp.layer, "mtp layer");
+  add(jobs, mtp.head, "mtp shared_head");
+  PS_RETURN_IF_ERROR(run_all(jobs, pool));
+  // The head's values may be the LM head's or the embeddings' (DeepSeek's checkpoints store a
+  // copy, which the loader shares): those keep reading the BF16 form.
+  const bool head_shared = mtp.head.data != nullptr && (mtp.head.data == weights.lm_head.data ||
+                                                        mtp.head.data == weights.embed.data);
+  auto release = [&](LinearWeight& w) {
+    if (quantized && !(&w == &mtp.head && head_shared)) quantized(w);
+    drop_bf16_form(w);
+  };
+  for (const Job& job : jobs) {
+    if (job.linear != nullptr && job.linear->int8 && job.linear->data != nullptr) {
+      release(*job.linear);
+    }
+    if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
+      if (job.gate_up->gate.data != nullptr) release(job.gate_up->gate);
+      if (job.gate_up->up.data != nullptr) release(job.gate_up->up);
+    }
+  }
+  return ok_status();
+}
+
 Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool,
                              const std::function<void(const LinearWeight&)>& quantized) {
   // One group at a time (a layer, the MTP layer, the LM head), its matrices in parallel; then

@@ -6,6 +6,7 @@
 //
 //   peerserve_bench_speculative_decode [--model DIR] [--text FILE] [--batch 1,8,32]
 //       [--k 1,2] [--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]
+//       [--draft-quantization int8|none]
 //
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini (a
 // random MTP head: it shows the price of useless drafts). Prompts are cut from --text
@@ -41,6 +42,7 @@ struct Args {
   int new_tokens = 64;
   int runs = 3;
   int threads = 0;
+  bool draft_int8 = true;  // as serve and generate: --speculative-draft-quantization int8
 };
 
 struct Measurement {
@@ -169,6 +171,7 @@ int run(const Args& args) {
   }
   ModelOptions model_options;
   model_options.num_threads = args.threads;
+  if (args.draft_int8) model_options.quantize_draft = WeightQuantization::kInt8;
   auto loaded = DeepseekModel::load(dir, model_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
@@ -208,8 +211,10 @@ int run(const Args& args) {
       prompts.push_back(p);
     }
   }
-  std::printf("model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs\n",
-              dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs);
+  std::printf(
+      "model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs, drafter %s\n",
+      dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs,
+      args.draft_int8 ? "int8" : "as the model");
   const Result<SpeculativePolicy> policy = calibrate(model, args.batches, args.prompt);
   if (!policy.ok()) {
     std::fprintf(stderr, "error: %s\n", policy.status().to_string().c_str());
@@ -280,6 +285,9 @@ constexpr const char* kUsage =
     "  --new-tokens N     generated tokens per sequence, >= 2 (default 64; greedy, EOS ignored)\n"
     "  --runs N           interleaved runs per configuration, medians reported (default 3)\n"
     "  --threads N        threads (default 0: one per core)\n"
+    "  --draft-quantization int8|none\n"
+    "                     the MTP layer's precision, as serve's\n"
+    "                     --speculative-draft-quantization (default int8)\n"
     "  --help             this text\n";
 
 int main(int argc, char** argv) {
@@ -307,6 +315,14 @@ int main(int argc, char** argv) {
       args.runs = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 1, 1 << 20));
     } else if (arg == "--threads" && has_value) {
       args.threads = static_cast<int>(peerserve::bench::flag_integer(arg, argv[++i], 0, 1024));
+    } else if (arg == "--draft-quantization" && has_value) {
+      const std::string value = argv[++i];
+      if (value != "int8" && value != "none") {
+        std::fprintf(stderr, "error: --draft-quantization '%s': expected int8 or none\n",
+                     value.c_str());
+        return 2;
+      }
+      args.draft_int8 = value == "int8";
     } else {
       std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;

@@ -2,13 +2,15 @@
 
 Cases (all run; exit 1 if any failed):
 - greedy completions (plain and streamed, n=2, stop strings) from `--speculative mtp`
-  (K = 1 and 2) equal those of `--speculative off`, token for token;
+  (K = 1 and 2 with the default INT8 drafter, K = 1 with `--speculative-draft-quantization
+  none`) equal those of `--speculative off`, token for token;
 - /metrics has the spec_decode counters, and they add up (accepted <= drafted, per-position
   counts sum to the accepted total);
 - a seeded sampled request reproduces across two speculative servers;
 - `--speculative auto` starts and says in its log what it measured and decided;
 - bad flags: --num-speculative-tokens 9, --speculative mtp on a checkpoint without an MTP
-  layer, --speculative mtp with --microbatches 2: a clear error and a non-zero exit.
+  layer, --speculative mtp with --microbatches 2, an unknown drafter precision, a drafter
+  precision without speculation: a clear error and a non-zero exit.
 Usage: speculative_serve_test.py PEERSERVE_BINARY SOURCE_DIR WORK_DIR
 """
 import json
@@ -100,8 +102,9 @@ def greedy_equal():
         reference = completions(off)
     finally:
         off.stop()
-    for k in ("1", "2"):
-        spec = Server("--speculative", "mtp", "--num-speculative-tokens", k)
+    # The default INT8 drafter at K = 1 and 2, and the drafter in the model's own precision.
+    for k, drafter in (("1", []), ("2", []), ("1", ["--speculative-draft-quantization", "none"])):
+        spec = Server("--speculative", "mtp", "--num-speculative-tokens", k, *drafter)
         try:
             got = completions(spec)
             m = spec.metrics()
@@ -158,6 +161,9 @@ def bad_flags():
             "--num-speculative-tokens 9: expected 1..8")
     refused(["--speculative", "mtp", "--microbatches", "2"], "one microbatch")
     refused(["--speculative", "eagle"], "--speculative")
+    refused(["--speculative", "mtp", "--speculative-draft-quantization", "fp4"],
+            "--speculative-draft-quantization")
+    refused(["--speculative-draft-quantization", "none"], "is for --speculative mtp or auto")
     no_mtp = os.path.join(WORK, "tiny-v2")
     shutil.rmtree(no_mtp, ignore_errors=True)
     subprocess.run([BIN, "make-test-model", "--preset", "tiny-v2", "--out", no_mtp], check=True,
