@@ -508,9 +508,8 @@ int run_serve(const ServeCli& cli) {
     if (model_options.quantize == WeightQuantization::kInt8) compute = "w8a8";
     if (model_options.gemm_precision == GemmPrecision::kFp32) compute += "+fp32";
     // The MTP layer's KV, stored beside the main layers' when speculating, comes from the
-    // drafter's own precision.
-    if (speculative->num_tokens > 0 && model_options.quantize != WeightQuantization::kInt8 &&
-        model_options.quantize_draft == WeightQuantization::kInt8) {
+    // drafter's weights: INT8 forms the loaded weights lacked change it.
+    if (speculative->num_tokens > 0 && (*model)->draft_layer_requantized()) {
       compute += "+draft-w8a8";
     }
     KvPoolCli pool_flags = cli.kv_pool;
@@ -720,8 +719,8 @@ int run_serve(const ServeCli& cli) {
   if (sched.num_speculative_tokens > 0) {
     std::fprintf(
         stderr, "speculative decoding: the MTP layer%s drafts %d token%s per step%s\n",
-        model_options.quantize_draft == WeightQuantization::kInt8 ? " (INT8)" : "",
-        sched.num_speculative_tokens, sched.num_speculative_tokens > 1 ? "s" : "",
+        (*model)->mtp_runs_int8() ? " (INT8)" : "", sched.num_speculative_tokens,
+        sched.num_speculative_tokens > 1 ? "s" : "",
         sched.speculative_max_running > 0
             ? (" while at most " + std::to_string(sched.speculative_max_running) + " sequences run")
                   .c_str()

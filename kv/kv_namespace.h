@@ -39,8 +39,10 @@ struct KvNamespace {
   bool mtp_kv = false;
   // How the engine computes beyond the checkpoint's weights when that changes the KV: "w8a8"
   // for INT8 weights quantized at load (--quantize int8 quantizes kv_a, which writes the
-  // latent), "+fp32" added for fp32 GEMM activations. Empty (the default, BF16 products on
-  // the stored weights) adds nothing to the identity, so default identities stay as they were.
+  // latent), "+fp32" added for fp32 GEMM activations, "+draft-w8a8" for an MTP layer (whose KV
+  // is stored with mtp_kv) given INT8 forms the loaded weights lacked by the INT8 drafter.
+  // Empty (the default, BF16 products on the stored weights) adds nothing to the identity, so
+  // default identities stay as they were.
   std::string compute;
 
   // Errors name the field: a bad tenant name, an empty model id, an invalid layout.

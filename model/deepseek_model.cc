@@ -94,6 +94,7 @@ struct DeepseekModel::Impl {
   MlaAttention attention_layer;
   std::shared_ptr<ExpertBackend> experts;
   std::shared_ptr<ReplicatedWeightsBackend> replicated_weights;  // null: run_mlp
+  bool draft_layer_requantized = false;  // quantize_draft_int8 changed the MTP layer
 
   // The replicated-weights backend a step may use: none in an interleaved step, whose
   // stages alternate with another microbatch's and would interleave the collective calls.
@@ -549,7 +550,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
         quantize_weights_int8(impl->weights, options.quantize_lm_head, &impl->pool, release));
   }
   if (options.quantize_draft == WeightQuantization::kInt8) {
-    PS_RETURN_IF_ERROR(quantize_draft_int8(impl->weights, &impl->pool, release));
+    PS_ASSIGN_OR_RETURN(impl->draft_layer_requantized,
+                        quantize_draft_int8(impl->weights, &impl->pool, release));
   }
   if (packs_bf16_weights(options)) {
     PS_RETURN_IF_ERROR(
@@ -575,6 +577,12 @@ const ModelOptions& DeepseekModel::options() const {
 }
 bool DeepseekModel::has_mtp() const {
   return impl_->weights.mtp.has_value();
+}
+bool DeepseekModel::mtp_runs_int8() const {
+  return impl_->weights.mtp && impl_->weights.mtp->eh_proj.int8 != nullptr;
+}
+bool DeepseekModel::draft_layer_requantized() const {
+  return impl_->draft_layer_requantized;
 }
 
 KvLayout DeepseekModel::kv_layout(int64_t block_size, DType dtype) const {

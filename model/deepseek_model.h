@@ -64,6 +64,12 @@ class DeepseekModel {
   const ModelOptions& options() const;
   // Whether the MTP layer is loaded (forward_mtp is usable).
   bool has_mtp() const;
+  // Whether the MTP layer's projections run in INT8 (an INT8 checkpoint, --quantize int8 or
+  // ModelOptions::quantize_draft).
+  bool mtp_runs_int8() const;
+  // Whether ModelOptions::quantize_draft gave the MTP layer (not only its head) INT8 forms
+  // that the loaded weights did not have: its KV then differs from the stored weights'.
+  bool draft_layer_requantized() const;
 
   // The cache layout this model needs: num_hidden_layers layer slots, plus one per loaded
   // MTP layer (slot num_hidden_layers).

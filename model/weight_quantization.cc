@@ -83,14 +83,21 @@ Status quantize_mlp_int8(MlpWeights& mlp) {
   return run_all(jobs, nullptr);
 }
 
-Status quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool,
-                           const std::function<void(const LinearWeight&)>& quantized) {
-  if (!weights.mtp) return ok_status();
+Result<bool> quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool,
+                                 const std::function<void(const LinearWeight&)>& quantized) {
+  if (!weights.mtp) return false;
   MtpWeights& mtp = *weights.mtp;
   std::vector<Job> jobs;
   add(jobs, mtp.eh_proj, "mtp eh_proj");
   add_layer(jobs, mtp.layer, "mtp layer");
   add(jobs, mtp.head, "mtp shared_head");
+  // Only weights still in BF16 (an INT8 checkpoint's or --quantize int8's MTP layer is INT8).
+  std::erase_if(jobs, [](const Job& j) {
+    return j.linear != nullptr
+               ? j.linear->data == nullptr || j.linear->int8 != nullptr
+               : j.gate_up->gate_up_int8 != nullptr || j.gate_up->gate.data == nullptr ||
+                     j.gate_up->up.data == nullptr;
+  });
   PS_RETURN_IF_ERROR(run_all(jobs, pool));
   // The head's values may be the LM head's or the embeddings' (DeepSeek's checkpoints store a
   // copy, which the loader shares): those keep reading the BF16 form.
@@ -100,16 +107,18 @@ Status quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool,
     if (quantized && !(&w == &mtp.head && head_shared)) quantized(w);
     drop_bf16_form(w);
   };
+  bool layer_changed = false;
   for (const Job& job : jobs) {
-    if (job.linear != nullptr && job.linear->int8 && job.linear->data != nullptr) {
+    if (job.linear != nullptr) {
+      layer_changed = layer_changed || job.linear != &mtp.head;
       release(*job.linear);
-    }
-    if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
-      if (job.gate_up->gate.data != nullptr) release(job.gate_up->gate);
-      if (job.gate_up->up.data != nullptr) release(job.gate_up->up);
+    } else {
+      layer_changed = true;
+      release(job.gate_up->gate);
+      release(job.gate_up->up);
     }
   }
-  return ok_status();
+  return layer_changed;
 }
 
 Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool* pool,

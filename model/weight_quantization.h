@@ -30,8 +30,10 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
 // (ModelOptions::quantize_draft); nothing without an MTP layer, and weights with an INT8 form
 // already are kept. `quantized` hears of each weight whose BF16 form only the MTP layer read
 // (not of a head shared with the LM head or the embeddings, whose BF16 form those still use).
-Status quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool = nullptr,
-                           const std::function<void(const LinearWeight&)>& quantized = {});
+// True when a weight other than the head got a new INT8 form: the MTP layer then writes
+// other KV than the loaded weights would (false, e.g., for an INT8 checkpoint's MTP layer).
+Result<bool> quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool = nullptr,
+                                 const std::function<void(const LinearWeight&)>& quantized = {});
 // One MLP (a routed expert loaded later, e.g. by an expert rebalance).
 Status quantize_mlp_int8(MlpWeights& mlp);
 

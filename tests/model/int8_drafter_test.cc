@@ -36,9 +36,10 @@ TEST(Int8DrafterTest, QuantizesTheMtpLayerAndItsHeadOnly) {
   ASSERT_EQ(weights->mtp->head.data, weights->lm_head.data) << "the loader shares equal heads";
   const bf16* lm_head = weights->lm_head.data;
   std::vector<const LinearWeight*> released;
-  ASSERT_TRUE(quantize_draft_int8(*weights, nullptr, [&](const LinearWeight& w) {
-                released.push_back(&w);
-              }).ok());
+  Result<bool> layer_changed = quantize_draft_int8(
+      *weights, nullptr, [&](const LinearWeight& w) { released.push_back(&w); });
+  ASSERT_TRUE(layer_changed.ok()) << layer_changed.status().to_string();
+  EXPECT_TRUE(*layer_changed) << "the MTP layer's KV now comes from INT8 weights";
   MtpWeights& mtp = *weights->mtp;
   // The drafter: INT8 forms, BF16 forms dropped.
   for (const LinearWeight* w : {&mtp.eh_proj, &mtp.layer.attention.o_proj, &mtp.head}) {
@@ -67,6 +68,25 @@ TEST(Int8DrafterTest, QuantizesTheMtpLayerAndItsHeadOnly) {
       << "the shared head's BF16 pages are the LM head's";
 }
 
+// Under --quantize int8 the MTP layer is INT8 already: only a BF16 head gets a form, and the
+// MTP layer's KV is what it was (the KV pool identity must not change).
+TEST(Int8DrafterTest, AnInt8MtpLayerIsKept) {
+  Result<Checkpoint> checkpoint = Checkpoint::open(shipped_dir());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
+  Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, true, {});
+  ASSERT_TRUE(weights.ok()) << weights.status().to_string();
+  ASSERT_TRUE(quantize_weights_int8(*weights, /*lm_head=*/false).ok());
+  const auto eh_proj = weights->mtp->eh_proj.int8;
+  ASSERT_NE(eh_proj, nullptr);
+  ASSERT_EQ(weights->mtp->head.int8, nullptr);
+  Result<bool> layer_changed = quantize_draft_int8(*weights);
+  ASSERT_TRUE(layer_changed.ok()) << layer_changed.status().to_string();
+  EXPECT_FALSE(*layer_changed);
+  EXPECT_EQ(weights->mtp->eh_proj.int8, eh_proj) << "an INT8 form was made again";
+  EXPECT_NE(weights->mtp->head.int8, nullptr);
+  EXPECT_NE(weights->lm_head.data, nullptr);
+}
+
 TEST(Int8DrafterTest, MainLogitsStayBitwiseAndDraftsStayClose) {
   const std::string dir = shipped_dir();
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no " << dir;
@@ -75,6 +95,9 @@ TEST(Int8DrafterTest, MainLogitsStayBitwiseAndDraftsStayClose) {
   auto plain = load_model(dir, o);
   o.quantize_draft = WeightQuantization::kInt8;
   auto drafter = load_model(dir, o);
+  EXPECT_FALSE(plain->mtp_runs_int8());
+  EXPECT_TRUE(drafter->mtp_runs_int8());
+  EXPECT_TRUE(drafter->draft_layer_requantized());
   const int64_t vocab = plain->config().vocab_size, hidden = plain->config().hidden_size;
   const std::vector<int32_t> tokens = test_tokens(40, vocab, 3);
   std::vector<int32_t> blocks = {0, 1, 2};

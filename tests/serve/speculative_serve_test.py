@@ -8,6 +8,8 @@ Cases (all run; exit 1 if any failed):
   counts sum to the accepted total);
 - a seeded sampled request reproduces across two speculative servers;
 - `--speculative auto` starts and says in its log what it measured and decided;
+- the KV pool identity carries the INT8 drafter only where it changes the MTP layer (a BF16
+  checkpoint, not an INT8 one), and the log names the MTP layer's precision;
 - bad flags: --num-speculative-tokens 9, --speculative mtp on a checkpoint without an MTP
   layer, --speculative mtp with --microbatches 2, an unknown drafter precision, a drafter
   precision without speculation: a clear error and a non-zero exit.
@@ -148,6 +150,37 @@ def auto_decides():
         spec.stop()
 
 
+def pool_identity(*flags, model=MODEL):
+    server = Server("--speculative", "mtp", "--kv-pool", "local", *flags, model=model)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/models",
+                                    timeout=30) as r:
+            card = json.load(r)["data"][0]
+        return card["peerserve"]["kv_namespace"], "".join(server.log)
+    finally:
+        server.stop()
+
+
+def drafter_identity():
+    # BF16 checkpoint: the INT8 drafter's MTP layer writes other KV than the BF16 one, so the
+    # identities differ; the log names the drafter's precision.
+    int8, log = pool_identity()
+    none, log_none = pool_identity("--speculative-draft-quantization", "none")
+    assert "+draft-w8a8" in int8 and int8 != none, (int8, none)
+    assert "the MTP layer (INT8) drafts" in log, log[-600:]
+    assert "the MTP layer drafts" in log_none, log_none[-600:]
+    # INT8 checkpoint with a BF16 head: the MTP layer is INT8 either way (only the head gets an
+    # INT8 copy), so one identity; the log says INT8 for both.
+    quantized = os.path.join(WORK, "tiny-int8")
+    shutil.rmtree(quantized, ignore_errors=True)
+    subprocess.run([BIN, "quantize", "--model", MODEL, "--out", quantized, "--lm-head", "bf16"],
+                   check=True, capture_output=True, timeout=300)
+    int8, log = pool_identity(model=quantized)
+    none, log_none = pool_identity("--speculative-draft-quantization", "none", model=quantized)
+    assert int8 == none and "draft" not in int8, (int8, none)
+    assert "the MTP layer (INT8) drafts" in log_none, log_none[-600:]
+
+
 def refused(flags, expected, model=MODEL):
     p = subprocess.run([BIN, "serve", "--model", model, "--port", "0", "--threads", "1",
                         "--kv-cache-memory", "64MiB", *flags],
@@ -175,5 +208,7 @@ os.makedirs(WORK, exist_ok=True)
 case("greedy completions equal with and without MTP (K = 1, 2), metrics add up", greedy_equal)
 case("a seeded sampled request reproduces", seeded_reproduces)
 case("--speculative auto measures and decides", auto_decides)
+case("the drafter's precision enters the KV pool identity only when it changes the MTP KV",
+     drafter_identity)
 case("bad speculative flags are refused", bad_flags)
 sys.exit(exit_code())
