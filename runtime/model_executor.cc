@@ -255,32 +255,56 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
     const std::vector<MtpChunk> mtp_two = mtp_chunks(2);
     const std::vector<SequenceChunk> decode = chunks(context - 1, 1, false, false);
     const std::vector<SequenceChunk> verify = chunks(context - 1, 2, true, true);
-    auto median_seconds = [&](auto&& run) -> Result<double> {
-      PS_RETURN_IF_ERROR(run());  // untimed: the first pass faults in scratch and weights
-      std::vector<double> t;
-      for (int r = 0; r < reps; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        PS_RETURN_IF_ERROR(run());
-        t.push_back(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      std::sort(t.begin(), t.end());
-      return t[t.size() / 2];
+    auto decode_step = [&] { return model_->forward(decode, cache_, *state_, &output_); };
+    auto mtp_kv_only_step = [&] {
+      return model_->forward_mtp(mtp_kv_only, cache_, *state_, &mtp_output_);
+    };
+    auto speculative_step = [&]() -> Status {
+      PS_RETURN_IF_ERROR(model_->forward(verify, cache_, *state_, &output_));
+      return model_->forward_mtp(mtp_two, cache_, *state_, &mtp_output_);
+    };
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point start) {
+      return std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    // Per repetition, each kind of step timed right after an untimed one of its kind (a step
+    // then runs in the cache state its own kind leaves, as in a run of such steps): a decode
+    // step; a decode step and the KV-only MTP pass after it, the pass timed on its own; a
+    // verification step and the MTP layer after it (back to back, as the executor runs them:
+    // timing the passes in separate runs missed 30% of the cost, because each evicts the
+    // other's weights). Interleaved, so that a machine whose speed drifts over the
+    // measurement (a shared VM) moves the three alike; the speculative step as its ratio to
+    // the decode step of the same repetition. The KV-only pass is timed by itself: as the
+    // difference of two noisy step times (5% of a step, within their spread) it came out at
+    // -6%..+18% of a decode step from one start to the next, where the pass alone took
+    // 4.5-5.5% each time (tiny preset, batch 8 and 32).
+    std::vector<double> decode_times, mtp_times, speculative_ratios;
+    for (int r = 0; r < reps; ++r) {
+      PS_RETURN_IF_ERROR(decode_step());
+      Clock::time_point start = Clock::now();
+      PS_RETURN_IF_ERROR(decode_step());
+      const double d = since(start);
+      PS_RETURN_IF_ERROR(decode_step());
+      PS_RETURN_IF_ERROR(mtp_kv_only_step());
+      PS_RETURN_IF_ERROR(decode_step());
+      start = Clock::now();
+      PS_RETURN_IF_ERROR(mtp_kv_only_step());
+      mtp_times.push_back(since(start));
+      PS_RETURN_IF_ERROR(speculative_step());
+      start = Clock::now();
+      PS_RETURN_IF_ERROR(speculative_step());
+      speculative_ratios.push_back(since(start) / d);
+      decode_times.push_back(d);
+    }
+    auto median = [](std::vector<double>& v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
     };
     SpeculativeCost cost;
     cost.batch = batch;
-    // Each pair back to back, as the executor runs them (they evict each other's weights).
-    PS_ASSIGN_OR_RETURN(cost.decode_s, median_seconds([&] {
-                          return model_->forward(decode, cache_, *state_, &output_);
-                        }));
-    PS_ASSIGN_OR_RETURN(cost.decode_mtp_s, median_seconds([&]() -> Status {
-                          PS_RETURN_IF_ERROR(model_->forward(decode, cache_, *state_, &output_));
-                          return model_->forward_mtp(mtp_kv_only, cache_, *state_, &mtp_output_);
-                        }));
-    PS_ASSIGN_OR_RETURN(cost.speculative_s, median_seconds([&]() -> Status {
-                          PS_RETURN_IF_ERROR(model_->forward(verify, cache_, *state_, &output_));
-                          return model_->forward_mtp(mtp_two, cache_, *state_, &mtp_output_);
-                        }));
+    cost.decode_s = median(decode_times);
+    cost.decode_mtp_s = cost.decode_s + median(mtp_times);
+    cost.speculative_s = cost.decode_s * median(speculative_ratios);
     costs.push_back(cost);
   }
   if (costs.empty()) return invalid_argument("the KV cache holds no measurement batch");

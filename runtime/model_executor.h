@@ -58,9 +58,11 @@ class ModelExecutor final : public Executor {
   Status write_kv_block(int32_t block, std::span<const std::byte> bytes) override;
   std::span<std::byte> kv_block_memory(int32_t block) override;
 
-  // Times a decode step, a verification step (2 tokens per sequence) and the MTP layer (2
-  // positions per sequence) for each batch size, with `context` tokens of context, median of
-  // `reps` runs: the input of decide_speculative_policy(). Needs the MTP layer loaded. Writes
+  // Times a decode step, the MTP layer's KV-only pass after one, and a verification step (2
+  // tokens per sequence) followed by the MTP layer (2 positions per sequence) for each batch
+  // size, with `context` tokens of context, the three interleaved `reps` times (medians; the
+  // speculative step as its ratio to the decode step of the same repetition). The input of
+  // decide_speculative_policy(). Needs the MTP layer loaded. Writes
   // KV blocks from block 0 on: call it before serving, while every block is free. Batch
   // sizes whose sequences do not fit the cache are skipped.
   Result<std::vector<SpeculativeCost>> measure_speculative_costs(std::span<const int32_t> batches,
