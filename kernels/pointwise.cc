@@ -108,6 +108,11 @@ void scale(float alpha, float* x, int64_t n) {
   internal::active_kernel_table().scale(alpha, x, n);
 }
 
+int64_t argmax(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  return internal::active_kernel_table().argmax(x, n);
+}
+
 void bf16_to_fp32(const bf16* src, float* dst, int64_t n) {
   if (n <= 0) return;
   internal::active_kernel_table().bf16_to_fp32(bits(src), dst, n);

@@ -34,4 +34,9 @@ void weighted_rows(const float* p, int64_t p_stride, int64_t rows, const bf16* v
 // x[i] *= alpha
 void scale(float alpha, float* x, int64_t n);
 
+// The index of the first largest value among the non-NaN x[i] (i < n): the first of equal
+// maxima (-0 and +0 are equal), the first non-NaN when all are -inf, 0 when every value is
+// NaN or n <= 0. Greedy decoding's choice over a vocabulary of logits.
+int64_t argmax(const float* x, int64_t n);
+
 }  // namespace peerserve::kernels

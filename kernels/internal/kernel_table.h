@@ -152,6 +152,7 @@ struct KernelTable {
                        float eps) = nullptr;
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*softmax)(float* x, int64_t n) = nullptr;
+  int64_t (*argmax)(const float* x, int64_t n) = nullptr;
 };
 
 const KernelTable& scalar_kernel_table();

@@ -106,6 +106,15 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv_sum;
 }
 
+int64_t argmax(const float* x, int64_t n) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  return best < 0 ? 0 : best;
+}
+
 KernelTable make_scalar_table() {
   KernelTable t;
   t.level = IsaLevel::kScalar;
@@ -132,6 +141,7 @@ KernelTable make_scalar_table() {
   t.rmsnorm_bf16 = &rmsnorm<uint16_t>;
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
+  t.argmax = &argmax;
   return t;
 }
 

@@ -321,6 +321,28 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// Two passes, as the AVX-512 level: the largest non-NaN value (maxps returns its second
+// operand, the running maximum, when the first is NaN), then the first index holding it.
+int64_t argmax(const float* x, int64_t n) {
+  __m256 vmax = _mm256_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(_mm256_loadu_ps(x + i), vmax);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float max = -__builtin_inff();
+  for (float v : lanes) max = v > max ? v : max;
+  for (; i < n; ++i) max = x[i] > max ? x[i] : max;
+  const __m256 m = _mm256_set1_ps(max);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), m, _CMP_EQ_OQ));
+    if (hit != 0) return i + __builtin_ctz(static_cast<unsigned>(hit));
+  }
+  for (; i < n; ++i) {
+    if (x[i] == max) return i;
+  }
+  return 0;  // every value NaN
+}
+
 void softmax(float* x, int64_t n) {
   const float neg_inf = -__builtin_inff();
   __m256 vmax = _mm256_set1_ps(neg_inf);
@@ -379,6 +401,7 @@ KernelTable make_avx2_table() {
   t.rmsnorm_bf16 = &rmsnorm<uint16_t>;
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
+  t.argmax = &argmax;
   return t;
 }
 

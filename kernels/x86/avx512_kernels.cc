@@ -306,6 +306,32 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// Two passes: the largest non-NaN value (max_ps returns its second operand, the running
+// maximum, when the first is NaN), then the first index holding it (NaN never compares equal;
+// -0 == +0, so the first zero when the maximum is a zero, as the scalar loop's strict > keeps).
+int64_t argmax(const float* x, int64_t n) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  __m512 vmax = neg_inf;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(_mm512_loadu_ps(x + i), vmax);
+  if (i < n) {
+    vmax = _mm512_max_ps(_mm512_mask_loadu_ps(neg_inf, first_lanes(static_cast<int>(n - i)), x + i),
+                         vmax);
+  }
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), m, _CMP_EQ_OQ);
+    if (hit != 0) return i + __builtin_ctz(hit);
+  }
+  if (i < n) {
+    const __mmask16 lanes = first_lanes(static_cast<int>(n - i));
+    const __mmask16 hit =
+        _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, x + i), m, _CMP_EQ_OQ);
+    if (hit != 0) return i + __builtin_ctz(hit);
+  }
+  return 0;  // every value NaN
+}
+
 void softmax(float* x, int64_t n) {
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   __m512 vmax = neg_inf;
@@ -372,6 +398,7 @@ KernelTable make_avx512_table() {
   t.rmsnorm_bf16 = &rmsnorm<uint16_t>;
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
+  t.argmax = &argmax;
   return t;
 }
 

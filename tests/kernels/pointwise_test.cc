@@ -1,5 +1,6 @@
-// rmsnorm, silu_mul, softmax, dot/axpy/scale and the bf16 conversions against independent
-// references (double precision, or tensor/float_convert.h bit for bit) at every ISA level.
+// rmsnorm, silu_mul, softmax, dot/axpy/scale/argmax and the bf16 conversions against
+// independent references (double precision, a plain loop, or tensor/float_convert.h bit for
+// bit) at every ISA level.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -399,6 +400,67 @@ TEST(Softmax, MatchesDoubleReferenceAndHandlesMasks) {
     softmax(single.data(), 1);
     EXPECT_EQ(single[0], 1.0f);
   }
+}
+
+// The first index of the largest non-NaN value, by a plain loop: what greedy decoding picks.
+int64_t reference_argmax(const std::vector<float>& x) {
+  int64_t best = -1;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] != x[i]) continue;  // NaN
+    if (best < 0 || x[i] > x[static_cast<size_t>(best)]) best = static_cast<int64_t>(i);
+  }
+  return best < 0 ? 0 : best;
+}
+
+TEST(VectorOps, ArgmaxIsTheFirstLargestNonNaN) {
+  Random rng(41);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      for (int variant = 0; variant < 8; ++variant) {
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& v : x) v = rng.uniform(-4.0f, 4.0f);
+        const size_t at = static_cast<size_t>(rng.bits() % n);
+        const size_t later = std::min(x.size() - 1, at + 1 + rng.bits() % 40);
+        switch (variant) {
+          case 1:  // a tie: the first of the two
+            x[at] = 9.0f;
+            x[later] = 9.0f;
+            break;
+          case 2:  // NaNs anywhere, one before the maximum
+            for (size_t i = 0; i < x.size(); i += 3) x[i] = nan;
+            x[at] = nan;
+            break;
+          case 3:  // all NaN: 0
+            std::fill(x.begin(), x.end(), nan);
+            break;
+          case 4:  // all -inf but NaNs: the first -inf
+            std::fill(x.begin(), x.end(), -inf);
+            x[0] = nan;
+            break;
+          case 5:  // +inf wins, the first of two
+            x[later] = inf;
+            x[at] = inf;
+            break;
+          case 6:  // zeros of both signs as the maximum
+            std::fill(x.begin(), x.end(), -1.0f);
+            x[later] = 0.0f;
+            x[at] = -0.0f;
+            break;
+          case 7:  // the maximum in the last element (the tail)
+            x.back() = 100.0f;
+            break;
+          default:
+            break;
+        }
+        EXPECT_EQ(argmax(x.data(), n), reference_argmax(x)) << "n " << n << " variant " << variant;
+      }
+    }
+  }
+  EXPECT_EQ(argmax(nullptr, 0), 0);
 }
 
 }  // namespace
