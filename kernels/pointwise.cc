@@ -108,6 +108,11 @@ void scale(float alpha, float* x, int64_t n) {
   internal::active_kernel_table().scale(alpha, x, n);
 }
 
+void exp_offset(const float* x, float offset, float* out, int64_t n) {
+  if (n <= 0) return;
+  internal::active_kernel_table().exp_offset(x, offset, out, n);
+}
+
 int64_t argmax(const float* x, int64_t n) {
   if (n <= 0) return 0;
   return internal::active_kernel_table().argmax(x, n);

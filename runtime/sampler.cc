@@ -1,11 +1,13 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <unordered_map>
 
+#include "kernels/softmax.h"
 #include "kernels/vector_ops.h"
 
 namespace peerserve {
@@ -47,13 +49,56 @@ struct ByLikelihood {
 };
 
 // The truncated distribution in unnormalised form: weight[i] = exp(scaled[i] - max) for
-// kept tokens, 0 for dropped ones.
+// kept tokens (fp32, as exp is computed), 0 for dropped ones; masses summed in double, per
+// block of kBlock tokens in token order, the blocks in order. One per thread, reused: a
+// vocabulary-sized allocation per token was an mmap that paid its page faults every time.
+constexpr size_t kBlock = 256;
 struct Truncation {
-  std::vector<float> scaled;   // penalised logits / temperature
-  std::vector<double> weight;  // 0 for dropped tokens
-  double total = 0.0;
+  std::vector<float> scaled;       // penalised logits / temperature
+  std::vector<float> weight;       // 0 for dropped tokens
+  std::vector<double> block_mass;  // sum of weight over each block of kBlock tokens
+  double total = 0.0;              // sum of block_mass, in block order
   float max_scaled = kNegInf;
+  // apply_top_p's scratch.
+  std::vector<uint16_t> bucket_of;
+  std::vector<double> bucket_mass;
+  std::vector<int32_t> crossing;
 };
+
+Truncation& thread_truncation() {
+  thread_local Truncation t;
+  return t;
+}
+
+// Fills block_mass and total from weight. Each block is summed in token order (the sampling
+// walk below relies on it), four blocks at a time as independent chains.
+void sum_blocks(Truncation& t) {
+  const size_t n = t.weight.size(), blocks = (n + kBlock - 1) / kBlock;
+  const float* w = t.weight.data();
+  t.block_mass.assign(blocks, 0.0);
+  size_t b = 0;
+  for (; (b + 4) * kBlock <= n; b += 4) {
+    const float* p = w + b * kBlock;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (size_t j = 0; j < kBlock; ++j) {
+      s0 += p[j];
+      s1 += p[kBlock + j];
+      s2 += p[2 * kBlock + j];
+      s3 += p[3 * kBlock + j];
+    }
+    t.block_mass[b] = s0;
+    t.block_mass[b + 1] = s1;
+    t.block_mass[b + 2] = s2;
+    t.block_mass[b + 3] = s3;
+  }
+  for (; b < blocks; ++b) {
+    double sum = 0.0;
+    for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) sum += w[i];
+    t.block_mass[b] = sum;
+  }
+  t.total = 0.0;
+  for (double m : t.block_mass) t.total += m;
+}
 
 // The k-th largest value (counting repeats). A bounded min-heap for small k touches each
 // value once; nth_element for large k.
@@ -82,97 +127,107 @@ float kth_largest(const std::vector<float>& values, size_t k) {
 // top-p: keep tokens, most likely first, while the mass before them is below top_p. Only
 // the tokens of the histogram bucket where the cumulative mass crosses top_p are sorted:
 // buckets are narrow ranges of max - logit, so every token of an earlier bucket is more
-// likely (kept) and every token of a later one less likely (dropped).
+// likely (kept) and every token of a later one less likely (dropped). The last bucket takes
+// every token beyond max - 32; its mass is never needed (the cut defaults to it), so those
+// tokens, usually most of a vocabulary, skip the histogram's dependent adds.
 void apply_top_p(Truncation& t, float top_p) {
   constexpr size_t kBuckets = 2048;
-  constexpr double kBucketsPerUnit = 64.0;  // logits within max - 32 get their own buckets
+  constexpr float kBucketsPerUnit = 64.0f;  // exact: a power of two
   const size_t n = t.weight.size();
-  std::vector<double> bucket_mass(kBuckets, 0.0);
-  std::vector<uint16_t> bucket_of(n, 0);
-  double total = 0.0;
+  t.bucket_mass.assign(kBuckets, 0.0);
+  t.bucket_of.resize(n);
+  // Plain pointers: through the thread-local struct the compiler reloaded them every token.
+  float* weight = t.weight.data();
+  const float* scaled = t.scaled.data();
+  uint16_t* bucket_of = t.bucket_of.data();
+  double* bucket_mass = t.bucket_mass.data();
   for (size_t i = 0; i < n; ++i) {
-    if (t.weight[i] <= 0.0) continue;
-    const double distance = static_cast<double>(t.max_scaled - t.scaled[i]) * kBucketsPerUnit;
+    const float distance = (t.max_scaled - scaled[i]) * kBucketsPerUnit;
     const size_t b =
-        distance < static_cast<double>(kBuckets - 1) ? static_cast<size_t>(distance) : kBuckets - 1;
+        distance < static_cast<float>(kBuckets - 1) ? static_cast<size_t>(distance) : kBuckets - 1;
     bucket_of[i] = static_cast<uint16_t>(b);
-    bucket_mass[b] += t.weight[i];
-    total += t.weight[i];
+    if (b != kBuckets - 1 && weight[i] > 0.0f) bucket_mass[b] += weight[i];
   }
-  const double target = static_cast<double>(top_p) * total;
+  const double target = static_cast<double>(top_p) * t.total;
   double before = 0.0;
   size_t cut = kBuckets - 1;
-  for (size_t b = 0; b < kBuckets; ++b) {
+  for (size_t b = 0; b + 1 < kBuckets; ++b) {
     if (before + bucket_mass[b] >= target) {
       cut = b;
       break;
     }
     before += bucket_mass[b];
   }
-  std::vector<int32_t> crossing;
+  // Tokens past the cut bucket dropped without a branch (which of them lie past it is as
+  // good as random in token order: a branch there mispredicted half the time); then the
+  // cut bucket's kept tokens, few, collected.
+  const auto cut_bucket = static_cast<uint16_t>(cut);
   for (size_t i = 0; i < n; ++i) {
-    if (t.weight[i] <= 0.0) continue;
-    if (bucket_of[i] > cut) {
-      t.weight[i] = 0.0;
-    } else if (bucket_of[i] == cut) {
-      crossing.push_back(static_cast<int32_t>(i));
+    // A mask, not a select: GCC turned selects and multiplies by 0/1 back into branches.
+    const uint32_t keep = 0u - static_cast<uint32_t>(bucket_of[i] <= cut_bucket);
+    weight[i] = std::bit_cast<float>(std::bit_cast<uint32_t>(weight[i]) & keep);
+  }
+  t.crossing.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (bucket_of[i] == cut_bucket && weight[i] > 0.0f) {
+      t.crossing.push_back(static_cast<int32_t>(i));
     }
   }
-  std::sort(crossing.begin(), crossing.end(), ByLikelihood{t.scaled.data()});
+  std::sort(t.crossing.begin(), t.crossing.end(), ByLikelihood{t.scaled.data()});
   double mass = before;
-  for (size_t r = 0; r < crossing.size(); ++r) {
-    const auto id = static_cast<size_t>(crossing[r]);
+  for (size_t r = 0; r < t.crossing.size(); ++r) {
+    const auto id = static_cast<size_t>(t.crossing[r]);
     const bool most_likely_token = cut == 0 && r == 0;  // always kept
     if (mass >= target && !most_likely_token) {
-      t.weight[id] = 0.0;
+      t.weight[id] = 0.0f;
     } else {
       mass += t.weight[id];
     }
   }
 }
 
-Truncation truncate(std::span<const float> logits, const SamplingParams& params,
-                    std::span<const TokenId> generated, std::span<const TokenId> prompt) {
-  Truncation t;
+// Fills `t` (its buffers reused) for the logits under params.
+void truncate(std::span<const float> logits, const SamplingParams& params,
+              std::span<const TokenId> generated, std::span<const TokenId> prompt, Truncation& t) {
   const size_t n = logits.size();
   t.scaled.assign(logits.begin(), logits.end());
   apply_penalties(t.scaled, params, generated, prompt);
   const float inv_temperature = 1.0f / params.temperature;
   for (float& v : t.scaled) {
-    v = std::isnan(v) ? kNegInf : v * inv_temperature;
-    t.max_scaled = std::max(t.max_scaled, v);
+    const float scaled = v * inv_temperature;
+    v = scaled != scaled ? kNegInf : scaled;  // NaN: never drawn
   }
+  t.max_scaled = t.scaled[static_cast<size_t>(argmax(t.scaled))];
   t.weight.resize(n);
   if (t.max_scaled == kNegInf) {  // nothing has non-zero probability: keep the argmax
-    std::fill(t.weight.begin(), t.weight.end(), 0.0);
-    t.weight[static_cast<size_t>(argmax(logits))] = 1.0;
-    t.total = 1.0;
-    return t;
+    std::fill(t.weight.begin(), t.weight.end(), 0.0f);
+    t.weight[static_cast<size_t>(argmax(logits))] = 1.0f;
+    sum_blocks(t);
+    return;
   }
-  // top-k: drop everything below the k-th largest value (ties with it stay). Found before
-  // exponentiating so that only the survivors pay for exp().
-  float threshold = kNegInf;
+  // exp in fp32 (several times faster than in double; within 2 ulp, far below what sampling
+  // can observe), vectorized; sums in double.
+  kernels::exp_offset(t.scaled.data(), t.max_scaled, t.weight.data(), static_cast<int64_t>(n));
+  // top-k: drop everything below the k-th largest value (ties with it stay).
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-    threshold = kth_largest(t.scaled, static_cast<size_t>(params.top_k));
-  }
-  // exp in fp32 (several times faster than in double; 1e-7 relative error, far below what
-  // sampling can observe); sums in double.
-  for (size_t i = 0; i < n; ++i) {
-    t.weight[i] =
-        t.scaled[i] >= threshold ? static_cast<double>(std::exp(t.scaled[i] - t.max_scaled)) : 0.0;
+    const float threshold = kth_largest(t.scaled, static_cast<size_t>(params.top_k));
+    for (size_t i = 0; i < n; ++i) {
+      if (t.scaled[i] < threshold) t.weight[i] = 0.0f;
+    }
   }
   // min-p before top-p, as vLLM applies them: drop tokens whose probability is below min_p
   // times the largest one (weight 1, always kept); top-p then cuts the renormalised rest.
   // (top-k and min-p commute: both keep the most likely tokens.)
   if (params.min_p > 0.0f) {
-    const double threshold = static_cast<double>(params.min_p);
-    for (double& w : t.weight) {
-      if (w < threshold) w = 0.0;
+    for (float& w : t.weight) {
+      if (w < params.min_p) w = 0.0f;
     }
   }
-  if (params.top_p < 1.0f) apply_top_p(t, params.top_p);
-  for (double w : t.weight) t.total += w;
-  return t;
+  if (params.top_p < 1.0f) {
+    sum_blocks(t);
+    apply_top_p(t, params.top_p);
+  }
+  sum_blocks(t);
 }
 
 std::vector<TokenLogprob> top_entries(std::span<const float> values, std::span<const double> weight,
@@ -320,11 +375,12 @@ TokenDistribution final_distribution(std::span<const float> logits, const Sampli
     out.probs.push_back(1.0);
     return out;
   }
-  const Truncation t = truncate(logits, params, generated, prompt);
+  Truncation& t = thread_truncation();
+  truncate(logits, params, generated, prompt, t);
   for (size_t i = 0; i < t.weight.size(); ++i) {
-    if (t.weight[i] > 0.0) {
+    if (t.weight[i] > 0.0f) {
       out.tokens.push_back(static_cast<TokenId>(i));
-      out.probs.push_back(t.weight[i] / t.total);
+      out.probs.push_back(static_cast<double>(t.weight[i]) / t.total);
     }
   }
   return out;
@@ -346,16 +402,33 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     return result;
   }
 
-  const Truncation t = truncate(logits, params, context.generated, context.prompt);
+  Truncation& t = thread_truncation();
+  truncate(logits, params, context.generated, context.prompt, t);
   const double u = sampling_uniform(context.seed, context.generated.size());
   const double target = u * t.total;
-  double cumulative = 0.0;
+  // The token where the running mass passes target: first the block (the same sums in the
+  // same order as t.total), then the token inside it, whose running sum ends at exactly that
+  // block's mass. If rounding leaves target at the total (u within 2^-53 of 1), no block
+  // passes it: the last kept token.
+  const size_t n = t.weight.size();
+  double before = 0.0;
+  size_t block = 0;
+  while (block < t.block_mass.size() && !(before + t.block_mass[block] > target)) {
+    before += t.block_mass[block++];
+  }
   TokenId chosen = -1;
-  for (size_t i = 0; i < t.weight.size(); ++i) {
-    if (t.weight[i] <= 0.0) continue;
-    chosen = static_cast<TokenId>(i);
-    cumulative += t.weight[i];
-    if (cumulative > target) break;
+  if (block < t.block_mass.size()) {
+    double cumulative = 0.0;
+    for (size_t i = block * kBlock; i < std::min(n, (block + 1) * kBlock); ++i) {
+      if (t.weight[i] <= 0.0f) continue;
+      chosen = static_cast<TokenId>(i);
+      cumulative += t.weight[i];
+      if (before + cumulative > target) break;
+    }
+  } else {
+    for (size_t i = n; i-- > 0 && chosen < 0;) {
+      if (t.weight[i] > 0.0f) chosen = static_cast<TokenId>(i);
+    }
   }
   PS_CHECK(chosen >= 0) << "no token kept";
   result.token = chosen;

@@ -153,6 +153,7 @@ struct KernelTable {
   void (*silu_mul)(const float* gate, const float* up, float* out, int64_t n) = nullptr;
   void (*softmax)(float* x, int64_t n) = nullptr;
   int64_t (*argmax)(const float* x, int64_t n) = nullptr;
+  void (*exp_offset)(const float* x, float offset, float* out, int64_t n) = nullptr;
 };
 
 const KernelTable& scalar_kernel_table();

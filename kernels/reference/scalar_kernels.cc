@@ -106,6 +106,10 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv_sum;
 }
 
+void exp_offset(const float* x, float offset, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - offset);
+}
+
 int64_t argmax(const float* x, int64_t n) {
   int64_t best = -1;
   for (int64_t i = 0; i < n; ++i) {
@@ -142,6 +146,7 @@ KernelTable make_scalar_table() {
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
   t.argmax = &argmax;
+  t.exp_offset = &exp_offset;
   return t;
 }
 

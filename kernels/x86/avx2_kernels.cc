@@ -321,6 +321,18 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void exp_offset(const float* x, float offset, float* out, int64_t n) {
+  const __m256 m = _mm256_set1_ps(offset);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+  }
+  if (i < n) {
+    const int rest = static_cast<int>(n - i);
+    store_part(out + i, exp_ps(_mm256_sub_ps(load_part(x + i, rest), m)), rest);
+  }
+}
+
 // Two passes, as the AVX-512 level: the largest non-NaN value (maxps returns its second
 // operand, the running maximum, when the first is NaN), then the first index holding it.
 int64_t argmax(const float* x, int64_t n) {
@@ -402,6 +414,7 @@ KernelTable make_avx2_table() {
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
   t.argmax = &argmax;
+  t.exp_offset = &exp_offset;
   return t;
 }
 

@@ -306,6 +306,19 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+void exp_offset(const float* x, float offset, float* out, int64_t n) {
+  const __m512 m = _mm512_set1_ps(offset);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(out + i, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m)));
+  }
+  if (i < n) {
+    const __mmask16 mask = first_lanes(static_cast<int>(n - i));
+    _mm512_mask_storeu_ps(out + i, mask,
+                          exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), m)));
+  }
+}
+
 // Two passes: the largest non-NaN value (max_ps returns its second operand, the running
 // maximum, when the first is NaN), then the first index holding it (NaN never compares equal;
 // -0 == +0, so the first zero when the maximum is a zero, as the scalar loop's strict > keeps).
@@ -399,6 +412,7 @@ KernelTable make_avx512_table() {
   t.silu_mul = &silu_mul;
   t.softmax = &softmax;
   t.argmax = &argmax;
+  t.exp_offset = &exp_offset;
   return t;
 }
 

@@ -1,4 +1,4 @@
-// rmsnorm, silu_mul, softmax, dot/axpy/scale/argmax and the bf16 conversions against
+// rmsnorm, silu_mul, softmax, exp_offset, dot/axpy/scale/argmax and the bf16 conversions against
 // independent references (double precision, a plain loop, or tensor/float_convert.h bit for
 // bit) at every ISA level.
 #include <gtest/gtest.h>
@@ -461,6 +461,49 @@ TEST(VectorOps, ArgmaxIsTheFirstLargestNonNaN) {
     }
   }
   EXPECT_EQ(argmax(nullptr, 0), 0);
+}
+
+// exp(x - offset) against exp in double of the float difference: within 2 ulp (relative 2^-22)
+// where the result is a normal float above 2^-125; below that (AVX2 flushes exp(-87) = 1.6e-38)
+// within 2^-125; -inf gives 0 exactly, NaN gives NaN.
+TEST(ExpOffset, MatchesDoubleExp) {
+  Random rng(43);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (IsaLevel level : levels_to_test()) {
+    ScopedIsaLevel isa(level);
+    SCOPED_TRACE(level_label(level));
+    for (int64_t n : kLengths) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = rng.uniform(-120.0f, 12.0f);
+      if (n > 2) {
+        x[0] = -inf;
+        x[1] = nan;
+        x[2] = 12.0f;
+      }
+      const float offset = 9.5f;
+      std::vector<float> out(static_cast<size_t>(n) + 1, 7.0f);
+      exp_offset(x.data(), offset, out.data(), n);
+      EXPECT_EQ(out[static_cast<size_t>(n)], 7.0f) << "wrote past n = " << n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[static_cast<size_t>(i)], got = out[static_cast<size_t>(i)];
+        if (std::isnan(v)) {
+          EXPECT_TRUE(std::isnan(got)) << i;
+          continue;
+        }
+        // The difference rounded to float first, as the kernel takes it.
+        const double want = std::exp(static_cast<double>(v - offset));
+        if (want < 0x1p-125) {
+          EXPECT_LE(std::fabs(got - want), 0x1p-125) << "x " << v;
+        } else {
+          EXPECT_LE(std::fabs(got - want), want * 0x1p-22) << "x " << v;
+        }
+        if (v == -inf) {
+          EXPECT_EQ(got, 0.0f);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
