@@ -205,6 +205,13 @@ void truncate(std::span<const float> logits, const SamplingParams& params,
     sum_blocks(t);
     return;
   }
+  if (t.max_scaled == -kNegInf) {
+    // A logit that is +inf, or overflows when scaled (or penalised: repetition_penalty 1e-38
+    // is valid): softmax's limit, the +inf tokens alike. exp(inf - inf) would be NaN.
+    for (size_t i = 0; i < n; ++i) t.weight[i] = t.scaled[i] == -kNegInf ? 1.0f : 0.0f;
+    sum_blocks(t);
+    return;
+  }
   // exp in fp32 (several times faster than in double; within 2 ulp, far below what sampling
   // can observe), vectorized; sums in double.
   kernels::exp_offset(t.scaled.data(), t.max_scaled, t.weight.data(), static_cast<int64_t>(n));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -327,6 +328,69 @@ TEST(SamplerTest, SamplesFollowSoftmaxOfTemperatureScaledLogits) {
     // sampler (e.g. ignoring the temperature) gives thousands.
     EXPECT_LT(chi_square, 50.0) << "T=" << setting.temperature << " top_k=" << setting.top_k
                                 << " top_p=" << setting.top_p << " cells=" << cells;
+  }
+}
+
+// The draw over a vocabulary of several of the sampler's 256-token blocks (its walk goes
+// block, then token) and not a multiple of them, plain and with top-p: chi-square against
+// the reference distribution. Logits of scale 0.5 keep every cell's expectation near 36.
+TEST(SamplerTest, DrawsOverALargeVocabularyFollowTheDistribution) {
+  const std::vector<float> logits = random_logits(1100, 17, 0.5f);
+  for (const float top_p : {1.0f, 0.7f}) {
+    SamplingParams params;
+    params.temperature = 1.0f;
+    params.top_p = top_p;
+    const auto expected = reference_distribution(logits, params, {});
+    constexpr int kDraws = 40000;
+    std::vector<int> counts(logits.size(), 0);
+    for (int i = 0; i < kDraws; ++i) {
+      counts[static_cast<size_t>(
+          sample_token(logits, params, {.seed = static_cast<uint64_t>(i) + 77}).token)]++;
+    }
+    double chi_square = 0.0;
+    int cells = 0;
+    for (size_t t = 0; t < logits.size(); ++t) {
+      const auto it = expected.find(static_cast<TokenId>(t));
+      if (it == expected.end()) {
+        EXPECT_EQ(counts[t], 0) << "token " << t << " was truncated but drawn";
+        continue;
+      }
+      const double e = it->second * kDraws;
+      chi_square += (counts[t] - e) * (counts[t] - e) / e;
+      ++cells;
+    }
+    // cells - 1 degrees of freedom (1,099 plain, fewer with top-p): mean cells - 1, standard
+    // deviation sqrt(2 (cells - 1)); the bound is 6 standard deviations above the mean. A draw
+    // that forgets the mass of the blocks before its own gives tens of thousands.
+    const double dof = cells - 1;
+    EXPECT_LT(chi_square, dof + 6.0 * std::sqrt(2.0 * dof))
+        << "top_p " << top_p << ", " << cells << " cells";
+  }
+}
+
+// +inf logits (or ones that overflow when scaled): drawn alone, alike, never an abort.
+TEST(SamplerTest, InfiniteLogitsAreTheOnlyChoice) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float top_p : {1.0f, 0.9f}) {
+    SamplingParams params;
+    params.temperature = 1.0f;
+    params.top_p = top_p;
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      EXPECT_EQ(sample_token(std::vector<float>{0.0f, inf, 0.0f}, params, {.seed = seed}).token, 1);
+      const TokenId two =
+          sample_token(std::vector<float>{inf, 1.0f, inf}, params, {.seed = seed}).token;
+      EXPECT_TRUE(two == 0 || two == 2) << two;
+    }
+    const TokenDistribution d =
+        final_distribution(std::vector<float>{0.0f, inf, 0.0f}, params, {}, {});
+    ASSERT_EQ(d.tokens.size(), 1u);
+    EXPECT_EQ(d.tokens[0], 1);
+    EXPECT_DOUBLE_EQ(d.probs[0], 1.0);
+    SamplingParams cold = params;
+    cold.temperature = 0.01f;  // 3e37 / 0.01 overflows
+    const TokenId hot =
+        sample_token(std::vector<float>{3e37f, 1.0f, 3e37f}, cold, {.seed = 3}).token;
+    EXPECT_TRUE(hot == 0 || hot == 2) << hot;
   }
 }
 
