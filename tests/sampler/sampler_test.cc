@@ -288,6 +288,34 @@ TEST(SamplerTest, TopKKeepsTies) {
   EXPECT_EQ(d.tokens, (std::vector<TokenId>{0, 2, 3}));
 }
 
+// Pearson's chi-square of `draws` seeded draws (seeds seed0, seed0 + 1, ...) against the
+// reference distribution, and its number of cells; a truncated token drawn fails the test.
+struct ChiSquare {
+  double value = 0.0;
+  int cells = 0;
+};
+ChiSquare chi_square_of_draws(const std::vector<float>& logits, const SamplingParams& params,
+                              int draws, uint64_t seed0) {
+  const auto expected = reference_distribution(logits, params, {});
+  std::vector<int> counts(logits.size(), 0);
+  for (int i = 0; i < draws; ++i) {
+    counts[static_cast<size_t>(
+        sample_token(logits, params, {.seed = seed0 + static_cast<uint64_t>(i)}).token)]++;
+  }
+  ChiSquare out;
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const auto it = expected.find(static_cast<TokenId>(t));
+    if (it == expected.end()) {
+      EXPECT_EQ(counts[t], 0) << "token " << t << " was truncated but drawn";
+      continue;
+    }
+    const double e = it->second * draws;
+    out.value += (counts[t] - e) * (counts[t] - e) / e;
+    ++out.cells;
+  }
+  return out;
+}
+
 // The empirical distribution of many seeded draws matches softmax(logits / T): Pearson's
 // chi-square against the reference probabilities, with fixed seeds (deterministic).
 TEST(SamplerTest, SamplesFollowSoftmaxOfTemperatureScaledLogits) {
@@ -305,29 +333,11 @@ TEST(SamplerTest, SamplesFollowSoftmaxOfTemperatureScaledLogits) {
     params.top_p = setting.top_p;
     const std::vector<float> logits = {2.0f, 1.5f,  1.0f, 0.5f, 0.0f,  -0.5f, -1.0f, 0.3f,
                                        1.2f, -2.0f, 0.8f, 1.7f, -0.2f, 0.1f,  0.9f,  -1.5f};
-    const auto expected = reference_distribution(logits, params, {});
-    constexpr int kDraws = 200000;
-    std::vector<int> counts(logits.size(), 0);
-    for (int i = 0; i < kDraws; ++i) {
-      counts[static_cast<size_t>(
-          sample_token(logits, params, {.seed = static_cast<uint64_t>(i)}).token)]++;
-    }
-    double chi_square = 0.0;
-    int cells = 0;
-    for (size_t t = 0; t < logits.size(); ++t) {
-      const auto it = expected.find(static_cast<TokenId>(t));
-      if (it == expected.end()) {
-        EXPECT_EQ(counts[t], 0) << "token " << t << " was truncated but drawn";
-        continue;
-      }
-      const double e = it->second * kDraws;
-      chi_square += (counts[t] - e) * (counts[t] - e) / e;
-      ++cells;
-    }
+    const ChiSquare chi = chi_square_of_draws(logits, params, 200000, 0);
     // cells-1 <= 15 degrees of freedom: the 99.999th percentile is about 45; a broken
     // sampler (e.g. ignoring the temperature) gives thousands.
-    EXPECT_LT(chi_square, 50.0) << "T=" << setting.temperature << " top_k=" << setting.top_k
-                                << " top_p=" << setting.top_p << " cells=" << cells;
+    EXPECT_LT(chi.value, 50.0) << "T=" << setting.temperature << " top_k=" << setting.top_k
+                               << " top_p=" << setting.top_p << " cells=" << chi.cells;
   }
 }
 
@@ -340,31 +350,13 @@ TEST(SamplerTest, DrawsOverALargeVocabularyFollowTheDistribution) {
     SamplingParams params;
     params.temperature = 1.0f;
     params.top_p = top_p;
-    const auto expected = reference_distribution(logits, params, {});
-    constexpr int kDraws = 40000;
-    std::vector<int> counts(logits.size(), 0);
-    for (int i = 0; i < kDraws; ++i) {
-      counts[static_cast<size_t>(
-          sample_token(logits, params, {.seed = static_cast<uint64_t>(i) + 77}).token)]++;
-    }
-    double chi_square = 0.0;
-    int cells = 0;
-    for (size_t t = 0; t < logits.size(); ++t) {
-      const auto it = expected.find(static_cast<TokenId>(t));
-      if (it == expected.end()) {
-        EXPECT_EQ(counts[t], 0) << "token " << t << " was truncated but drawn";
-        continue;
-      }
-      const double e = it->second * kDraws;
-      chi_square += (counts[t] - e) * (counts[t] - e) / e;
-      ++cells;
-    }
+    const ChiSquare chi = chi_square_of_draws(logits, params, 40000, 77);
     // cells - 1 degrees of freedom (1,099 plain, fewer with top-p): mean cells - 1, standard
     // deviation sqrt(2 (cells - 1)); the bound is 6 standard deviations above the mean. A draw
     // that forgets the mass of the blocks before its own gives tens of thousands.
-    const double dof = cells - 1;
-    EXPECT_LT(chi_square, dof + 6.0 * std::sqrt(2.0 * dof))
-        << "top_p " << top_p << ", " << cells << " cells";
+    const double dof = chi.cells - 1;
+    EXPECT_LT(chi.value, dof + 6.0 * std::sqrt(2.0 * dof))
+        << "top_p " << top_p << ", " << chi.cells << " cells";
   }
 }
 
