@@ -32,7 +32,6 @@ bool has_penalties(const SamplingParams& params) {
          !params.forced_tokens.empty() || !params.logit_bias.empty();
 }
 
-// Lowest id among the largest values (NaN never wins; all NaN gives 0).
 // The first largest non-NaN logit (0 if all are NaN), vectorized: the scalar loop took
 // ~1.8 us of a 4,096-entry vocabulary per greedy token, 7% of a batch-32 decode step of
 // the shipped model.
