@@ -236,38 +236,62 @@ void truncate(std::span<const float> logits, const SamplingParams& params,
   sum_blocks(t);
 }
 
-std::vector<TokenLogprob> top_entries(std::span<const float> values, std::span<const double> weight,
-                                      double log_total, float offset, int32_t count) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (weight.empty() || weight[i] > 0.0) ids.push_back(static_cast<int32_t>(i));
+// The `count` most likely tokens (ByLikelihood's order; NaN never listed) with their
+// logprobs: a bounded heap over the ids in order, which rejects a value below (or, coming
+// later, equal to) the worst one kept with one comparison.
+std::vector<TokenLogprob> top_entries(std::span<const float> values, double log_total, float offset,
+                                      int32_t count) {
+  const size_t k = std::min<size_t>(static_cast<size_t>(std::max(count, 0)), values.size());
+  std::vector<int32_t> heap;  // ByLikelihood's heap: its front is the worst kept
+  heap.reserve(k);
+  const ByLikelihood better{values.data()};
+  for (size_t i = 0; i < values.size() && k > 0; ++i) {
+    const float v = values[i];
+    if (v != v) continue;  // NaN
+    if (heap.size() < k) {
+      heap.push_back(static_cast<int32_t>(i));
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (v > values[static_cast<size_t>(heap.front())]) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = static_cast<int32_t>(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
   }
-  const size_t n = std::min<size_t>(static_cast<size_t>(count), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
-                    ByLikelihood{values.data()});
+  std::sort(heap.begin(), heap.end(), better);
   std::vector<TokenLogprob> out;
-  out.reserve(n);
-  for (size_t r = 0; r < n; ++r) {
-    const auto id = static_cast<size_t>(ids[r]);
+  out.reserve(heap.size());
+  for (const int32_t id : heap) {
     out.push_back(
-        {ids[r], static_cast<float>(static_cast<double>(values[id] - offset) - log_total)});
+        {id, static_cast<float>(static_cast<double>(values[static_cast<size_t>(id)] - offset) -
+                                log_total)});
   }
   return out;
 }
 
 // Logprobs as vLLM reports them by default ("raw_logprobs"): log_softmax of the model's
 // logits, before penalties, temperature and truncation, for result->token and the
-// params.top_logprobs most likely tokens.
+// params.top_logprobs most likely tokens. exp in fp32 (vectorized, within 2 ulp), summed in
+// double.
 void describe_raw(std::span<const float> logits, const SamplingParams& params,
                   SampledToken* result) {
-  float max_value = kNegInf;
-  for (float v : logits) max_value = std::max(max_value, v);
-  double total = 0.0;
-  for (float v : logits) total += std::exp(static_cast<double>(v - max_value));
-  const double log_total = std::log(total);
+  const float max_value = logits[static_cast<size_t>(argmax(logits))];
+  thread_local std::vector<float> weights;
+  weights.resize(logits.size());
+  kernels::exp_offset(logits.data(), max_value, weights.data(),
+                      static_cast<int64_t>(logits.size()));
+  // Independent chains; a NaN logit has probability 0, as in the draw (it poisoned every
+  // logprob before).
+  double sums[4] = {0.0, 0.0, 0.0, 0.0};
+  auto mass = [](float w) { return w == w ? static_cast<double>(w) : 0.0; };
+  size_t i = 0;
+  for (; i + 4 <= weights.size(); i += 4) {
+    for (size_t j = 0; j < 4; ++j) sums[j] += mass(weights[i + j]);
+  }
+  for (; i < weights.size(); ++i) sums[0] += mass(weights[i]);
+  const double log_total = std::log((sums[0] + sums[1]) + (sums[2] + sums[3]));
   result->logprob = static_cast<float>(
       static_cast<double>(logits[static_cast<size_t>(result->token)] - max_value) - log_total);
-  result->top_logprobs = top_entries(logits, {}, log_total, max_value, params.top_logprobs);
+  result->top_logprobs = top_entries(logits, log_total, max_value, params.top_logprobs);
 }
 
 }  // namespace

@@ -433,6 +433,31 @@ TEST(SamplerTest, LogprobsAreTheModelsRawDistribution) {
   EXPECT_NE(sample_token(logits, penalised, {.prompt = prompt}).token, order[0]);
 }
 
+// top_logprobs lists the most likely tokens, equal logits by id, whatever their place in the
+// vocabulary; a NaN logit is never listed and has probability 0 (the others' logprobs stay
+// finite).
+TEST(SamplerTest, TopLogprobsBreakTiesById) {
+  std::vector<float> logits = random_logits(3000, 23, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const size_t id : {2999u, 5u, 1700u, 42u}) logits[id] = 9.0f;  // four equal maxima
+  logits[100] = 8.0f;
+  logits[7] = nan;
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.want_logprobs = true;
+  params.top_logprobs = 6;
+  const SampledToken t = sample_token(logits, params, {});
+  EXPECT_EQ(t.token, 5);
+  std::vector<TokenId> ids;
+  for (const TokenLogprob& e : t.top_logprobs) ids.push_back(e.token);
+  ASSERT_EQ(ids.size(), 6u);
+  EXPECT_EQ(std::vector<TokenId>(ids.begin(), ids.begin() + 5),
+            (std::vector<TokenId>{5, 42, 1700, 2999, 100}));
+  EXPECT_NE(ids[5], 7);
+  EXPECT_TRUE(std::isfinite(t.logprob));
+  EXPECT_FLOAT_EQ(t.top_logprobs[0].logprob, t.top_logprobs[3].logprob);
+}
+
 // logit_bias is added before the penalties and temperature (vLLM's order): it moves the
 // argmax and the sampled distribution, not the reported (raw) logprobs; values past +-100
 // are refused by validate().
