@@ -275,6 +275,21 @@ std::vector<TokenLogprob> top_entries(std::span<const float> values, double log_
 void describe_raw(std::span<const float> logits, const SamplingParams& params,
                   SampledToken* result) {
   const float max_value = logits[static_cast<size_t>(argmax(logits))];
+  const float token_logit = logits[static_cast<size_t>(result->token)];
+  if (!(max_value > kNegInf && max_value < -kNegInf)) {
+    // Softmax's limits, as the draw takes them: the +inf logits share the mass; with none
+    // (every logit -inf or NaN) nothing has any. (exp(inf - inf) made every logprob NaN.)
+    size_t infinite = 0;
+    for (const float v : logits) infinite += v == -kNegInf;
+    const float share = infinite > 0 ? -std::log(static_cast<float>(infinite)) : kNegInf;
+    const auto logprob = [&](float v) { return v == -kNegInf ? share : kNegInf; };
+    result->logprob = logprob(token_logit);
+    result->top_logprobs = top_entries(logits, 0.0, 0.0f, params.top_logprobs);
+    for (TokenLogprob& e : result->top_logprobs) {
+      e.logprob = logprob(logits[static_cast<size_t>(e.token)]);
+    }
+    return;
+  }
   thread_local std::vector<float> weights;
   weights.resize(logits.size());
   kernels::exp_offset(logits.data(), max_value, weights.data(),
@@ -289,8 +304,10 @@ void describe_raw(std::span<const float> logits, const SamplingParams& params,
   }
   for (; i < weights.size(); ++i) sums[0] += mass(weights[i]);
   const double log_total = std::log((sums[0] + sums[1]) + (sums[2] + sums[3]));
-  result->logprob = static_cast<float>(
-      static_cast<double>(logits[static_cast<size_t>(result->token)] - max_value) - log_total);
+  result->logprob =
+      token_logit == token_logit  // a NaN logit (drawn only when forced) has probability 0
+          ? static_cast<float>(static_cast<double>(token_logit - max_value) - log_total)
+          : kNegInf;
   result->top_logprobs = top_entries(logits, log_total, max_value, params.top_logprobs);
 }
 

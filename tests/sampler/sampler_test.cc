@@ -458,6 +458,32 @@ TEST(SamplerTest, TopLogprobsBreakTiesById) {
   EXPECT_FLOAT_EQ(t.top_logprobs[0].logprob, t.top_logprobs[3].logprob);
 }
 
+// Logprobs at softmax's limits: +inf logits share the mass (log 1, log 1/2), the others and
+// a NaN logit have none, and a row with nothing finite reports -inf (the API sends -9999).
+TEST(SamplerTest, LogprobsOfInfiniteAndNaNLogits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.want_logprobs = true;
+  params.top_logprobs = 2;
+  SampledToken t = sample_token(std::vector<float>{1.0f, inf, 2.0f}, params, {});
+  EXPECT_EQ(t.token, 1);
+  EXPECT_EQ(t.logprob, 0.0f);
+  ASSERT_EQ(t.top_logprobs.size(), 2u);
+  EXPECT_EQ(t.top_logprobs[0].token, 1);
+  EXPECT_EQ(t.top_logprobs[0].logprob, 0.0f);
+  EXPECT_EQ(t.top_logprobs[1].logprob, -inf);
+  t = sample_token(std::vector<float>{inf, 0.0f, inf}, params, {});
+  EXPECT_FLOAT_EQ(t.logprob, -std::log(2.0f));
+  t = sample_token(std::vector<float>{-inf, -inf, nan}, params, {});
+  EXPECT_EQ(t.logprob, -inf);
+  // A NaN logit's own logprob when it is forced (describe_token: a verified draft's).
+  const SampledToken forced = describe_token(std::vector<float>{0.5f, nan, 1.0f}, params, 1);
+  EXPECT_EQ(forced.logprob, -inf);
+  EXPECT_TRUE(std::isfinite(forced.top_logprobs[0].logprob));
+}
+
 // logit_bias is added before the penalties and temperature (vLLM's order): it moves the
 // argmax and the sampled distribution, not the reported (raw) logprobs; values past +-100
 // are refused by validate().
