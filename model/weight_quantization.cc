@@ -1,5 +1,6 @@
 #include "model/weight_quantization.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -75,6 +76,24 @@ Status run_all(const std::vector<Job>& jobs, ThreadPool* pool) {
                            [&](int64_t i) { return run(jobs[static_cast<size_t>(i)]); });
 }
 
+// After run_all: each weight that got an INT8 form hears `quantized` (its BF16 pages may go;
+// not `keep_pages`, whose values other weights still read) and loses its BF16 form.
+void drop_quantized_bf16_forms(const std::vector<Job>& jobs,
+                               const std::function<void(const LinearWeight&)>& quantized,
+                               const LinearWeight* keep_pages = nullptr) {
+  auto release = [&](LinearWeight& w) {
+    if (quantized && &w != keep_pages) quantized(w);
+    drop_bf16_form(w);
+  };
+  for (const Job& job : jobs) {
+    if (job.linear != nullptr && job.linear->int8) release(*job.linear);
+    if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
+      release(job.gate_up->gate);
+      release(job.gate_up->up);
+    }
+  }
+}
+
 }  // namespace
 
 Status quantize_mlp_int8(MlpWeights& mlp) {
@@ -103,21 +122,9 @@ Result<bool> quantize_draft_int8(DeepseekWeights& weights, ThreadPool* pool,
   // copy, which the loader shares): those keep reading the BF16 form.
   const bool head_shared = mtp.head.data != nullptr && (mtp.head.data == weights.lm_head.data ||
                                                         mtp.head.data == weights.embed.data);
-  auto release = [&](LinearWeight& w) {
-    if (quantized && !(&w == &mtp.head && head_shared)) quantized(w);
-    drop_bf16_form(w);
-  };
-  bool layer_changed = false;
-  for (const Job& job : jobs) {
-    if (job.linear != nullptr) {
-      layer_changed = layer_changed || job.linear != &mtp.head;
-      release(*job.linear);
-    } else {
-      layer_changed = true;
-      release(job.gate_up->gate);
-      release(job.gate_up->up);
-    }
-  }
+  const bool layer_changed =
+      std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) { return j.linear != &mtp.head; });
+  drop_quantized_bf16_forms(jobs, quantized, head_shared ? &mtp.head : nullptr);
   return layer_changed;
 }
 
@@ -147,20 +154,7 @@ Status quantize_weights_int8(DeepseekWeights& weights, bool lm_head, ThreadPool*
   }
   for (const std::vector<Job>& jobs : groups) {
     PS_RETURN_IF_ERROR(run_all(jobs, pool));
-    for (const Job& job : jobs) {
-      if (job.linear != nullptr && job.linear->int8) {
-        if (quantized) quantized(*job.linear);
-        drop_bf16_form(*job.linear);
-      }
-      if (job.gate_up != nullptr && job.gate_up->gate_up_int8) {
-        if (quantized) {
-          quantized(job.gate_up->gate);
-          quantized(job.gate_up->up);
-        }
-        drop_bf16_form(job.gate_up->gate);
-        drop_bf16_form(job.gate_up->up);
-      }
-    }
+    drop_quantized_bf16_forms(jobs, quantized);
   }
   if (lm_head && mtp_head_shared) {
     LinearWeight& head = weights.mtp->head;

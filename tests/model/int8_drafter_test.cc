@@ -14,6 +14,7 @@
 #include "model/deepseek_weights.h"
 #include "model/weight_quantization.h"
 #include "tests/model/forward_test_util.h"
+#include "tests/model/test_checkpoints.h"
 
 namespace peerserve {
 namespace {
@@ -23,12 +24,8 @@ using testing::make_cache;
 using testing::max_rel_diff;
 using testing::test_tokens;
 
-std::string shipped_dir() {
-  return std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
-}
-
 TEST(Int8DrafterTest, QuantizesTheMtpLayerAndItsHeadOnly) {
-  Result<Checkpoint> checkpoint = Checkpoint::open(shipped_dir());
+  Result<Checkpoint> checkpoint = Checkpoint::open(testing::shipped_model_dir());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
   Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, true, {});
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
@@ -71,7 +68,7 @@ TEST(Int8DrafterTest, QuantizesTheMtpLayerAndItsHeadOnly) {
 // Under --quantize int8 the MTP layer is INT8 already: only a BF16 head gets a form, and the
 // MTP layer's KV is what it was (the KV pool identity must not change).
 TEST(Int8DrafterTest, AnInt8MtpLayerIsKept) {
-  Result<Checkpoint> checkpoint = Checkpoint::open(shipped_dir());
+  Result<Checkpoint> checkpoint = Checkpoint::open(testing::shipped_model_dir());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
   Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, true, {});
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
@@ -88,7 +85,7 @@ TEST(Int8DrafterTest, AnInt8MtpLayerIsKept) {
 }
 
 TEST(Int8DrafterTest, MainLogitsStayBitwiseAndDraftsStayClose) {
-  const std::string dir = shipped_dir();
+  const std::string dir = testing::shipped_model_dir();
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no " << dir;
   ModelOptions o;
   o.num_threads = 2;

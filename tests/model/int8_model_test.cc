@@ -114,8 +114,7 @@ TEST(Int8ModelTest, TinyPresetLogitsStayCloseToBf16) {
 }
 
 TEST(Int8ModelTest, ShippedModelLogitsStayCloseToBf16) {
-  const std::string dir =
-      std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
+  const std::string dir = testing::shipped_model_dir();
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "no " << dir;
   expect_close_to_bf16(dir, 0.15, 0.8);
 }
@@ -138,8 +137,7 @@ TEST(Int8ModelTest, QuantizingAtLoadKeepsOneFormPerWeight) {
     EXPECT_EQ(o_proj.data, nullptr);
     EXPECT_TRUE(bf16_copy.expired()) << "the dequantized BF16 copy of an FP8 weight stayed";
   }
-  const std::string dir =
-      std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
+  const std::string dir = testing::shipped_model_dir();
   Result<Checkpoint> checkpoint = Checkpoint::open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().to_string();
   Result<DeepseekWeights> weights = load_deepseek_weights(*checkpoint, true, {});

@@ -29,6 +29,10 @@ TempDirs& temp_dirs() {
 
 }  // namespace
 
+std::string shipped_model_dir() {
+  return std::string(PEERSERVE_TEST_MODEL_DIR) + "/../../models/peerserve-dsv3-tiny";
+}
+
 std::string make_temp_dir(const std::string& tag) {
   static int counter = 0;
   const std::filesystem::path path =
