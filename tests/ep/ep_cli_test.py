@@ -27,7 +27,7 @@ import time
 
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.join(SRC, "tests", "serve"))
-from serve_harness import stop_all  # noqa: E402  (the processes' teardown)
+from serve_harness import free_port, stop_all  # noqa: E402  (ports, teardown)
 os.makedirs(SCRATCH, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -414,13 +414,6 @@ def slow_leader_after_the_last_step():
 
 case("rank 0 slow after the last step, past --ep-timeout-ms: the job still ends well",
      slow_leader_after_the_last_step)
-
-
-def free_port():
-    import socket
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def complete(port, prompt, max_tokens, timeout=60, **extra):

@@ -16,7 +16,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serve_harness import stop_all  # same folder: the processes' teardown
+from serve_harness import free_port, stop_all  # same folder
 
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
@@ -40,12 +39,6 @@ def case(name, fn):
     except AssertionError as e:
         print(f"FAIL {name}: {e}", flush=True)
         failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args, ready_marker, seconds=60):

@@ -13,13 +13,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-from serve_harness import stop_all  # same folder: the processes' teardown
+from serve_harness import free_port, stop_all  # same folder
 
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
@@ -34,12 +33,6 @@ def case(name, fn):
     except AssertionError as e:
         print(f"FAIL {name}: {e}", flush=True)
         failures.append(name)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args, ready_marker):

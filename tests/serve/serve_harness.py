@@ -2,6 +2,7 @@
 `peerserve serve` (or any command that prints a readiness line on stderr) and waiting for it.
 """
 import queue
+import random
 import socket
 import subprocess
 import threading
@@ -28,7 +29,27 @@ def exit_code():
 
 
 def free_port():
-    with socket.socket() as s:
+    """A loopback port free now, for a server started later. It is drawn below the kernel's
+    ephemeral range: a port from that range (what bind to port 0 gives) can be taken, before
+    the server binds it, as the local end of any outgoing connection on the machine, which
+    made a CI run fail with "Address already in use"."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    draw = random.SystemRandom()
+    if low > 11024:
+        for _ in range(100):
+            port = draw.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no room below the range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
