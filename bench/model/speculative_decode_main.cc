@@ -6,7 +6,7 @@
 //
 //   peerserve_bench_speculative_decode [--model DIR] [--text FILE] [--batch 1,8,32]
 //       [--k 1,2] [--prompt 64] [--new-tokens 64] [--runs 3] [--threads 0]
-//       [--draft-quantization int8|none]
+//       [--draft-quantization int8|none] [--quantize none|int8]
 //
 // Without --model, the mini preset is written once to $TMPDIR/peerserve_bench_mini (a
 // random MTP head: it shows the price of useless drafts). Prompts are cut from --text
@@ -43,6 +43,7 @@ struct Args {
   int runs = 3;
   int threads = 0;
   bool draft_int8 = true;  // as serve and generate: --speculative-draft-quantization int8
+  bool main_int8 = false;  // as serve and generate: --quantize int8 (the LM head stays BF16)
 };
 
 struct Measurement {
@@ -172,6 +173,7 @@ int run(const Args& args) {
   ModelOptions model_options;
   model_options.num_threads = args.threads;
   if (args.draft_int8) model_options.quantize_draft = WeightQuantization::kInt8;
+  if (args.main_int8) model_options.quantize = WeightQuantization::kInt8;
   auto loaded = DeepseekModel::load(dir, model_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "error: %s\n", loaded.status().to_string().c_str());
@@ -212,9 +214,10 @@ int run(const Args& args) {
     }
   }
   std::printf(
-      "model %s, prompts of %d tokens from %s, %d new tokens, median of %d runs, drafter %s\n",
-      dir.c_str(), args.prompt, source.c_str(), args.new_tokens, args.runs,
-      args.draft_int8 ? "int8" : "as the model");
+      "model %s (%s), prompts of %d tokens from %s, %d new tokens, median of %d runs, drafter "
+      "%s\n",
+      dir.c_str(), args.main_int8 ? "W8A8" : "checkpoint weights", args.prompt, source.c_str(),
+      args.new_tokens, args.runs, model.mtp_runs_int8() ? "int8" : "as the model");
   const Result<SpeculativePolicy> policy = calibrate(model, args.batches, args.prompt);
   if (!policy.ok()) {
     std::fprintf(stderr, "error: %s\n", policy.status().to_string().c_str());
@@ -288,6 +291,9 @@ constexpr const char* kUsage =
     "  --draft-quantization int8|none\n"
     "                     the MTP layer's precision, as serve's\n"
     "                     --speculative-draft-quantization (default int8)\n"
+    "  --quantize none|int8\n"
+    "                     the main model's precision, as serve's --quantize (default none:\n"
+    "                     the checkpoint's weights; int8: W8A8, the LM head kept)\n"
     "  --help             this text\n";
 
 int main(int argc, char** argv) {
@@ -323,6 +329,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       args.draft_int8 = value == "int8";
+    } else if (arg == "--quantize" && has_value) {
+      const std::string value = argv[++i];
+      if (value != "int8" && value != "none") {
+        std::fprintf(stderr, "error: --quantize '%s': expected none or int8\n", value.c_str());
+        return 2;
+      }
+      args.main_int8 = value == "int8";
     } else {
       std::fprintf(stderr, "error: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
       return 2;
