@@ -270,11 +270,12 @@ void matmul_packed_bf16(const PackedBf16Tile& t) {
 // fp32 -> bf16 bits, rounded to nearest even, NaNs quieted: what vcvtne2ps2bf16 does, except
 // that it flushes subnormal inputs to zero. A vector holding a subnormal (rare: below 1.2e-38)
 // takes the integer rounding of the AVX-512 table instead, so every level converts alike.
-inline __mmask16 subnormal_lanes(__m512i u) {
-  const __m512i magnitude = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  // 1 <= magnitude <= 0x007fffff, in one unsigned compare.
-  return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)),
-                                 _mm512_set1_epi32(0x007fffff));
+// The test is one vfpclassps (class 0x20: denormal, either sign) per vector. The integer test
+// it replaced (and, subtract, compare) made converting 768 rows of 1,024 into 1.5 MB 14%
+// slower (24.1 against 21.1 us, one thread, one process); the expert-parallel combine, which
+// converts as much into another process's window, did not move beyond its noise.
+inline __mmask16 subnormal_lanes(__m512 v) {
+  return _mm512_fpclass_ps_mask(v, 0x20);
 }
 
 inline __m256i integer_rounded_bf16(__m512i u) {
@@ -282,9 +283,8 @@ inline __m256i integer_rounded_bf16(__m512i u) {
 }
 
 inline __m256i bf16_of(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  if (subnormal_lanes(u) != 0) [[unlikely]]
-    return integer_rounded_bf16(u);
+  if (subnormal_lanes(v) != 0) [[unlikely]]
+    return integer_rounded_bf16(_mm512_castps_si512(v));
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 }
 
@@ -292,8 +292,7 @@ void fp32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
-    if ((subnormal_lanes(_mm512_castps_si512(lo)) | subnormal_lanes(_mm512_castps_si512(hi))) == 0)
-        [[likely]] {
+    if ((subnormal_lanes(lo) | subnormal_lanes(hi)) == 0) [[likely]] {
       _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
     } else {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_of(lo));
