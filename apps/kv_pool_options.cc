@@ -5,9 +5,11 @@
 #include <sstream>
 
 #include "apps/byte_size.h"
+#include "base/regular_file.h"
 #include "cache/block_sink.h"
 #include "cache/pool_client.h"
 #include "model/checkpoint_fingerprint.h"
+#include "model/model_config.h"
 #include "serve/endpoint_list.h"
 
 namespace peerserve {
@@ -91,12 +93,10 @@ Result<KvPoolSetup> open_kv_pool(const KvPoolCli& cli, const std::string& model_
   PS_RETURN_IF_ERROR(check_kv_pool_flags(cli));
   std::string model_id = cli.model_id;
   if (model_id.empty()) {
-    std::ifstream config(model_dir + "/config.json");
-    std::stringstream text;
-    text << config.rdbuf();
-    if (!config) return io_error("cannot read " + model_dir + "/config.json");
+    PS_ASSIGN_OR_RETURN(const std::string config,
+                        read_regular_file(model_dir + "/config.json", kMaxConfigFileBytes));
     PS_ASSIGN_OR_RETURN(std::string weights, checkpoint_fingerprint(model_dir));
-    model_id = model_identity(text.str(), weights);
+    model_id = model_identity(config, weights);
   }
   setup.name_space.tenant = cli.name_space;
   setup.name_space.model_id = model_id;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/regular_file.h"
 #include "base/staged_output_directory.h"
 #include "kernels/int8_matrix.h"
 #include "model/checkpoint/safetensors_writer.h"
@@ -40,14 +41,6 @@ struct Planned {
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;  // scales included
 };
-
-Result<std::string> read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return io_error(path.string() + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 Status write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -289,7 +282,8 @@ Result<Int8CheckpointSummary> write_int8_checkpoint(const std::string& in_dir,
                                              summary.bytes_out, weight_map));
 
   // config.json as the source has it, with the INT8 quantization_config.
-  PS_ASSIGN_OR_RETURN(std::string config_text, read_text(fs::path(in_dir) / "config.json"));
+  PS_ASSIGN_OR_RETURN(std::string config_text,
+                      read_regular_file(fs::path(in_dir) / "config.json", kMaxConfigFileBytes));
   json config_json = json::parse(config_text, nullptr, false);
   if (!config_json.is_object()) return invalid_argument(in_dir + "/config.json: not a JSON object");
   if (options.quantize_weights) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/json_nesting.h"
+#include "base/regular_file.h"
 #include "model/checkpoint/tensor_layout.h"
 
 namespace peerserve {
@@ -503,12 +504,8 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
 }
 
 Result<ModelConfig> load_model_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open config file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return io_error(path + ": read failed");
-  return parse_model_config(text.str(), path);
+  PS_ASSIGN_OR_RETURN(const std::string text, read_regular_file(path, kMaxConfigFileBytes));
+  return parse_model_config(text, path);
 }
 
 std::string int8_quantization_config_json(const std::vector<std::string>& ignore) {

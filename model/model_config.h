@@ -72,6 +72,9 @@ struct ModelConfig {
   }
 };
 
+// config.json is read whole: real ones are a few kB; this bounds a damaged one.
+inline constexpr uint64_t kMaxConfigFileBytes = 16ull << 20;
+
 // Parses and validates config.json text; errors name the field and the expected value.
 // `source` (e.g. the file path) prefixes error messages.
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);

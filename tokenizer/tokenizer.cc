@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "base/json_nesting.h"
+#include "base/regular_file.h"
 #include "tokenizer/internal/added_vocabulary.h"
 #include "tokenizer/internal/bpe_model.h"
 #include "tokenizer/internal/pre_tokenizer.h"
@@ -163,16 +164,10 @@ std::string config_token(const json& config, const char* key) {
   return "";
 }
 
-Result<std::string> read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path.string() + ": cannot open");
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return io_error(path.string() + ": read failed");
-  return buffer.str();
-}
-
 }  // namespace
+
+// DeepSeek-V3's tokenizer.json is ~8 MB.
+constexpr uint64_t kMaxTokenizerFileBytes = 1ull << 30;
 
 struct Tokenizer::Impl {
   PreTokenizer pre_tokenizer;
@@ -202,10 +197,12 @@ Tokenizer::~Tokenizer() = default;
 
 Result<Tokenizer> Tokenizer::load_from_dir(const std::filesystem::path& dir) {
   TokenizerSources sources;
-  PS_ASSIGN_OR_RETURN(sources.tokenizer_json, read_file(dir / "tokenizer.json"));
+  PS_ASSIGN_OR_RETURN(sources.tokenizer_json,
+                      read_regular_file(dir / "tokenizer.json", kMaxTokenizerFileBytes));
   const auto config_path = dir / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
-    PS_ASSIGN_OR_RETURN(sources.tokenizer_config_json, read_file(config_path));
+    PS_ASSIGN_OR_RETURN(sources.tokenizer_config_json,
+                        read_regular_file(config_path, kMaxTokenizerFileBytes));
   }
   return from_sources(sources);
 }

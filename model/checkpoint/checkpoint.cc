@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/json_nesting.h"
+#include "base/regular_file.h"
 #include "model/checkpoint/fp8_block_scaling.h"
 #include "model/checkpoint/safetensors.h"
 #include "model/checkpoint/tensor_layout.h"
@@ -36,19 +37,13 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// DeepSeek-V3's index is ~9 MB.
+constexpr uint64_t kMaxIndexFileBytes = 256ull << 20;
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return io_error(path + ": read failed");
-  return text.str();
 }
 
 // Reads `count` elements of a possibly unaligned little-endian array as T.
@@ -368,7 +363,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOpti
   const std::string index_path = (root / kIndexFile).string();
   const bool sharded = fs::exists(index_path, ec);
   if (sharded) {
-    PS_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
+    PS_ASSIGN_OR_RETURN(std::string text, read_regular_file(index_path, kMaxIndexFileBytes));
     const json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
       return invalid_argument(index_path + ": not a valid JSON object");
@@ -383,6 +378,11 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOpti
         return invalid_argument(index_path + ": weight_map['" + name + "'] is not a file name");
       }
       const std::string shard = file.get<std::string>();
+      // The path is handed to open(), which would end the name at the NUL: another file.
+      if (shard.find('\0') != std::string::npos) {
+        return invalid_argument(index_path + ": weight_map['" + name +
+                                "'] holds a NUL byte, expected a file name");
+      }
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
         return invalid_argument(index_path + ": weight_map['" + name + "'] = '" + shard +
                                 "', expected a file name in the checkpoint directory");

@@ -12,7 +12,9 @@
 namespace peerserve {
 
 Result<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in the folder opens at once and is refused below, instead of the open
+  // waiting forever for a writer; nothing changes for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string message = path + ": cannot open: " + std::strerror(err);

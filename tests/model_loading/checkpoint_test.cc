@@ -14,6 +14,7 @@
 #include "model/checkpoint/safetensors_writer.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
+#include "tests/model_loading/fifo_in_place.h"
 #include "tests/model_loading/scratch_dir.h"
 
 namespace peerserve {
@@ -485,6 +486,34 @@ TEST_F(ShardedIndexTest, MissingShardFile) {
   const Status s = open_status();
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_TRUE(contains(s.message(), dir_.file(shard) + ": cannot open")) << s.message();
+}
+
+// A FIFO where a file should be: opening it for reading would wait for a writer forever.
+TEST_F(ShardedIndexTest, AFifoInPlaceOfAFileIsAnErrorNotAHang) {
+  const std::string shard = index_["weight_map"]["model.norm.weight"];
+  for (const std::string name : {"config.json", "model.safetensors.index.json", shard.c_str()}) {
+    SCOPED_TRACE(name);
+    ScratchDir dir;
+    std::filesystem::copy(dir_.path(), dir.path(), std::filesystem::copy_options::recursive);
+    ASSERT_TRUE(testing::replace_with_fifo(dir.file(name)));
+    const Status s = testing::load_beside_fifo(
+        dir.file(name), [&] { return Checkpoint::open(dir.path()).status(); });
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_TRUE(contains(s.message(), dir.file(name) + ": ")) << s.message();
+    EXPECT_TRUE(contains(s.message(), "regular file")) << s.message();
+  }
+}
+
+// open() would take the name up to the NUL: another file than the index names.
+TEST_F(ShardedIndexTest, AShardNameWithANulByteIsRefused) {
+  const std::string shard = index_["weight_map"]["model.norm.weight"];
+  for (auto& [name, file] : index_["weight_map"].items()) {
+    if (file.get<std::string>() == shard) file = shard + std::string(1, '\0') + ".x";
+  }
+  write_index();
+  const Status s = open_status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "holds a NUL byte, expected a file name")) << s.message();
 }
 
 TEST_F(ShardedIndexTest, TensorNotInItsShard) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/model_loading/fifo_in_place.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/internal/pre_tokenizer.h"
 #include "tokenizer/internal/regex.h"
@@ -96,6 +97,19 @@ TEST(TokenizerComponentsTest, UnsupportedComponentsAreNamed) {
   EXPECT_NE(Tokenizer::from_sources({"{not json", ""}).status().message().find("not valid JSON"),
             std::string::npos);
   EXPECT_FALSE(Tokenizer::load_from_dir("/nonexistent/dir").ok());
+  {  // a FIFO for tokenizer.json: refused, not waited on for a writer
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("peerserve_tokenizer_fifo_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string fifo = (dir / "tokenizer.json").string();
+    ASSERT_TRUE(testing::replace_with_fifo(fifo));
+    const Status s =
+        testing::load_beside_fifo(fifo, [&] { return Tokenizer::load_from_dir(dir).status(); });
+    std::filesystem::remove_all(dir);
+    EXPECT_NE(s.message().find("tokenizer.json: a FIFO, expected a regular file"),
+              std::string::npos)
+        << s.to_string();
+  }
   const json wrong_type = {{"add_bos_token", "yes"}};
   EXPECT_NE(load(base, wrong_type).status().message().find("add_bos_token must be true or false"),
             std::string::npos);

@@ -1,0 +1,67 @@
+#include "base/regular_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/file_descriptor.h"
+
+namespace peerserve {
+namespace {
+
+Status open_failure(const std::filesystem::path& path, int err) {
+  const std::string message = path.string() + ": cannot open: " + std::strerror(err);
+  return err == ENOENT ? not_found(message) : io_error(message);
+}
+
+Status not_regular(const std::filesystem::path& path, mode_t mode) {
+  const char* kind = S_ISDIR(mode)                    ? "a directory"
+                     : S_ISFIFO(mode)                 ? "a FIFO"
+                     : S_ISSOCK(mode)                 ? "a socket"
+                     : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+                                                      : "not a regular file";
+  return invalid_argument(path.string() + ": " + kind + ", expected a regular file");
+}
+
+}  // namespace
+
+Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO returns at once (and is refused below) instead of waiting for
+  // a writer; it changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return open_failure(path, errno);
+  const FileDescriptor file(fd);
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0) {
+    return io_error(path.string() + ": cannot stat: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    return invalid_argument(path.string() + ": " + std::to_string(size) + " bytes, more than the " +
+                            std::to_string(max_bytes) + " such a file may have");
+  }
+  std::string text(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t got = ::read(file.get(), text.data() + done, text.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return io_error(path.string() + ": read failed: " + std::strerror(errno));
+    if (got == 0) break;  // shrank while read: what is there
+    done += static_cast<size_t>(got);
+  }
+  text.resize(done);
+  return text;
+}
+
+Status check_regular_file(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return open_failure(path, errno);
+  if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode);
+  return ok_status();
+}
+
+}  // namespace peerserve

@@ -1,0 +1,22 @@
+// Whole-file reads of paths a user or a checkpoint names: only a regular file is read (opening
+// a FIFO blocks until a writer comes, and a device may never end), and only up to a size the
+// caller states, so a damaged folder is an error naming the file, never a hang or a huge
+// allocation.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "base/status.h"
+
+namespace peerserve {
+
+// The contents of `path`. NotFound when it does not exist; InvalidArgument when it is not a
+// regular file or holds more than `max_bytes`; IoError when it cannot be read.
+Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_t max_bytes);
+
+// OK when `path` names a regular file (symbolic links followed), without opening it.
+Status check_regular_file(const std::filesystem::path& path);
+
+}  // namespace peerserve

@@ -1,0 +1,77 @@
+#include "base/regular_file.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/model_loading/fifo_in_place.h"
+
+namespace peerserve {
+namespace {
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+class RegularFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("peerserve_regular_file_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(RegularFileTest, ReadsAWholeFileWithItsNulBytes) {
+  const std::string text = std::string("{\"a\": 1}\n") + std::string(1, '\0') + "tail";
+  const std::string path = write("f.json", text);
+  Result<std::string> got = read_regular_file(path, text.size());
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, text);
+  EXPECT_TRUE(check_regular_file(path).ok());
+  EXPECT_EQ(read_regular_file(write("empty", ""), 0).value(), "");
+}
+
+TEST_F(RegularFileTest, RefusesWhatIsNotARegularFileOrIsTooLarge) {
+  const Status missing = read_regular_file(dir_ / "missing", 100).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(contains(missing.message(), "missing: cannot open")) << missing.message();
+  EXPECT_EQ(check_regular_file(dir_ / "missing").code(), StatusCode::kNotFound);
+
+  const Status directory = read_regular_file(dir_, 100).status();
+  EXPECT_EQ(directory.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(directory.message(), ": a directory, expected a regular file"))
+      << directory.message();
+
+  const Status large = read_regular_file(write("big", std::string(101, 'x')), 100).status();
+  EXPECT_EQ(large.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(large.message(), "101 bytes, more than the 100")) << large.message();
+
+  const Status device = read_regular_file("/dev/zero", 100).status();
+  EXPECT_TRUE(contains(device.message(), ": a device, expected a regular file"))
+      << device.message();
+}
+
+TEST_F(RegularFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string fifo = (dir_ / "config.json").string();
+  ASSERT_TRUE(testing::replace_with_fifo(fifo));
+  const Status s =
+      testing::load_beside_fifo(fifo, [&] { return read_regular_file(fifo, 100).status(); });
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), ": a FIFO, expected a regular file")) << s.message();
+  EXPECT_EQ(check_regular_file(fifo).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace peerserve
