@@ -3,6 +3,7 @@
 Cases (all run; exit 1 if any failed):
 - SIGTERM or SIGINT while the model loads ends the process at once with 128 + the signal
   (they were blocked until it served: a minutes-long load could only be killed);
+- a FIFO in place of the checkpoint's config.json is an error at once, not a blocked load;
 - a server whose log pipe has lost its reader still drains on SIGTERM and exits 0 (SIGPIPE
   killed it with 141 and cut its streams).
 
@@ -24,15 +25,14 @@ BIN, MODEL, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def signal_while_loading(sig):
     def run():
-        # A model folder whose config.json is a FIFO: the load blocks reading it.
-        folder = os.path.join(WORK, f"fifo-model-{sig}")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        for name in os.listdir(MODEL):
-            if name != "config.json":
-                os.symlink(os.path.join(MODEL, name), os.path.join(folder, name))
-        os.mkfifo(os.path.join(folder, "config.json"))
-        p = subprocess.Popen([BIN, "serve", "--model", folder, "--port", str(free_port())],
+        # --chat-template names a FIFO nobody writes: the start blocks reading it (a user's
+        # path may be a pipe, as with <(...); the checkpoint's own files may not, below).
+        fifo = os.path.join(WORK, f"template-fifo-{sig}")
+        if os.path.exists(fifo):
+            os.remove(fifo)
+        os.mkfifo(fifo)
+        p = subprocess.Popen([BIN, "serve", "--model", MODEL, "--chat-template", fifo,
+                              "--port", str(free_port())],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(1.0)
         assert p.poll() is None, f"ended before the signal: {p.stderr.read()}"
@@ -47,6 +47,24 @@ def signal_while_loading(sig):
         assert rc == 128 + sig, f"exit {rc}, expected {128 + sig}; stderr: {err[-300:]}"
         assert "while starting" in err, err[-300:]
     return run
+
+
+def fifo_in_the_checkpoint():
+    # A FIFO in place of config.json: a clear error at once (the load used to block forever).
+    folder = os.path.join(WORK, "fifo-model")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    for name in os.listdir(MODEL):
+        if name != "config.json":
+            os.symlink(os.path.join(MODEL, name), os.path.join(folder, name))
+    os.mkfifo(os.path.join(folder, "config.json"))
+    try:
+        p = subprocess.run([BIN, "serve", "--model", folder, "--port", str(free_port())],
+                           capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the load blocked on the FIFO")
+    assert p.returncode == 1, f"exit {p.returncode}: {p.stderr[-300:]}"
+    assert "config.json: a FIFO, expected a regular file" in p.stderr, p.stderr[-300:]
 
 
 def sigterm_with_a_closed_log_pipe():
@@ -78,5 +96,6 @@ def sigterm_with_a_closed_log_pipe():
 os.makedirs(WORK, exist_ok=True)
 case("SIGTERM while loading ends the process at once", signal_while_loading(signal.SIGTERM))
 case("SIGINT while loading ends the process at once", signal_while_loading(signal.SIGINT))
+case("a FIFO for the checkpoint's config.json is an error, not a hang", fifo_in_the_checkpoint)
 case("a server whose log pipe lost its reader drains and exits 0", sigterm_with_a_closed_log_pipe)
 sys.exit(exit_code())
