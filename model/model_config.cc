@@ -7,12 +7,15 @@
 #include "base/json_nesting.h"
 #include "base/regular_file.h"
 #include "model/checkpoint/tensor_layout.h"
+#include "model/rotary_embedding.h"
 
 namespace peerserve {
 namespace {
 
 // Real configs nest a few levels (rope_scaling, quantization_config's groups).
 constexpr size_t kMaxConfigJsonDepth = 64;
+// RoPE bases in use are 1e4 (DeepSeek) to ~1e8: a generous bound.
+constexpr double kMaxRopeTheta = 1e12;
 
 using nlohmann::json;
 
@@ -88,6 +91,27 @@ class FieldReader {
     const double v = value.get<double>();
     if (!(v >= 0.0) || (strictly_positive && v == 0.0)) return error(field, value, expected);
     return v;
+  }
+
+  // A number in (low, high], or [0, high] with low 0 and `zero_allowed`: the fields whose
+  // extreme values overflow fp32 arithmetic later (inf or NaN logits from a config that
+  // looked valid).
+  Result<double> number_in(const char* key, std::optional<double> fallback, double low, double high,
+                           const json* object = nullptr, const std::string& prefix = "",
+                           bool zero_allowed = false) const {
+    const json& o = object ? *object : object_;
+    if (!o.contains(key)) {
+      if (fallback) return *fallback;
+      return missing(prefix + key, "a number");
+    }
+    const json& value = o.at(key);
+    const bool closed = zero_allowed && low == 0.0;
+    std::ostringstream expected;
+    expected << "a number in " << (closed ? "[" : "(") << low << ", " << high << "]";
+    if (!value.is_number()) return error(prefix + key, value, expected.str());
+    const double v = value.get<double>();
+    if ((v > low || (closed && v == low)) && v <= high) return v;
+    return error(prefix + key, value, expected.str());
   }
 
   Result<bool> boolean(const char* key, bool fallback) const {
@@ -170,7 +194,9 @@ Result<ModelArch> read_arch(const FieldReader& f) {
 // ...} and reads `rope_scaling` first when both are there, with a `rope_theta` inside the
 // object over the top-level one. Sets c.rope_theta and c.rope_scaling.
 Status read_rope(const FieldReader& f, ModelConfig& c) {
-  PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", 10000.0, true));
+  // Above 1: at 1 every dimension turns at the same rate and YaRN's correction range divides
+  // by log(1) (NaN frequencies).
+  PS_ASSIGN_OR_RETURN(c.rope_theta, f.number_in("rope_theta", 10000.0, 1.0, kMaxRopeTheta));
   const bool legacy = !f.is_null("rope_scaling") &&
                       !(f.at("rope_scaling").is_object() && f.at("rope_scaling").empty());
   const char* key = legacy ? "rope_scaling" : "rope_parameters";
@@ -180,7 +206,8 @@ Status read_rope(const FieldReader& f, ModelConfig& c) {
   const std::string prefix = std::string(key) + ".";
   if (!rs.is_object()) return f.error(key, rs, "an object or null");
   if (rs.contains("rope_theta")) {
-    PS_ASSIGN_OR_RETURN(c.rope_theta, f.number("rope_theta", std::nullopt, true, &rs, prefix));
+    PS_ASSIGN_OR_RETURN(c.rope_theta,
+                        f.number_in("rope_theta", std::nullopt, 1.0, kMaxRopeTheta, &rs, prefix));
   }
   // rope_type over the legacy type, as transformers reads them.
   const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
@@ -189,18 +216,21 @@ Status read_rope(const FieldReader& f, ModelConfig& c) {
   if (type == "default") return ok_status();  // plain RoPE, as transformers reads it
   if (type != "yarn") return f.unsupported(prefix + type_key, type, "\"yarn\", \"default\"");
   YarnScaling y;
-  PS_ASSIGN_OR_RETURN(y.factor, f.number("factor", std::nullopt, true, &rs, prefix));
+  PS_ASSIGN_OR_RETURN(y.factor, f.number_in("factor", std::nullopt, 0.0, 1e6, &rs, prefix));
   if (rs.contains("original_max_position_embeddings")) {
     PS_ASSIGN_OR_RETURN(y.original_max_position_embeddings,
                         f.integer_value(prefix + "original_max_position_embeddings",
                                         rs.at("original_max_position_embeddings"), 1));
   }
   // 0 would put every frequency's correction dimension at infinity (NaN frequencies).
-  PS_ASSIGN_OR_RETURN(y.beta_fast, f.number("beta_fast", 32.0, true, &rs, prefix));
-  PS_ASSIGN_OR_RETURN(y.beta_slow, f.number("beta_slow", 1.0, true, &rs, prefix));
-  // Absent mscale keys mean what they mean in the Hugging Face YaRN class (1 and 0).
-  PS_ASSIGN_OR_RETURN(y.mscale, f.number("mscale", 1.0, false, &rs, prefix));
-  PS_ASSIGN_OR_RETURN(y.mscale_all_dim, f.number("mscale_all_dim", 0.0, false, &rs, prefix));
+  // The bounds keep every derived value finite (checked again on the frequencies below).
+  PS_ASSIGN_OR_RETURN(y.beta_fast, f.number_in("beta_fast", 32.0, 0.0, 1e6, &rs, prefix));
+  PS_ASSIGN_OR_RETURN(y.beta_slow, f.number_in("beta_slow", 1.0, 0.0, 1e6, &rs, prefix));
+  // Absent mscale keys mean what they mean in the Hugging Face YaRN class (1 and 0). They
+  // scale cos/sin and, squared, the softmax scale (DeepSeek-V3: 1 and 1).
+  PS_ASSIGN_OR_RETURN(y.mscale, f.number_in("mscale", 1.0, 0.0, 100.0, &rs, prefix, true));
+  PS_ASSIGN_OR_RETURN(y.mscale_all_dim,
+                      f.number_in("mscale_all_dim", 0.0, 0.0, 100.0, &rs, prefix, true));
   c.rope_scaling = y;
   return ok_status();
 }
@@ -372,8 +402,9 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
       c.first_k_dense_replace,
       f.integer("first_k_dense_replace", v3 ? c.first_k_dense_replace : 0, 0, c.num_hidden_layers));
   PS_ASSIGN_OR_RETURN(c.moe_layer_freq, f.integer("moe_layer_freq", 1, 1));
+  // DeepSeek-V3 2.5, V2 16; fp32 turns 1e39 into inf.
   PS_ASSIGN_OR_RETURN(c.routed_scaling_factor,
-                      f.number("routed_scaling_factor", v3 ? 2.5 : 1.0, true));
+                      f.number_in("routed_scaling_factor", v3 ? 2.5 : 1.0, 0.0, 1e4));
   PS_ASSIGN_OR_RETURN(c.norm_topk_prob, f.boolean("norm_topk_prob", v3));
 
   // Absent: Hugging Face's defaults, DeepseekV3Config's 8 and 4 (V2's: none, one group).
@@ -442,7 +473,8 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   // Absent: Hugging Face's defaults (DeepseekV3Config 4096, DeepseekV2Config 2048).
   PS_ASSIGN_OR_RETURN(c.max_position_embeddings,
                       f.integer("max_position_embeddings", v3 ? 4096 : 2048, 1));
-  PS_ASSIGN_OR_RETURN(c.rms_norm_eps, f.number("rms_norm_eps", 1e-6, true));
+  // Above 1 it outweighs any activation's mean square (the norm returns ~0).
+  PS_ASSIGN_OR_RETURN(c.rms_norm_eps, f.number_in("rms_norm_eps", 1e-6, 0.0, 1.0));
   PS_RETURN_IF_ERROR(read_rope(f, c));
   // The checkpoint's rope dimensions are stored as interleaved pairs (rope_interleave, true in
   // every DeepSeek checkpoint); the other layout has no kernel here.
@@ -481,6 +513,7 @@ Result<ModelConfig> parse_object(const json& root, const std::string& source) {
   }
   PS_RETURN_IF_ERROR(check_weight_sizes(source, c));
   PS_RETURN_IF_ERROR(read_quantization(f, c));
+  PS_RETURN_IF_ERROR(check_rope_values(c).with_context(source));
   return c;
 }
 

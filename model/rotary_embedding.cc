@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <sstream>
+#include <string>
 
 #include "base/check.h"
 
@@ -30,6 +32,42 @@ double mla_softmax_scale(const ModelConfig& config) {
     scale *= m * m;
   }
   return scale;
+}
+
+Status check_rope_values(const ModelConfig& config) {
+  auto fields = [&] {
+    std::ostringstream out;
+    out << "rope_theta " << config.rope_theta;
+    if (config.rope_scaling) {
+      const YarnScaling& y = *config.rope_scaling;
+      out << " with YaRN factor " << y.factor << ", beta_fast " << y.beta_fast << ", beta_slow "
+          << y.beta_slow << ", mscale " << y.mscale << ", mscale_all_dim " << y.mscale_all_dim
+          << ", original_max_position_embeddings " << y.original_max_position_embeddings;
+    }
+    return out.str();
+  };
+  if (config.qk_rope_head_dim <= 0 || config.qk_rope_head_dim % 2 != 0) {
+    return invalid_argument("qk_rope_head_dim " + std::to_string(config.qk_rope_head_dim) +
+                            ": expected a positive even number");
+  }
+  const RotaryEmbedding rope(config);
+  for (size_t i = 0; i < rope.inv_freq().size(); ++i) {
+    const float f = rope.inv_freq()[i];
+    if (!std::isfinite(f) || !(f > 0.0f)) {
+      return invalid_argument(fields() + " give RoPE frequency " + std::to_string(i) + " = " +
+                              std::to_string(f) + ", expected a finite positive number");
+    }
+  }
+  if (!std::isfinite(rope.mscale()) || !(rope.mscale() > 0.0f)) {
+    return invalid_argument(fields() + " give a cos/sin scale of " + std::to_string(rope.mscale()) +
+                            ", expected a finite positive number");
+  }
+  const float softmax_scale = static_cast<float>(mla_softmax_scale(config));
+  if (!std::isfinite(softmax_scale) || !(softmax_scale > 0.0f)) {
+    return invalid_argument(fields() + " give an attention softmax scale of " +
+                            std::to_string(softmax_scale) + ", expected a finite positive number");
+  }
+  return ok_status();
 }
 
 RotaryEmbedding::RotaryEmbedding(const ModelConfig& config) : dim_(config.qk_rope_head_dim) {

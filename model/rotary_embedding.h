@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/status.h"
 #include "model/model_config.h"
 
 namespace peerserve {
@@ -28,6 +29,11 @@ double yarn_get_mscale(double scale, double mscale);
 // The attention softmax scale: qk_head_dim^-0.5, times yarn_get_mscale(factor,
 // mscale_all_dim)^2 under YaRN (when mscale_all_dim is set).
 double mla_softmax_scale(const ModelConfig& config);
+
+// The values the RoPE fields of a parsed config lead to, checked: every frequency finite and
+// positive, the cos/sin scale and the softmax scale finite and positive in fp32. Each field is
+// bounded on its own when parsed; this catches combinations (InvalidArgument naming them).
+Status check_rope_values(const ModelConfig& config);
 
 class RotaryEmbedding {
  public:

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
+
+#include "model/rotary_embedding.h"
 
 namespace peerserve {
 namespace {
@@ -236,6 +239,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"rope_scaling.type", "linear", StatusCode::kUnimplemented},
         BadField{"rope_scaling.beta_fast", 0, StatusCode::kInvalidArgument},  // NaN frequencies
         BadField{"rope_scaling.beta_slow", 0, StatusCode::kInvalidArgument},
+        // Each accepted before, each giving NaN (or all-zero) logits: bounded now.
+        BadField{"rope_theta", 1, StatusCode::kInvalidArgument},
+        BadField{"rope_theta", 1e-308, StatusCode::kInvalidArgument},
+        BadField{"rope_scaling.mscale", 1e20, StatusCode::kInvalidArgument},
+        BadField{"rope_scaling.mscale_all_dim", 1e308, StatusCode::kInvalidArgument},
+        BadField{"rope_scaling.factor", 1e7, StatusCode::kInvalidArgument},
+        BadField{"rope_scaling.beta_fast", 1e7, StatusCode::kInvalidArgument},
+        BadField{"routed_scaling_factor", 1e39, StatusCode::kInvalidArgument},
+        BadField{"rms_norm_eps", 1e308, StatusCode::kInvalidArgument},
         BadField{"rope_interleave", false, StatusCode::kUnimplemented},  // was ignored
         BadField{"topk_group", nlohmann::json::object(), StatusCode::kInvalidArgument},
         BadField{"quantization_config.quant_method", "gptq", StatusCode::kUnimplemented},
@@ -339,6 +351,28 @@ TEST(ModelConfigTest, RejectsBadJson) {
   // A number beyond a double: nlohmann's out_of_range, not parse_error (found by the fuzzer).
   const Status huge = parse_model_config("{\"hidden_size\": 9E999999999}", "x").status();
   EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument) << huge.message();
+}
+
+// Fields each within its bound whose combination leaves YaRN's ramp without a width: the
+// frequencies are still finite (HF widens an empty ramp by 0.001, and so do we); the check
+// of the derived values accepts them and refuses none of the shipped configs.
+TEST(ModelConfigTest, RopeValuesAreCheckedAfterTheFields) {
+  nlohmann::json j = base_config();
+  j["rope_scaling"]["beta_fast"] = 1e-300;
+  j["rope_scaling"]["beta_slow"] = 1e-300;
+  Result<ModelConfig> tiny_betas = parse_model_config(j.dump(), "m/config.json");
+  ASSERT_TRUE(tiny_betas.ok()) << tiny_betas.status().to_string();
+  EXPECT_TRUE(check_rope_values(*tiny_betas).ok());
+  const RotaryEmbedding rope(*tiny_betas);
+  for (float f : rope.inv_freq()) EXPECT_TRUE(std::isfinite(f));
+  // A config built in code skips the parser's bounds; the check still names the fields.
+  ModelConfig bad = *tiny_betas;
+  bad.rope_theta = 1.0;
+  const Status s = check_rope_values(bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("rope_theta 1 with YaRN factor"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("expected a finite positive number"), std::string::npos)
+      << s.message();
 }
 
 TEST(ModelConfigTest, MissingFileIsNotFound) {
