@@ -173,12 +173,15 @@ struct Checkpoint::Impl {
                                 std::string(dtype_name(scale->info->dtype)) +
                                 ", expected F32 (or BF16) block scales");
     }
-    // A damaged scale would turn a whole block into NaN or infinite logits, unseen.
+    // A damaged scale would turn a whole block into NaN or infinite logits, unseen: it and
+    // its product with E4M3's largest magnitude (448) must be finite.
     for (size_t b = 0; b < out.size(); ++b) {
-      if (!std::isfinite(out[b])) {
+      if (!std::isfinite(out[b] * 448.0f)) {
         return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' block " +
                                 std::to_string(b) + " has scale " + std::to_string(out[b]) +
-                                ", expected a finite value");
+                                (std::isfinite(out[b])
+                                     ? ", which times 448 (the largest E4M3 value) is not finite"
+                                     : ", expected a finite value"));
       }
     }
     return out;
@@ -221,11 +224,12 @@ struct Checkpoint::Impl {
                                 std::string(dtype_name(scale->info->dtype)) +
                                 ", expected F32, BF16 or F16 scales");
     }
+    // The dequantized weights (up to 127 times the scale) must be finite too.
     for (size_t r = 0; r < out.size(); ++r) {
-      if (!std::isfinite(out[r]) || out[r] < 0.0f) {
+      if (!std::isfinite(out[r] * 127.0f) || out[r] < 0.0f) {
         return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' row " +
                                 std::to_string(r) + " has scale " + std::to_string(out[r]) +
-                                ", expected a finite value >= 0");
+                                ", expected a finite value >= 0 whose product with 127 is finite");
       }
     }
     return out;
@@ -281,8 +285,14 @@ struct Checkpoint::Impl {
       case DType::kF8E4M3: {
         Fp8BlockShape shape;
         PS_ASSIGN_OR_RETURN(std::vector<float> scales, fp8_scales(e, shape));
-        dequantize_fp8_blocks_to_bf16(
+        const int64_t nan_at = dequantize_fp8_blocks_to_bf16(
             shape, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, scales, *out);
+        if (nan_at >= 0) {
+          return invalid_argument(file_of(e) + ": tensor '" + e.name +
+                                  "' holds the E4M3 NaN code at [" +
+                                  std::to_string(nan_at / shape.cols) + ", " +
+                                  std::to_string(nan_at % shape.cols) + "] (a damaged weight)");
+        }
         mark_used(*find(fp8_scale_inv_name(e.name)));
         break;
       }

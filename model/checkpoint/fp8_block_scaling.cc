@@ -28,8 +28,8 @@ const std::array<float, 256>& f8e4m3_table() {
 
 }  // namespace
 
-void dequantize_fp8_blocks_to_bf16(const Fp8BlockShape& shape, std::span<const uint8_t> weight,
-                                   std::span<const float> scale_inv, std::span<bf16> out) {
+int64_t dequantize_fp8_blocks_to_bf16(const Fp8BlockShape& shape, std::span<const uint8_t> weight,
+                                      std::span<const float> scale_inv, std::span<bf16> out) {
   check_shape(shape);
   const size_t n = static_cast<size_t>(shape.rows * shape.cols);
   PS_CHECK_EQ(weight.size(), n);
@@ -47,6 +47,10 @@ void dequantize_fp8_blocks_to_bf16(const Fp8BlockShape& shape, std::span<const u
       for (int64_t c = c0; c < c1; ++c) o[c] = float_to_bf16(table[w[c]] * s);
     }
   }
+  // The NaN codes, found after the conversion (the codes were just read).
+  const auto nan_code =
+      std::find_if(weight.begin(), weight.end(), [](uint8_t v) { return (v & 0x7f) == 0x7f; });
+  return nan_code == weight.end() ? -1 : nan_code - weight.begin();
 }
 
 Fp8BlockQuantized quantize_fp8_blocks(const Fp8BlockShape& shape, std::span<const float> values) {

@@ -21,11 +21,12 @@ struct Fp8BlockShape {
   int64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
 };
 
-// out = W * S (as above), rounded to BF16 (round to nearest even).
+// out = W * S (as above), rounded to BF16 (round to nearest even). Returns the index of the
+// first NaN code (0x7f or 0xff: E4M3 has no infinities), whose output is NaN, or -1 if none.
 // REQUIRES: weight.size() == out.size() == rows * cols, scale_inv.size() == scale_rows *
 // scale_cols, positive block sizes.
-void dequantize_fp8_blocks_to_bf16(const Fp8BlockShape& shape, std::span<const uint8_t> weight,
-                                   std::span<const float> scale_inv, std::span<bf16> out);
+int64_t dequantize_fp8_blocks_to_bf16(const Fp8BlockShape& shape, std::span<const uint8_t> weight,
+                                      std::span<const float> scale_inv, std::span<bf16> out);
 
 struct Fp8BlockQuantized {
   std::vector<uint8_t> weight;   // rows * cols F8_E4M3 codes

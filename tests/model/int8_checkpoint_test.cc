@@ -241,6 +241,12 @@ TEST(Int8CheckpointTest, BadInt8CheckpointsAreRefusedByName) {
          std::memcpy(t[int8_scale_name(weight)].bytes.data(), &minus, 4);
        },
        "expected a finite value >= 0"},
+      {"scale whose weights overflow",  // finite, but 127 times it is not: NaN logits unseen
+       [&](auto& t) {
+         const float huge = 3e38f;
+         std::memcpy(t[int8_scale_name(weight)].bytes.data(), &huge, 4);
+       },
+       "whose product with 127 is finite"},
   };
   // An error compensation: F32 [rows], finite, not on gate/up (it would enter before the
   // fused SiLU).

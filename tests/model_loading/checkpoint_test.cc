@@ -431,6 +431,29 @@ TEST(CheckpointTest, Fp8Errors) {
     EXPECT_TRUE(contains(s.message(), "block 2 has scale nan, expected a finite value"))
         << s.message();
   }
+  {  // a finite scale whose product with 448 is not: refused, as it would give inf weights
+    ScratchDir dir;
+    std::vector<TensorToWrite> tensors = make(config, true, {2, 2});
+    TensorToWrite* scale = find(tensors, fp8_scale_inv_name(name));
+    const float scales[4] = {0.5f, 1.0f, 1.0f, -3e38f};
+    std::memcpy(scale->bytes.data(), scales, 16);
+    write_single_file_checkpoint(dir, config, tensors);
+    const Status s = Checkpoint::open(dir.path())->get_bf16(name, {64, 64}).status();
+    EXPECT_TRUE(contains(s.message(), "block 3 has scale")) << s.message();
+    EXPECT_TRUE(contains(s.message(), "which times 448 (the largest E4M3 value) is not finite"))
+        << s.message();
+  }
+  {  // an E4M3 NaN code (0x7f, or 0xff with the sign) in the weight: refused, naming where
+    ScratchDir dir;
+    std::vector<TensorToWrite> tensors = make(config, true, {2, 2});
+    TensorToWrite* scale = find(tensors, fp8_scale_inv_name(name));
+    const float scales[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    std::memcpy(scale->bytes.data(), scales, 16);
+    find(tensors, name)->bytes[5 * 64 + 7] = std::byte{0xff};
+    write_single_file_checkpoint(dir, config, tensors);
+    const Status s = Checkpoint::open(dir.path())->get_bf16(name, {64, 64}).status();
+    EXPECT_TRUE(contains(s.message(), "holds the E4M3 NaN code at [5, 7]")) << s.message();
+  }
   {  // correct: scales 0 -> zeros; 1.0 * scale
     ScratchDir dir;
     std::vector<TensorToWrite> tensors = make(config, true, {2, 2});
