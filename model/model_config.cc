@@ -319,6 +319,17 @@ Status check_weight_sizes(const std::string& source, const ModelConfig& c) {
                             ": field 'n_routed_experts' = " + std::to_string(c.n_routed_experts) +
                             ", expected at most " + std::to_string(kMaxRoutedExperts));
   }
+  // The loader lists every expert's tensors up front: each bound alone let 1,024 layers x
+  // 65,536 experts through, 200 M tensor entries (bad_alloc in `quantize`). DeepSeek-V3 has
+  // 62 x 256 = 15,872, Kimi K2 62 x 384.
+  constexpr int64_t kMaxRoutedExpertsInAll = int64_t{1} << 18;
+  const int64_t layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  if (layers * c.n_routed_experts > kMaxRoutedExpertsInAll) {
+    return invalid_argument(source + ": (num_hidden_layers + num_nextn_predict_layers) x " +
+                            "n_routed_experts = " + std::to_string(layers) + " x " +
+                            std::to_string(c.n_routed_experts) + ", expected at most " +
+                            std::to_string(kMaxRoutedExpertsInAll) + " routed experts in all");
+  }
   const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;  // each <= 2^40: no overflow
   const int64_t latent = c.kv_lora_rank + c.qk_rope_head_dim;
   const int64_t q_lora = c.q_lora_rank.value_or(1);

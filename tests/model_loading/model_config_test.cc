@@ -261,7 +261,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"vocab_size", int64_t{1} << 30, StatusCode::kInvalidArgument},
         BadField{"hidden_size", int64_t{1} << 40, StatusCode::kInvalidArgument},
         BadField{"num_hidden_layers", 5000, StatusCode::kInvalidArgument},
-        BadField{"n_routed_experts", int64_t{1} << 20, StatusCode::kInvalidArgument}));
+        BadField{"n_routed_experts", int64_t{1} << 20, StatusCode::kInvalidArgument},
+        // 62 layers x 8192 experts: each bound alone held, the tensor list did not (quantize
+        // ran out of memory listing 1,024 x 65,536 experts).
+        BadField{"n_routed_experts", 8192, StatusCode::kInvalidArgument}));
 
 // n_group past the router's 1024 groups aborted the first forward; a V3 config without
 // n_group / topk_group takes Hugging Face's defaults (8 and 4), not one group.
