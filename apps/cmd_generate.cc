@@ -24,6 +24,7 @@
 #include "apps/speculative_options.h"
 #include "apps/threads_option.h"
 #include "apps/token_id_list.h"
+#include "apps/tokenizer_gaps.h"
 #include "apps/whole_number_validator.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
@@ -203,6 +204,7 @@ int run_generate(const GenerateCli& cli) {
     auto loaded = Tokenizer::load_from_dir(cli.model_dir);
     if (!loaded.ok()) return fail(loaded.status());
     tokenizer = std::make_unique<Tokenizer>(std::move(loaded).value());
+    if (session.leader()) warn_about_tokenizer_gaps(*tokenizer);
   } else if (!cli.prompt.empty()) {
     return fail(
         not_found(cli.model_dir + "/tokenizer.json: needed for --prompt (use --prompt-ids)"));
@@ -270,8 +272,7 @@ int run_generate(const GenerateCli& cli) {
 
   std::vector<int32_t> tokens = prompt;
   std::vector<int32_t> generated;
-  std::unique_ptr<IncrementalDetokenizer> detokenizer;
-  if (tokenizer) detokenizer = std::make_unique<IncrementalDetokenizer>(*tokenizer);
+  TokenPrinter printer(tokenizer.get());
   const std::vector<int64_t>& eos_ids = model.config().eos_token_ids;
   ForwardOutput out;
   auto state = model.new_forward_state();
@@ -296,13 +297,7 @@ int run_generate(const GenerateCli& cli) {
     const SampledToken next = sample_token(out.last_logits(0), sampling, {generated, cli.seed});
     generated.push_back(next.token);
     tokens.push_back(next.token);
-    if (detokenizer) {
-      auto text = detokenizer->push(next.token);
-      if (text.ok()) std::fputs(text->c_str(), stdout);
-    } else {
-      std::printf("%s%d", generated.size() > 1 ? "," : "", next.token);
-    }
-    std::fflush(stdout);
+    printer.push(next.token);
     const bool is_eos =
         std::find(eos_ids.begin(), eos_ids.end(), int64_t{next.token}) != eos_ids.end();
     const bool stop = (!cli.ignore_eos && is_eos) ||
@@ -310,9 +305,7 @@ int run_generate(const GenerateCli& cli) {
                       static_cast<int64_t>(tokens.size()) >= max_len;
     if (stop) break;
   }
-  if (detokenizer) std::fputs(detokenizer->finish().c_str(), stdout);
-  std::printf("\n");
-  std::fflush(stdout);  // before the statistics on stderr (a pipe joining both)
+  printer.finish();
   if (Status s = session.finish(); !s.ok()) return session.fail(s);
   const auto end = Clock::now();
   const double prefill_s = std::chrono::duration<double>(first_token - start).count();

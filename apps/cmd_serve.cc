@@ -30,6 +30,7 @@
 #include "apps/server_signals.h"
 #include "apps/speculative_options.h"
 #include "apps/threads_option.h"
+#include "apps/tokenizer_gaps.h"
 #include "apps/whole_number_validator.h"
 #include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
@@ -378,6 +379,7 @@ int run_serve(const ServeCli& cli) {
   std::unique_ptr<Tokenizer> tokenizer;
   if (Result<Tokenizer> tok = Tokenizer::load_from_dir(cli.model_dir); tok.ok()) {
     tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+    if (session.leader()) warn_about_tokenizer_gaps(*tokenizer);
   } else {
     std::fprintf(stderr, "warning: no usable tokenizer (%s); only token-id prompts will work\n",
                  tok.status().message().c_str());

@@ -457,6 +457,15 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids,
 int32_t Tokenizer::vocab_size() const {
   return impl_->vocab_size;
 }
+
+Tokenizer::IdGaps Tokenizer::id_gaps() const {
+  IdGaps gaps;
+  for (TokenId id = 0; id < impl_->vocab_size; ++id) {
+    if (has_token(id)) continue;
+    if (gaps.count++ == 0) gaps.first = id;
+  }
+  return gaps;
+}
 std::optional<TokenId> Tokenizer::bos_id() const {
   return impl_->bos_id;
 }

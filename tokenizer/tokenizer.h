@@ -106,6 +106,14 @@ class Tokenizer {
   // One past the largest token id (model vocab and added tokens together).
   int32_t vocab_size() const;
 
+  // Ids below vocab_size() that name no token, and the first of them. A damaged
+  // tokenizer.json has such holes; a generated token with such an id decodes to no text.
+  struct IdGaps {
+    int32_t count = 0;
+    TokenId first = -1;
+  };
+  IdGaps id_gaps() const;
+
   std::optional<TokenId> bos_id() const;
   std::optional<TokenId> eos_id() const;
   // The token strings from tokenizer_config.json ("" when absent).

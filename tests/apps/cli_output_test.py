@@ -3,12 +3,17 @@
 - `generate` with stdout and stderr in one pipe: the statistics start their own line (they
   were glued to the generated text, which sat unflushed in stdout's buffer);
 - the loading bar prints one final line at 100% (it ended at 67% when the MTP layer was
-  not read).
+  not read);
+- a tokenizer.json with a hole in its ids (a damaged file: that token, generated, decodes to
+  no text) is named in a warning, where words went missing from the output unseen.
 
 usage: cli_output_test.py PEERSERVE_BINARY MODEL_DIR
 """
+import json
+import os
 import subprocess
 import sys
+import tempfile
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 failures = []
@@ -23,6 +28,32 @@ if not any(line.startswith("prompt ") for line in lines):
 bars = [line for line in lines if line.startswith("loading [")]
 if len(bars) != 1 or " 100% " not in bars[0]:
     failures.append(f"loading lines: {bars}")
+with tempfile.TemporaryDirectory() as damaged:
+    for name in os.listdir(MODEL):
+        if name != "tokenizer.json":
+            os.symlink(os.path.join(MODEL, name), os.path.join(damaged, name))
+    with open(os.path.join(MODEL, "tokenizer.json")) as f:
+        tokenizer = json.load(f)
+    vocab = tokenizer["model"]["vocab"]
+    gone = next(t for t, i in vocab.items() if i == 924)
+    del vocab[gone]
+    kept = []
+    for merge in tokenizer["model"]["merges"]:
+        parts = merge.split(" ") if isinstance(merge, str) else merge
+        if gone not in parts and "".join(parts) != gone:
+            kept.append(merge)
+    tokenizer["model"]["merges"] = kept
+    with open(os.path.join(damaged, "tokenizer.json"), "w") as f:
+        json.dump(tokenizer, f)
+    p = subprocess.run([BIN, "generate", "--model", damaged, "--prompt-ids", "5,6,7",
+                        "--max-tokens", "2", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        failures.append(f"generate on the damaged tokenizer exited {p.returncode}: "
+                        f"{p.stderr[-400:]}")
+    if "names no token for 1 of the ids below" not in p.stderr or "(the first: 924)" not in \
+            p.stderr:
+        failures.append(f"no warning about the missing id 924: {p.stderr[-400:]}")
 for f in failures:
     print("FAIL", f)
 if not failures:
