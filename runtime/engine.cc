@@ -126,6 +126,11 @@ Status Engine::validate(EngineRequest& request) const {
     return invalid_argument("n = " + std::to_string(params.n) + ", expected 1.." +
                             std::to_string(options_.max_n));
   }
+  if (params.n > options_.scheduler.max_waiting_seqs) {  // a 429 would be retried in vain
+    return invalid_argument("n = " + std::to_string(params.n) + ", more than the " +
+                            std::to_string(options_.scheduler.max_waiting_seqs) +
+                            " sequences the waiting queue holds");
+  }
   const int64_t num_prompt = static_cast<int64_t>(request.prompt_tokens.size());
   if (num_prompt == 0) return invalid_argument("the prompt is empty, expected >= 1 token");
   if (options_.vocab_size > 0) {
@@ -144,14 +149,15 @@ Status Engine::validate(EngineRequest& request) const {
   const auto check_ids = [&](const char* what, auto&& ids) -> Status {
     for (const TokenId t : ids) {
       if (t < 0 || (options_.vocab_size > 0 && t >= options_.vocab_size)) {
-        return invalid_argument(std::string(what) + " token id " + std::to_string(t) +
+        return invalid_argument(std::string(what) + ": token id " + std::to_string(t) +
                                 " is outside the vocabulary [0, " +
                                 std::to_string(options_.vocab_size) + ")");
       }
     }
     return ok_status();
   };
-  PS_RETURN_IF_ERROR(check_ids("stop", params.stop_token_ids));
+  // Named by the request field, which the server reports as the error's param.
+  PS_RETURN_IF_ERROR(check_ids("stop_token_ids", params.stop_token_ids));
   PS_RETURN_IF_ERROR(check_ids("logit_bias", std::views::keys(params.sampling.logit_bias)));
   PS_RETURN_IF_ERROR(check_ids("forced", params.sampling.forced_tokens));
   for (const std::string& s : params.stop_strings) {

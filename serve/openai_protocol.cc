@@ -459,6 +459,16 @@ std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& 
   return std::nullopt;
 }
 
+std::optional<std::string> submit_error_param(const Status& status, bool chat) {
+  if (status.code() == StatusCode::kResourceExhausted) return std::nullopt;
+  const std::string& message = status.message();
+  for (const char* field : {"n", "stop_token_ids", "logit_bias"}) {
+    const std::string prefix = std::string(field) + (std::string_view(field) == "n" ? " = " : ":");
+    if (message.rfind(prefix, 0) == 0) return field;
+  }
+  return chat ? "messages" : "prompt";
+}
+
 ApiError api_error_from_status(const Status& status, std::optional<std::string> param) {
   ApiError e;
   e.message = status.message();

@@ -35,6 +35,11 @@ std::string api_error_json(const ApiError& error);
 // ResourceExhausted 429, Unavailable 503, anything else 500.
 ApiError api_error_from_status(const Status& status, std::optional<std::string> param = {});
 
+// The request field an engine's refusal of a submitted request names: `n`, `stop_token_ids`
+// or `logit_bias` when its message starts with that field, none for a full queue (not the
+// request's fault), otherwise the prompt (`messages` for chat).
+std::optional<std::string> submit_error_param(const Status& status, bool chat);
+
 // Limits the parser enforces besides the engine's own.
 struct ApiLimits {
   int32_t max_n = 16;

@@ -57,6 +57,12 @@ int64_t unix_seconds() {
 }
 
 void send_error(HttpExchange& exchange, const ApiError& error) {
+  // A full queue clears within a step or a few: clients that honour Retry-After wait a second
+  // (as for the 503s of the in-flight byte budget) instead of retrying at once.
+  if (error.status == 429) {
+    exchange.respond(error.status, kJson, api_error_json(error), {{"Retry-After", "1"}});
+    return;
+  }
   exchange.respond(error.status, kJson, api_error_json(error));
 }
 
@@ -134,6 +140,21 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   // the error.
   void start(std::vector<EngineRequest> requests) {
     const int32_t num_prompts = static_cast<int32_t>(requests.size());
+    // More sequences than the waiting queue ever holds: a 429 ("retry later") would be
+    // retried in vain.
+    const int64_t sequences = int64_t{num_prompts} * n_;
+    const int64_t queue = ctx_->engine->options().scheduler.max_waiting_seqs;
+    if (sequences > queue) {
+      done_ = true;
+      send_error(*exchange_,
+                 api_error_from_status(
+                     invalid_argument(std::to_string(num_prompts) + " prompt(s) x n = " +
+                                      std::to_string(n_) + " is " + std::to_string(sequences) +
+                                      " sequences, more than the " + std::to_string(queue) +
+                                      " the waiting queue holds (--max-waiting-requests)"),
+                     n_ > 1 ? "n" : (chat_ ? "messages" : "prompt")));
+      return;
+    }
     choices_.resize(static_cast<size_t>(num_prompts) * n_);
     usage_.resize(num_prompts);
     // A forced call's start is part of the answer: a named call's header goes out at once.
@@ -158,7 +179,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       if (!id.ok()) {
         for (RequestId submitted : request_ids_) ctx_->engine->abort(submitted);
         done_ = true;
-        send_error(*exchange_, api_error_from_status(id.status(), chat_ ? "messages" : "prompt"));
+        send_error(*exchange_,
+                   api_error_from_status(id.status(), submit_error_param(id.status(), chat_)));
         return;
       }
       request_ids_.push_back(*id);

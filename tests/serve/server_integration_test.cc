@@ -372,6 +372,10 @@ TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
            {R"("bad_words": ["the"])", "bad_words"},
            {R"("echo": true)", "echo"},
            {R"("min_tokens": 9, "max_tokens": 3)", "min_tokens"},
+           // Checked by the engine against the vocabulary: named all the same (they were
+           // reported as "messages").
+           {R"("logit_bias": {"2000000000": 1})", "logit_bias"},
+           {R"("stop_token_ids": [2000000000])", "stop_token_ids"},
        }) {
     HttpResponse r = http_request(port(), "POST", "/v1/chat/completions",
                                   "{" + chat + ", " + c.fields + "}", {auth()});
@@ -510,7 +514,7 @@ TEST(ServerQueueLimitTest, FullQueueGets429) {
                                           "--max-waiting-requests", "1", "--max-model-len", "512"}))
       << server.read_log();
   std::vector<std::thread> threads;
-  std::atomic<int> ok{0}, too_many{0}, other{0};
+  std::atomic<int> ok{0}, too_many{0}, other{0}, retry_after{0};
   for (int i = 0; i < 12; ++i) {
     threads.emplace_back([&, i] {
       json body = {{"model", "tiny"},
@@ -522,6 +526,7 @@ TEST(ServerQueueLimitTest, FullQueueGets429) {
         ++ok;
       } else if (r.status == 429 && json::parse(r.body)["error"]["code"] == "rate_limit_exceeded") {
         ++too_many;
+        retry_after += r.headers.find("\r\nRetry-After: 1") != std::string::npos;
       } else {
         ++other;
       }
@@ -531,6 +536,22 @@ TEST(ServerQueueLimitTest, FullQueueGets429) {
   EXPECT_GT(too_many.load(), 0);
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(other.load(), 0);
+  EXPECT_NE(retry_after.load(), 0);
+  // More sequences than the queue ever holds: a 400 naming the field, not a 429 that a
+  // client would retry in vain.
+  for (const auto& [fields, param] : std::vector<std::pair<json, std::string>>{
+           {{{"prompt", "q"}, {"n", 2}}, "n"},
+           {{{"prompt", {"a", "b"}}}, "prompt"},
+       }) {
+    json body = {{"model", "tiny"}, {"max_tokens", 2}};
+    body.update(fields);
+    HttpResponse r = http_request(server.port(), "POST", "/v1/completions", body.dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    const json error = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(error.is_discarded()) << r.body;
+    EXPECT_EQ(error["error"]["param"], param) << r.body;
+    EXPECT_NE(r.body.find("the waiting queue holds"), std::string::npos) << r.body;
+  }
   EXPECT_EQ(server.stop(), 0);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
