@@ -66,6 +66,33 @@ std::string sanitize_header_text(std::string_view text) {
   return out;
 }
 
+// The first transfer coding other than chunked in the request's Transfer-Encoding fields
+// (all of them, comma-separated lists included), or "" when chunked is the only one.
+template <typename Message>
+std::string non_chunked_coding(const Message& message) {
+  const auto [first, last] = message.equal_range(http::field::transfer_encoding);
+  for (auto field = first; field != last; ++field) {
+    const std::string_view list(field->value().data(), field->value().size());
+    size_t begin = 0;
+    while (begin <= list.size()) {
+      const size_t comma = std::min(list.find(',', begin), list.size());
+      std::string_view coding = list.substr(begin, comma - begin);
+      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) {
+        coding.remove_prefix(1);
+      }
+      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) {
+        coding.remove_suffix(1);
+      }
+      if (!coding.empty() &&
+          !beast::iequals(beast::string_view(coding.data(), coding.size()), "chunked")) {
+        return std::string(coding);
+      }
+      begin = comma + 1;
+    }
+  }
+  return "";
+}
+
 std::string error_json(const std::string& message, const std::string& type,
                        const std::string& code) {
   // Minimal OpenAI-shaped error written without a JSON library (messages here are fixed).
@@ -306,6 +333,18 @@ class Session : public std::enable_shared_from_this<Session> {
     if (parser_->get().count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
       return on_read(http::error::bad_transfer_encoding);
     }
+    // A coding before chunked (gzip, chunked) would reach the handler still coded: RFC 9112
+    // §6.1 answers 501, as Content-Encoding gets 415 below.
+    if (const std::string coding = non_chunked_coding(parser_->get()); !coding.empty()) {
+      return refuse(501, error_json("Transfer-Encoding '" + sanitize_header_text(coding) +
+                                        "' is not supported; send the body plain or chunked",
+                                    "invalid_request_error", "unsupported_transfer_coding"));
+    }
+    // RFC 9112 §3.2: an HTTP/1.1 request without a Host header is a 400.
+    if (parser_->get().version() == 11 && parser_->get().count(http::field::host) == 0) {
+      return refuse(400, error_json("an HTTP/1.1 request needs a Host header",
+                                    "invalid_request_error", "bad_request"));
+    }
     // Over a connection cap only the load balancer's probes are answered: refuse the rest
     // now, before a "100 Continue" and before reading a body (up to max_body_bytes each).
     if (over_limit_) {
@@ -344,33 +383,34 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
+  // A request refused before its body was read: the answer, then the connection closes (the
+  // rest of the body is unread).
+  void refuse(int status, std::string body) {
+    keep_alive_ = false;
+    close_after_write_ = true;
+    set_in_exchange(true);
+    response_complete_ = false;
+    ++current_id_;
+    respond(current_id_, status, "application/json", std::move(body), {});
+  }
+
   void on_read(beast::error_code ec) {
     const bool parse_error =
         ec && ec.category() == http::make_error_code(http::error::bad_method).category() &&
         ec != http::error::end_of_stream && ec != http::error::partial_message;
     if (parse_error) {
-      // Malformed or oversized request: answer and close (the rest of the body is unread).
-      keep_alive_ = false;
-      close_after_write_ = true;
-      set_in_exchange(true);
-      response_complete_ = false;
-      ++current_id_;
       if (ec == http::error::body_limit) {
-        respond(current_id_, 413, "application/json",
-                error_json("request body larger than " +
-                               std::to_string(server_->options.max_body_bytes) + " bytes",
-                           "invalid_request_error", "request_too_large"),
-                {});
-      } else if (ec == http::error::header_limit) {
-        respond(
-            current_id_, 431, "application/json",
-            error_json("request headers too large", "invalid_request_error", "headers_too_large"),
-            {});
-      } else {
-        respond(current_id_, 400, "application/json",
-                error_json("malformed HTTP request", "invalid_request_error", "bad_request"), {});
+        return refuse(413,
+                      error_json("request body larger than " +
+                                     std::to_string(server_->options.max_body_bytes) + " bytes",
+                                 "invalid_request_error", "request_too_large"));
       }
-      return;
+      if (ec == http::error::header_limit) {
+        return refuse(431, error_json("request headers too large", "invalid_request_error",
+                                      "headers_too_large"));
+      }
+      return refuse(400,
+                    error_json("malformed HTTP request", "invalid_request_error", "bad_request"));
     }
     if (ec) {
       close();

@@ -376,6 +376,48 @@ TEST_F(HttpServerTest, ATransferEncodingOtherThanChunkedIsRefused) {
   EXPECT_EQ(handled.load(), 0);
 }
 
+// A coding before chunked (one list or two fields): the body would reach the handler still
+// gzip-coded. 501 (RFC 9112 6.1), and nothing after it is read as a request.
+TEST_F(HttpServerTest, ACodingBeforeChunkedGets501) {
+  std::atomic<int> handled{0};
+  start([&](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+    ++handled;
+    ex->respond(200, "text/plain", "ok");
+  });
+  for (const char* fields : {"Transfer-Encoding: gzip, chunked\r\n",
+                             "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n"}) {
+    SCOPED_TRACE(fields);
+    Client c(port());
+    c.send(std::string("POST /x HTTP/1.1\r\nHost: x\r\n") + fields +
+           "\r\n3\r\nabc\r\n0\r\n\r\nGET /next HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string r = c.read_response();
+    EXPECT_EQ(r.rfind("HTTP/1.1 501 ", 0), 0u) << r;
+    EXPECT_NE(r.find("Transfer-Encoding 'gzip' is not supported"), std::string::npos) << r;
+    EXPECT_EQ(c.read_response(), "") << "answered past the refusal";
+  }
+  // Plain chunked is fine, in any case.
+  Client c(port());
+  c.send("POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+  EXPECT_EQ(c.read_response().rfind("HTTP/1.1 200 ", 0), 0u);
+  EXPECT_EQ(handled.load(), 1);
+}
+
+// RFC 9112 3.2: an HTTP/1.1 request without Host is a 400; HTTP/1.0 needs none.
+TEST_F(HttpServerTest, AnHttp11RequestWithoutHostGets400) {
+  start(
+      [](HttpRequest, std::shared_ptr<HttpExchange> ex) { ex->respond(200, "text/plain", "ok"); });
+  {
+    Client c(port());
+    c.send("GET /health HTTP/1.1\r\n\r\n");
+    const std::string r = c.read_response();
+    EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+    EXPECT_NE(r.find("needs a Host header"), std::string::npos) << r;
+  }
+  Client c(port());
+  c.send("GET /health HTTP/1.0\r\n\r\n");
+  EXPECT_NE(c.read_until("the connection's end").find(" 200 "), std::string::npos);
+}
+
 // The unsent-output limit catches a client that stopped reading a stream; one whole
 // response larger than it goes out (it was dropped unsent, the client got nothing).
 TEST_F(HttpServerTest, AWholeResponseLargerThanTheUnsentLimitIsSent) {
