@@ -106,8 +106,17 @@ class FieldReader {
     }
     const json& value = o.at(key);
     const bool closed = zero_allowed && low == 0.0;
+    auto plain = [](double v) {  // 1000000, not 1e+06
+      std::ostringstream out;
+      out.precision(15);
+      out << std::fixed << v;
+      std::string text = out.str();
+      text.erase(text.find_last_not_of('0') + 1);
+      if (text.back() == '.') text.pop_back();
+      return text;
+    };
     std::ostringstream expected;
-    expected << "a number in " << (closed ? "[" : "(") << low << ", " << high << "]";
+    expected << "a number in " << (closed ? "[" : "(") << plain(low) << ", " << plain(high) << "]";
     if (!value.is_number()) return error(prefix + key, value, expected.str());
     const double v = value.get<double>();
     if ((v > low || (closed && v == low)) && v <= high) return v;

@@ -83,6 +83,10 @@ class DataParallelRouter final : public EngineClient {
   Result<RequestId> submit(EngineRequest request, OutputSink sink) override;
   void abort(RequestId id) override;
   const EngineOptions& options() const override { return engine_->options(); }
+  // Every rank's queue: the prompts of one request are spread over the ranks.
+  int64_t waiting_capacity() const override {
+    return engine_->waiting_capacity() * static_cast<int64_t>(outstanding_seqs_.size());
+  }
   EngineMetricsSnapshot metrics() const override { return engine_->metrics(); }
   bool running() const override;
 

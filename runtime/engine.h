@@ -102,6 +102,7 @@ class Engine final : public EngineClient {
   // with the same options) checks them here first, so errors are answered at once.
   Status validate(EngineRequest& request) const;
   const EngineOptions& options() const override { return options_; }
+  int64_t waiting_capacity() const override { return options_.scheduler.max_waiting_seqs; }
   EngineMetricsSnapshot metrics() const override;
   bool running() const override { return running_.load(); }
 

@@ -30,6 +30,9 @@ class EngineClient {
   virtual void abort(RequestId id) = 0;
   // The options every engine behind this client runs with.
   virtual const EngineOptions& options() const = 0;
+  // The most sequences the waiting queues behind this client hold together: a request of
+  // more can never be queued (a 400, where a full queue is a 429 to retry).
+  virtual int64_t waiting_capacity() const = 0;
   virtual EngineMetricsSnapshot metrics() const = 0;
   virtual bool running() const = 0;
 };

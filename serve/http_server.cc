@@ -233,7 +233,14 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string head = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
     head += "Content-Type: " + content_type + "\r\n";
     head += "Content-Length: " + std::to_string(body.size()) + "\r\n";
-    for (const auto& [name, value] : extra_headers) head += name + ": " + value + "\r\n";
+    bool retry_after = false;
+    for (const auto& [name, value] : extra_headers) {
+      head += name + ": " + value + "\r\n";
+      retry_after = retry_after || beast::iequals(name, "Retry-After");
+    }
+    // Every 429 (a full queue, here or passed on by the router) says when to retry: clients
+    // that honour it wait a second instead of retrying at once.
+    if (status == 429 && !retry_after) head += "Retry-After: 1\r\n";
     head += (keep_alive_ && !close_after_write_) ? "Connection: keep-alive\r\n"
                                                  : "Connection: close\r\n";
     head += "\r\n";
@@ -386,6 +393,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // A request refused before its body was read: the answer, then the connection closes (the
   // rest of the body is unread).
   void refuse(int status, std::string body) {
+    head_request_ = false;  // a HEAD before it on this connection: this answer has a body
     keep_alive_ = false;
     close_after_write_ = true;
     set_in_exchange(true);

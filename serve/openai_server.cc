@@ -57,13 +57,7 @@ int64_t unix_seconds() {
 }
 
 void send_error(HttpExchange& exchange, const ApiError& error) {
-  // A full queue clears within a step or a few: clients that honour Retry-After wait a second
-  // (as for the 503s of the in-flight byte budget) instead of retrying at once.
-  if (error.status == 429) {
-    exchange.respond(error.status, kJson, api_error_json(error), {{"Retry-After", "1"}});
-    return;
-  }
-  exchange.respond(error.status, kJson, api_error_json(error));
+  exchange.respond(error.status, kJson, api_error_json(error));  // a 429 gets Retry-After
 }
 
 ApiError not_found_route(const HttpRequest& request) {
@@ -143,7 +137,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     // More sequences than the waiting queue ever holds: a 429 ("retry later") would be
     // retried in vain.
     const int64_t sequences = int64_t{num_prompts} * n_;
-    const int64_t queue = ctx_->engine->options().scheduler.max_waiting_seqs;
+    const int64_t queue = ctx_->engine->waiting_capacity();
     if (sequences > queue) {
       done_ = true;
       send_error(*exchange_,
@@ -151,7 +145,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                      invalid_argument(std::to_string(num_prompts) + " prompt(s) x n = " +
                                       std::to_string(n_) + " is " + std::to_string(sequences) +
                                       " sequences, more than the " + std::to_string(queue) +
-                                      " the waiting queue holds (--max-waiting-requests)"),
+                                      " the waiting queues hold (--max-waiting-requests)"),
                      n_ > 1 ? "n" : (chat_ ? "messages" : "prompt")));
       return;
     }

@@ -399,6 +399,14 @@ TEST_F(EngineTest, QueueLimitAndStopped) {
     }
   }
   EXPECT_GT(rejected, 0);
+  // More choices than the queue ever holds: refused as invalid (not a 429 to retry).
+  GenerationParams four = greedy(3);
+  four.n = 4;
+  EXPECT_EQ(engine_->waiting_capacity(), 3);
+  const Status too_many = engine_->submit({prompt("q"), four}, collector_.sink()).status();
+  EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument) << too_many.to_string();
+  EXPECT_EQ(too_many.message().rfind("n = 4, more than the 3 sequences", 0), 0u)
+      << too_many.message();
   executor_->hold(false);
   for (RequestId id : ids) EXPECT_FALSE(collector_.wait(id).empty());
   engine_->stop();

@@ -413,6 +413,15 @@ TEST_F(HttpServerTest, AnHttp11RequestWithoutHostGets400) {
     EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
     EXPECT_NE(r.find("needs a Host header"), std::string::npos) << r;
   }
+  {  // after a HEAD on the same connection, the refusal still carries its body
+    Client c(port());
+    c.send("HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(c.read_until("\r\n\r\n").rfind("HTTP/1.1 200 ", 0), 0u);
+    c.send("GET /health HTTP/1.1\r\n\r\n");
+    const std::string r = c.read_until("the connection's end");  // it closes after
+    EXPECT_EQ(r.rfind("HTTP/1.1 400 ", 0), 0u) << r;
+    EXPECT_NE(r.find("needs a Host header"), std::string::npos) << r;
+  }
   Client c(port());
   c.send("GET /health HTTP/1.0\r\n\r\n");
   EXPECT_NE(c.read_until("the connection's end").find(" 200 "), std::string::npos);

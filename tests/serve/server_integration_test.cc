@@ -536,7 +536,7 @@ TEST(ServerQueueLimitTest, FullQueueGets429) {
   EXPECT_GT(too_many.load(), 0);
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(other.load(), 0);
-  EXPECT_NE(retry_after.load(), 0);
+  EXPECT_EQ(retry_after.load(), too_many.load());
   // More sequences than the queue ever holds: a 400 naming the field, not a 429 that a
   // client would retry in vain.
   for (const auto& [fields, param] : std::vector<std::pair<json, std::string>>{
@@ -550,7 +550,7 @@ TEST(ServerQueueLimitTest, FullQueueGets429) {
     const json error = json::parse(r.body, nullptr, false);
     ASSERT_FALSE(error.is_discarded()) << r.body;
     EXPECT_EQ(error["error"]["param"], param) << r.body;
-    EXPECT_NE(r.body.find("the waiting queue holds"), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("the waiting queue"), std::string::npos) << r.body;
   }
   EXPECT_EQ(server.stop(), 0);
   std::error_code ec;
