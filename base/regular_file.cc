@@ -57,11 +57,4 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
   return text;
 }
 
-Status check_regular_file(const std::filesystem::path& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return open_failure(path, errno);
-  if (!S_ISREG(st.st_mode)) return not_regular(path, st.st_mode);
-  return ok_status();
-}
-
 }  // namespace peerserve

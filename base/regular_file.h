@@ -16,7 +16,4 @@ namespace peerserve {
 // regular file or holds more than `max_bytes`; IoError when it cannot be read.
 Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_t max_bytes);
 
-// OK when `path` names a regular file (symbolic links followed), without opening it.
-Status check_regular_file(const std::filesystem::path& path);
-
 }  // namespace peerserve

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/json_nesting.h"
+#include "base/regular_file.h"
 
 namespace peerserve {
 namespace {
@@ -92,20 +93,10 @@ Result<GenerationDefaults> parse_generation_defaults(const std::string& source,
 
 Result<GenerationDefaults> load_generation_defaults(const std::string& model_dir) {
   const std::filesystem::path path = std::filesystem::path(model_dir) / "generation_config.json";
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return GenerationDefaults{};
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size > kMaxFileBytes) {
-    return invalid_argument(path.string() + ": " +
-                            (ec ? "cannot read its size: " + ec.message()
-                                : std::to_string(size) + " bytes, more than " +
-                                      std::to_string(kMaxFileBytes) + " a generation config has"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in) return io_error("cannot read " + path.string());
-  return parse_generation_defaults(text.str(), path.string());
+  Result<std::string> text = read_regular_file(path, kMaxFileBytes);
+  if (text.status().code() == StatusCode::kNotFound) return GenerationDefaults{};
+  if (!text.ok()) return text.status();
+  return parse_generation_defaults(*text, path.string());
 }
 
 }  // namespace peerserve

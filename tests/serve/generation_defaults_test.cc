@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "serve/openai_protocol.h"
+#include "tests/model_loading/fifo_in_place.h"
 
 namespace peerserve {
 namespace {
@@ -73,6 +74,18 @@ TEST(GenerationDefaultsTest, AbsentFileMeansNoDefaults) {
   d = load_generation_defaults(dir.string());
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->temperature, 0.3f);
+  // Larger than any generation config, or not a regular file: an error naming the file.
+  std::ofstream(dir / "generation_config.json") << std::string((1 << 20) + 1, ' ');
+  Status s = load_generation_defaults(dir.string()).status();
+  EXPECT_NE(s.message().find("generation_config.json: 1048577 bytes, more than"), std::string::npos)
+      << s.message();
+  const std::string fifo = (dir / "generation_config.json").string();
+  ASSERT_TRUE(testing::replace_with_fifo(fifo));
+  s = testing::load_beside_fifo(fifo,
+                                [&] { return load_generation_defaults(dir.string()).status(); });
+  EXPECT_NE(s.message().find("generation_config.json: a FIFO, expected a regular file"),
+            std::string::npos)
+      << s.message();
   std::filesystem::remove_all(dir);
 }
 
