@@ -127,6 +127,29 @@ int EpSession::size() const {
 
 Status EpSession::plan_experts(const std::string& model_dir, ModelOptions* options) {
   if (!distributed()) return ok_status();
+  const Status status = plan_experts_here(model_dir, options);
+  // Every rank reads its own copy of the checkpoint (on its own host, across machines): one
+  // can fail where the others do not. Agree before anyone loads, or the others wait for that
+  // rank's load until --ep-load-timeout-ms (half an hour by default). A rank that failed
+  // says why; then every rank ends with the error (rank 0 prints it).
+  std::vector<int64_t> failed = {status.ok() ? 0 : 1};
+  PS_RETURN_IF_ERROR(impl_->comm->allreduce(failed, dist::ReduceOp::kSum,
+                                            std::chrono::milliseconds(impl_->cli.load_timeout_ms)));
+  if (failed[0] == 0) return ok_status();
+  // Every rank failed: alike (a bad flag, the same folder everywhere); rank 0 says it once.
+  if (static_cast<int>(failed[0]) == size()) return status;
+  if (!status.ok() && !leader()) {
+    std::fprintf(stderr, "error: rank %d of %d: %s\n", rank(), size(), status.message().c_str());
+    std::fflush(stderr);
+  }
+  if (!status.ok()) return status;
+  return Status(status.ok() ? StatusCode::kUnavailable : status.code(),
+                std::to_string(failed[0]) + " of " + std::to_string(size()) +
+                    " ranks could not plan their experts from " + model_dir +
+                    " (their errors above)");
+}
+
+Status EpSession::plan_experts_here(const std::string& model_dir, ModelOptions* options) {
   PS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir + "/config.json"));
   PS_ASSIGN_OR_RETURN(
       dist::ExpertPlacement placement,

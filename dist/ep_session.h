@@ -77,6 +77,8 @@ class EpSession {
   // Plans this rank's share of the experts of the model in `model_dir` and leaves the
   // routed experts out of the model's own load (the session reads them). InvalidArgument
   // naming --ep when it does not divide the routed experts.
+  // Collective (under --ep-load-timeout-ms): a rank that fails (its own copy of the
+  // checkpoint unreadable) prints its error, and every rank returns an error.
   Status plan_experts(const std::string& model_dir, ModelOptions* options);
   // Replaces the loaded model's expert backend by the expert-parallel one; `max_rows` is
   // the most rows one forward of this rank can bring (sizes the exchange buffers).
@@ -111,6 +113,8 @@ class EpSession {
   struct Impl;
 
  private:
+  Status plan_experts_here(const std::string& model_dir, ModelOptions* options);
+
   explicit EpSession(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

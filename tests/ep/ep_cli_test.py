@@ -349,52 +349,73 @@ case("rank hung mid-run over MPI puts on TCP: rank 0 names it",
      lost_rank(signal.SIGSTOP, "rank 1 did not", network=True))
 
 
-def slow_loading_rank():
-    """Rank 1 reads its config.json 3 s late (a FIFO the test fills then), over an exchange
-    timeout of 1 s: the ranks wait for each other's loads at a barrier of their own
-    (--ep-load-timeout-ms), so rank 1 is not taken for lost and the tokens are right."""
+def symlinked_copy(name, leave_out=()):
+    """A folder of symlinks to the shipped model's files (a rank's own --model, told apart on
+    its command line), without `leave_out`."""
     import shutil
-    import threading
-    slow = os.path.join(SCRATCH, f"slow-config-{os.getpid()}")
-    shutil.rmtree(slow, ignore_errors=True)
-    os.makedirs(slow)
-    for name in os.listdir(shipped):
-        if name != "config.json":
-            os.symlink(os.path.abspath(os.path.join(shipped, name)), os.path.join(slow, name))
-    fifo = os.path.join(slow, "config.json")
-    os.mkfifo(fifo)
+    folder = os.path.join(SCRATCH, f"{name}-{os.getpid()}")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    for entry in os.listdir(shipped):
+        if entry not in leave_out:
+            os.symlink(os.path.abspath(os.path.join(shipped, entry)), os.path.join(folder, entry))
+    return folder
 
-    def fill_late():
-        time.sleep(3)
-        fd = os.open(fifo, os.O_WRONLY)  # rank 1 waits in its open
-        shutil.copy(os.path.join(shipped, "config.json"), fifo + ".tmp")
-        os.replace(fifo + ".tmp", fifo)  # later reads find a plain file
-        try:
-            with open(os.path.join(shipped, "config.json"), "rb") as f:
-                os.write(fd, f.read())
-        except BrokenPipeError:
-            pass  # the job ended without reading it; the assertions below say why
-        os.close(fd)
 
+def slow_loading_rank():
+    """Rank 1's first open of a shard is held 3 s (strace's fault injection: it reads its
+    checkpoint slowly), over an exchange timeout of 1 s. Rank 0 has loaded and waits at the
+    ranks' load barrier, under --ep-load-timeout-ms: rank 1 is not taken for lost, and the
+    tokens are right. (The test used to hold rank 1 on a FIFO config.json, which the loader
+    now refuses.)"""
+    import shutil
+    slow = symlinked_copy("slow-rank")
+    shard = sorted(n for n in os.listdir(slow) if n.endswith(".safetensors"))[0]
     single = generate(shipped, 1, ["--precision", "fp32"])
     common = ["generate", "--prompt-ids", PROMPT, "--max-tokens", "12", "--ignore-eos",
               "--threads", "1", "--precision", "fp32", "--ep-dispatch-dtype", "fp32", "--ep", "2",
               "--ep-timeout-ms", "1000"]
-    filler = threading.Thread(target=fill_late, daemon=True)
-    filler.start()
-    rc, out, err, took = run(["mpirun", "-np", "1", "--oversubscribe", BIN] + common +
-                             ["--model", shipped, ":", "-np", "1", "--oversubscribe", BIN] +
-                             common + ["--model", slow], timeout=120)
-    if filler.is_alive():  # rank 1 never opened it: unblock the thread's open
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-    filler.join(5)
-    shutil.rmtree(slow, ignore_errors=True)
+    hold = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=openat", "-e",
+            "inject=openat:delay_enter=3000000:when=1", "-P", os.path.join(slow, shard)]
+    try:
+        rc, out, err, took = run(["mpirun", "-np", "1", "--oversubscribe", BIN] + common +
+                                 ["--model", shipped, ":", "-np", "1", "--oversubscribe"] +
+                                 hold + [BIN] + common + ["--model", slow], timeout=120)
+    finally:
+        shutil.rmtree(slow, ignore_errors=True)
     assert rc == 0, f"exit {rc} after {took:.1f} s: {err[-1500:]}"
     assert took >= 3, f"rank 1 was not held back ({took:.1f} s)"
     assert out.strip() == single, f"single {single!r} != ep2 {out.strip()!r}"
 
 
-case("a rank stopped while it loads, past --ep-timeout-ms: not lost", slow_loading_rank)
+case("a rank held 3 s while it loads, past --ep-timeout-ms: not lost", slow_loading_rank)
+
+
+def rank_without_its_checkpoint():
+    """Rank 1's own copy of the checkpoint is unreadable (a FIFO for config.json): it says
+    why, and every rank ends within seconds (rank 0 waited for its load until
+    --ep-load-timeout-ms, half an hour by default)."""
+    import shutil
+    broken = symlinked_copy("broken-rank", leave_out=("config.json",))
+    os.mkfifo(os.path.join(broken, "config.json"))
+    common = ["generate", "--prompt-ids", PROMPT, "--max-tokens", "4", "--threads", "1",
+              "--ep", "2"]
+    try:
+        rc, _, err, took = run(["mpirun", "-np", "1", "--oversubscribe", BIN] + common +
+                               ["--model", shipped, ":", "-np", "1", "--oversubscribe", BIN] +
+                               common + ["--model", broken], timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("still running after 90 s (rank 0 waits for rank 1's load)")
+    finally:
+        shutil.rmtree(broken, ignore_errors=True)
+    assert rc != 0, f"exit 0: {err[-800:]}"
+    assert took < 60, f"took {took:.1f} s"
+    assert "rank 1 of 2: " in err and "a FIFO, expected a regular file" in err, err[-800:]
+    assert "1 of 2 ranks could not plan their experts" in err, err[-800:]
+
+
+case("a rank that cannot read its checkpoint: every rank ends at once, naming it",
+     rank_without_its_checkpoint)
 
 
 def slow_leader_after_the_last_step():

@@ -12,12 +12,13 @@ mkdir -p "$work"
 cd "$work"
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I "$src")
-common=("$src/base/status.cc" "$src/base/check.cc" "$src/tensor/dtype.cc"
+common=("$src/base/status.cc" "$src/base/check.cc" "$src/base/regular_file.cc" "$src/tensor/dtype.cc"
         "$src/model/checkpoint/safetensors.cc" "$src/model/checkpoint/mapped_file.cc")
 "$clangxx" "${flags[@]}" -o safetensors_header_fuzzer \
   "$src/tests/fuzz/safetensors_header_fuzzer.cc" "${common[@]}"
 "$clangxx" "${flags[@]}" -o model_config_fuzzer "$src/tests/fuzz/model_config_fuzzer.cc" \
-  "$src/model/model_config.cc" "$src/model/checkpoint/tensor_layout.cc" "${common[@]}"
+  "$src/model/model_config.cc" "$src/model/checkpoint/tensor_layout.cc" \
+  "$src/model/rotary_embedding.cc" "${common[@]}"
 
 "$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
   "$src/tests/fuzz/block_stream_protocol_fuzzer.cc" "$src/cache/block_stream_protocol.cc" \
@@ -50,7 +51,8 @@ mkdir -p objects
 text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
               "$src/serve/openai_protocol.cc" "$src/serve/tool_call_parser.cc"
               "$src/kv/kv_namespace.cc" "$src/kv/kv_layout.cc" "$src/kv/prefix_hash.cc"
-              "$src/tensor/dtype.cc" "$src/base/status.cc" "$src/base/check.cc")
+              "$src/tensor/dtype.cc" "$src/base/status.cc" "$src/base/check.cc"
+              "$src/base/regular_file.cc")
 objects=()
 pids=()
 max_jobs=$(nproc)
