@@ -16,7 +16,7 @@ packages=(
   libxxhash-dev                       # block checksums and the hash ring of the caching pool
   libssl-dev                          # SHA-256 of the prefix-cache block hashes (libcrypto)
   curl ca-certificates
-  strace                              # durable_publish_test: the sync order of checkpoint writers
+  strace                              # durable_publish_test (sync order), ep_cli_test (slow load)
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -15,6 +15,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
+from serve_harness import linked_model_copy  # noqa: E402
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -28,10 +31,8 @@ if not any(line.startswith("prompt ") for line in lines):
 bars = [line for line in lines if line.startswith("loading [")]
 if len(bars) != 1 or " 100% " not in bars[0]:
     failures.append(f"loading lines: {bars}")
-with tempfile.TemporaryDirectory() as damaged:
-    for name in os.listdir(MODEL):
-        if name != "tokenizer.json":
-            os.symlink(os.path.join(MODEL, name), os.path.join(damaged, name))
+with tempfile.TemporaryDirectory() as scratch:
+    damaged = linked_model_copy(MODEL, os.path.join(scratch, "m"), ("tokenizer.json",))
     with open(os.path.join(MODEL, "tokenizer.json")) as f:
         tokenizer = json.load(f)
     vocab = tokenizer["model"]["vocab"]

@@ -10,7 +10,6 @@ Cases (all run; exit 1 if any failed):
 usage: server_signals_test.py PEERSERVE_BINARY MODEL_DIR WORK_DIR
 """
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
-from serve_harness import case, exit_code, free_port  # noqa: E402
+from serve_harness import case, exit_code, free_port, linked_model_copy  # noqa: E402
 
 BIN, MODEL, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -51,12 +50,7 @@ def signal_while_loading(sig):
 
 def fifo_in_the_checkpoint():
     # A FIFO in place of config.json: a clear error at once (the load used to block forever).
-    folder = os.path.join(WORK, "fifo-model")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    for name in os.listdir(MODEL):
-        if name != "config.json":
-            os.symlink(os.path.join(MODEL, name), os.path.join(folder, name))
+    folder = linked_model_copy(MODEL, os.path.join(WORK, "fifo-model"), ("config.json",))
     os.mkfifo(os.path.join(folder, "config.json"))
     try:
         p = subprocess.run([BIN, "serve", "--model", folder, "--port", str(free_port())],

@@ -27,7 +27,7 @@ import time
 
 BIN, SRC, SCRATCH = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.join(SRC, "tests", "serve"))
-from serve_harness import free_port, stop_all  # noqa: E402  (ports, teardown)
+from serve_harness import free_port, linked_model_copy, stop_all  # noqa: E402
 os.makedirs(SCRATCH, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -350,16 +350,8 @@ case("rank hung mid-run over MPI puts on TCP: rank 0 names it",
 
 
 def symlinked_copy(name, leave_out=()):
-    """A folder of symlinks to the shipped model's files (a rank's own --model, told apart on
-    its command line), without `leave_out`."""
-    import shutil
-    folder = os.path.join(SCRATCH, f"{name}-{os.getpid()}")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    for entry in os.listdir(shipped):
-        if entry not in leave_out:
-            os.symlink(os.path.abspath(os.path.join(shipped, entry)), os.path.join(folder, entry))
-    return folder
+    """A rank's own --model (told apart on its command line): links to the shipped model."""
+    return linked_model_copy(shipped, os.path.join(SCRATCH, f"{name}-{os.getpid()}"), leave_out)
 
 
 def slow_loading_rank():

@@ -54,6 +54,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def linked_model_copy(model, folder, leave_out=()):
+    """`folder` (made afresh) of symlinks to the files of the checkpoint `model`, without
+    `leave_out`: a model a test can break or tell apart on a command line, the weights not
+    copied."""
+    import os
+    import shutil
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    for name in os.listdir(model):
+        if name not in leave_out:
+            os.symlink(os.path.abspath(os.path.join(model, name)), os.path.join(folder, name))
+    return folder
+
+
 def launch(cmd, ready="serving model", timeout=60, preexec_fn=None):
     """Starts `cmd` and waits until a stderr line contains `ready`. Returns the process and
     the stderr lines read so far (the list keeps growing). Raises AssertionError, with the
