@@ -219,6 +219,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::optional<ToolCallStreamParser> tools;
     std::string tool_content;
     std::vector<std::string> call_ids;
+    // The calls whose header the parser let through, with the argument text it sent.
+    std::vector<ParsedToolCall> started_calls;
   };
 
   // The delta (content and/or tool_calls) for parser events; calls get their ids here.
@@ -232,12 +234,16 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
           break;
         case ToolCallEvent::Kind::kCallStart:
           c.call_ids.push_back(ctx_->new_id("call_"));
+          c.started_calls.push_back({e.text, ""});
           calls.push_back({{"index", e.index},
                            {"id", c.call_ids.back()},
                            {"type", "function"},
                            {"function", {{"name", e.text}, {"arguments", ""}}}});
           break;
         case ToolCallEvent::Kind::kArguments:
+          if (e.index >= 0 && static_cast<size_t>(e.index) < c.started_calls.size()) {
+            c.started_calls[static_cast<size_t>(e.index)].arguments += e.text;
+          }
           if (!calls.empty() && calls.back()["index"] == e.index) {
             calls.back()["function"]["arguments"] =
                 calls.back()["function"]["arguments"].get<std::string>() + e.text;
@@ -387,9 +393,16 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                      {"logprobs", logprobs_json(c.logprobs, 0)},
                      {"finish_reason", finish_reason_json(c)},
                      {"stop_reason", c.stop_reason}};
-      if (chat_ && c.tools && c.tools->called_tools()) {
+      // A well-formed answer: its calls. A forced call (the server began it in the prompt)
+      // that went wrong: what the stream sent, the calls begun with the argument text that
+      // went out and the rest as content, so that both forms of the answer agree (vLLM's
+      // named tool_choice likewise always answers with the call). Otherwise: text.
+      const bool forced_call_failed = chat_ && c.tools && !c.tools->called_tools() &&
+                                      !tool_setup_.prefix.empty() && !c.started_calls.empty();
+      if (chat_ && c.tools && (c.tools->called_tools() || forced_call_failed)) {
         json calls = json::array();
-        const std::vector<ParsedToolCall>& parsed = c.tools->calls();
+        const std::vector<ParsedToolCall>& parsed =
+            forced_call_failed ? c.started_calls : c.tools->calls();
         for (size_t k = 0; k < parsed.size(); ++k) {
           calls.push_back(
               {{"id", k < c.call_ids.size() ? c.call_ids[k] : ctx_->new_id("call_")},

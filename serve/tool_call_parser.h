@@ -12,7 +12,8 @@
 // name of 1..256 bytes without control characters, and arguments that are one JSON object;
 // the closing <｜tool▁calls▁end｜> may be missing (the answer stopped right after a complete
 // call). Anything else is malformed: the whole output is then returned as plain text
-// (non-streaming), never an error.
+// (non-streaming), never an error; except a call the server forced, answered as its stream
+// went (serve/openai_server.cc).
 //
 // Streaming: the parser is fed the text deltas and returns what can be sent so far —
 // content, a call's header once its name is complete, and argument fragments — holding

@@ -11,6 +11,8 @@ Cases (all run; exit 1 if any failed):
 - the request's tools reach the prompt (more prompt tokens), not with tool_choice "none";
   an assistant turn with tool_calls and a tool result round-trip into the prompt;
 - n = 2 and logprobs with tools: every choice parsed, nothing lost;
+- a forced call (named tool_choice, "required") whose output goes wrong: the whole answer
+  is what the stream's deltas add up to;
 - server B: the hook is refused, tools are served, and its log says that the model's
   template does not show tools; server C: tools get 400 (tool calling off), tool_choice
   "none" is served;
@@ -185,6 +187,53 @@ def n2_and_logprobs(a):
     assert all(t.startswith("Hello there") for t in texts.values()), texts
 
 
+def fold_stream(chunks):
+    """The message a client assembles from a streamed answer: content, calls, finish."""
+    content, calls_seen, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for tc in delta.get("tool_calls", []):
+                name, args = calls_seen.get(tc["index"], ("", ""))
+                fn = tc.get("function", {})
+                calls_seen[tc["index"]] = (name + (fn.get("name") or ""),
+                                           args + (fn.get("arguments") or ""))
+            finish = choice["finish_reason"] or finish
+    return content, [calls_seen[i] for i in sorted(calls_seen)], finish
+
+
+def forced_call_gone_wrong(a):
+    """A call the server forced whose arguments go wrong: the whole answer and the stream
+    say the same (they disagreed: the whole answer was the raw text, forced markup
+    included, while the stream had already sent the call's header)."""
+    end = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>" + EOS
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    cases = [
+        (named, '{"city": Paris}' + end, ["get_weather"], '{"city": Paris}'),
+        ("required", 'get_weather\n```json\n{"city" "Oslo"}' + end, ["get_weather"],
+         '{"city" "Oslo"}'),
+        ("required", "no call at all" + EOS, [], ""),
+    ]
+    for choice, forced, want_names, bad_args in cases:
+        body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": choice,
+                "peerserve_forced_output": forced}
+        whole = a.post(body)["choices"][0]
+        message = whole["message"]
+        got = (message["content"] or "",
+               [(c["function"]["name"], c["function"]["arguments"])
+                for c in message.get("tool_calls") or []],
+               whole["finish_reason"])
+        streamed = fold_stream(a.post(dict(body, stream=True)))
+        assert got == streamed, f"{choice}: whole {got} != stream {streamed}"
+        # The arguments as far as they were a JSON object's prefix, then the rest as content.
+        assert [name for name, _ in got[1]] == want_names and got[2] == "stop", got
+        for _, args in got[1]:
+            assert args and bad_args.startswith(args) and args != bad_args, (args, got)
+        ids = [c["id"] for c in message.get("tool_calls") or []]
+        assert all(i.startswith("call_") for i in ids) and len(set(ids)) == len(ids), message
+
+
 def server_b_cases(b):
     err = b.post({"messages": MESSAGES, "peerserve_forced_output": "x"}, expect=400)["error"]
     assert err["param"] == "peerserve_forced_output" and "--allow-forced-output" in err["message"]
@@ -226,6 +275,8 @@ def main():
         case("tools reach the prompt, not with tool_choice none", lambda: tools_reach_prompt(a))
         case("tool calls and results round-trip into the prompt", lambda: round_trip(a))
         case("n=2 and logprobs with tools, plain and streamed", lambda: n2_and_logprobs(a))
+        case("a forced call gone wrong: the whole answer is what the stream sent",
+             lambda: forced_call_gone_wrong(a))
         case("OpenAI Node SDK tool helpers", lambda: sdk_ran.__setitem__(0, sdk_check(a)))
     finally:
         case("server A exits cleanly", lambda: stops_cleanly(a))
