@@ -215,12 +215,15 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     json stop_reason = nullptr;
     int64_t text_length = 0;  // for completion text_offset
     int64_t tokens = 0;       // generated so far (continuous usage stats)
-    // Tool calling: the parser, the content it let through, the ids of the calls it found.
+    // Tool calling: the parser, the content it let through, and the calls whose header it
+    // let through, each with the id the stream gave it and the argument text it sent.
+    struct StartedCall {
+      std::string id;
+      ParsedToolCall call;
+    };
     std::optional<ToolCallStreamParser> tools;
     std::string tool_content;
-    std::vector<std::string> call_ids;
-    // The calls whose header the parser let through, with the argument text it sent.
-    std::vector<ParsedToolCall> started_calls;
+    std::vector<StartedCall> started_calls;
   };
 
   // The delta (content and/or tool_calls) for parser events; calls get their ids here.
@@ -233,16 +236,15 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
           content += e.text;
           break;
         case ToolCallEvent::Kind::kCallStart:
-          c.call_ids.push_back(ctx_->new_id("call_"));
-          c.started_calls.push_back({e.text, ""});
+          c.started_calls.push_back({ctx_->new_id("call_"), {e.text, ""}});
           calls.push_back({{"index", e.index},
-                           {"id", c.call_ids.back()},
+                           {"id", c.started_calls.back().id},
                            {"type", "function"},
                            {"function", {{"name", e.text}, {"arguments", ""}}}});
           break;
         case ToolCallEvent::Kind::kArguments:
           if (e.index >= 0 && static_cast<size_t>(e.index) < c.started_calls.size()) {
-            c.started_calls[static_cast<size_t>(e.index)].arguments += e.text;
+            c.started_calls[static_cast<size_t>(e.index)].call.arguments += e.text;
           }
           if (!calls.empty() && calls.back()["index"] == e.index) {
             calls.back()["function"]["arguments"] =
@@ -401,13 +403,14 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                                       !tool_setup_.prefix.empty() && !c.started_calls.empty();
       if (chat_ && c.tools && (c.tools->called_tools() || forced_call_failed)) {
         json calls = json::array();
-        const std::vector<ParsedToolCall>& parsed =
-            forced_call_failed ? c.started_calls : c.tools->calls();
-        for (size_t k = 0; k < parsed.size(); ++k) {
+        const size_t count = forced_call_failed ? c.started_calls.size() : c.tools->calls().size();
+        for (size_t k = 0; k < count; ++k) {
+          const ParsedToolCall& call =
+              forced_call_failed ? c.started_calls[k].call : c.tools->calls()[k];
           calls.push_back(
-              {{"id", k < c.call_ids.size() ? c.call_ids[k] : ctx_->new_id("call_")},
+              {{"id", k < c.started_calls.size() ? c.started_calls[k].id : ctx_->new_id("call_")},
                {"type", "function"},
-               {"function", {{"name", parsed[k].name}, {"arguments", parsed[k].arguments}}}});
+               {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
         }
         choice["message"] = {
             {"role", "assistant"},
