@@ -1,8 +1,8 @@
 // Decode throughput with and without expert parallelism and the two-microbatch pipeline
 // (the shape of paper 000 Figure 20, at this machine's scale). One process:
 //
-//   peerserve_bench_ep_decode --model DIR --threads 2 --batches 1,16,64 [--microbatches 2
-//                             [--microbatch-split measured|always]]
+//   peerserve_bench_ep_decode --model DIR --threads 2 --batches 1,16,64
+//                             [--pipelines mb1,mb2,always]
 //
 // or EP ranks, each owning batch/N of the sequences (data-parallel attention) and 1/N of
 // the routed experts:
@@ -11,9 +11,13 @@
 //
 // Each batch size: prefill `context` tokens per sequence (untimed), then `steps` decode
 // steps of one token per sequence, timed on rank 0 between two agreements (so every rank's
-// work is inside); repeated `runs` times. Prints one line per batch with the median
-// tokens/s over all ranks. bench/model/ep_decode_bench.sh runs the configurations side by
-// side and prints the ratios.
+// work is inside); repeated `runs` times. With several pipelines (--pipelines), each run
+// index runs every one of them in turn, the first one turning with the run, so that the
+// pipelines are compared on runs a fraction of a second apart in the same process (the
+// machine's drift between separate processes was larger than the differences looked for).
+// Prints one line per batch and pipeline with the median tokens/s over all ranks and each
+// run's figure. bench/model/ep_decode_bench.sh runs the configurations side by side and
+// prints the ratios.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,7 +44,9 @@ struct Args {
   int64_t context = 64;
   int64_t steps = 16;
   int runs = 3;
-  int microbatches = 1;
+  // mb1: one microbatch; mb2: two, split where measured faster; always: two, every step split.
+  std::vector<std::string> pipelines;
+  int microbatches = 1;            // --microbatches / --microbatch-split: one pipeline
   std::string split = "measured";  // with two microbatches: MicrobatchSplit
   EpCli ep;
 };
@@ -69,6 +75,10 @@ bool parse(int argc, char** argv, Args* args) {
       args->microbatches = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 1, 2));
     } else if (flag == "--microbatch-split") {
       args->split = value();
+    } else if (flag == "--pipelines") {
+      args->pipelines.clear();
+      std::stringstream list(value());
+      for (std::string item; std::getline(list, item, ',');) args->pipelines.push_back(item);
     } else if (flag == "--ep") {
       args->ep.ep = static_cast<int>(peerserve::bench::flag_integer(flag, value(), 1, 4096));
     } else if (flag == "--ep-dispatch-dtype") {
@@ -102,6 +112,10 @@ bool parse(int argc, char** argv, Args* args) {
           "  --microbatches 1|2                 the two-microbatch pipeline (default 1)\n"
           "  --microbatch-split measured|always with 2: split the steps measured faster, or\n"
           "                                     every step (default measured)\n"
+          "  --pipelines P1,P2,...              instead of the two above, compare several in\n"
+          "                                     one process, their runs in turn: mb1 (one\n"
+          "                                     microbatch), mb2 (two, measured split) or\n"
+          "                                     always (two, every step split)\n"
           "  --ep N                             expert parallelism over the N MPI ranks\n"
           "  --ep-dispatch-dtype int8|bf16|fp32 dispatch payload (default int8)\n"
           "  --eplb-redundant-experts N         N extra expert slots per layer: after one\n"
@@ -134,6 +148,21 @@ bool parse(int argc, char** argv, Args* args) {
   if (args->split != "measured" && args->split != "always") {
     std::fprintf(stderr, "--microbatch-split must be measured or always\n");
     return false;
+  }
+  if (args->pipelines.empty()) {
+    args->pipelines.push_back(args->microbatches == 1 ? "mb1"
+                              : args->split == "always" ? "always"
+                                                        : "mb2");
+  }
+  for (const std::string& p : args->pipelines) {
+    if (p != "mb1" && p != "mb2" && p != "always") {
+      std::fprintf(stderr, "--pipelines: '%s', expected mb1, mb2 or always\n", p.c_str());
+      return false;
+    }
+    if (std::count(args->pipelines.begin(), args->pipelines.end(), p) > 1) {
+      std::fprintf(stderr, "--pipelines: '%s' named twice\n", p.c_str());
+      return false;
+    }
   }
   if (args->ep.eplb_redundant_experts < 0) {
     std::fprintf(stderr, "--eplb-redundant-experts must be >= 0\n");
@@ -219,50 +248,64 @@ int run(int argc, char** argv) {
     max_rows = std::max(max_rows, my_share(b, 0, session.size()) * args.context);
   }
   if (Status s = session.install(model, max_rows); !s.ok()) return session.fail(s);
-  std::unique_ptr<MicrobatchPipeline> pipeline;
-  if (args.microbatches == 2) {
-    pipeline = std::make_unique<MicrobatchPipeline>(
-        &model, args.split == "always" ? MicrobatchSplit::kAlways : MicrobatchSplit::kMeasured);
+  // One per --pipelines entry; mb1 runs the model's forward directly (nullptr).
+  const size_t count = args.pipelines.size();
+  std::vector<std::unique_ptr<MicrobatchPipeline>> pipelines(count);
+  for (size_t p = 0; p < count; ++p) {
+    if (args.pipelines[p] == "mb1") continue;
+    pipelines[p] = std::make_unique<MicrobatchPipeline>(
+        &model, args.pipelines[p] == "always" ? MicrobatchSplit::kAlways
+                                              : MicrobatchSplit::kMeasured);
   }
 
   if (args.ep.eplb_redundant_experts > 0 && session.distributed()) {
     // Loads to place the copies by: one untimed run of the first batch, on other tokens.
     auto warmup =
-        decode_tokens_per_second(args, session, model, pipeline.get(), args.batches[0], 1);
+        decode_tokens_per_second(args, session, model, pipelines[0].get(), args.batches[0], 1);
     if (!warmup.ok()) return session.fail(warmup.status());
     if (Status s = session.rebalance_experts(model); !s.ok()) return session.fail(s);
   }
   for (int64_t batch : args.batches) {
-    // One untimed run first: the first touch of a fresh KV cache's blocks and the measured
-    // split's calibration belong to no steady-state step.
-    if (auto warm = decode_tokens_per_second(args, session, model, pipeline.get(), batch);
-        !warm.ok()) {
-      return session.fail(warm.status());
+    // One untimed run of each first: the first touch of a fresh KV cache's blocks and the
+    // measured split's calibration belong to no steady-state step.
+    std::vector<MicrobatchStats> before(count);
+    for (size_t p = 0; p < count; ++p) {
+      auto warm = decode_tokens_per_second(args, session, model, pipelines[p].get(), batch);
+      if (!warm.ok()) return session.fail(warm.status());
+      if (pipelines[p]) before[p] = pipelines[p]->stats();
     }
-    const MicrobatchStats before = pipeline ? pipeline->stats() : MicrobatchStats{};
-    std::vector<double> rates;
+    std::vector<std::vector<double>> rates(count);
     for (int r = 0; r < args.runs; ++r) {
-      auto rate = decode_tokens_per_second(args, session, model, pipeline.get(), batch);
-      if (!rate.ok()) return session.fail(rate.status());
-      rates.push_back(*rate);
-    }
-    if (session.leader()) {
-      std::printf(
-          "decode batch %lld: %.1f tok/s (median of %d; ep %d, threads %d (0: one per core), "
-          "microbatches "
-          "%d%s, dispatch %s)\n",
-          static_cast<long long>(batch), bench::median(rates), args.runs, session.size(),
-          args.threads, args.microbatches, args.microbatches == 2 ? (" " + args.split).c_str() : "",
-          session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
-      if (pipeline) {
-        // Which way the pipeline ran this batch's steps (prefills included).
-        const MicrobatchStats& now = pipeline->stats();
-        std::printf("  microbatches: %lld steps split, %lld whole\n",
-                    static_cast<long long>(now.split_steps - before.split_steps),
-                    static_cast<long long>(now.whole_steps - before.whole_steps));
+      for (size_t i = 0; i < count; ++i) {
+        const size_t p = (static_cast<size_t>(r) + i) % count;  // the first turns with the run
+        auto rate = decode_tokens_per_second(args, session, model, pipelines[p].get(), batch);
+        if (!rate.ok()) return session.fail(rate.status());
+        rates[p].push_back(*rate);
       }
-      std::fflush(stdout);
     }
+    if (!session.leader()) continue;
+    for (size_t p = 0; p < count; ++p) {
+      std::string runs;
+      for (double rate : rates[p]) {
+        char figure[32];
+        std::snprintf(figure, sizeof figure, " %.1f", rate);
+        runs += figure;
+      }
+      std::printf(
+          "decode batch %lld [%s]: %.1f tok/s (median of %d; runs%s; ep %d, threads %d (0: one "
+          "per core), dispatch %s)\n",
+          static_cast<long long>(batch), args.pipelines[p].c_str(), bench::median(rates[p]),
+          args.runs, runs.c_str(), session.size(), args.threads,
+          session.distributed() ? args.ep.dispatch_dtype.c_str() : "none");
+      if (pipelines[p]) {
+        // Which way the pipeline ran this batch's steps (prefills included).
+        const MicrobatchStats& now = pipelines[p]->stats();
+        std::printf("  microbatches: %lld steps split, %lld whole\n",
+                    static_cast<long long>(now.split_steps - before[p].split_steps),
+                    static_cast<long long>(now.whole_steps - before[p].whole_steps));
+      }
+    }
+    std::fflush(stdout);
   }
   if (Status s = session.finish(); !s.ok()) return session.fail(s);
   return 0;
