@@ -150,7 +150,7 @@ bool parse(int argc, char** argv, Args* args) {
     return false;
   }
   if (args->pipelines.empty()) {
-    args->pipelines.push_back(args->microbatches == 1 ? "mb1"
+    args->pipelines.push_back(args->microbatches == 1   ? "mb1"
                               : args->split == "always" ? "always"
                                                         : "mb2");
   }
@@ -253,9 +253,9 @@ int run(int argc, char** argv) {
   std::vector<std::unique_ptr<MicrobatchPipeline>> pipelines(count);
   for (size_t p = 0; p < count; ++p) {
     if (args.pipelines[p] == "mb1") continue;
-    pipelines[p] = std::make_unique<MicrobatchPipeline>(
-        &model, args.pipelines[p] == "always" ? MicrobatchSplit::kAlways
-                                              : MicrobatchSplit::kMeasured);
+    pipelines[p] = std::make_unique<MicrobatchPipeline>(&model, args.pipelines[p] == "always"
+                                                                    ? MicrobatchSplit::kAlways
+                                                                    : MicrobatchSplit::kMeasured);
   }
 
   if (args.ep.eplb_redundant_experts > 0 && session.distributed()) {
