@@ -15,6 +15,10 @@
 //             windows; summed in top-k order);
 //   transport: the same per-peer byte counts moved with raw window puts + a flag per peer
 //              (MPI_Put, MPI_Win_flush, MPI_Accumulate), all arrived: the ceiling.
+//   convert:   the dispatch's conversion alone (each token once into local memory, with the
+//              kernel dispatch uses, activations in cache as for dispatch): a floor under
+//              dispatch's time that no transport removes (INT8 reads 4 bytes per element
+//              twice, for the scale and the rounding, to send 1).
 // Bandwidth per rank = the mean over ranks of the bytes a rank writes (all peers, itself
 // included) / the slowest rank's latency (equal with uniform routing, as here).
 // Expert compute is left out (results are staged from a dummy row).
@@ -30,7 +34,9 @@
 #include "bench/flag_value.h"
 #include "dist/expert_dispatch.h"
 #include "dist/mpi_communicator.h"
+#include "kernels/bf16_convert.h"
 #include "kernels/cpu_features.h"
+#include "kernels/quantize_rows.h"
 
 namespace peerserve::dist {
 namespace {
@@ -66,6 +72,7 @@ Result<double> mean_over_ranks(Communicator& comm, double value) {
 struct Row {
   int tokens = 0;
   double dispatch_us = 0, combine_us = 0, transport_dispatch_us = 0, transport_combine_us = 0;
+  double convert_us = 0;
   double dispatch_bytes = 0, combine_bytes = 0;
 };
 
@@ -197,8 +204,40 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
       (phase == 0 ? raw_dispatch_us : raw_combine_us).push_back(us);
     }
   }
+  // The conversion alone, into this rank's memory, laid out as messages.
+  std::vector<std::byte> converted(static_cast<size_t>(tokens) * layout.message_bytes);
+  std::vector<float> scales(tokens);
+  std::vector<double> convert_us;
+  for (int it = 0; it < iterations + 3; ++it) {
+    float touched = 0.0f;
+    for (int64_t i = 0; i < static_cast<int64_t>(x.size()); i += 16) touched += x[i];
+    sink_ = sink_ + touched;
+    const double t0 = now_us();
+    for (int t = 0; t < tokens; ++t) {
+      const float* row = x.data() + static_cast<int64_t>(t) * kHidden;
+      std::byte* payload =
+          converted.data() + t * layout.message_bytes + layout.message_header_bytes;
+      switch (exchange.shape().dtype) {
+        case DispatchDtype::kInt8:
+          kernels::quantize_rows_int8(row, 1, kHidden, kHidden, reinterpret_cast<int8_t*>(payload),
+                                      &scales[t]);
+          break;
+        case DispatchDtype::kBf16:
+          kernels::fp32_to_bf16(row, reinterpret_cast<bf16*>(payload), kHidden);
+          break;
+        case DispatchDtype::kFp32:
+          std::memcpy(payload, row, kHidden * sizeof(float));
+          break;
+      }
+    }
+    const double t1 = now_us();
+    if (it < 3) continue;
+    PS_ASSIGN_OR_RETURN(double us, max_over_ranks(comm, t1 - t0));
+    convert_us.push_back(us);
+  }
   Row row;
   row.tokens = tokens;
+  row.convert_us = median(convert_us);
   row.dispatch_us = median(dispatch_us);
   row.combine_us = median(combine_us);
   row.transport_dispatch_us = median(raw_dispatch_us);
@@ -235,9 +274,9 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_
         layout.window_bytes / 1048576.0, layout.dispatch_buffer_bytes / 1048576.0,
         layout.combine_buffer_bytes / 1048576.0,
         shared_memory ? "shared memory (direct stores)" : "MPI one-sided puts");
-    std::printf("%6s | %8s %9s %8s %9s %6s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
-                "disp GB/s", "xport us", "xport GB/s", "ratio", "comb us", "comb GB/s", "xport us",
-                "xport GB/s", "ratio");
+    std::printf("%6s | %8s %9s %8s %9s %6s %8s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
+                "disp GB/s", "xport us", "xport GB/s", "ratio", "conv us", "comb us", "comb GB/s",
+                "xport us", "xport GB/s", "ratio");
   }
   for (int tokens = 1; tokens <= kMaxTokens; tokens *= 2) {
     PS_ASSIGN_OR_RETURN(Row r, measure(comm, *exchange, transport, placement, tokens, iterations));
@@ -246,15 +285,17 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_
       const double disp_xport = r.dispatch_bytes / r.transport_dispatch_us / 1e3;
       const double comb_bw = r.combine_bytes / r.combine_us / 1e3;
       const double comb_xport = r.combine_bytes / r.transport_combine_us / 1e3;
-      std::printf("%6d | %8.1f %9.3f %8.1f %9.3f %6.2f | %8.1f %9.3f %8.1f %9.3f %6.2f\n", r.tokens,
-                  r.dispatch_us, disp_bw, r.transport_dispatch_us, disp_xport, disp_bw / disp_xport,
-                  r.combine_us, comb_bw, r.transport_combine_us, comb_xport, comb_bw / comb_xport);
+      std::printf("%6d | %8.1f %9.3f %8.1f %9.3f %6.2f %8.1f | %8.1f %9.3f %8.1f %9.3f %6.2f\n",
+                  r.tokens, r.dispatch_us, disp_bw, r.transport_dispatch_us, disp_xport,
+                  disp_bw / disp_xport, r.convert_us, r.combine_us, comb_bw, r.transport_combine_us,
+                  comb_xport, comb_bw / comb_xport);
     }
   }
   if (comm.rank() == 0) {
     std::printf(
         "(medians of %d iterations, slowest rank; ratio = bandwidth / transport "
-        "bandwidth for the same bytes; transport = raw window put + flag)\n",
+        "bandwidth for the same bytes; transport = raw window put + flag; conv = the "
+        "dispatch's conversion alone, into local memory)\n",
         iterations);
   }
   return comm.barrier(kTimeout);
