@@ -69,6 +69,22 @@ std::string_view dispatch_dtype_name(DispatchDtype dtype) {
   return "?";
 }
 
+void encode_token(DispatchDtype dtype, const float* x, int64_t hidden_size, std::byte* out,
+                  float* scale) {
+  switch (dtype) {
+    case DispatchDtype::kInt8:
+      kernels::quantize_rows_int8(x, 1, hidden_size, hidden_size, reinterpret_cast<int8_t*>(out),
+                                  scale);
+      return;
+    case DispatchDtype::kBf16:
+      kernels::fp32_to_bf16(x, reinterpret_cast<bf16*>(out), hidden_size);
+      return;
+    case DispatchDtype::kFp32:
+      std::memcpy(out, x, hidden_size * sizeof(float));
+      return;
+  }
+}
+
 ExchangeLayout::ExchangeLayout(const ExchangeShape& shape) : num_ranks_(shape.num_ranks) {
   message_header_bytes = round_up(kFieldsBytes + 2 * sizeof(int32_t) * shape.top_k);
   message_bytes = message_header_bytes + round_up(shape.hidden_size * element_bytes(shape.dtype));
@@ -306,8 +322,7 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     // Which message is built first changes no byte of any message.
     MessageFields fields;
     fields.token = static_cast<int32_t>(t);
-    const std::byte* payload =
-        shape_.dtype == DispatchDtype::kFp32 ? reinterpret_cast<const std::byte*>(x) : nullptr;
+    const std::byte* payload = nullptr;  // the first message's, once encoded
     for (int pass = 0; pass < 2; ++pass) {
       for (int64_t j = 0; j < k; ++j) {
         const int owner = owner_of[t * k + j];
@@ -330,12 +345,8 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
         std::byte* message_payload = message + layout_.message_header_bytes;
         if (payload != nullptr) {
           std::memcpy(message_payload, payload, payload_bytes);
-        } else if (shape_.dtype == DispatchDtype::kInt8) {
-          kernels::quantize_rows_int8(x, 1, hidden, hidden,
-                                      reinterpret_cast<int8_t*>(message_payload), &fields.scale);
-          payload = message_payload;
         } else {
-          kernels::fp32_to_bf16(x, reinterpret_cast<bf16*>(message_payload), hidden);
+          encode_token(shape_.dtype, x, hidden, message_payload, &fields.scale);
           payload = message_payload;
         }
         std::memcpy(message, &fields, kFieldsBytes);

@@ -59,6 +59,12 @@ enum class DispatchDtype : uint8_t {
 Result<DispatchDtype> parse_dispatch_dtype(std::string_view name);  // int8 | bf16 | fp32
 std::string_view dispatch_dtype_name(DispatchDtype dtype);
 
+// A token's hidden state as a dispatch payload: int8 (its scale into *scale), bf16, or the
+// fp32 values as they are. `out` holds hidden_size elements of the dtype. What dispatch()
+// writes into a token's first message (the others are copies of it).
+void encode_token(DispatchDtype dtype, const float* x, int64_t hidden_size, std::byte* out,
+                  float* scale);
+
 struct ExchangeShape {
   int num_ranks = 1;
   int max_tokens_per_rank = 0;  // tokens one rank may dispatch in one call

@@ -16,7 +16,7 @@
 //   transport: the same per-peer byte counts moved with raw window puts + a flag per peer
 //              (MPI_Put, MPI_Win_flush, MPI_Accumulate), all arrived: the ceiling.
 //   convert:   the dispatch's conversion alone (each token once into local memory, with the
-//              kernel dispatch uses, activations in cache as for dispatch): a floor under
+//              dispatch's encode_token, activations in cache as for dispatch): a floor under
 //              dispatch's time that no transport removes (INT8 reads 4 bytes per element
 //              twice, for the scale and the rounding, to send 1).
 // Bandwidth per rank = the mean over ranks of the bytes a rank writes (all peers, itself
@@ -34,9 +34,7 @@
 #include "bench/flag_value.h"
 #include "dist/expert_dispatch.h"
 #include "dist/mpi_communicator.h"
-#include "kernels/bf16_convert.h"
 #include "kernels/cpu_features.h"
-#include "kernels/quantize_rows.h"
 
 namespace peerserve::dist {
 namespace {
@@ -217,18 +215,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
       const float* row = x.data() + static_cast<int64_t>(t) * kHidden;
       std::byte* payload =
           converted.data() + t * layout.message_bytes + layout.message_header_bytes;
-      switch (exchange.shape().dtype) {
-        case DispatchDtype::kInt8:
-          kernels::quantize_rows_int8(row, 1, kHidden, kHidden, reinterpret_cast<int8_t*>(payload),
-                                      &scales[t]);
-          break;
-        case DispatchDtype::kBf16:
-          kernels::fp32_to_bf16(row, reinterpret_cast<bf16*>(payload), kHidden);
-          break;
-        case DispatchDtype::kFp32:
-          std::memcpy(payload, row, kHidden * sizeof(float));
-          break;
-      }
+      encode_token(exchange.shape().dtype, row, kHidden, payload, &scales[t]);
     }
     const double t1 = now_us();
     if (it < 3) continue;
