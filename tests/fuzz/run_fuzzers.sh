@@ -10,20 +10,36 @@ set -euo pipefail
 clangxx=$1 src=$2 work=$3 seconds=$4
 mkdir -p "$work"
 cd "$work"
-flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I "$src")
+# Line tables are all a crash report needs (full debug info made the compiles ~25% slower).
+flags=(-std=c++20 -O1 -gline-tables-only -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=undefined -I "$src")
+# Every compile runs as a background job, at most nproc at once: one after another they were
+# most of this test's time, which ctest cannot overlap with the serial tests.
+pids=()
+max_jobs=$(nproc)
+spawn() {
+  "$@" &
+  pids+=($!)
+  if (( ${#pids[@]} >= max_jobs )); then
+    wait "${pids[0]}"  # set -e: a failed compile stops the script
+    pids=("${pids[@]:1}")
+  fi
+}
+wait_all() {
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  pids=()
+}
 common=("$src/base/status.cc" "$src/base/check.cc" "$src/base/regular_file.cc" "$src/tensor/dtype.cc"
         "$src/model/checkpoint/safetensors.cc" "$src/model/checkpoint/mapped_file.cc")
-"$clangxx" "${flags[@]}" -o safetensors_header_fuzzer \
+spawn "$clangxx" "${flags[@]}" -o safetensors_header_fuzzer \
   "$src/tests/fuzz/safetensors_header_fuzzer.cc" "${common[@]}"
-"$clangxx" "${flags[@]}" -o model_config_fuzzer "$src/tests/fuzz/model_config_fuzzer.cc" \
+spawn "$clangxx" "${flags[@]}" -o model_config_fuzzer "$src/tests/fuzz/model_config_fuzzer.cc" \
   "$src/model/model_config.cc" "$src/model/checkpoint/tensor_layout.cc" \
   "$src/model/rotary_embedding.cc" "${common[@]}"
-
-"$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
+spawn "$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
   "$src/tests/fuzz/block_stream_protocol_fuzzer.cc" "$src/cache/block_stream_protocol.cc" \
   "$src/base/status.cc" "$src/base/check.cc"
-"$clangxx" "${flags[@]}" -o request_codec_fuzzer "$src/tests/fuzz/request_codec_fuzzer.cc" \
+spawn "$clangxx" "${flags[@]}" -o request_codec_fuzzer "$src/tests/fuzz/request_codec_fuzzer.cc" \
   "$src/runtime/request_codec.cc" "$src/base/status.cc" "$src/base/check.cc"
 
 # Seeds: a valid two-tensor file and a valid config.
@@ -54,25 +70,19 @@ text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokeni
               "$src/tensor/dtype.cc" "$src/base/status.cc" "$src/base/check.cc"
               "$src/base/regular_file.cc")
 objects=()
-pids=()
-max_jobs=$(nproc)
 for source in "${text_sources[@]}"; do
   object="objects/$(echo "${source#"$src"/}" | tr / _).o"
-  "$clangxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" \
-    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object" &
-  pids+=($!)
+  spawn "$clangxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" \
+    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object"
   objects+=("$object")
-  if (( ${#pids[@]} >= max_jobs )); then
-    wait "${pids[0]}"  # set -e: a failed compile stops the script
-    pids=("${pids[@]:1}")
-  fi
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
+wait_all  # the text fuzzers link these objects
 for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
-  "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
+  spawn "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
     "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
     "${objects[@]}" -lpcre2-8 -lcrypto  # libcrypto: kv/prefix_hash.cc's SHA-256
 done
+wait_all
 
 # Committed seeds, plus the large regression inputs (generated, not committed).
 for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
