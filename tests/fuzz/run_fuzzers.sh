@@ -1,46 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (a separate small build: the main build uses g++)
-# and runs each for a bounded time: the checkpoint header and config parsers, and the
-# parsers of untrusted text (chat template, tokenizer.json, OpenAI request bodies,
-# encode/decode, tool calls in model output), the cache server's block-stream requests, and
-# the data-parallel front end's engine requests and outputs between ranks. Seeds:
-# tests/fuzz/corpus/<target>/ (each past finding is one) plus the inputs generated below.
-# Usage: run_fuzzers.sh CLANGXX SOURCE_DIR WORK_DIR SECONDS
+# Runs each libFuzzer target that tests/fuzz/CMakeLists.txt builds for a bounded time: the
+# checkpoint header and config parsers, and the parsers of untrusted text (chat template,
+# tokenizer.json, OpenAI request bodies, encode/decode, tool calls in model output), the cache
+# server's block-stream requests, and the data-parallel front end's engine requests and
+# outputs between ranks. Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus
+# the inputs generated below.
+# Usage: run_fuzzers.sh FUZZER_DIR SOURCE_DIR WORK_DIR SECONDS
 set -euo pipefail
-clangxx=$1 src=$2 work=$3 seconds=$4
+bin=$1 src=$2 work=$3 seconds=$4
 mkdir -p "$work"
 cd "$work"
-# Line tables are all a crash report needs (full debug info made the compiles ~25% slower).
-flags=(-std=c++20 -O1 -gline-tables-only -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=undefined -I "$src")
-# Every compile runs as a background job, at most nproc at once: one after another they were
-# most of this test's time, which ctest cannot overlap with the serial tests.
-pids=()
-max_jobs=$(nproc)
-spawn() {
-  "$@" &
-  pids+=($!)
-  if (( ${#pids[@]} >= max_jobs )); then
-    wait "${pids[0]}"  # set -e: a failed compile stops the script
-    pids=("${pids[@]:1}")
-  fi
-}
-wait_all() {
-  for pid in "${pids[@]}"; do wait "$pid"; done
-  pids=()
-}
-common=("$src/base/status.cc" "$src/base/check.cc" "$src/base/regular_file.cc" "$src/tensor/dtype.cc"
-        "$src/model/checkpoint/safetensors.cc" "$src/model/checkpoint/mapped_file.cc")
-spawn "$clangxx" "${flags[@]}" -o safetensors_header_fuzzer \
-  "$src/tests/fuzz/safetensors_header_fuzzer.cc" "${common[@]}"
-spawn "$clangxx" "${flags[@]}" -o model_config_fuzzer "$src/tests/fuzz/model_config_fuzzer.cc" \
-  "$src/model/model_config.cc" "$src/model/checkpoint/tensor_layout.cc" \
-  "$src/model/rotary_embedding.cc" "${common[@]}"
-spawn "$clangxx" "${flags[@]}" -o block_stream_protocol_fuzzer \
-  "$src/tests/fuzz/block_stream_protocol_fuzzer.cc" "$src/cache/block_stream_protocol.cc" \
-  "$src/base/status.cc" "$src/base/check.cc"
-spawn "$clangxx" "${flags[@]}" -o request_codec_fuzzer "$src/tests/fuzz/request_codec_fuzzer.cc" \
-  "$src/runtime/request_codec.cc" "$src/base/status.cc" "$src/base/check.cc"
 
 # Seeds: a valid two-tensor file and a valid config.
 rm -rf corpus_safetensors corpus_config
@@ -61,29 +30,6 @@ cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
        "quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]}}
 open("corpus_config/valid", "w").write(json.dumps(cfg))
 PY
-# The tokenizer layer (and the request parser above it) once, as objects shared by the four
-# text fuzzers.
-mkdir -p objects
-text_sources=("$src"/tokenizer/*.cc "$src"/tokenizer/internal/*.cc "$src"/tokenizer/jinja/*.cc
-              "$src/serve/openai_protocol.cc" "$src/serve/tool_call_parser.cc"
-              "$src/kv/kv_namespace.cc" "$src/kv/kv_layout.cc" "$src/kv/prefix_hash.cc"
-              "$src/tensor/dtype.cc" "$src/base/status.cc" "$src/base/check.cc"
-              "$src/base/regular_file.cc")
-objects=()
-for source in "${text_sources[@]}"; do
-  object="objects/$(echo "${source#"$src"/}" | tr / _).o"
-  spawn "$clangxx" "${flags[@]/-fsanitize=fuzzer,/-fsanitize=fuzzer-no-link,}" \
-    -DPEERSERVE_SOURCE_DIR="\"$src\"" -c "$source" -o "$object"
-  objects+=("$object")
-done
-wait_all  # the text fuzzers link these objects
-for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
-  spawn "$clangxx" "${flags[@]}" -DPEERSERVE_SOURCE_DIR="\"$src\"" -o "${target}_fuzzer" \
-    "$src/tests/fuzz/${target}_fuzzer.cc" "$src/tests/fuzz/finish_reason_for_fuzzing.cc" \
-    "${objects[@]}" -lpcre2-8 -lcrypto  # libcrypto: kv/prefix_hash.cc's SHA-256
-done
-wait_all
-
 # Committed seeds, plus the large regression inputs (generated, not committed).
 for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
   rm -rf "corpus_$target"
@@ -103,14 +49,14 @@ open("corpus_tokenizer_json/deep_decoder", "w").write(
     '{"type": "Sequence", "decoders": [' * 20000 + "{}" + "]}" * 20000 + "}")
 PY
 text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1)
-./chat_template_fuzzer "${text_run[@]}" -max_len=1048576 -dict="$src/tests/fuzz/jinja.dict" \
+"$bin/chat_template_fuzzer" "${text_run[@]}" -max_len=1048576 -dict="$src/tests/fuzz/jinja.dict" \
   corpus_chat_template
-./tokenizer_json_fuzzer "${text_run[@]}" -max_len=262144 \
+"$bin/tokenizer_json_fuzzer" "${text_run[@]}" -max_len=262144 \
   -dict="$src/tests/fuzz/tokenizer_json.dict" corpus_tokenizer_json
-./openai_request_fuzzer "${text_run[@]}" -max_len=1048576 \
+"$bin/openai_request_fuzzer" "${text_run[@]}" -max_len=1048576 \
   -dict="$src/tests/fuzz/openai_request.dict" corpus_openai_request
-./encode_decode_fuzzer "${text_run[@]}" -max_len=4096 corpus_encode_decode
-./tool_call_parser_fuzzer "${text_run[@]}" -max_len=65536 -dict="$src/tests/fuzz/tool_call.dict" \
+"$bin/encode_decode_fuzzer" "${text_run[@]}" -max_len=4096 corpus_encode_decode
+"$bin/tool_call_parser_fuzzer" "${text_run[@]}" -max_len=65536 -dict="$src/tests/fuzz/tool_call.dict" \
   corpus_tool_call_parser
 
 rm -rf corpus_block_stream
@@ -127,7 +73,7 @@ def request(op, keys):
 open("corpus_block_stream/get", "wb").write(request(1, [(b"kv", 1, 0), (b"tenant-b", 2**63, 0)]))
 open("corpus_block_stream/put", "wb").write(request(2, [(b"kv", 7, 46080)]))
 PY
-./block_stream_protocol_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
+"$bin/block_stream_protocol_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
   -print_final_stats=1 corpus_block_stream
 # Seeds: an engine request and two engine outputs (first byte 0: request, 1: output).
 rm -rf corpus_request_codec
@@ -155,9 +101,9 @@ open(f"{d}/output", "wb").write(b"\x01" + output)
 error = (u64(43) + u64(0) + b(True) + struct.pack("<qqq", 4, 0, 0) + i32(8) + s("peer down"))
 open(f"{d}/output_error", "wb").write(b"\x01" + error)
 PY
-./request_codec_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
+"$bin/request_codec_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
   -print_final_stats=1 corpus_request_codec
-./safetensors_header_fuzzer -max_total_time="$seconds" -max_len=2048 -timeout=10 \
+"$bin/safetensors_header_fuzzer" -max_total_time="$seconds" -max_len=2048 -timeout=10 \
   -dict="$src/tests/fuzz/safetensors.dict" -print_final_stats=1 corpus_safetensors
-./model_config_fuzzer -max_total_time=$(( seconds / 3 + 1 )) -max_len=2048 -timeout=10 \
+"$bin/model_config_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=2048 -timeout=10 \
   -print_final_stats=1 corpus_config
