@@ -56,8 +56,8 @@ text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final
 "$bin/openai_request_fuzzer" "${text_run[@]}" -max_len=1048576 \
   -dict="$src/tests/fuzz/openai_request.dict" corpus_openai_request
 "$bin/encode_decode_fuzzer" "${text_run[@]}" -max_len=4096 corpus_encode_decode
-"$bin/tool_call_parser_fuzzer" "${text_run[@]}" -max_len=65536 -dict="$src/tests/fuzz/tool_call.dict" \
-  corpus_tool_call_parser
+"$bin/tool_call_parser_fuzzer" "${text_run[@]}" -max_len=65536 \
+  -dict="$src/tests/fuzz/tool_call.dict" corpus_tool_call_parser
 
 rm -rf corpus_block_stream
 mkdir -p corpus_block_stream
@@ -73,8 +73,8 @@ def request(op, keys):
 open("corpus_block_stream/get", "wb").write(request(1, [(b"kv", 1, 0), (b"tenant-b", 2**63, 0)]))
 open("corpus_block_stream/put", "wb").write(request(2, [(b"kv", 7, 46080)]))
 PY
-"$bin/block_stream_protocol_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \
-  -print_final_stats=1 corpus_block_stream
+"$bin/block_stream_protocol_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 \
+  -timeout=10 -print_final_stats=1 corpus_block_stream
 # Seeds: an engine request and two engine outputs (first byte 0: request, 1: output).
 rm -rf corpus_request_codec
 mkdir -p corpus_request_codec
