@@ -17,7 +17,7 @@ function(peerserve_test name)
   add_executable(${name} ${T_SOURCES} ${T_UNPARSED_ARGUMENTS})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   # The code under test is the libraries' (-O2); the tests' own code is mostly gtest macros,
-  # which compile 30% faster at -O1.
+  # which compile faster at -O1 (all test objects: 616 CPU-s at -O2, 477 at -O1).
   if(CMAKE_BUILD_TYPE STREQUAL "Release")
     target_compile_options(${name} PRIVATE -O1)
   endif()
