@@ -1,5 +1,7 @@
 #include "kernels/cpu_features.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <string>
 
@@ -14,7 +16,10 @@ CpuFeatures detect_cpu_features() {
   // libgcc also checks that the OS saves the wider register state (XCR0) for these.
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
-  f.f16c = __builtin_cpu_supports("f16c");
+  // From CPUID itself: clang 14's builtin does not know "f16c". Only used with AVX2, whose
+  // check above covers the OS's register state.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <ranges>
 #include <span>
 #include <string>
 
@@ -158,7 +157,11 @@ Status Engine::validate(EngineRequest& request) const {
   };
   // Named by the request field, which the server reports as the error's param.
   PS_RETURN_IF_ERROR(check_ids("stop_token_ids", params.stop_token_ids));
-  PS_RETURN_IF_ERROR(check_ids("logit_bias", std::views::keys(params.sampling.logit_bias)));
+  // A plain copy of the keys: clang 14 cannot use libstdc++ 12's views (the sanitizer build).
+  std::vector<TokenId> biased;
+  biased.reserve(params.sampling.logit_bias.size());
+  for (const auto& entry : params.sampling.logit_bias) biased.push_back(entry.first);
+  PS_RETURN_IF_ERROR(check_ids("logit_bias", biased));
   PS_RETURN_IF_ERROR(check_ids("forced", params.sampling.forced_tokens));
   for (const std::string& s : params.stop_strings) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
@@ -584,7 +587,8 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
                           std::unordered_map<RequestId, RequestOutput>* outputs) {
   auto owner = owner_of_seq_.find(update.seq_id);
   if (owner == owner_of_seq_.end()) return;
-  const auto [request_id, index] = owner->second;
+  const auto [request_id, choice_index] = owner->second;
+  const int32_t index = choice_index;  // a lambda below captures it (not a structured binding)
   LiveRequest& request = live_.at(request_id);
   Choice& choice = request.choices[index];
   if (choice.finished) return;

@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build g++ pkg-config
-  clang libclang-rt-14-dev            # clang + libFuzzer: the fuzz targets of tests/fuzz
+  clang libclang-rt-14-dev            # clang + its sanitizer and libFuzzer runtimes: the
+                                      # sanitizer build and the fuzz targets of tests/fuzz
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libboost-dev                        # Asio + Beast (header-only) for the HTTP front end

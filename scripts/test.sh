@@ -14,9 +14,15 @@ jobs=$(nproc)
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
 
 # Sanitizer configuration: libraries and unit tests only (the servers and slow tests run above).
+# Built by clang: it compiles this tree in 7 minutes of 2 cores where GCC took 11 (the same
+# sanitizers; the product and the tests above stay GCC's). A tree GCC configured starts anew.
 echo "test.sh: $(df -h --output=avail . | tail -1 | tr -d ' ') free before the sanitizer build"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPEERSERVE_SANITIZE=ON \
-  -DPEERSERVE_UNIT_TESTS_ONLY=ON >/dev/null
+if [ -f build-asan/CMakeCache.txt ] &&
+  ! grep -q '^CMAKE_CXX_COMPILER:.*clang++$' build-asan/CMakeCache.txt; then
+  rm -rf build-asan
+fi
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
+  -DPEERSERVE_SANITIZE=ON -DPEERSERVE_UNIT_TESTS_ONLY=ON >/dev/null
 ninja -C build-asan -j "$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j "$jobs" -L unit --timeout 900)

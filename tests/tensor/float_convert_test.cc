@@ -79,6 +79,9 @@ TEST(FloatConvertTest, Bf16IsTheNearestValueTiesToEven) {
 }
 
 TEST(FloatConvertTest, HalfPrecisionAgreesWithTheCompiler) {
+#if !defined(__FLT16_MAX__)
+  GTEST_SKIP() << "this compiler has no _Float16 (clang 14 on x86); the GCC build runs it";
+#else
   for (uint32_t h = 0; h < 0x10000u; ++h) {
     const float ours = f16_to_float(static_cast<uint16_t>(h));
     const float compiler = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h)));
@@ -89,6 +92,7 @@ TEST(FloatConvertTest, HalfPrecisionAgreesWithTheCompiler) {
           << std::hex << "half 0x" << h;
     }
   }
+#endif
 }
 
 TEST(FloatConvertTest, Fp8E4M3DecodesAsTheOcpTable) {
