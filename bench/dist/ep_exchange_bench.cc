@@ -15,6 +15,11 @@
 //             windows; summed in top-k order);
 //   transport: the same per-peer byte counts moved with raw window puts + a flag per peer
 //              (MPI_Put, MPI_Win_flush, MPI_Accumulate), all arrived: the ceiling.
+//   --receiver-reads: after each dispatch and each transport exchange, untimed, every rank
+//              reads what it received (dispatch: each token dequantized, as the experts
+//              do), so the next iteration's stores meet lines the peer holds, as in a
+//              model's steps. Without it the transport's target lines never leave the
+//              writer's cache over shared memory.
 //   convert:   the dispatch's conversion alone (each token once into local memory, with the
 //              dispatch's encode_token, activations in cache as for dispatch): a floor under
 //              dispatch's time that no transport removes (INT8 reads 4 bytes per element
@@ -86,6 +91,21 @@ class RawTransport {
     t.source_.assign(t.region_, std::byte{1});
     return t;
   }
+  // Reads what each peer p sent (bytes_from[p] bytes, one load per cache line), as a
+  // receiver uses it.
+  float read_received(const std::vector<int64_t>& bytes_from) {
+    const int n = comm_->size();
+    float sum = 0.0f;
+    for (int p = 0; p < n; ++p) {
+      const std::byte* region = window_->local().data() + 64 * n + region_ * p;
+      for (int64_t i = 0; i + 4 <= bytes_from[p]; i += 64) {
+        float v;
+        std::memcpy(&v, region + i, sizeof v);
+        sum += v;
+      }
+    }
+    return sum;
+  }
   Status exchange(const std::vector<int64_t>& bytes_to) {
     const int n = comm_->size(), me = comm_->rank();
     ++sequence_;
@@ -114,7 +134,8 @@ class RawTransport {
 };
 
 Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& transport,
-                    const ExpertPlacement& placement, int tokens, int iterations) {
+                    const ExpertPlacement& placement, int tokens, int iterations,
+                    bool receiver_reads) {
   const int n = comm.size(), me = comm.rank();
   std::mt19937_64 rng(1234 + me * 7 + tokens);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -140,6 +161,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
 
   std::vector<double> dispatch_us, combine_us;
   std::vector<int64_t> received_bytes(n), received_results(n);
+  std::vector<float> received_row(kHidden);
   for (int it = 0; it < iterations + 3; ++it) {
     // In the model the router gate has just read these activations (its matmul runs right
     // before dispatch), so they start in cache, as the transport's source does. Without this
@@ -156,6 +178,10 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
     for (int s = 0; s < n; ++s) {
       received_bytes[s] = 64 + exchange.received_tokens(0, s) * layout.message_bytes;
       received_results[s] = exchange.received_pairs(0, s) * layout.result_bytes;
+      for (int i = 0; receiver_reads && i < exchange.received_tokens(0, s); ++i) {
+        exchange.load_activation(exchange.received(0, s, i), received_row.data());
+        sink_ = sink_ + received_row[0];
+      }
     }
     PS_RETURN_IF_ERROR(comm.barrier(kTimeout));
     // Staging is timed: in shared memory it writes each result straight into its source's
@@ -182,11 +208,15 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
   std::vector<int64_t> matrix(n * n);
   PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_bytes)),
                                     std::as_writable_bytes(std::span(matrix)), kTimeout));
-  std::vector<int64_t> dispatch_to(n), results_to(n);
+  std::vector<int64_t> dispatch_to(n), results_to(n), results_from(n);
+  std::vector<int64_t> results_matrix(n * n);
+  PS_RETURN_IF_ERROR(comm.allgather(std::as_bytes(std::span(received_results)),
+                                    std::as_writable_bytes(std::span(results_matrix)), kTimeout));
   int64_t dispatch_sent = 0, results_sent = 0;
   for (int p = 0; p < n; ++p) {
     dispatch_to[p] = matrix[p * n + me];
     results_to[p] = received_results[p];
+    results_from[p] = results_matrix[p * n + me];
     dispatch_sent += dispatch_to[p];
     results_sent += results_to[p];
   }
@@ -197,6 +227,10 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
       const double t0 = now_us();
       PS_RETURN_IF_ERROR(transport.exchange(phase == 0 ? dispatch_to : results_to));
       const double t1 = now_us();
+      // What this rank received in the dispatch pattern is what it received in dispatch.
+      if (receiver_reads) {
+        sink_ = sink_ + transport.read_received(phase == 0 ? received_bytes : results_from);
+      }
       if (it < 3) continue;
       PS_ASSIGN_OR_RETURN(double us, max_over_ranks(comm, t1 - t0));
       (phase == 0 ? raw_dispatch_us : raw_combine_us).push_back(us);
@@ -235,7 +269,8 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
   return row;
 }
 
-Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_memory) {
+Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_memory,
+           bool receiver_reads) {
   PS_ASSIGN_OR_RETURN(ExpertPlacement placement,
                       ExpertPlacement::contiguous({1}, kExperts, comm.size()));
   ExchangeShape shape;
@@ -266,7 +301,8 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_
                 "xport us", "xport GB/s", "ratio");
   }
   for (int tokens = 1; tokens <= kMaxTokens; tokens *= 2) {
-    PS_ASSIGN_OR_RETURN(Row r, measure(comm, *exchange, transport, placement, tokens, iterations));
+    PS_ASSIGN_OR_RETURN(
+        Row r, measure(comm, *exchange, transport, placement, tokens, iterations, receiver_reads));
     if (comm.rank() == 0) {
       const double disp_bw = r.dispatch_bytes / r.dispatch_us / 1e3;
       const double disp_xport = r.dispatch_bytes / r.transport_dispatch_us / 1e3;
@@ -282,8 +318,9 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_
     std::printf(
         "(medians of %d iterations, slowest rank; ratio = bandwidth / transport "
         "bandwidth for the same bytes; transport = raw window put + flag; conv = the "
-        "dispatch's conversion alone, into local memory)\n",
-        iterations);
+        "dispatch's conversion alone, into local memory%s)\n",
+        iterations,
+        receiver_reads ? "; receivers read what they got after each exchange, untimed" : "");
   }
   return comm.barrier(kTimeout);
 }
@@ -303,6 +340,10 @@ constexpr const char* kUsage =
     "                    mpirun's --mca options, e.g. --mca osc pt2pt --mca btl self,tcp)\n"
     "                    (default auto)\n"
     "  --iterations N    timed iterations per token count (default 31)\n"
+    "  --receiver-reads  after each dispatch and transport exchange, untimed, every rank reads\n"
+    "                    what it received (as the experts do), so that the next exchange's\n"
+    "                    stores meet lines the peer holds; without it the transport's target\n"
+    "                    lines stay in the writer's cache over shared memory\n"
     "  --isa LEVEL       force a kernel level the CPU supports (conversions and the combine\n"
     "                    sum): scalar, avx2, avx512, avx512_vnni or avx512_bf16 (default: best)\n"
     "  --help            this text\n";
@@ -320,8 +361,14 @@ int main(int argc, char** argv) {
   dist::DispatchDtype dtype = dist::DispatchDtype::kInt8;
   dist::MpiWindows windows = dist::MpiWindows::kAuto;
   int iterations = 31;
+  bool receiver_reads = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--receiver-reads") {
+      receiver_reads = true;
+      --i;  // takes no value
+      continue;
+    }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "error: %s needs a value\n%s", flag.c_str(), kUsage);
       return 2;
@@ -363,7 +410,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", comm.status().to_string().c_str());
     return 1;
   }
-  Status status = dist::run(**comm, dtype, iterations, (*comm)->shared_memory_windows());
+  Status status =
+      dist::run(**comm, dtype, iterations, (*comm)->shared_memory_windows(), receiver_reads);
   if (!status.ok()) {
     std::fprintf(stderr, "rank %d: error: %s\n", (*comm)->rank(), status.to_string().c_str());
     if ((*comm)->broken()) return 1;
