@@ -51,7 +51,19 @@ constexpr int kExperts = 64;
 constexpr int kTopK = 6;
 constexpr int kMaxTokens = 256;
 constexpr milliseconds kTimeout(30000);
-volatile float sink_ = 0.0f;  // keeps the activation warm-up from being optimised away
+volatile float sink_ = 0.0f;  // keeps the reads below from being optimised away
+
+// Reads `bytes` bytes at `data`, one load per cache line: brings them into this core's cache.
+void read_lines(const void* data, int64_t bytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  float sum = 0.0f;
+  for (int64_t i = 0; i + 4 <= bytes; i += 64) {
+    float v;
+    std::memcpy(&v, p + i, sizeof v);
+    sum += v;
+  }
+  sink_ = sink_ + sum;
+}
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
@@ -91,20 +103,12 @@ class RawTransport {
     t.source_.assign(t.region_, std::byte{1});
     return t;
   }
-  // Reads what each peer p sent (bytes_from[p] bytes, one load per cache line), as a
-  // receiver uses it.
-  float read_received(const std::vector<int64_t>& bytes_from) {
+  // Reads what each peer p sent (bytes_from[p] bytes), as a receiver uses it.
+  void read_received(const std::vector<int64_t>& bytes_from) {
     const int n = comm_->size();
-    float sum = 0.0f;
     for (int p = 0; p < n; ++p) {
-      const std::byte* region = window_->local().data() + 64 * n + region_ * p;
-      for (int64_t i = 0; i + 4 <= bytes_from[p]; i += 64) {
-        float v;
-        std::memcpy(&v, region + i, sizeof v);
-        sum += v;
-      }
+      read_lines(window_->local().data() + 64 * n + region_ * p, bytes_from[p]);
     }
-    return sum;
   }
   Status exchange(const std::vector<int64_t>& bytes_to) {
     const int n = comm_->size(), me = comm_->rank();
@@ -167,9 +171,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
     // before dispatch), so they start in cache, as the transport's source does. Without this
     // the combine phase of the previous iteration evicts them and dispatch pays the DRAM
     // read of 4 KB per token that a real step does not.
-    float touched = 0.0f;
-    for (int64_t i = 0; i < static_cast<int64_t>(x.size()); i += 16) touched += x[i];
-    sink_ = sink_ + touched;
+    read_lines(x.data(), static_cast<int64_t>(x.size() * sizeof(float)));
     PS_RETURN_IF_ERROR(comm.barrier(kTimeout));
     const double t0 = now_us();
     PS_RETURN_IF_ERROR(exchange.dispatch(0, routed, placement));
@@ -229,7 +231,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
       const double t1 = now_us();
       // What this rank received in the dispatch pattern is what it received in dispatch.
       if (receiver_reads) {
-        sink_ = sink_ + transport.read_received(phase == 0 ? received_bytes : results_from);
+        transport.read_received(phase == 0 ? received_bytes : results_from);
       }
       if (it < 3) continue;
       PS_ASSIGN_OR_RETURN(double us, max_over_ranks(comm, t1 - t0));
@@ -241,9 +243,7 @@ Result<Row> measure(Communicator& comm, ExpertExchange& exchange, RawTransport& 
   std::vector<float> scales(tokens);
   std::vector<double> convert_us;
   for (int it = 0; it < iterations + 3; ++it) {
-    float touched = 0.0f;
-    for (int64_t i = 0; i < static_cast<int64_t>(x.size()); i += 16) touched += x[i];
-    sink_ = sink_ + touched;
+    read_lines(x.data(), static_cast<int64_t>(x.size() * sizeof(float)));
     const double t0 = now_us();
     for (int t = 0; t < tokens; ++t) {
       const float* row = x.data() + static_cast<int64_t>(t) * kHidden;
