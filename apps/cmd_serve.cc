@@ -272,6 +272,12 @@ int run_serve(const ServeCli& cli) {
   Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
   if (!chat_template.ok()) return session.fail(chat_template.status(), true);
 
+  if (session.distributed() && cli.speculative.method != "off") {
+    return session.fail(invalid_argument("--speculative is not available with expert "
+                                         "parallelism yet (use --speculative off)"),
+                        true);
+  }
+
   // Model caching (paper 000 §4.4.1): without the checkpoint here, fetch it from the pool;
   // with it, publish it there after loading (below) for the engines that come later.
   std::unique_ptr<PoolClient> model_cache;

@@ -287,6 +287,26 @@ case("copies not a multiple of --ep",
          "must be a multiple of --ep 2"))
 
 
+
+def speculative_refused_before_loading(command):
+    def check():
+        args = [command, "--model", tiny, "--ep", "2", "--speculative", "mtp", "--threads", "1"]
+        if command == "generate":
+            args += ["--prompt-ids", "1,2,3", "--max-tokens", "2"]
+        else:
+            args += ["--port", "0"]
+        rc, out, err, took = mpirun(2, args)
+        assert rc != 0, f"exit 0: {err[-500:]}"
+        assert "--speculative is not available with expert parallelism" in err, err[-1500:]
+        assert "loading [" not in err, f"refused only after loading: {err[-1500:]}"
+        assert took < 60, f"took {took:.0f} s"
+    return check
+
+
+case("generate --ep 2 --speculative mtp", speculative_refused_before_loading("generate"))
+case("serve --ep 2 --speculative mtp", speculative_refused_before_loading("serve"))
+
+
 def rank_pids(p):
     """{rank: pid} of the peerserve processes mpirun `p` started."""
     pids = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "peerserve"], capture_output=True,
