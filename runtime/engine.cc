@@ -144,6 +144,10 @@ Status Engine::validate(EngineRequest& request) const {
   if (request.kv_push && !connector_) {
     return invalid_argument("a KV push needs an engine with a KV caching pool (--kv-pool)");
   }
+  if (params.prompt_logprobs && (*params.prompt_logprobs < 0 || *params.prompt_logprobs > 20)) {
+    return invalid_argument("prompt_logprobs = " + std::to_string(*params.prompt_logprobs) +
+                            ", expected 0..20");
+  }
   // Token ids the request names besides its prompt.
   const auto check_ids = [&](const char* what, auto&& ids) -> Status {
     for (const TokenId t : ids) {
@@ -264,7 +268,9 @@ void Engine::run_loop() {
 }
 
 void Engine::admit(Pending pending) {
-  if (connector_) {
+  // Prompt logprobs need the whole prompt computed here: KV from the pool or a prefill
+  // instance would go unused.
+  if (connector_ && !pending.request.params.prompt_logprobs) {
     // Full prompt blocks past the local prefix cache may be in the pool: look them up first
     // (the last prompt token is always computed, as in the scheduler's own lookup).
     const std::vector<TokenId>& prompt = pending.request.prompt_tokens;
@@ -452,6 +458,7 @@ void Engine::admit_now(Pending pending) {
     spec.stop_token_ids = params.stop_token_ids;
     spec.cache_salt = live.request.cache_salt;
     if (i > 0) spec.prompt_from = first_seq_id;  // shares choice 0's computed prompt blocks
+    if (i == 0 && params.prompt_logprobs) spec.prompt_logprobs = *params.prompt_logprobs;
     if (!params.ignore_eos) spec.eos_token_ids = options_.eos_token_ids;
     if (i == 0 && pending.prefilled_tail) {
       spec.prefilled_tail_block = pending.prefilled_tail;
@@ -603,6 +610,7 @@ void Engine::apply_update(const SequenceUpdate& update, double now,
     it = out.choices.end() - 1;
   }
   ChoiceDelta& delta = *it;
+  if (!update.prompt_logprobs.empty()) out.prompt_logprobs = update.prompt_logprobs;
 
   if (update.num_drafts > 0) {
     metrics_.update([&](EngineMetricsSnapshot& m) {

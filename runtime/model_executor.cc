@@ -64,7 +64,8 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
     chunk.tokens = c.tokens;
     chunk.start_pos = c.start_pos;
     chunk.block_table = c.block_table;
-    chunk.all_logits = !c.drafts.empty();   // a row per draft to verify, and one after them
+    // A row per draft to verify and one after them, or per prompt token owing logprobs.
+    chunk.all_logits = !c.drafts.empty() || c.prompt_logprobs >= 0;
     chunk.decode_form = !c.drafts.empty();  // the rows of the decode steps they stand for
     chunk.all_hidden = speculative;         // every position feeds the MTP layer
     chunks.push_back(chunk);
@@ -76,6 +77,9 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
   }
   StepResult result;
   result.chunks.resize(plan.chunks.size());
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    describe_prompt_tokens(plan.chunks[i], static_cast<int64_t>(i), &result.chunks[i]);
+  }
   if (speculative) {
     PS_RETURN_IF_ERROR(speculate(plan, &result));
     return result;
@@ -91,6 +95,20 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
         sample_token(output_.last_logits(static_cast<int64_t>(i)), *c.sampling, context));
   }
   return result;
+}
+
+void ModelExecutor::describe_prompt_tokens(const ScheduledChunk& c, int64_t index,
+                                           ChunkResult* out) const {
+  if (c.prompt_logprobs < 0) return;
+  // Row j (position start_pos + j) predicts the token at the next position.
+  const int64_t prompt_tokens = static_cast<int64_t>(c.prompt.size());
+  const int64_t end = std::min(c.start_pos + c.num_known_tokens(), prompt_tokens - 1);
+  for (int64_t pos = std::max(c.start_pos, c.prompt_logprobs_from); pos < end; ++pos) {
+    const std::span<const float> logits =
+        output_.logits_row(output_.row_offsets[index] + (pos - c.start_pos));
+    out->prompt_logprobs.push_back(
+        describe_prompt_token(logits, c.prompt[static_cast<size_t>(pos + 1)], c.prompt_logprobs));
+  }
 }
 
 Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
@@ -110,8 +128,9 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     next.assign(c.tokens.begin() + 1, c.tokens.begin() + known);
     if (c.sample) {
       generated[i].assign(c.generated.begin(), c.generated.end());
+      const bool all_logits = !c.drafts.empty() || c.prompt_logprobs >= 0;
       const int64_t first_row =
-          output_.row_offsets[i] + (c.drafts.empty() ? 0 : known - 1);  // the last known token
+          output_.row_offsets[i] + (all_logits ? known - 1 : 0);  // the last known token
       for (size_t j = 0; j <= c.drafts.size(); ++j) {
         const SamplingContext context{
             .generated = generated[i], .seed = c.seed, .prompt = c.prompt};

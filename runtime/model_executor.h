@@ -87,6 +87,9 @@ class ModelExecutor final : public Executor {
 
   // Steps 2-4 of a speculative step, after the main forward into output_.
   Status speculate(const StepPlan& plan, StepResult* result);
+  // The prompt logprobs chunk `index` of the step asks for (ScheduledChunk::prompt_logprobs),
+  // from the step's logits rows.
+  void describe_prompt_tokens(const ScheduledChunk& c, int64_t index, ChunkResult* out) const;
 
   DeepseekModel* model_;
   LatentKvCache cache_;

@@ -48,6 +48,10 @@ struct GenerationParams {
   int32_t n = 1;
   // Leave special tokens (BOS/EOS/...) out of the text. Default true (OpenAI/vLLM).
   bool skip_special_tokens = true;
+  // vLLM's prompt_logprobs: the log-probability of every prompt token after the first, with
+  // this many most likely alternatives (0..20); nullopt = none. The prompt is then computed
+  // whole (prefix-cache hits cannot give logits).
+  std::optional<int32_t> prompt_logprobs;
 };
 
 // Direct KV hand-off (paper 000 §4.3.3), prefill side: once the prompt is computed, its full
@@ -101,6 +105,9 @@ struct Usage {
 struct RequestOutput {
   RequestId request_id = 0;
   std::vector<ChoiceDelta> choices;  // only choices with something new
+  // GenerationParams::prompt_logprobs: prompt tokens 1, 2, ... (the first has none), all in
+  // the first output that carries a token, empty in every other.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   // True on the last output of the request (every choice finished).
   bool finished = false;
   Usage usage;  // running totals; final on the last output

@@ -66,6 +66,26 @@ SamplingParams decode_sampling(ByteReader& in) {
   return s;
 }
 
+void encode_top_logprobs(const std::vector<TokenLogprob>& top, ByteWriter& out) {
+  out.put<uint64_t>(top.size());
+  for (const TokenLogprob& t : top) {
+    out.put<TokenId>(t.token);
+    out.put<float>(t.logprob);
+  }
+}
+
+std::vector<TokenLogprob> decode_top_logprobs(ByteReader& in) {
+  std::vector<TokenLogprob> top;
+  const uint64_t count = in.get_count(sizeof(TokenId) + sizeof(float));
+  for (uint64_t k = 0; k < count && in.ok(); ++k) {
+    TokenLogprob t;
+    t.token = in.get<TokenId>();
+    t.logprob = in.get<float>();
+    top.push_back(t);
+  }
+  return top;
+}
+
 void encode_status(const Status& status, ByteWriter& out) {
   out.put<int32_t>(static_cast<int32_t>(status.code()));
   out.put_string(status.message());
@@ -98,6 +118,7 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   out.put_bool(p.ignore_eos);
   out.put<int32_t>(p.n);
   out.put_bool(p.skip_special_tokens);
+  put_optional<int32_t>(out, p.prompt_logprobs);
   out.put_string(request.prefill_hint);
   out.put_string(request.cache_salt);
   // A prefill instance's hand-off target travels too: a request rank 0 hands to another
@@ -125,6 +146,7 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   p.ignore_eos = in.get_bool();
   p.n = in.get<int32_t>();
   p.skip_special_tokens = in.get_bool();
+  p.prompt_logprobs = get_optional<int32_t>(in);
   request.prefill_hint = in.get_string();
   request.cache_salt = in.get_string();
   if (in.get_bool()) {
@@ -153,17 +175,20 @@ void encode_output(const RequestOutput& output, ByteWriter& out) {
     for (const SampledToken& t : c.logprobs) {
       out.put<TokenId>(t.token);
       out.put<float>(t.logprob);
-      out.put<uint64_t>(t.top_logprobs.size());
-      for (const TokenLogprob& top : t.top_logprobs) {
-        out.put<TokenId>(top.token);
-        out.put<float>(top.logprob);
-      }
+      encode_top_logprobs(t.top_logprobs, out);
     }
     out.put_bool(c.finish_reason.has_value());
     if (c.finish_reason) out.put<int32_t>(static_cast<int32_t>(*c.finish_reason));
     out.put_bool(c.stop_string.has_value());
     if (c.stop_string) out.put_string(*c.stop_string);
     put_optional<TokenId>(out, c.stop_token);
+  }
+  out.put<uint64_t>(output.prompt_logprobs.size());
+  for (const PromptTokenLogprob& t : output.prompt_logprobs) {
+    out.put<TokenId>(t.token);
+    out.put<float>(t.logprob);
+    out.put<int32_t>(t.rank);
+    encode_top_logprobs(t.top_logprobs, out);
   }
   out.put_bool(output.finished);
   out.put<int64_t>(output.usage.prompt_tokens);
@@ -188,13 +213,7 @@ Result<RequestOutput> decode_output(ByteReader& in) {
       SampledToken token;
       token.token = in.get<TokenId>();
       token.logprob = in.get<float>();
-      const uint64_t num_top = in.get_count(sizeof(TokenId) + sizeof(float));
-      for (uint64_t k = 0; k < num_top && in.ok(); ++k) {
-        TokenLogprob top;
-        top.token = in.get<TokenId>();
-        top.logprob = in.get<float>();
-        token.top_logprobs.push_back(top);
-      }
+      token.top_logprobs = decode_top_logprobs(in);
       c.logprobs.push_back(std::move(token));
     }
     if (in.get_bool()) {
@@ -208,6 +227,16 @@ Result<RequestOutput> decode_output(ByteReader& in) {
     if (in.get_bool()) c.stop_string = in.get_string();
     c.stop_token = get_optional<TokenId>(in);
     output.choices.push_back(std::move(c));
+  }
+  const uint64_t num_prompt_logprobs =
+      in.get_count(sizeof(TokenId) + sizeof(float) + sizeof(int32_t) + sizeof(uint64_t));
+  for (uint64_t t = 0; t < num_prompt_logprobs && in.ok() && valid; ++t) {
+    PromptTokenLogprob token;
+    token.token = in.get<TokenId>();
+    token.logprob = in.get<float>();
+    token.rank = in.get<int32_t>();
+    token.top_logprobs = decode_top_logprobs(in);
+    output.prompt_logprobs.push_back(std::move(token));
   }
   output.finished = in.get_bool();
   output.usage.prompt_tokens = in.get<int64_t>();

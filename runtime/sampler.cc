@@ -492,4 +492,25 @@ SampledToken describe_token(std::span<const float> logits, const SamplingParams&
   return result;
 }
 
+PromptTokenLogprob describe_prompt_token(std::span<const float> logits, TokenId token,
+                                         int32_t top) {
+  PS_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size()) << "token " << token;
+  SamplingParams params;
+  params.want_logprobs = true;
+  params.top_logprobs = top;
+  SampledToken described;
+  described.token = token;
+  describe_raw(logits, params, &described);
+  PromptTokenLogprob result;
+  result.token = token;
+  result.logprob = described.logprob;
+  result.top_logprobs = std::move(described.top_logprobs);
+  const float value = logits[static_cast<size_t>(token)];
+  int64_t larger = 0;
+  for (const float v : logits) larger += v > value;  // a NaN logit counts for nothing
+  result.rank =
+      static_cast<int32_t>(std::min<int64_t>(larger + 1, std::numeric_limits<int32_t>::max()));
+  return result;
+}
+
 }  // namespace peerserve

@@ -114,6 +114,18 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
 SampledToken describe_token(std::span<const float> logits, const SamplingParams& params,
                             TokenId token);
 
+// A prompt token's log-probability given the tokens before it (vLLM's prompt_logprobs), as
+// describe_token reports it (raw logprobs), with its rank: 1 + the number of tokens whose
+// logit is larger (vLLM's), so 1 for the argmax.
+struct PromptTokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top_logprobs;  // most likely first, `top` of them
+};
+// REQUIRES: logits non-empty, token in [0, logits.size()), top in [0, 20].
+PromptTokenLogprob describe_prompt_token(std::span<const float> logits, TokenId token, int32_t top);
+
 // The distribution sample_token draws from: the kept tokens in ascending id order and
 // their probabilities (summing to 1). For greedy requests, the single argmax token.
 struct TokenDistribution {

@@ -280,11 +280,15 @@ int64_t Scheduler::tokens_to_cover(const Sequence& seq, int64_t num_new, int64_t
 }
 
 bool Scheduler::waits_for_prompt_sibling(const Sequence& seq) const {
-  if (!seq.spec.prompt_from || seq.admitted_once || !pool_.prefix_caching_enabled()) {
+  if (!seq.spec.prompt_from || seq.admitted_once) return false;
+  const Sequence* sibling = find(*seq.spec.prompt_from);
+  if (sibling == nullptr) return false;
+  // The request's prompt logprobs (choice 0's) go out with its first token, before any other
+  // choice's tokens.
+  if (sibling->spec.prompt_logprobs >= 0 && !sibling->prompt_logprobs_sent) return true;
+  if (!pool_.prefix_caching_enabled() || sibling->status != SequenceStatus::kRunning) {
     return false;
   }
-  const Sequence* sibling = find(*seq.spec.prompt_from);
-  if (sibling == nullptr || sibling->status != SequenceStatus::kRunning) return false;
   const int64_t bs = pool_.block_size();
   const int64_t shareable = (seq.num_prompt_tokens() - 1) / bs * bs;
   return sibling->num_computed_tokens < shareable;
@@ -299,7 +303,11 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   if (pool_.prefix_caching_enabled()) {
     extend_block_hash_chain(seq.tokens, static_cast<int32_t>(bs), seq.prefix_root,
                             &seq.block_hashes, block_hash_lookahead());
-    const size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
+    size_t max_hit_blocks = static_cast<size_t>((seq.num_tokens() - 1) / bs);
+    // A hit gives KV, not logits: positions still owing prompt logprobs are computed.
+    if (seq.wants_prompt_logprobs()) {
+      max_hit_blocks = std::min(max_hit_blocks, static_cast<size_t>(seq.num_prompt_logprobs / bs));
+    }
     std::span<const BlockHash> lookup(seq.block_hashes.data(),
                                       std::min(max_hit_blocks, seq.block_hashes.size()));
     shared = pool_.match_prefix(lookup);
@@ -365,6 +373,14 @@ void Scheduler::add_chunk(Sequence& seq, int64_t num_new, StepPlan* plan) {
   chunk.seed = seq.spec.seed;
   chunk.generated = seq.generated();
   chunk.prompt = seq.spec.prompt_tokens;
+  if (seq.wants_prompt_logprobs()) {
+    // Hits never pass num_prompt_logprobs (try_admit), so no position is skipped.
+    PS_CHECK_LE(seq.num_computed_tokens, seq.num_prompt_logprobs) << "sequence " << seq.spec.id;
+    if (seq.num_computed_tokens + num_new > seq.num_prompt_logprobs) {
+      chunk.prompt_logprobs = seq.spec.prompt_logprobs;
+      chunk.prompt_logprobs_from = seq.num_prompt_logprobs;
+    }
+  }
   if (speculation_enabled()) {
     if (!chunk.sample) {
       chunk.next_token = seq.tokens[static_cast<size_t>(seq.num_computed_tokens + num_new)];
@@ -400,6 +416,14 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     Sequence& seq = *it->second;
     PS_CHECK_EQ(seq.num_computed_tokens, chunk.start_pos);
     seq.num_computed_tokens += chunk.num_known_tokens();
+    if (!outcome.prompt_logprobs.empty()) {
+      PS_CHECK(chunk.prompt_logprobs >= 0 && chunk.prompt_logprobs_from == seq.num_prompt_logprobs)
+          << "sequence " << chunk.seq_id << ": prompt logprobs from " << chunk.prompt_logprobs_from
+          << ", " << seq.num_prompt_logprobs << " so far";
+      seq.prompt_logprobs.insert(seq.prompt_logprobs.end(), outcome.prompt_logprobs.begin(),
+                                 outcome.prompt_logprobs.end());
+      seq.num_prompt_logprobs += static_cast<int64_t>(outcome.prompt_logprobs.size());
+    }
     if (!chunk.sample) {
       publish_computed_blocks(seq);
       continue;
@@ -411,6 +435,13 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     SequenceUpdate update;
     update.seq_id = seq.spec.id;
     update.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
+    if (seq.spec.prompt_logprobs >= 0 && !seq.prompt_logprobs_sent) {
+      PS_CHECK_EQ(seq.num_prompt_logprobs, seq.num_prompt_tokens() - 1)
+          << "sequence " << chunk.seq_id << " sampled before its prompt logprobs were complete";
+      update.prompt_logprobs = std::move(seq.prompt_logprobs);
+      seq.prompt_logprobs = {};
+      seq.prompt_logprobs_sent = true;
+    }
     update.num_drafts = static_cast<int32_t>(chunk.drafts.size());
     update.num_accepted_drafts = static_cast<int32_t>(outcome.tokens.size()) - 1;
     drafts_verified_ += update.num_drafts;

@@ -211,7 +211,7 @@ class Scheduler {
   // whether any was released.
   bool release_waiting_tails(const Sequence* keep);
   // SequenceSpec::prompt_from: its sibling is running and still computing the shareable part
-  // of their prompt.
+  // of their prompt, or has not sent the request's prompt logprobs yet.
   bool waits_for_prompt_sibling(const Sequence& seq) const;
   void publish_computed_blocks(Sequence& seq);
   // The chunk of `num_new` known tokens; drafts are added later (add_drafts), from the

@@ -38,6 +38,8 @@ struct SequenceSpec {
   // EngineRequest::cache_salt: the sequence's prefix-cache chain starts at the scheduler's
   // root salted with it (kv/prefix_hash.h salted_root_hash).
   std::string cache_salt;
+  // GenerationParams::prompt_logprobs (-1: none); only choice 0 of a request asks for them.
+  int32_t prompt_logprobs = -1;
   // Another sequence with the same prompt (choice 0 of the same request). While it runs and
   // has not computed the prompt's shareable blocks yet, this one is not admitted: it then
   // finds them in the prefix cache instead of computing (and holding) the prompt again, as
@@ -67,6 +69,12 @@ struct Sequence {
   int64_t num_cached_prompt_tokens = 0;
   int32_t num_preemptions = 0;
   bool admitted_once = false;
+  // spec.prompt_logprobs: those of prompt tokens 1 .. num_prompt_logprobs (computed at
+  // positions 0 .. num_prompt_logprobs - 1), kept until the first sampled token goes out
+  // with them; prompt_logprobs_sent after that.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
+  int64_t num_prompt_logprobs = 0;
+  bool prompt_logprobs_sent = false;
   // Speculative decoding: draft tokens for positions num_tokens(), num_tokens() + 1, ...
   // (made by the MTP layer in the last step; dropped when the sequence loses its KV).
   std::vector<DraftToken> drafts;
@@ -74,6 +82,11 @@ struct Sequence {
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt_tokens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens(); }
+  // Prompt logprobs still to compute: positions num_prompt_logprobs .. prompt tokens - 2.
+  bool wants_prompt_logprobs() const {
+    return spec.prompt_logprobs >= 0 && !prompt_logprobs_sent &&
+           num_prompt_logprobs < num_prompt_tokens() - 1;
+  }
   std::span<const TokenId> generated() const {
     return std::span<const TokenId>(tokens).subspan(spec.prompt_tokens.size());
   }

@@ -31,6 +31,10 @@ struct ScheduledChunk {
   uint64_t seed = 0;
   std::span<const TokenId> generated;
   std::span<const TokenId> prompt;  // for repetition_penalty
+  // Prompt logprobs (SequenceSpec::prompt_logprobs alternatives; -1: none) for the prompt
+  // tokens after positions [prompt_logprobs_from, prompt tokens - 1) of this chunk.
+  int32_t prompt_logprobs = -1;
+  int64_t prompt_logprobs_from = 0;
 
   // Speculative decoding (SchedulerOptions::num_speculative_tokens > 0).
   // The drafts at the end of `tokens` (valid until Scheduler::update); empty when none.
@@ -65,6 +69,9 @@ struct ChunkResult {
   std::vector<SampledToken> tokens;
   // Drafts proposed for the next step (speculative decoding), at most chunk.num_lookahead.
   std::vector<DraftToken> drafts;
+  // chunk.prompt_logprobs: one per position from chunk.prompt_logprobs_from on that has a
+  // prompt token after it, in order.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
 };
 
 struct StepResult {
@@ -84,6 +91,8 @@ struct SequenceUpdate {
   std::optional<TokenId> stop_token;     // the stop token id / EOS that ended it
   bool stopped_on_eos = false;           // stop_token is an EOS id, not a stop_token_ids one
   int64_t num_cached_prompt_tokens = 0;  // prompt tokens found in the prefix cache
+  // SequenceSpec::prompt_logprobs: all of them, on the sequence's first update.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
 };
 
 }  // namespace peerserve

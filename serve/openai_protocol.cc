@@ -195,7 +195,8 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   const int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
   std::optional<int64_t> max_tokens;
   if (chat) max_tokens = f.integer("max_completion_tokens", 1, kMaxTokens);
-  if (!max_tokens) max_tokens = f.integer("max_tokens", 1, kMaxTokens);
+  // 0 only for completions with echo (the prompt alone; parse_completion_request checks).
+  if (!max_tokens) max_tokens = f.integer("max_tokens", chat ? 1 : 0, kMaxTokens);
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
   // Completions default to 16 tokens within the context (OpenAI's legacy API and vLLM); chat
   // runs to the end of the context, as both do.
@@ -229,7 +230,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"guided_choice", nullptr},
       {"guided_grammar", nullptr},
       {"structured_outputs", nullptr},
-      {"prompt_logprobs", nullptr},
       {"allowed_token_ids", nullptr},
       {"truncate_prompt_tokens", nullptr},
       {"logits_processors", nullptr},
@@ -312,6 +312,14 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   if (auto v = f.boolean("skip_special_tokens")) p.skip_special_tokens = *v;
 
   if (auto v = f.boolean("stream")) out->stream = *v;
+  if (auto v = f.integer("prompt_logprobs", 0, limits.max_top_logprobs)) {
+    if (out->stream) {
+      // As vLLM: they come with the whole answer.
+      f.fail("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true");
+    }
+    out->prompt_logprobs = static_cast<int32_t>(*v);
+    p.prompt_logprobs = out->prompt_logprobs;
+  }
   if (const json* so = f.get("stream_options"); so && !f.error) {
     if (!out->stream) {
       f.fail("stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -726,13 +734,24 @@ std::optional<ApiError> parse_completion_request(const json& body, const ApiLimi
     out->params.sampling.want_logprobs = true;
     out->params.sampling.top_logprobs = static_cast<int32_t>(*v);
   }
-  if (auto v = f.boolean("echo"); v && *v) {
-    f.fail_unsupported("echo", "'echo' is not supported");
-  }
+  if (auto v = f.boolean("echo")) out->echo = *v;
   if (auto v = f.string("suffix"); v && !v->empty()) {
     f.fail_unsupported("suffix", "'suffix' is not supported");
   }
   if (f.error) return f.error;
+  if (out->params.max_tokens == 0) {
+    if (!out->echo) {
+      return bad_field("max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': true)");
+    }
+    // The prompt alone (OpenAI, vLLM): the engine computes one token, which is not sent.
+    out->echo_only = true;
+    out->params.max_tokens = 1;
+  }
+  if (out->echo && out->params.sampling.want_logprobs) {
+    // The echoed prompt's tokens come with their logprobs.
+    out->params.prompt_logprobs =
+        std::max(out->params.prompt_logprobs.value_or(0), out->params.sampling.top_logprobs);
+  }
 
   const json* prompt = f.get("prompt");
   if (prompt == nullptr) return bad_field("prompt", "'prompt' is required");
@@ -1033,6 +1052,48 @@ ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
           {"token_logprobs", std::move(lps)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
+}
+
+ordered_json completion_echo_logprobs_json(TokenId first_prompt_token,
+                                           const std::vector<PromptTokenLogprob>& prompt,
+                                           const std::vector<SampledToken>& generated,
+                                           const Tokenizer* tokenizer, int32_t top_logprobs,
+                                           int64_t text_offset) {
+  std::vector<SampledToken> tokens;
+  tokens.reserve(prompt.size() + generated.size());
+  for (const PromptTokenLogprob& t : prompt) tokens.push_back({t.token, t.logprob, t.top_logprobs});
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  const std::string first = token_display(tokenizer, first_prompt_token);
+  ordered_json out =
+      completion_logprobs_json(tokens, tokenizer, top_logprobs,
+                               text_offset + static_cast<int64_t>(utf8::count_code_points(first)));
+  out["tokens"].insert(out["tokens"].begin(), first);
+  out["token_logprobs"].insert(out["token_logprobs"].begin(), nullptr);
+  out["top_logprobs"].insert(out["top_logprobs"].begin(), nullptr);
+  out["text_offset"].insert(out["text_offset"].begin(), text_offset);
+  return out;
+}
+
+ordered_json prompt_logprobs_json(const std::vector<PromptTokenLogprob>& prompt,
+                                  const Tokenizer* tokenizer, int32_t top_logprobs) {
+  ordered_json out = ordered_json::array();
+  out.push_back(nullptr);
+  for (const PromptTokenLogprob& t : prompt) {
+    ordered_json entry = ordered_json::object();
+    entry[std::to_string(t.token)] = {{"logprob", finite_logprob(t.logprob)},
+                                      {"rank", t.rank},
+                                      {"decoded_token", token_display(tokenizer, t.token)}};
+    for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
+      const TokenLogprob& alt = t.top_logprobs[k];
+      const std::string key = std::to_string(alt.token);
+      if (entry.contains(key)) continue;
+      entry[key] = {{"logprob", finite_logprob(alt.logprob)},
+                    {"rank", static_cast<int64_t>(k) + 1},
+                    {"decoded_token", token_display(tokenizer, alt.token)}};
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 namespace {

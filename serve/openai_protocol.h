@@ -77,6 +77,9 @@ struct CommonRequestFields {
   // "cache_salt" (OpenAI, vLLM): prefix-cache hits only between requests with the same salt
   // (EngineRequest::cache_salt). Empty: none given.
   std::string cache_salt;
+  // "prompt_logprobs" (vLLM's extension): the answer carries every prompt token's logprob
+  // with this many alternatives (vLLM's format, prompt_logprobs_json). Not with stream.
+  std::optional<int32_t> prompt_logprobs;
 };
 
 // max_tokens of a /v1/completions request that names none (OpenAI, vLLM).
@@ -96,6 +99,10 @@ struct CompletionRequest : CommonRequestFields {
   // expects; a server with another one refuses the request (it would compute KV the caller
   // cannot use). Empty: not given.
   std::string expected_kv_namespace;
+  // "echo": each choice's text (and logprobs) starts with the prompt's. With max_tokens 0
+  // (echo_only) the prompt alone: params.max_tokens is then 1 and that token is not sent.
+  bool echo = false;
+  bool echo_only = false;
 };
 
 // OpenAI's tool_choice: "none", "auto", "required" or {"type": "function", "function":
@@ -127,7 +134,7 @@ struct ChatRequest : CommonRequestFields {
 
 // Parses a request body. Unknown fields are ignored (as OpenAI's own server does for
 // forward compatibility); known fields with a wrong type or range are errors, and so are
-// vLLM's extensions that are not built (guided_*, structured_outputs, prompt_logprobs, ...).
+// vLLM's extensions that are not built (guided_*, structured_outputs, ...).
 std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
                                                  const ApiLimits& limits, CompletionRequest* out);
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
@@ -162,6 +169,19 @@ nlohmann::ordered_json chat_logprobs_json(const std::vector<SampledToken>& token
 nlohmann::ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
                                                 const Tokenizer* tokenizer, int32_t top_logprobs,
                                                 int64_t text_offset);
+
+// Completions logprobs of an echoed prompt and what follows it: the prompt's first token
+// with null logprob and top_logprobs (nothing comes before it), the others with their prompt
+// logprobs, then `generated`.
+nlohmann::ordered_json completion_echo_logprobs_json(TokenId first_prompt_token,
+                                                     const std::vector<PromptTokenLogprob>& prompt,
+                                                     const std::vector<SampledToken>& generated,
+                                                     const Tokenizer* tokenizer,
+                                                     int32_t top_logprobs, int64_t text_offset);
+// vLLM's prompt_logprobs: [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...],
+// one object per prompt token after the first, holding the token and its top alternatives.
+nlohmann::ordered_json prompt_logprobs_json(const std::vector<PromptTokenLogprob>& prompt,
+                                            const Tokenizer* tokenizer, int32_t top_logprobs);
 
 // Replaces invalid UTF-8 with U+FFFD (so it can go into JSON).
 std::string sanitize_utf8(std::string_view text);

@@ -104,6 +104,13 @@ struct ToolCallSetup {
   std::string prefix;
 };
 
+// A completions request's echo (CompletionRequest::echo): each prompt's text, in order.
+struct PromptEcho {
+  bool enabled = false;
+  bool prompt_only = false;  // max_tokens 0: the generated token is not sent
+  std::vector<std::string> texts;
+};
+
 // One /v1/chat/completions or /v1/completions call: submits one engine request per prompt,
 // then turns the engine's outputs into SSE chunks or one JSON response. Everything but the
 // constructor runs on the connection's strand.
@@ -111,7 +118,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
  public:
   GenerationCall(OpenAiServer::Context* ctx, std::shared_ptr<HttpExchange> exchange, bool chat,
                  const CommonRequestFields& fields, int32_t top_logprobs,
-                 ToolCallSetup tool_setup = {})
+                 ToolCallSetup tool_setup = {}, PromptEcho echo = {})
       : ctx_(ctx),
         exchange_(std::move(exchange)),
         chat_(chat),
@@ -123,7 +130,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         top_logprobs_(top_logprobs),
         id_(ctx->new_id(chat ? "chatcmpl-" : "cmpl-")),
         created_(unix_seconds()),
-        tool_setup_(std::move(tool_setup)) {
+        tool_setup_(std::move(tool_setup)),
+        echo_(std::move(echo)),
+        prompt_logprobs_field_(fields.prompt_logprobs) {
     ++ctx_->active_calls;
   }
   ~GenerationCall() { --ctx_->active_calls; }
@@ -151,6 +160,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     }
     choices_.resize(static_cast<size_t>(num_prompts) * n_);
     usage_.resize(num_prompts);
+    prompts_.resize(num_prompts);
+    for (int32_t p = 0; p < num_prompts; ++p) {
+      prompts_[p].first_token = requests[p].prompt_tokens.front();  // the engine refuses none
+    }
     // A forced call's start is part of the answer: a named call's header goes out at once.
     std::vector<json> prefix_deltas(choices_.size(), json::object());
     if (tool_setup_.enabled) {
@@ -215,6 +228,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     json stop_reason = nullptr;
     int64_t text_length = 0;  // for completion text_offset
     int64_t tokens = 0;       // generated so far (continuous usage stats)
+    bool echoed = false;      // stream: the prompt went out
     // Tool calling: the parser, the content it let through, and the calls whose header it
     // let through, each with the id the stream gave it and the argument text it sent.
     struct StartedCall {
@@ -224,6 +238,12 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::optional<ToolCallStreamParser> tools;
     std::string tool_content;
     std::vector<StartedCall> started_calls;
+  };
+
+  // Per prompt: what echo and prompt_logprobs answer with.
+  struct PromptState {
+    TokenId first_token = 0;
+    std::vector<PromptTokenLogprob> logprobs;  // RequestOutput::prompt_logprobs
   };
 
   // The delta (content and/or tool_calls) for parser events; calls get their ids here.
@@ -292,8 +312,14 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     return chunk;
   }
 
-  json logprobs_json(const std::vector<SampledToken>& tokens, int64_t text_offset) const {
+  // `with_prompt`: the echoed prompt's tokens first (CompletionRequest::echo).
+  json logprobs_json(const std::vector<SampledToken>& tokens, int64_t text_offset,
+                     const PromptState* with_prompt = nullptr) const {
     if (!want_logprobs_) return nullptr;
+    if (with_prompt != nullptr) {
+      return completion_echo_logprobs_json(with_prompt->first_token, with_prompt->logprobs, tokens,
+                                           ctx_->tokenizer, top_logprobs_, text_offset);
+    }
     return chat_ ? chat_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_)
                  : completion_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_, text_offset);
   }
@@ -305,10 +331,31 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       return;
     }
     usage_[prompt] = out.usage;
+    if (echo_.prompt_only) usage_[prompt].completion_tokens = 0;  // none is sent
+    if (!out.prompt_logprobs.empty()) prompts_[prompt].logprobs = out.prompt_logprobs;
     json stream_choices = json::array();
-    for (const ChoiceDelta& delta : out.choices) {
+    for (ChoiceDelta delta : out.choices) {
       const int32_t index = prompt * n_ + delta.index;
       ChoiceState& c = choices_[index];
+      if (echo_.prompt_only) {
+        // The one token computed is not part of the answer, nor why it ended.
+        delta.token_ids.clear();
+        delta.text.clear();
+        delta.logprobs.clear();
+        delta.stop_string.reset();
+        delta.stop_token.reset();
+        if (delta.finish_reason && *delta.finish_reason != FinishReason::kAbort &&
+            *delta.finish_reason != FinishReason::kError) {
+          delta.finish_reason = FinishReason::kLength;
+        }
+      }
+      // Streamed echo: the prompt's text and logprobs go out in the choice's first chunk.
+      const bool echo_now = stream_ && echo_.enabled && !c.echoed;
+      if (echo_now) {
+        c.echoed = true;
+        const std::string& prompt_text = echo_.texts[static_cast<size_t>(prompt)];
+        delta.text = prompt_text + delta.text;
+      }
       const int64_t offset = c.text_length;
       c.text += delta.text;
       c.tokens += static_cast<int64_t>(delta.token_ids.size());
@@ -340,9 +387,11 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       // parsing holds text back on purpose and sends nothing until it can.
       const bool has_content =
           c.tools ? !tool_delta.empty() || has_logprobs
-                  : !delta.text.empty() || has_logprobs || !delta.token_ids.empty();
+                  : !delta.text.empty() || has_logprobs || !delta.token_ids.empty() || echo_now;
       if (!has_content && !delta.finish_reason) continue;
-      json choice = {{"index", index}, {"logprobs", logprobs_json(delta.logprobs, offset)}};
+      json choice = {{"index", index},
+                     {"logprobs", logprobs_json(delta.logprobs, offset,
+                                                echo_now ? &prompts_[prompt] : nullptr)}};
       if (chat_ && c.tools) {
         if (tool_delta.empty() && has_logprobs) tool_delta["content"] = "";
         choice["delta"] = std::move(tool_delta);
@@ -391,10 +440,15 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     json choices = json::array();
     for (int32_t i = 0; i < static_cast<int32_t>(choices_.size()); ++i) {
       const ChoiceState& c = choices_[i];
+      const PromptState& prompt = prompts_[static_cast<size_t>(i / n_)];
       json choice = {{"index", i},
-                     {"logprobs", logprobs_json(c.logprobs, 0)},
+                     {"logprobs", logprobs_json(c.logprobs, 0, echo_.enabled ? &prompt : nullptr)},
                      {"finish_reason", finish_reason_json(c)},
                      {"stop_reason", c.stop_reason}};
+      if (!chat_ && prompt_logprobs_field_) {
+        choice["prompt_logprobs"] =
+            prompt_logprobs_json(prompt.logprobs, ctx_->tokenizer, *prompt_logprobs_field_);
+      }
       // A well-formed answer: its calls. A forced call (the server began it in the prompt)
       // that went wrong: what the stream sent, the calls begun with the argument text that
       // went out and the rest as content, so that both forms of the answer agree (vLLM's
@@ -422,7 +476,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       } else if (chat_) {
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       } else {
-        choice["text"] = c.text;
+        choice["text"] = echo_.enabled ? echo_.texts[static_cast<size_t>(i / n_)] + c.text : c.text;
       }
       choices.push_back(std::move(choice));
     }
@@ -433,6 +487,11 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                      {"choices", std::move(choices)},
                      {"usage", usage_json(usage)},
                      {"system_fingerprint", nullptr}};
+    if (chat_ && prompt_logprobs_field_) {
+      // vLLM's place for them in a chat answer (one prompt).
+      response["prompt_logprobs"] =
+          prompt_logprobs_json(prompts_.front().logprobs, ctx_->tokenizer, *prompt_logprobs_field_);
+    }
     exchange_->respond(200, kJson, response.dump(-1, ' ', false, json::error_handler_t::replace));
   }
 
@@ -460,6 +519,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const std::string id_;
   const int64_t created_;
   const ToolCallSetup tool_setup_;
+  const PromptEcho echo_;
+  const std::optional<int32_t> prompt_logprobs_field_;
+  std::vector<PromptState> prompts_;
   std::vector<RequestId> request_ids_;
   std::vector<ChoiceState> choices_;
   std::vector<Usage> usage_;
@@ -618,6 +680,15 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.code = "unsupported_parameter";
     return send_error(*exchange, e);
   }
+  if (completion.echo && ctx.tokenizer == nullptr) {
+    ApiError e;
+    e.message = "'echo' needs the prompt's text, and this model has no tokenizer";
+    e.param = "echo";
+    return send_error(*exchange, e);
+  }
+  PromptEcho echo;
+  echo.enabled = completion.echo;
+  echo.prompt_only = completion.echo_only;
   std::vector<EngineRequest> requests;
   for (auto& prompt : completion.prompts) {
     EngineRequest r;
@@ -626,8 +697,16 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     r.prefill_hint = completion.prefill_hint;
     r.cache_salt = completion.cache_salt;
     if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
+      if (echo.enabled) {
+        // The text of token ids as they are, special tokens included (vLLM's).
+        Result<std::string> text = ctx.tokenizer->decode(*ids);
+        if (!text.ok())
+          return send_error(*exchange, api_error_from_status(text.status(), "prompt"));
+        echo.texts.push_back(std::move(text).value());
+      }
       r.prompt_tokens = std::move(*ids);
     } else {
+      if (echo.enabled) echo.texts.push_back(std::get<std::string>(prompt));
       if (ctx.tokenizer == nullptr) {
         ApiError e;
         e.message = "this model has no tokenizer; send the prompt as token ids";
@@ -648,7 +727,8 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     requests.push_back(std::move(r));
   }
   const int32_t top = completion.params.sampling.top_logprobs;
-  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/false, completion, top);
+  auto call = std::make_shared<GenerationCall>(&ctx, exchange, /*chat=*/false, completion, top,
+                                               ToolCallSetup{}, std::move(echo));
   start_on_strand(call, exchange, std::move(requests));
 }
 

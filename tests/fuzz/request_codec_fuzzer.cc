@@ -40,7 +40,16 @@ bool same(const peerserve::EngineRequest& a, const peerserve::EngineRequest& b) 
          p.include_stop_str_in_output == q.include_stop_str_in_output &&
          p.stop_token_ids == q.stop_token_ids && p.ignore_eos == q.ignore_eos && p.n == q.n &&
          p.skip_special_tokens == q.skip_special_tokens && a.prefill_hint == b.prefill_hint &&
-         a.cache_salt == b.cache_salt;
+         a.cache_salt == b.cache_salt && p.prompt_logprobs == q.prompt_logprobs;
+}
+
+bool same(const std::vector<peerserve::TokenLogprob>& a,
+          const std::vector<peerserve::TokenLogprob>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].token != b[k].token || !same_float(a[k].logprob, b[k].logprob)) return false;
+  }
+  return true;
 }
 
 bool same(const peerserve::RequestOutput& a, const peerserve::RequestOutput& b) {
@@ -61,15 +70,17 @@ bool same(const peerserve::RequestOutput& a, const peerserve::RequestOutput& b) 
     for (size_t t = 0; t < c.logprobs.size(); ++t) {
       const auto &x = c.logprobs[t], &y = d.logprobs[t];
       if (x.token != y.token || !same_float(x.logprob, y.logprob) ||
-          x.top_logprobs.size() != y.top_logprobs.size()) {
+          !same(x.top_logprobs, y.top_logprobs)) {
         return false;
       }
-      for (size_t k = 0; k < x.top_logprobs.size(); ++k) {
-        if (x.top_logprobs[k].token != y.top_logprobs[k].token ||
-            !same_float(x.top_logprobs[k].logprob, y.top_logprobs[k].logprob)) {
-          return false;
-        }
-      }
+    }
+  }
+  if (a.prompt_logprobs.size() != b.prompt_logprobs.size()) return false;
+  for (size_t t = 0; t < a.prompt_logprobs.size(); ++t) {
+    const auto &x = a.prompt_logprobs[t], &y = b.prompt_logprobs[t];
+    if (x.token != y.token || !same_float(x.logprob, y.logprob) || x.rank != y.rank ||
+        !same(x.top_logprobs, y.top_logprobs)) {
+      return false;
     }
   }
   return true;

@@ -87,18 +87,25 @@ def f32(x): return struct.pack("<f", x)
 def b(v): return bytes([1 if v else 0])
 def arr(xs): return u64(len(xs)) + b"".join(i32(x) for x in xs)
 def s(t): t = t.encode(); return u64(len(t)) + t
+# Field for field as runtime/request_codec.cc writes them.
 sampling = (f32(0.7) + i32(40) + f32(0.9) + f32(0.0) + f32(0.1) + f32(0.2) + f32(1.1) +
-            b(True) + u64(1234) + b(True) + i32(3) + i32(2) + arr([1]) + arr([5, 6]))
-request = (arr([1, 2, 3, 4]) + sampling + b(True) + i32(16) + u64(2) + s("\n\n") + s("END") +
-           b(False) + arr([7]) + b(False) + i32(2) + b(True) + s("127.0.0.1:9000"))
+            b(True) + u64(1234) + b(True) + i32(3) + i32(2) + arr([1]) + arr([5, 6]) +
+            u64(1) + i32(9) + f32(-1.5))
+request = (arr([1, 2, 3, 4]) + sampling + b(True) + i32(16) + b(False) + u64(2) + s("\n\n") +
+           s("END") + b(False) + arr([7]) + b(False) + i32(2) + b(True) + b(True) + i32(3) +
+           s("127.0.0.1:9000") + s("salt") + b(False))
 open(f"{d}/request", "wb").write(b"\x00" + request)
 choice = (i32(0) + arr([5, 6]) + s("hi") + u64(2) +
           i32(5) + f32(-0.5) + u64(1) + i32(5) + f32(-0.5) +
           i32(6) + f32(-1.5) + u64(0) +
           b(True) + i32(0) + b(True) + s("END") + b(False))
-output = (u64(42) + u64(1) + choice + b(True) + struct.pack("<qqq", 4, 2, 0) + i32(0) + s(""))
+prompt_logprobs = (u64(2) + i32(5) + f32(-0.7) + i32(1) + u64(1) + i32(5) + f32(-0.7) +
+                   i32(6) + f32(-2.0) + i32(3) + u64(0))
+output = (u64(42) + u64(1) + choice + prompt_logprobs + b(True) + struct.pack("<qqq", 4, 2, 0) +
+          i32(0) + s(""))
 open(f"{d}/output", "wb").write(b"\x01" + output)
-error = (u64(43) + u64(0) + b(True) + struct.pack("<qqq", 4, 0, 0) + i32(8) + s("peer down"))
+error = (u64(43) + u64(0) + u64(0) + b(True) + struct.pack("<qqq", 4, 0, 0) + i32(8) +
+         s("peer down"))
 open(f"{d}/output_error", "wb").write(b"\x01" + error)
 PY
 "$bin/request_codec_fuzzer" -max_total_time=$(( seconds / 3 + 1 )) -max_len=4096 -timeout=10 \

@@ -123,6 +123,16 @@ class FakeExecutor final : public Executor {
     }
     for (const ScheduledChunk& chunk : plan.chunks) {
       ChunkResult& outcome = result.chunks.emplace_back();
+      if (chunk.prompt_logprobs >= 0) {
+        // The row at position pos describes the prompt token after it; its logprob names pos.
+        const int64_t end = std::min(chunk.start_pos + chunk.num_known_tokens(),
+                                     static_cast<int64_t>(chunk.prompt.size()) - 1);
+        for (int64_t pos = std::max(chunk.start_pos, chunk.prompt_logprobs_from); pos < end;
+             ++pos) {
+          outcome.prompt_logprobs.push_back(
+              {chunk.prompt[static_cast<size_t>(pos + 1)], -static_cast<float>(pos + 1), 1, {}});
+        }
+      }
       if (!chunk.sample) continue;
       // The context up to the last known token, read back through the block table.
       const int64_t end = chunk.start_pos + chunk.num_known_tokens();

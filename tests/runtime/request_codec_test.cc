@@ -35,6 +35,7 @@ EngineRequest full_request() {
   r.params.ignore_eos = true;
   r.params.n = 3;
   r.params.skip_special_tokens = false;
+  r.params.prompt_logprobs = 5;
   r.prefill_hint = "127.0.0.1:8101";
   r.cache_salt = "tenant-a";
   r.kv_push = KvPushTarget{
@@ -57,6 +58,7 @@ RequestOutput full_output() {
   b.index = 0;
   b.token_ids = {1};
   o.choices = {a, b};
+  o.prompt_logprobs = {{99, -3.25f, 7, {{5, -0.125f}}}, {12345, -0.5f, 1, {}}};
   o.finished = true;
   o.usage = {17, 3, 16};
   o.error = resource_exhausted("the waiting queue is full");
@@ -108,6 +110,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_TRUE(decoded->params.ignore_eos);
   EXPECT_EQ(decoded->params.n, 3);
   EXPECT_FALSE(decoded->params.skip_special_tokens);
+  EXPECT_EQ(decoded->params.prompt_logprobs, 5);
   EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");
   EXPECT_EQ(decoded->cache_salt, "tenant-a");
   // A prefill instance's request handed to another rank still pushes its KV.
@@ -128,6 +131,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   ASSERT_TRUE(plain_decoded.ok());
   EXPECT_FALSE(plain_decoded->params.max_tokens.has_value());
   EXPECT_FALSE(plain_decoded->params.sampling.seed.has_value());
+  EXPECT_FALSE(plain_decoded->params.prompt_logprobs.has_value());
   EXPECT_FALSE(plain_decoded->kv_push.has_value());
 }
 
@@ -158,6 +162,16 @@ TEST(RequestCodecTest, OutputRoundTripsEveryField) {
   EXPECT_FALSE(b.finish_reason.has_value());
   EXPECT_FALSE(b.stop_string.has_value());
   EXPECT_FALSE(b.stop_token.has_value());
+  ASSERT_EQ(decoded->prompt_logprobs.size(), 2u);
+  EXPECT_EQ(decoded->prompt_logprobs[0].token, 99);
+  EXPECT_EQ(decoded->prompt_logprobs[0].logprob, -3.25f);
+  EXPECT_EQ(decoded->prompt_logprobs[0].rank, 7);
+  ASSERT_EQ(decoded->prompt_logprobs[0].top_logprobs.size(), 1u);
+  EXPECT_EQ(decoded->prompt_logprobs[0].top_logprobs[0].token, 5);
+  EXPECT_EQ(decoded->prompt_logprobs[0].top_logprobs[0].logprob, -0.125f);
+  EXPECT_EQ(decoded->prompt_logprobs[1].token, 12345);
+  EXPECT_EQ(decoded->prompt_logprobs[1].rank, 1);
+  EXPECT_TRUE(decoded->prompt_logprobs[1].top_logprobs.empty());
   EXPECT_TRUE(decoded->finished);
   EXPECT_EQ(decoded->usage.prompt_tokens, 17);
   EXPECT_EQ(decoded->usage.completion_tokens, 3);

@@ -755,5 +755,145 @@ TEST(SchedulerTest, RandomWorkloadUnderMemoryPressurePreemptsAndStaysCorrect) {
   EXPECT_EQ(s->stats().num_used_blocks, 0);
 }
 
+// prompt_logprobs (vLLM's): every prompt token after the first gets exactly one entry, in
+// order, on the sequence's first update, however the prompt was computed: never from the
+// prefix cache, in chunks, and again after a preemption (which must not repeat entries).
+void expect_prompt_logprobs(const std::vector<TokenId>& prompt,
+                            const std::vector<PromptTokenLogprob>& got, SequenceId id) {
+  ASSERT_EQ(got.size(), prompt.size() - 1) << "sequence " << id;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].token, prompt[i + 1]) << "sequence " << id << " entry " << i;
+    EXPECT_EQ(got[i].logprob, -static_cast<float>(i + 1)) << "sequence " << id << " entry " << i;
+  }
+}
+
+TEST(SchedulerTest, PromptLogprobsComputeTheWholePromptDespiteThePrefixCache) {
+  SchedulerOptions o = small_options(64);
+  o.max_num_batched_tokens = 8;  // the 18-token prompt goes in three chunks
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(41);
+  const std::vector<TokenId> prompt = random_tokens(rng, 18);
+  ASSERT_TRUE(s->add(spec(1, prompt, 4, std::nullopt)).ok());
+  std::map<SequenceId, std::vector<TokenId>> out;
+  run_to_completion(*s, ex, &out);  // its 4 full blocks are now cached
+
+  SequenceSpec with_logprobs = spec(2, prompt, 4, std::nullopt);
+  with_logprobs.prompt_logprobs = 3;
+  ASSERT_TRUE(s->add(with_logprobs).ok());
+  std::vector<PromptTokenLogprob> got;
+  int updates_with_logprobs = 0;
+  int64_t first_start = -1;
+  while (s->has_work()) {
+    StepPlan plan = s->schedule();
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (first_start < 0) first_start = c.start_pos;
+      EXPECT_EQ(c.prompt_logprobs, c.start_pos + 1 < 18 ? 3 : -1) << "chunk at " << c.start_pos;
+    }
+    auto r = ex.execute(plan);
+    ASSERT_TRUE(r.ok());
+    for (const SequenceUpdate& u : s->update(plan, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+      if (!u.prompt_logprobs.empty()) {
+        ++updates_with_logprobs;
+        got = u.prompt_logprobs;
+        EXPECT_EQ(u.num_cached_prompt_tokens, 0);
+      }
+    }
+  }
+  EXPECT_EQ(first_start, 0);  // no prefix-cache hit
+  EXPECT_EQ(updates_with_logprobs, 1);
+  expect_prompt_logprobs(prompt, got, 2);
+  EXPECT_EQ(out[2], out[1]);
+}
+
+TEST(SchedulerTest, PromptLogprobsSurvivePreemptionMidPromptWithoutRepeats) {
+  SchedulerOptions o = small_options(/*num_blocks=*/20, /*block_size=*/4);
+  o.max_num_batched_tokens = 6;
+  auto s = make(o);
+  FakeExecutor ex(20, 4, kVocab);
+  std::mt19937 rng(43);
+  const std::vector<TokenId> prefix = random_tokens(rng, 9);
+  std::map<SequenceId, std::vector<TokenId>> prompts;
+  for (SequenceId id = 1; id <= 8; ++id) {
+    std::vector<TokenId> p = prefix;
+    auto tail = random_tokens(rng, 12 + static_cast<int>(rng() % 8));
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts[id] = p;
+    SequenceSpec sp = spec(id, p, 24, std::nullopt);
+    if (id % 2 == 0) sp.prompt_logprobs = 1;
+    ASSERT_TRUE(s->add(sp).ok());
+  }
+  std::map<SequenceId, std::vector<TokenId>> out;
+  std::map<SequenceId, std::vector<PromptTokenLogprob>> logprobs;
+  std::map<SequenceId, int> logprob_updates;
+  int preempted_mid_prompt = 0;
+  for (int guard = 0; s->has_work() && guard < 100000; ++guard) {
+    StepPlan plan = s->schedule();
+    for (SequenceId id : plan.preempted) {
+      if (id % 2 == 0 && out[id].empty() && logprob_updates[id] == 0) ++preempted_mid_prompt;
+    }
+    auto r = ex.execute(plan);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const SequenceUpdate& u : s->update(plan, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+      if (!u.prompt_logprobs.empty()) {
+        ++logprob_updates[u.seq_id];
+        logprobs[u.seq_id] = u.prompt_logprobs;
+      }
+    }
+  }
+  EXPECT_GT(preempted_mid_prompt, 0) << "the workload no longer preempts a prompt half done";
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_EQ(out[id], reference_generate(prompt, 24, kVocab, std::nullopt)) << id;
+    if (id % 2 == 0) {
+      EXPECT_EQ(logprob_updates[id], 1) << id;
+      expect_prompt_logprobs(prompt, logprobs[id], id);
+    } else {
+      EXPECT_EQ(logprob_updates[id], 0) << id;
+    }
+  }
+  EXPECT_EQ(s->stats().num_used_blocks, 0);
+}
+
+// The other choices of a request with prompt logprobs start after choice 0 has sent them, so
+// a stream never has another choice's tokens before the request's prompt logprobs.
+TEST(SchedulerTest, OtherChoicesWaitForChoiceZerosPromptLogprobs) {
+  for (const bool prefix_caching : {true, false}) {
+    SchedulerOptions o = small_options(64);
+    o.max_num_batched_tokens = 8;
+    o.block_pool.enable_prefix_caching = prefix_caching;
+    auto s = make(o);
+    FakeExecutor ex(64, 4, kVocab);
+    std::mt19937 rng(47);
+    const std::vector<TokenId> prompt = random_tokens(rng, 21);
+    SequenceSpec first = spec(1, prompt, 3, std::nullopt);
+    first.prompt_logprobs = 0;
+    SequenceSpec second = spec(2, prompt, 3, std::nullopt);
+    second.prompt_from = 1;
+    ASSERT_TRUE(s->add(first).ok());
+    ASSERT_TRUE(s->add(second).ok());
+    bool logprobs_sent = false;
+    std::map<SequenceId, std::vector<TokenId>> out;
+    while (s->has_work()) {
+      StepPlan plan = s->schedule();
+      for (const ScheduledChunk& c : plan.chunks) {
+        if (c.seq_id == 2) {
+          EXPECT_TRUE(logprobs_sent) << "prefix caching " << prefix_caching;
+        }
+      }
+      auto r = ex.execute(plan);
+      ASSERT_TRUE(r.ok());
+      for (const SequenceUpdate& u : s->update(plan, *r)) {
+        for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+        if (u.seq_id == 1 && !u.prompt_logprobs.empty()) logprobs_sent = true;
+        EXPECT_TRUE(u.seq_id == 1 || u.prompt_logprobs.empty());
+      }
+    }
+    EXPECT_TRUE(logprobs_sent);
+    EXPECT_EQ(out[2], out[1]);
+  }
+}
+
 }  // namespace
 }  // namespace peerserve

@@ -639,5 +639,34 @@ TEST(SamplerTest, ForcedTokensAreTheOnlyChoice) {
   EXPECT_EQ(d.tokens, (std::vector<TokenId>{2}));
 }
 
+// A prompt token's logprob (vLLM's prompt_logprobs) against a plain log-softmax in double, its
+// rank against a count of the larger logits, and its top entries against a sort.
+TEST(SamplerTest, PromptTokenLogprobMatchesAPlainReference) {
+  for (const uint32_t seed : {3u, 17u, 99u}) {
+    const std::vector<float> logits = random_logits(5000, seed, 4.0f);
+    double max_value = logits[0];
+    for (float v : logits) max_value = std::max<double>(max_value, v);
+    double total = 0.0;
+    for (float v : logits) total += std::exp(v - max_value);
+    std::vector<TokenId> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<TokenId>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](TokenId a, TokenId b) { return logits[a] > logits[b]; });
+    for (const TokenId token : {order[0], order[7], order[4999], TokenId{1234}}) {
+      const PromptTokenLogprob d = describe_prompt_token(logits, token, 4);
+      EXPECT_EQ(d.token, token);
+      // fp32 logits, log-sum-exp in double: ~1e-6 absolute.
+      EXPECT_NEAR(d.logprob, logits[token] - max_value - std::log(total), 1e-5);
+      int32_t larger = 0;
+      for (float v : logits) larger += v > logits[token];
+      EXPECT_EQ(d.rank, larger + 1);
+      ASSERT_EQ(d.top_logprobs.size(), 4u);
+      for (size_t r = 0; r < 4; ++r) EXPECT_EQ(d.top_logprobs[r].token, order[r]);
+    }
+    EXPECT_EQ(describe_prompt_token(logits, order[0], 0).rank, 1);
+    EXPECT_TRUE(describe_prompt_token(logits, order[0], 0).top_logprobs.empty());
+  }
+}
+
 }  // namespace
 }  // namespace peerserve

@@ -125,7 +125,12 @@ TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
       {R"({"prompt": "x", "stream": true, "stream_options": 3})", "stream_options"},
       {R"({"prompt": "x", "logprobs": 50})", "logprobs"},
       {R"({"prompt": "x", "logprobs": true})", "logprobs"},
-      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "echo": 1})", "echo"},
+      {R"({"prompt": "x", "prompt_logprobs": 21})", "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": -1})", "prompt_logprobs"},
+      {R"({"prompt": "x", "stream": true, "prompt_logprobs": 0})", "prompt_logprobs"},
+      {R"({"prompt": "x", "echo": true, "max_tokens": 0, "min_tokens": 1})", "min_tokens"},
+      {R"({"prompt": "x", "echo": true, "max_tokens": -1})", "max_tokens"},
       {R"({"prompt": "x", "best_of": 3})", "best_of"},
       {R"({"prompt": "x", "logit_bias": {"a5": 1}})", "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"-5": 1}})", "logit_bias"},
@@ -439,6 +444,66 @@ TEST(OpenAiProtocolTest, SanitizeUtf8) {
   EXPECT_EQ(sanitize_utf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
 }
 
+// echo (the prompt's text and logprobs before the answer's), max_tokens 0 with it (the prompt
+// alone) and vLLM's prompt_logprobs, which echo with logprobs implies.
+TEST(OpenAiProtocolTest, EchoAndPromptLogprobs) {
+  CompletionRequest plain;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "echo": false})", &plain));
+  EXPECT_FALSE(plain.echo);
+  EXPECT_FALSE(plain.params.prompt_logprobs.has_value());
+
+  CompletionRequest echo;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "echo": true, "max_tokens": 5})", &echo));
+  EXPECT_TRUE(echo.echo);
+  EXPECT_FALSE(echo.echo_only);
+  EXPECT_FALSE(echo.params.prompt_logprobs.has_value());  // no logprobs asked
+
+  CompletionRequest scoring;  // how evaluation harnesses score a text
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 3, "temperature": 0})",
+      &scoring));
+  EXPECT_TRUE(scoring.echo_only);
+  EXPECT_EQ(scoring.params.max_tokens, 1);  // computed, not sent
+  EXPECT_EQ(scoring.params.prompt_logprobs, 3);
+  EXPECT_FALSE(scoring.prompt_logprobs.has_value());  // no vLLM field in the answer
+
+  CompletionRequest both;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": "x", "echo": true, "logprobs": 2, "prompt_logprobs": 5})", &both));
+  EXPECT_EQ(both.params.prompt_logprobs, 5);  // the larger of the two
+  EXPECT_EQ(both.prompt_logprobs, 5);
+  CompletionRequest field_only;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "prompt_logprobs": 0})", &field_only));
+  EXPECT_EQ(field_only.params.prompt_logprobs, 0);
+  EXPECT_FALSE(field_only.echo);
+
+  CompletionRequest zero;
+  auto e = parse_completion(R"({"prompt": "x", "max_tokens": 0})", &zero);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "max_tokens");
+  EXPECT_NE(e->message.find("echo"), std::string::npos) << e->message;
+}
+
+TEST(OpenAiProtocolTest, EchoAndPromptLogprobsJson) {
+  std::vector<PromptTokenLogprob> prompt = {{5, -1.5f, 3, {{9, -0.25f}, {5, -1.5f}}},
+                                            {6, -std::numeric_limits<float>::infinity(), 40, {}}};
+  SampledToken generated;
+  generated.token = 7;
+  generated.logprob = -0.5f;
+  const json echo = completion_echo_logprobs_json(4, prompt, {generated}, nullptr, 1, 0);
+  EXPECT_EQ(echo["tokens"], json({"token_id:4", "token_id:5", "token_id:6", "token_id:7"}));
+  EXPECT_EQ(echo["token_logprobs"], json({nullptr, -1.5, -9999.0, -0.5}));
+  EXPECT_TRUE(echo["top_logprobs"][0].is_null());
+  EXPECT_EQ(echo["top_logprobs"][1], json({{"token_id:5", -1.5}, {"token_id:9", -0.25}}));
+  EXPECT_EQ(echo["text_offset"], json({0, 10, 20, 30}));
+
+  const std::string vllm = prompt_logprobs_json(prompt, nullptr, 2).dump();
+  EXPECT_EQ(vllm, R"([null,{"5":{"logprob":-1.5,"rank":3,"decoded_token":"token_id:5"},)"
+                  R"("9":{"logprob":-0.25,"rank":1,"decoded_token":"token_id:9"}},)"
+                  R"({"6":{"logprob":-9999.0,"rank":40,"decoded_token":"token_id:6"}}])");
+  EXPECT_EQ(prompt_logprobs_json({}, nullptr, 0).dump(), "[null]");
+}
+
 TEST(OpenAiProtocolTest, CompletionLogprobsOffsets) {
   std::vector<SampledToken> toks(2);
   toks[0].token = 7;
@@ -608,7 +673,7 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("guided_json": {"type": "object"})", "guided_json"},
            Refused{R"("guided_regex": "a+")", "guided_regex"},
            Refused{R"("structured_outputs": {"choice": ["a"]})", "structured_outputs"},
-           Refused{R"("prompt_logprobs": 1)", "prompt_logprobs"},
+           Refused{R"("prompt_logprobs": 1, "stream": true)", "prompt_logprobs"},
            Refused{R"("allowed_token_ids": [1, 2])", "allowed_token_ids"},
            Refused{R"("truncate_prompt_tokens": 8)", "truncate_prompt_tokens"},
            Refused{R"("use_beam_search": true)", "use_beam_search"},
