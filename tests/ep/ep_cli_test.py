@@ -535,6 +535,24 @@ def serve_ep2():
         time.sleep(3)  # idle longer than --ep-timeout-ms: the ranks keep agreeing meanwhile
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
+        # Prompt logprobs travel from either rank (the codec carries them): one request of four
+        # equal prompts, which rank 0 spreads over both ranks as it submits them, gives four
+        # equal answers (fp32 dispatch: one process's bits on any rank).
+        import urllib.request
+        before = requests_per_rank(port)
+        prompt = "The kernel documentation describes the subsystems"
+        body = json.dumps({"prompt": [prompt] * 4, "max_tokens": 0, "echo": True,
+                           "logprobs": 2}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            scored = [c["logprobs"] for c in json.load(r)["choices"]]
+        after = requests_per_rank(port)
+        assert all(after[r] > before[r] for r in (0, 1)), f"requests per rank: {before} {after}"
+        first = scored[0]
+        assert first["token_logprobs"][0] is None and len(first["tokens"]) > 3, first
+        assert all(isinstance(v, float) for v in first["token_logprobs"][1:]), first
+        assert len(scored) == 4 and all(s == first for s in scored), "they differ between ranks"
         # SIGTERM to every rank at once (what systemd sends to a unit's processes; mpirun
         # itself turns a signal into a non-zero exit): the followers keep serving, rank 0
         # drains and stops the group, every rank exits 0. (A follower used to end at once.)

@@ -150,6 +150,18 @@ check(content && content.every((e) => e.logprob <= 0 && e.top_logprobs.length <=
 check(content && content.every((e) => e.top_logprobs[0].logprob >= e.logprob - 1e-6),
       'logprobs: greedy token is the most likely');
 
+// 6b. Scoring a text (echo, logprobs, max_tokens 0): the prompt back with one logprob per token.
+const scored = await client.completions.create({
+  model, prompt, echo: true, logprobs: 2, max_tokens: 0, temperature: 0,
+});
+const slp = scored.choices[0].logprobs;
+check(scored.choices[0].text === prompt, 'echo: the prompt is the text', JSON.stringify(scored.choices[0].text));
+check(slp && slp.tokens.length === completionPromptTokens && slp.token_logprobs[0] === null &&
+      slp.token_logprobs.slice(1).every((v) => typeof v === 'number' && v <= 0),
+      'echo: a logprob per prompt token after the first', JSON.stringify(slp));
+check(scored.usage.completion_tokens === 0, 'echo: max_tokens 0 counts no completion token',
+      JSON.stringify(scored.usage));
+
 // 7. Errors come back as the SDK's typed errors.
 await expectStatus(client.completions.create({ model, prompt, max_tokens: 4, temperature: 7 }), 400,
                    'error: bad temperature -> 400');
