@@ -162,7 +162,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     usage_.resize(num_prompts);
     prompts_.resize(num_prompts);
     for (int32_t p = 0; p < num_prompts; ++p) {
-      prompts_[p].first_token = requests[p].prompt_tokens.front();  // the engine refuses none
+      // An empty prompt is refused by the engine below, before anything reads this.
+      const std::vector<TokenId>& tokens = requests[p].prompt_tokens;
+      if (!tokens.empty()) prompts_[p].first_token = tokens.front();
     }
     // A forced call's start is part of the answer: a named call's header goes out at once.
     std::vector<json> prefix_deltas(choices_.size(), json::object());
@@ -324,6 +326,25 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                  : completion_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_, text_offset);
   }
 
+  // `delta` as echo answers it: with max_tokens 0 the one token computed is not part of the
+  // answer, nor why it ended; `prompt_first` puts the prompt's text before the delta's.
+  ChoiceDelta with_echo(const ChoiceDelta& delta, int32_t prompt, bool prompt_first) const {
+    ChoiceDelta out = delta;
+    if (echo_.prompt_only) {
+      out.token_ids.clear();
+      out.text.clear();
+      out.logprobs.clear();
+      out.stop_string.reset();
+      out.stop_token.reset();
+      if (out.finish_reason && *out.finish_reason != FinishReason::kAbort &&
+          *out.finish_reason != FinishReason::kError) {
+        out.finish_reason = FinishReason::kLength;
+      }
+    }
+    if (prompt_first) out.text = echo_.texts[static_cast<size_t>(prompt)] + out.text;
+    return out;
+  }
+
   void on_output(int32_t prompt, const RequestOutput& out) {
     if (done_) return;
     if (!out.error.ok()) {
@@ -334,28 +355,15 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     if (echo_.prompt_only) usage_[prompt].completion_tokens = 0;  // none is sent
     if (!out.prompt_logprobs.empty()) prompts_[prompt].logprobs = out.prompt_logprobs;
     json stream_choices = json::array();
-    for (ChoiceDelta delta : out.choices) {
-      const int32_t index = prompt * n_ + delta.index;
+    for (const ChoiceDelta& engine_delta : out.choices) {
+      const int32_t index = prompt * n_ + engine_delta.index;
       ChoiceState& c = choices_[index];
-      if (echo_.prompt_only) {
-        // The one token computed is not part of the answer, nor why it ended.
-        delta.token_ids.clear();
-        delta.text.clear();
-        delta.logprobs.clear();
-        delta.stop_string.reset();
-        delta.stop_token.reset();
-        if (delta.finish_reason && *delta.finish_reason != FinishReason::kAbort &&
-            *delta.finish_reason != FinishReason::kError) {
-          delta.finish_reason = FinishReason::kLength;
-        }
-      }
       // Streamed echo: the prompt's text and logprobs go out in the choice's first chunk.
       const bool echo_now = stream_ && echo_.enabled && !c.echoed;
-      if (echo_now) {
-        c.echoed = true;
-        const std::string& prompt_text = echo_.texts[static_cast<size_t>(prompt)];
-        delta.text = prompt_text + delta.text;
-      }
+      c.echoed = c.echoed || echo_now;
+      std::optional<ChoiceDelta> echoed;
+      if (echo_now || echo_.prompt_only) echoed = with_echo(engine_delta, prompt, echo_now);
+      const ChoiceDelta& delta = echoed ? *echoed : engine_delta;
       const int64_t offset = c.text_length;
       c.text += delta.text;
       c.tokens += static_cast<int64_t>(delta.token_ids.size());
