@@ -34,6 +34,13 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
                             std::to_string(executor->kv_block_tokens()) + " tokens per block)");
   }
   SchedulerOptions scheduler_options = options.scheduler;
+  if (scheduler_options.max_prompt_logprobs_tokens == 0 && options.vocab_size > 0) {
+    // A prompt owing logprobs asks for a logits row (fp32, the vocabulary wide) per token of
+    // a step: at most 256 MiB of them (DeepSeek-V3's 129,280 tokens: 519 rows), at least 16.
+    constexpr int64_t kPromptLogitsBytes = int64_t{256} << 20;
+    scheduler_options.max_prompt_logprobs_tokens = static_cast<int32_t>(
+        std::clamp<int64_t>(kPromptLogitsBytes / (int64_t{options.vocab_size} * 4), 16, 1 << 30));
+  }
   if (options.kv_pool) {
     if (!scheduler_options.block_pool.enable_prefix_caching) {
       return invalid_argument("a KV caching pool needs prefix caching (it is off)");

@@ -43,6 +43,10 @@ Status SchedulerOptions::validate() const {
     return invalid_argument("max_prefill_chunk_tokens = " +
                             std::to_string(max_prefill_chunk_tokens) + ", expected >= 0");
   }
+  if (max_prompt_logprobs_tokens < 0) {
+    return invalid_argument("max_prompt_logprobs_tokens = " +
+                            std::to_string(max_prompt_logprobs_tokens) + ", expected >= 0");
+  }
   if (max_waiting_seqs < 1) {
     return invalid_argument("max_waiting_seqs = " + std::to_string(max_waiting_seqs) +
                             ", expected >= 1");
@@ -188,7 +192,7 @@ StepPlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
     const int64_t num_new = std::min(seq.num_tokens() - seq.num_computed_tokens,
-                                     capped_budget(budget, running_.size() > 1));
+                                     chunk_budget(seq, budget, running_.size() > 1));
     PS_CHECK(num_new > 0) << "running sequence " << seq.spec.id << " has nothing to compute";
     bool preempted_self = false;
     while (!grow_blocks(seq, tokens_to_cover(seq, num_new, 0))) {
@@ -241,6 +245,12 @@ StepPlan Scheduler::schedule() {
 int64_t Scheduler::capped_budget(int64_t budget, bool others_running) const {
   if (options_.max_prefill_chunk_tokens <= 0 || !others_running) return budget;
   return std::min<int64_t>(budget, options_.max_prefill_chunk_tokens);
+}
+
+int64_t Scheduler::chunk_budget(const Sequence& seq, int64_t budget, bool others_running) const {
+  const int64_t capped = capped_budget(budget, others_running);
+  if (options_.max_prompt_logprobs_tokens <= 0 || !seq.wants_prompt_logprobs()) return capped;
+  return std::min<int64_t>(capped, options_.max_prompt_logprobs_tokens);
 }
 
 bool Scheduler::grow_blocks(Sequence& seq, int64_t num_tokens) {
@@ -326,7 +336,7 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan* plan) {
   const int64_t num_shared = static_cast<int64_t>(shared.size()) + (tail_tokens > 0 ? 1 : 0);
   const int64_t num_hit = static_cast<int64_t>(shared.size()) * bs + tail_tokens;
   const int64_t num_new =
-      std::min(seq.num_tokens() - num_hit, capped_budget(budget, !running_.empty()));
+      std::min(seq.num_tokens() - num_hit, chunk_budget(seq, budget, !running_.empty()));
   seq.drafts.clear();
   seq.num_computed_tokens = num_hit;
   const int64_t need = blocks_for(tokens_to_cover(seq, num_new, 0), bs) - num_shared;

@@ -60,6 +60,9 @@ struct SchedulerOptions {
   // uncached tail of a prompt a few tokens per step. Alone, a sequence is not capped.
   // Default 0.
   int32_t max_prefill_chunk_tokens = 0;
+  // Prompt tokens a sequence owing prompt logprobs computes per step at most: each needs a
+  // logits row of the whole vocabulary (0 = only the limits above). Default 0.
+  int32_t max_prompt_logprobs_tokens = 0;
   BlockPoolOptions block_pool;
   // Root of the prefix-cache hash chains. Default kRootBlockHash (private to this engine);
   // an engine that shares blocks through a caching pool uses its KvNamespace::root_hash().
@@ -200,6 +203,8 @@ class Scheduler {
   bool drafting_step() const;
   // `budget` lowered to max_prefill_chunk_tokens when it applies (other sequences run).
   int64_t capped_budget(int64_t budget, bool others_running) const;
+  // capped_budget, and max_prompt_logprobs_tokens while `seq` owes prompt logprobs.
+  int64_t chunk_budget(const Sequence& seq, int64_t budget, bool others_running) const;
   // Admits the head of the waiting queue with up to `budget` tokens; false if it does not fit.
   bool try_admit(Sequence& seq, int64_t budget, StepPlan* plan);
   void preempt(Sequence& seq);

@@ -856,6 +856,43 @@ TEST(SchedulerTest, PromptLogprobsSurvivePreemptionMidPromptWithoutRepeats) {
   EXPECT_EQ(s->stats().num_used_blocks, 0);
 }
 
+// Each prompt token owing logprobs costs a vocabulary-wide logits row: such a sequence
+// computes at most max_prompt_logprobs_tokens of them per step, the others are not capped.
+TEST(SchedulerTest, PromptLogprobsChunksAreCapped) {
+  SchedulerOptions o = small_options(64);
+  o.max_num_batched_tokens = 32;
+  o.max_prompt_logprobs_tokens = 5;
+  auto s = make(o);
+  FakeExecutor ex(64, 4, kVocab);
+  std::mt19937 rng(53);
+  const std::vector<TokenId> prompt = random_tokens(rng, 18);
+  SequenceSpec capped = spec(1, prompt, 2, std::nullopt);
+  capped.prompt_logprobs = 0;
+  ASSERT_TRUE(s->add(capped).ok());
+  ASSERT_TRUE(s->add(spec(2, random_tokens(rng, 18), 2, std::nullopt)).ok());
+  std::vector<size_t> chunks_of_1, chunks_of_2;
+  std::map<SequenceId, std::vector<TokenId>> out;
+  std::vector<PromptTokenLogprob> got;
+  while (s->has_work()) {
+    StepPlan plan = s->schedule();
+    for (const ScheduledChunk& c : plan.chunks) {
+      (c.seq_id == 1 ? chunks_of_1 : chunks_of_2).push_back(c.tokens.size());
+    }
+    auto r = ex.execute(plan);
+    ASSERT_TRUE(r.ok());
+    for (const SequenceUpdate& u : s->update(plan, *r)) {
+      for (const SampledToken& t : u.tokens) out[u.seq_id].push_back(t.token);
+      if (!u.prompt_logprobs.empty()) got = u.prompt_logprobs;
+    }
+  }
+  // 17 positions owe logprobs: 5, 5, 5, then the last 3 (two owed, the last prompt token
+  // samples), then one decode step.
+  EXPECT_EQ(chunks_of_1, (std::vector<size_t>{5, 5, 5, 3, 1}));
+  EXPECT_EQ(chunks_of_2.front(), 18u);
+  expect_prompt_logprobs(prompt, got, 1);
+  EXPECT_EQ(out[1], reference_generate(prompt, 2, kVocab, std::nullopt));
+}
+
 // The other choices of a request with prompt logprobs start after choice 0 has sent them, so
 // a stream never has another choice's tokens before the request's prompt logprobs.
 TEST(SchedulerTest, OtherChoicesWaitForChoiceZerosPromptLogprobs) {
