@@ -174,6 +174,7 @@ Status Engine::validate(EngineRequest& request) const {
   for (const auto& entry : params.sampling.logit_bias) biased.push_back(entry.first);
   PS_RETURN_IF_ERROR(check_ids("logit_bias", biased));
   PS_RETURN_IF_ERROR(check_ids("forced", params.sampling.forced_tokens));
+  PS_RETURN_IF_ERROR(check_ids("allowed_token_ids", params.sampling.allowed_token_ids));
   for (const std::string& s : params.stop_strings) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   }

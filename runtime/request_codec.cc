@@ -35,6 +35,7 @@ void encode_sampling(const SamplingParams& s, ByteWriter& out) {
   out.put<int32_t>(s.min_tokens);
   out.put_array<TokenId>(s.suppressed_until_min_tokens);
   out.put_array<TokenId>(s.forced_tokens);
+  out.put_array<TokenId>(s.allowed_token_ids);
   out.put<uint64_t>(s.logit_bias.size());
   for (const auto& [id, bias] : s.logit_bias) {
     out.put<TokenId>(id);
@@ -57,6 +58,7 @@ SamplingParams decode_sampling(ByteReader& in) {
   s.min_tokens = in.get<int32_t>();
   s.suppressed_until_min_tokens = in.get_array<TokenId>();
   s.forced_tokens = in.get_array<TokenId>();
+  s.allowed_token_ids = in.get_array<TokenId>();
   const uint64_t biases = in.get_count(sizeof(TokenId) + sizeof(float));
   s.logit_bias.reserve(biases);
   for (uint64_t i = 0; i < biases && in.ok(); ++i) {

@@ -29,7 +29,8 @@ bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
          params.frequency_penalty != 0.0f ||
          (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty()) ||
-         !params.forced_tokens.empty() || !params.logit_bias.empty();
+         !params.forced_tokens.empty() || !params.logit_bias.empty() ||
+         !params.allowed_token_ids.empty();
 }
 
 // The first largest non-NaN logit (0 if all are NaN), vectorized: the scalar loop took
@@ -369,6 +370,16 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
     std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
     logits[static_cast<size_t>(forced)] = std::isfinite(kept) ? kept : 0.0f;
     return;
+  }
+  if (!params.allowed_token_ids.empty()) {
+    std::vector<bool> allowed(logits.size(), false);
+    for (const TokenId id : params.allowed_token_ids) {
+      if (id >= 0 && static_cast<size_t>(id) < logits.size())
+        allowed[static_cast<size_t>(id)] = true;
+    }
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (!allowed[i]) logits[i] = -std::numeric_limits<float>::infinity();
+    }
   }
   for (const auto& [id, bias] : params.logit_bias) {
     if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[static_cast<size_t>(id)] += bias;

@@ -8,7 +8,8 @@
 // state has to be carried or shared.
 //
 // Order of processing (vLLM's):
-//   1. logit_bias, then penalties: repetition_penalty over every token seen so far, the
+//   1. allowed_token_ids, logit_bias, then penalties: repetition_penalty over every token seen so
+//   far, the
 //      prompt's and the generated ones (CTRL/transformers/vLLM: positive logits divided by it,
 //      negative ones multiplied), then OpenAI's frequency/presence penalties over the
 //      generated tokens:
@@ -65,6 +66,10 @@ struct SamplingParams {
   // probability 0 (logit -inf, applied with the penalties in step 1).
   int32_t min_tokens = 0;
   std::vector<TokenId> suppressed_until_min_tokens;
+  // vLLM's allowed_token_ids: when not empty, every other token gets probability 0 (applied
+  // first in step 1; logprobs stay the model's). Ids must be in the vocabulary (the engine
+  // checks).
+  std::vector<TokenId> allowed_token_ids;
   // Testing hook (serve --allow-forced-output): at output position t < forced_tokens.size()
   // every token but forced_tokens[t] gets probability 0 (applied with the penalties in
   // step 1), so a test decides what the model "says" while the whole serving path runs.

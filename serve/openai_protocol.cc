@@ -230,7 +230,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"guided_choice", nullptr},
       {"guided_grammar", nullptr},
       {"structured_outputs", nullptr},
-      {"allowed_token_ids", nullptr},
       {"truncate_prompt_tokens", nullptr},
       {"logits_processors", nullptr},
       {"use_beam_search", false},
@@ -303,6 +302,21 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
         if (auto id =
                 f.as_integer(item, "stop_token_ids", 0, std::numeric_limits<int32_t>::max())) {
           p.stop_token_ids.push_back(static_cast<TokenId>(*id));
+        }
+      }
+    }
+  }
+  // vLLM's allowed_token_ids: sampling keeps to these (the engine checks them against the
+  // vocabulary).
+  if (const json* ids = f.get("allowed_token_ids"); ids && !f.error) {
+    if (!ids->is_array() || ids->empty()) {
+      f.fail("allowed_token_ids",
+             "'allowed_token_ids' must be a non-empty array of token ids, got " + type_name(*ids));
+    } else {
+      for (const json& item : *ids) {
+        if (auto id =
+                f.as_integer(item, "allowed_token_ids", 0, std::numeric_limits<int32_t>::max())) {
+          s.allowed_token_ids.push_back(static_cast<TokenId>(*id));
         }
       }
     }
@@ -470,7 +484,7 @@ std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& 
 std::optional<std::string> submit_error_param(const Status& status, bool chat) {
   if (status.code() == StatusCode::kResourceExhausted) return std::nullopt;
   const std::string& message = status.message();
-  for (const char* field : {"n", "stop_token_ids", "logit_bias"}) {
+  for (const char* field : {"n", "stop_token_ids", "logit_bias", "allowed_token_ids"}) {
     const std::string prefix = std::string(field) + (std::string_view(field) == "n" ? " = " : ":");
     if (message.rfind(prefix, 0) == 0) return field;
   }

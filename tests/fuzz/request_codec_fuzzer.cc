@@ -29,7 +29,7 @@ bool same(const peerserve::SamplingParams& a, const peerserve::SamplingParams& b
          a.want_logprobs == b.want_logprobs && a.top_logprobs == b.top_logprobs &&
          a.min_tokens == b.min_tokens &&
          a.suppressed_until_min_tokens == b.suppressed_until_min_tokens &&
-         a.forced_tokens == b.forced_tokens;
+         a.forced_tokens == b.forced_tokens && a.allowed_token_ids == b.allowed_token_ids;
 }
 
 bool same(const peerserve::EngineRequest& a, const peerserve::EngineRequest& b) {

@@ -9,6 +9,7 @@
 // rounding). Hence token sequences must match exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -183,6 +184,26 @@ TEST_F(ModelEngineTest, MinTokensKeepsEosOutUnderIgnoreEos) {
   const RunResult r = run(with_eos, {held}, false);
   ASSERT_EQ(r.tokens[0].size(), 6u);
   EXPECT_EQ(std::count(r.tokens[0].begin(), r.tokens[0].begin() + 4, plain.tokens[0][1]), 0);
+}
+
+// vLLM's allowed_token_ids: greedy and sampled requests draw from the set alone.
+TEST_F(ModelEngineTest, AllowedTokenIdsKeepSamplingToTheSet) {
+  const std::vector<TokenId> allowed = {11, 22, 33, 44};
+  const RunResult plain = run(RunConfig{}, {request(prompt(9, 4), 6)}, false);
+  EXPECT_FALSE(std::all_of(plain.tokens[0].begin(), plain.tokens[0].end(), [&](TokenId t) {
+    return std::find(allowed.begin(), allowed.end(), t) != allowed.end();
+  })) << "the model alone already keeps to the set: the test shows nothing";
+  EngineRequest greedy = request(prompt(9, 4), 6);
+  greedy.params.sampling.allowed_token_ids = allowed;
+  EngineRequest sampled = request(prompt(9, 4), 6, 1.0f, 7);
+  sampled.params.sampling.allowed_token_ids = allowed;
+  const RunResult r = run(RunConfig{}, {greedy, sampled}, false);
+  for (const std::vector<TokenId>& tokens : r.tokens) {
+    ASSERT_EQ(tokens.size(), 6u);
+    for (const TokenId t : tokens) {
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << t;
+    }
+  }
 }
 
 TEST_F(ModelEngineTest, TwoMicrobatchesGiveTheSameTokensAsOne) {

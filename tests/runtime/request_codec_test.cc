@@ -26,6 +26,7 @@ EngineRequest full_request() {
   s.min_tokens = 2;
   s.suppressed_until_min_tokens = {7, 8};
   s.forced_tokens = {3, 1, 4};
+  s.allowed_token_ids = {1, 3, 4, 99};
   s.logit_bias = {{7, 2.5f}, {9, -100.0f}};
   r.params.max_tokens = 77;
   r.params.default_max_tokens = 16;
@@ -101,6 +102,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(s.min_tokens, 2);
   EXPECT_EQ(s.suppressed_until_min_tokens, want.params.sampling.suppressed_until_min_tokens);
   EXPECT_EQ(s.forced_tokens, want.params.sampling.forced_tokens);
+  EXPECT_EQ(s.allowed_token_ids, want.params.sampling.allowed_token_ids);
   EXPECT_EQ(s.logit_bias, want.params.sampling.logit_bias);
   EXPECT_EQ(decoded->params.max_tokens, 77);
   EXPECT_EQ(decoded->params.default_max_tokens, 16);

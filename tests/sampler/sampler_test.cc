@@ -668,5 +668,39 @@ TEST(SamplerTest, PromptTokenLogprobMatchesAPlainReference) {
   }
 }
 
+// allowed_token_ids (vLLM's): greedy takes the most likely allowed token, a draw keeps to the
+// set with the set's renormalised probabilities, and logprobs stay the model's.
+TEST(SamplerTest, AllowedTokenIdsRestrictTheDraw) {
+  const std::vector<float> logits = random_logits(1000, 61, 2.0f);
+  const std::vector<TokenId> allowed = {5, 250, 251, 999};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.allowed_token_ids = allowed;
+  greedy.want_logprobs = true;
+  TokenId best = allowed[0];
+  for (const TokenId t : allowed) best = logits[t] > logits[best] ? t : best;
+  const SampledToken g = sample_token(logits, greedy, {});
+  EXPECT_EQ(g.token, best);
+  EXPECT_EQ(g.logprob, describe_token(logits, greedy, best).logprob);  // the model's logprob
+  EXPECT_EQ(g.top_logprobs.size(), 0u);
+
+  SamplingParams drawn;
+  drawn.temperature = 1.0f;
+  drawn.allowed_token_ids = allowed;
+  const TokenDistribution d = final_distribution(logits, drawn, {});
+  EXPECT_EQ(d.tokens, allowed);
+  double z = 0.0;
+  for (const TokenId t : allowed) z += std::exp(static_cast<double>(logits[t]));
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    EXPECT_NEAR(d.probs[i], std::exp(static_cast<double>(logits[allowed[i]])) / z, 1e-6);
+  }
+  std::map<TokenId, int> counts;
+  for (uint64_t seed = 0; seed < 2000; ++seed)
+    ++counts[sample_token(logits, drawn, {.seed = seed}).token];
+  for (const auto& [token, count] : counts) {
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), token), allowed.end()) << token;
+  }
+}
+
 }  // namespace
 }  // namespace peerserve
