@@ -230,7 +230,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"guided_choice", nullptr},
       {"guided_grammar", nullptr},
       {"structured_outputs", nullptr},
-      {"truncate_prompt_tokens", nullptr},
       {"logits_processors", nullptr},
       {"use_beam_search", false},
       {"length_penalty", 1.0},
@@ -240,11 +239,10 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"repetition_detection", nullptr},
       {"thinking_token_budget", nullptr},
       {"stream_interval", 1},
-      // BOS as the two endpoints add it: completions tokenize with special tokens, chat
-      // leaves them to the template.
-      {"add_special_tokens", !chat},
   };
   const Extension kUnbuiltChatExtensions[] = {
+      // The template adds BOS; another would come before it.
+      {"add_special_tokens", false},
       {"continue_final_message", false},
       {"chat_template", nullptr},
       {"documents", nullptr},
@@ -320,6 +318,15 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
         }
       }
     }
+  }
+  // vLLM's truncate_prompt_tokens: k keeps the prompt's last k tokens, -1 the last
+  // max_model_len (the server applies it after tokenizing).
+  if (auto v = f.integer("truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max())) {
+    if (*v == 0) {
+      f.fail("truncate_prompt_tokens",
+             "'truncate_prompt_tokens' must be -1 (the context length) or at least 1, got 0");
+    }
+    out->truncate_prompt_tokens = static_cast<int32_t>(*v);
   }
   if (auto v = f.boolean("ignore_eos")) p.ignore_eos = *v;
   if (auto v = f.boolean("include_stop_str_in_output")) p.include_stop_str_in_output = *v;
@@ -749,6 +756,7 @@ std::optional<ApiError> parse_completion_request(const json& body, const ApiLimi
     out->params.sampling.top_logprobs = static_cast<int32_t>(*v);
   }
   if (auto v = f.boolean("echo")) out->echo = *v;
+  if (auto v = f.boolean("add_special_tokens")) out->add_special_tokens = *v;
   if (auto v = f.string("suffix"); v && !v->empty()) {
     f.fail_unsupported("suffix", "'suffix' is not supported");
   }

@@ -80,6 +80,9 @@ struct CommonRequestFields {
   // "prompt_logprobs" (vLLM's extension): the answer carries every prompt token's logprob
   // with this many alternatives (vLLM's format, prompt_logprobs_json). Not with stream.
   std::optional<int32_t> prompt_logprobs;
+  // "truncate_prompt_tokens" (vLLM's): keep the prompt's last k tokens (-1: the last
+  // max_model_len); nullopt: a prompt over the context is refused.
+  std::optional<int32_t> truncate_prompt_tokens;
 };
 
 // max_tokens of a /v1/completions request that names none (OpenAI, vLLM).
@@ -103,6 +106,8 @@ struct CompletionRequest : CommonRequestFields {
   // (echo_only) the prompt alone: params.max_tokens is then 1 and that token is not sent.
   bool echo = false;
   bool echo_only = false;
+  // "add_special_tokens" (vLLM's): text prompts get BOS (the tokenizer's special tokens).
+  bool add_special_tokens = true;
 };
 
 // OpenAI's tool_choice: "none", "auto", "required" or {"type": "function", "function":

@@ -549,6 +549,19 @@ void start_on_strand(std::shared_ptr<GenerationCall> call,
   });
 }
 
+// truncate_prompt_tokens (vLLM's): the prompt's last `keep` tokens (-1: the context length).
+void truncate_prompt(std::optional<int32_t> keep, int64_t max_model_len,
+                     std::vector<TokenId>* tokens) {
+  if (!keep) return;
+  const int64_t k = *keep < 0 ? max_model_len : *keep;
+  if (static_cast<int64_t>(tokens->size()) > k) tokens->erase(tokens->begin(), tokens->end() - k);
+}
+
+// Tokens to stop tokenizing at: past the context a prompt is refused, unless it is truncated.
+size_t tokenize_limit(const CommonRequestFields& fields, int64_t max_model_len) {
+  return fields.truncate_prompt_tokens ? 0 : static_cast<size_t>(max_model_len);
+}
+
 // The prompt does not fit the context; found while tokenizing, which stops there.
 ApiError prompt_too_long(int64_t max_model_len, const char* param) {
   ApiError e;
@@ -596,7 +609,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   const ChatTemplateInput input = chat_template_input(request.body, chat);
   const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
   Result<std::vector<TokenId>> tokens =
-      ctx.tokenizer->encode_chat(input, static_cast<size_t>(max_len));
+      ctx.tokenizer->encode_chat(input, tokenize_limit(chat, max_len));
   if (tokens.status().code() == StatusCode::kOutOfRange) {
     return send_error(*exchange, prompt_too_long(max_len, "messages"));
   }
@@ -626,6 +639,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     return ctx.tokenizer->encode(text, options);
   };
   std::vector<TokenId> prompt = std::move(tokens).value();
+  truncate_prompt(chat.truncate_prompt_tokens, max_len, &prompt);
   if (!tool_setup.prefix.empty()) {
     Result<std::vector<TokenId>> prefix = encode_markup(tool_setup.prefix);
     if (!prefix.ok())
@@ -698,32 +712,26 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
   echo.enabled = completion.echo;
   echo.prompt_only = completion.echo_only;
   std::vector<EngineRequest> requests;
+  const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
   for (auto& prompt : completion.prompts) {
     EngineRequest r;
     r.params = completion.params;
     r.kv_push = completion.kv_push;
     r.prefill_hint = completion.prefill_hint;
     r.cache_salt = completion.cache_salt;
-    if (auto* ids = std::get_if<std::vector<TokenId>>(&prompt)) {
-      if (echo.enabled) {
-        // The text of token ids as they are, special tokens included (vLLM's).
-        Result<std::string> text = ctx.tokenizer->decode(*ids);
-        if (!text.ok())
-          return send_error(*exchange, api_error_from_status(text.status(), "prompt"));
-        echo.texts.push_back(std::move(text).value());
-      }
-      r.prompt_tokens = std::move(*ids);
+    const std::string* text = std::get_if<std::string>(&prompt);
+    if (text == nullptr) {
+      r.prompt_tokens = std::move(std::get<std::vector<TokenId>>(prompt));
     } else {
-      if (echo.enabled) echo.texts.push_back(std::get<std::string>(prompt));
       if (ctx.tokenizer == nullptr) {
         ApiError e;
         e.message = "this model has no tokenizer; send the prompt as token ids";
         e.param = "prompt";
         return send_error(*exchange, e);
       }
-      const int64_t max_len = ctx.engine->options().scheduler.max_model_len;
-      Result<std::vector<TokenId>> encoded = ctx.tokenizer->encode(
-          std::get<std::string>(prompt), {.max_tokens = static_cast<size_t>(max_len)});
+      Result<std::vector<TokenId>> encoded =
+          ctx.tokenizer->encode(*text, {.add_special_tokens = completion.add_special_tokens,
+                                        .max_tokens = tokenize_limit(completion, max_len)});
       if (encoded.status().code() == StatusCode::kOutOfRange) {
         return send_error(*exchange, prompt_too_long(max_len, "prompt"));
       }
@@ -731,6 +739,20 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
         return send_error(*exchange, api_error_from_status(encoded.status(), "prompt"));
       }
       r.prompt_tokens = std::move(encoded).value();
+    }
+    const size_t before = r.prompt_tokens.size();
+    truncate_prompt(completion.truncate_prompt_tokens, max_len, &r.prompt_tokens);
+    if (echo.enabled) {
+      if (text != nullptr && r.prompt_tokens.size() == before) {
+        echo.texts.push_back(*text);
+      } else {
+        // Token ids (or what truncation kept) as text, special tokens included (vLLM's).
+        Result<std::string> decoded = ctx.tokenizer->decode(r.prompt_tokens);
+        if (!decoded.ok()) {
+          return send_error(*exchange, api_error_from_status(decoded.status(), "prompt"));
+        }
+        echo.texts.push_back(std::move(decoded).value());
+      }
     }
     requests.push_back(std::move(r));
   }

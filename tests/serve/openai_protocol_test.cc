@@ -136,7 +136,9 @@ TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
       {R"({"prompt": "x", "logit_bias": {"-5": 1}})", "logit_bias"},
       {R"({"prompt": "x", "logit_bias": {"5": "1"}})", "logit_bias"},
       {R"({"prompt": "x", "logit_bias": [5]})", "logit_bias"},
-      {R"({"prompt": "x", "add_special_tokens": false})", "add_special_tokens"},
+      {R"({"prompt": "x", "add_special_tokens": 0})", "add_special_tokens"},
+      {R"({"prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens"},
+      {R"({"prompt": "x", "truncate_prompt_tokens": -2})", "truncate_prompt_tokens"},
       {R"({"prompt": "x", "return_token_ids": true})", "return_token_ids"},
       {R"({"prompt": "x", "logprob_token_ids": [3]})", "logprob_token_ids"},
       {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
@@ -477,6 +479,17 @@ TEST(OpenAiProtocolTest, EchoAndPromptLogprobs) {
   EXPECT_EQ(field_only.params.prompt_logprobs, 0);
   EXPECT_FALSE(field_only.echo);
 
+  CompletionRequest truncated;
+  ASSERT_FALSE(parse_completion(
+      R"({"prompt": "x", "truncate_prompt_tokens": 7, "add_special_tokens": false})", &truncated));
+  EXPECT_EQ(truncated.truncate_prompt_tokens, 7);
+  EXPECT_FALSE(truncated.add_special_tokens);
+  CompletionRequest whole_context;
+  ASSERT_FALSE(
+      parse_completion(R"({"prompt": "x", "truncate_prompt_tokens": -1})", &whole_context));
+  EXPECT_EQ(whole_context.truncate_prompt_tokens, -1);
+  EXPECT_TRUE(whole_context.add_special_tokens);
+
   CompletionRequest zero;
   auto e = parse_completion(R"({"prompt": "x", "max_tokens": 0})", &zero);
   ASSERT_TRUE(e.has_value());
@@ -677,7 +690,7 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("allowed_token_ids": [])", "allowed_token_ids"},
            Refused{R"("allowed_token_ids": [1, -2])", "allowed_token_ids"},
            Refused{R"("allowed_token_ids": 5)", "allowed_token_ids"},
-           Refused{R"("truncate_prompt_tokens": 8)", "truncate_prompt_tokens"},
+           Refused{R"("truncate_prompt_tokens": 0)", "truncate_prompt_tokens"},
            Refused{R"("use_beam_search": true)", "use_beam_search"},
            Refused{R"("length_penalty": 0.5)", "length_penalty"},
            Refused{R"("continue_final_message": true)", "continue_final_message"},

@@ -357,6 +357,39 @@ TEST_F(ServerIntegrationTest, CompletionsDefaultToSixteenTokensWithinTheContext)
   EXPECT_TRUE(wait_idle());
 }
 
+// vLLM's truncate_prompt_tokens keeps a prompt's last k tokens (a prompt over the context
+// then runs), and add_special_tokens false leaves BOS off a text prompt.
+TEST_F(ServerIntegrationTest, TruncatePromptTokensAndAddSpecialTokens) {
+  const auto complete = [&](const json& body) {
+    HttpResponse r = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  json ids = json::array();
+  for (int i = 0; i < 600; ++i) ids.push_back(5 + i % 97);  // more than the 512 of the context
+  json body = {{"model", "tiny"}, {"prompt", ids}, {"max_tokens", 4}, {"temperature", 0}};
+  HttpResponse too_long = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
+  EXPECT_EQ(too_long.status, 400) << too_long.body;
+  body["truncate_prompt_tokens"] = 500;
+  const json truncated = complete(body);
+  EXPECT_EQ(truncated["usage"]["prompt_tokens"], 500) << truncated.dump();
+  json last = json::array();
+  for (int i = 100; i < 600; ++i) last.push_back(ids[i]);
+  const json direct =
+      complete({{"model", "tiny"}, {"prompt", last}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(truncated["choices"][0]["text"], direct["choices"][0]["text"]);
+
+  const json with_bos = complete({{"model", "tiny"}, {"prompt", "hello there"}, {"max_tokens", 1}});
+  const json without = complete({{"model", "tiny"},
+                                 {"prompt", "hello there"},
+                                 {"max_tokens", 1},
+                                 {"add_special_tokens", false}});
+  EXPECT_EQ(without["usage"]["prompt_tokens"].get<int>() + 1,
+            with_bos["usage"]["prompt_tokens"].get<int>())
+      << with_bos.dump() << without.dump();
+  EXPECT_TRUE(wait_idle());
+}
+
 TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
   const std::string chat = R"("model": "tiny", "messages": [{"role": "user", "content": "x"}])";
   struct Refused {
