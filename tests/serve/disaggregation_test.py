@@ -218,6 +218,21 @@ def held_back_text_still_streams_a_chunk_per_step():
     assert "" in texts[-4:-1], f"no held-back step in {texts}"
 
 
+def prompt_logprobs_computed_on_the_decode_instance():
+    # A prompt owing logprobs is computed where its logits are: the decode instance does not
+    # ask a prefill instance (whose KV carries no logits) and answers as the all-in-one server.
+    body = {"model": "peerserve-dsv3-tiny", "prompt": "Five. " + LONG, "max_tokens": 0,
+            "echo": True, "logprobs": 2, "prompt_logprobs": 1}
+    remote = metric(decode_port, "peerserve:kv_pool_remote_prefills_total")
+    want = post_json(ref_port, "/v1/completions", body)
+    got = post_json(decode_port, "/v1/completions", body)
+    for key in ("text", "logprobs", "prompt_logprobs"):
+        assert got["choices"][0][key] == want["choices"][0][key], f"{key} differs"
+    assert got["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    after = metric(decode_port, "peerserve:kv_pool_remote_prefills_total")
+    assert after == remote, f"remote prefills {remote} -> {after} for a prompt owing logprobs"
+
+
 def push_refused_outside_prefill_role():
     body = {"model": "peerserve-dsv3-tiny", "prompt": [1, 2, 3], "max_tokens": 1,
             "peerserve_kv_push": {"endpoint": "127.0.0.1:9", "transfer": "handoff-x-1"}}
@@ -289,6 +304,8 @@ try:
          continuous_usage_in_every_chunk)
     case("a step whose text is held back still streams its chunk (empty text)",
          held_back_text_still_streams_a_chunk_per_step)
+    case("prompt logprobs: computed on the decode instance, as the all-in-one server's",
+         prompt_logprobs_computed_on_the_decode_instance)
     case("only a prefill instance pushes KV (peerserve_kv_push elsewhere is a 400)",
          push_refused_outside_prefill_role)
     case("a prefill instance with another KV namespace is refused at start", mismatched_pair_refused)
