@@ -243,7 +243,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   const Extension kUnbuiltChatExtensions[] = {
       // The template adds BOS; another would come before it.
       {"add_special_tokens", false},
-      {"continue_final_message", false},
       {"chat_template", nullptr},
       {"documents", nullptr},
   };
@@ -837,6 +836,14 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
   out->params.sampling.want_logprobs = logprobs;
   out->params.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
   if (auto v = f.boolean("add_generation_prompt")) out->add_generation_prompt = *v;
+  if (auto v = f.boolean("continue_final_message")) {
+    out->continue_final_message = *v;
+    if (*v && out->add_generation_prompt) {
+      // As vLLM: add_generation_prompt defaults to true, so it has to be turned off.
+      f.fail("continue_final_message",
+             "'continue_final_message' needs 'add_generation_prompt': false");
+    }
+  }
   if (const json* rf = f.get("response_format"); rf && !f.error) {
     const bool text = rf->is_object() && rf->value("type", json()) == "text";
     if (!text)
@@ -1182,6 +1189,7 @@ ordered_json merge_in_order(const ordered_json& original, const json& normalized
 ChatTemplateInput chat_template_input(std::string_view body_text, const ChatRequest& chat) {
   ChatTemplateInput input;
   input.add_generation_prompt = chat.add_generation_prompt;
+  input.continue_final_message = chat.continue_final_message;
   input.messages = chat.messages;
   input.extra_variables = chat.template_variables;
   const std::optional<ordered_json> parts = ordered_template_parts(body_text);

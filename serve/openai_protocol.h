@@ -123,6 +123,8 @@ struct ChatRequest : CommonRequestFields {
   // assistant message with tool_calls and no text keeps content null).
   nlohmann::json messages = nlohmann::json::array();
   bool add_generation_prompt = true;
+  // vLLM's continue_final_message (ChatTemplateInput::continue_final_message).
+  bool continue_final_message = false;
   // Further template variables: chat_template_kwargs, and "tools" (the request's tools as
   // sent) unless tool_choice is "none".
   nlohmann::json template_variables = nlohmann::json::object();

@@ -796,8 +796,8 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
   if (body->contains("messages")) {
     ChatRequest chat;
     json chat_body = {{"messages", (*body)["messages"]}};
-    if (body->contains("add_generation_prompt")) {
-      chat_body["add_generation_prompt"] = (*body)["add_generation_prompt"];
+    for (const char* key : {"add_generation_prompt", "continue_final_message"}) {
+      if (body->contains(key)) chat_body[key] = (*body)[key];
     }
     if (auto pe = parse_chat_request(chat_body, ctx.options.limits, &chat)) {
       return send_error(*exchange, *pe);

@@ -42,6 +42,10 @@ struct ChatTemplateInput {
   // [{"role": "system"|"user"|"assistant"|"tool", "content": ..., "tool_calls": [...]}]
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   bool add_generation_prompt = false;
+  // transformers' continue_final_message: the text ends with the final message's content
+  // (what the template writes after it, such as an end-of-turn token, is cut off), so the
+  // model continues that message. Not with add_generation_prompt.
+  bool continue_final_message = false;
   // Further template variables (e.g. "tools"); they may not override the ones above or
   // bos_token/eos_token.
   nlohmann::ordered_json extra_variables = nlohmann::ordered_json::object();

@@ -15,6 +15,14 @@
 namespace peerserve {
 namespace {
 
+// Python's str.strip() for ASCII whitespace.
+std::string_view strip_whitespace(std::string_view s) {
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  const size_t begin = s.find_first_not_of(kSpace);
+  if (begin == std::string_view::npos) return {};
+  return s.substr(begin, s.find_last_not_of(kSpace) - begin + 1);
+}
+
 using nlohmann::json;
 
 // Tokenizer files come from checkpoints downloaded from a hub: untrusted. Their real
@@ -511,11 +519,38 @@ Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& inpu
                               "' is set by the tokenizer and may not be overridden");
     }
   }
+  std::string final_content;
+  if (input.continue_final_message) {
+    if (input.add_generation_prompt) {
+      return invalid_argument(
+          "chat template: continue_final_message and add_generation_prompt exclude each other");
+    }
+    const nlohmann::ordered_json* content =
+        input.messages.empty() || !input.messages.back().is_object()
+            ? nullptr
+            : &input.messages.back()["content"];
+    if (content == nullptr || !content->is_string() || content->get<std::string>().empty()) {
+      return invalid_argument(
+          "chat template: continue_final_message needs a final message with text content");
+    }
+    final_content = content->get<std::string>();
+  }
   variables["messages"] = input.messages;
   variables["add_generation_prompt"] = input.add_generation_prompt;
   variables["bos_token"] = impl_->bos_token;
   variables["eos_token"] = impl_->eos_token;
-  return impl_->chat_template->render(variables);
+  PS_ASSIGN_OR_RETURN(std::string text, impl_->chat_template->render(variables));
+  if (!input.continue_final_message) return text;
+  // As transformers: cut after the last occurrence of the content, or of its stripped form
+  // (templates that trim messages).
+  for (const std::string& needle : {final_content, std::string(strip_whitespace(final_content))}) {
+    if (needle.empty()) continue;
+    const size_t at = text.rfind(needle);
+    if (at != std::string::npos) return text.substr(0, at + needle.size());
+  }
+  return invalid_argument(
+      "chat template: continue_final_message: the template does not write the final "
+      "message's content");
 }
 
 Result<std::vector<TokenId>> Tokenizer::encode_chat(const ChatTemplateInput& input,

@@ -694,6 +694,8 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("use_beam_search": true)", "use_beam_search"},
            Refused{R"("length_penalty": 0.5)", "length_penalty"},
            Refused{R"("continue_final_message": true)", "continue_final_message"},
+           Refused{R"("continue_final_message": 1, "add_generation_prompt": false)",
+                   "continue_final_message"},
            Refused{R"("chat_template": "{{ 1 }}")", "chat_template"},
            Refused{R"("documents": [{"text": "a"}])", "documents"},
            Refused{R"("add_special_tokens": true)", "add_special_tokens"},

@@ -358,8 +358,9 @@ TEST_F(ServerIntegrationTest, CompletionsDefaultToSixteenTokensWithinTheContext)
 }
 
 // vLLM's truncate_prompt_tokens keeps a prompt's last k tokens (a prompt over the context
-// then runs), and add_special_tokens false leaves BOS off a text prompt.
-TEST_F(ServerIntegrationTest, TruncatePromptTokensAndAddSpecialTokens) {
+// then runs), add_special_tokens false leaves BOS off a text prompt, and
+// continue_final_message continues the last message.
+TEST_F(ServerIntegrationTest, VllmPromptOptions) {
   const auto complete = [&](const json& body) {
     HttpResponse r = http_request(port(), "POST", "/v1/completions", body.dump(), {auth()});
     EXPECT_EQ(r.status, 200) << r.body;
@@ -387,6 +388,38 @@ TEST_F(ServerIntegrationTest, TruncatePromptTokensAndAddSpecialTokens) {
   EXPECT_EQ(without["usage"]["prompt_tokens"].get<int>() + 1,
             with_bos["usage"]["prompt_tokens"].get<int>())
       << with_bos.dump() << without.dump();
+
+  // continue_final_message: the chat answer continues the assistant's message, as the
+  // completion of the same tokens (from /tokenize, which takes the flag too) does.
+  const json messages = json::parse(
+      R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon"}])");
+  json chat = {{"model", "tiny"},
+               {"messages", messages},
+               {"continue_final_message", true},
+               {"add_generation_prompt", false},
+               {"max_tokens", 4},
+               {"temperature", 0}};
+  HttpResponse answer = http_request(port(), "POST", "/v1/chat/completions", chat.dump(), {auth()});
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  HttpResponse tokens = http_request(port(), "POST", "/tokenize",
+                                     json{{"model", "tiny"},
+                                          {"messages", messages},
+                                          {"continue_final_message", true},
+                                          {"add_generation_prompt", false}}
+                                         .dump(),
+                                     {auth()});
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  const json same = complete({{"model", "tiny"},
+                              {"prompt", json::parse(tokens.body)["tokens"]},
+                              {"max_tokens", 4},
+                              {"temperature", 0}});
+  EXPECT_EQ(json::parse(answer.body)["choices"][0]["message"]["content"],
+            same["choices"][0]["text"])
+      << answer.body << same.dump();
+  chat.erase("add_generation_prompt");  // true by default: refused, as vLLM does
+  HttpResponse refused =
+      http_request(port(), "POST", "/v1/chat/completions", chat.dump(), {auth()});
+  EXPECT_EQ(refused.status, 400) << refused.body;
   EXPECT_TRUE(wait_idle());
 }
 

@@ -404,6 +404,36 @@ TEST(ChatTemplateTest, TokenizerRendersItsTemplate) {
   EXPECT_FALSE(tokenizer->apply_chat_template(input).ok());
 }
 
+// transformers' continue_final_message: the rendered text ends with the final message's
+// content. The shipped model's template (DeepSeek-V3's) writes an assistant message as
+// <｜Assistant｜> + content + <｜end▁of▁sentence｜>; the end of turn is cut off.
+TEST(ChatTemplateTest, ContinueFinalMessageEndsWithItsContent) {
+  auto tokenizer =
+      Tokenizer::load_from_dir((testing::source_dir() / "models/peerserve-dsv3-tiny").string());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+  ChatTemplateInput input;
+  input.messages = nlohmann::json::parse(
+      R"([{"role": "user", "content": "The answer is"},
+          {"role": "assistant", "content": "The answer is"}])");
+  input.continue_final_message = true;
+  auto text = tokenizer->apply_chat_template(input);
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  EXPECT_EQ(*text, "<｜begin▁of▁sentence｜><｜User｜>The answer is<｜Assistant｜>The answer is");
+  auto ids = tokenizer->encode_chat(input);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_NE(ids->back(), *tokenizer->eos_id());
+
+  input.add_generation_prompt = true;
+  EXPECT_FALSE(tokenizer->apply_chat_template(input).ok());
+  input.add_generation_prompt = false;
+  input.messages = nlohmann::json::parse(
+      R"([{"role": "user", "content": "x"},
+          {"role": "assistant", "content": null, "tool_calls": []}])");
+  auto no_text = tokenizer->apply_chat_template(input);
+  ASSERT_FALSE(no_text.ok());
+  EXPECT_NE(no_text.status().message().find("continue_final_message"), std::string::npos);
+}
+
 // Unsupported constructs fail at parse time, naming the construct and its position.
 TEST(ChatTemplateTest, UnsupportedConstructsAreNamed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
