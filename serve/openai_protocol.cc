@@ -152,6 +152,22 @@ class Fields {
   const json& body_;
 };
 
+// A field that is an array of token ids (each 0 .. 2^31 - 1), appended to *ids.
+void token_id_field(Fields& f, const char* name, bool allow_empty, std::vector<TokenId>* ids) {
+  const json* v = f.get(name);
+  if (v == nullptr || f.error) return;
+  if (!v->is_array() || (!allow_empty && v->empty())) {
+    f.fail(name, std::string("'") + name + "' must be " + (allow_empty ? "an" : "a non-empty") +
+                     " array of token ids, got " + type_name(*v));
+    return;
+  }
+  for (const json& item : *v) {
+    if (auto id = f.as_integer(item, name, 0, std::numeric_limits<int32_t>::max())) {
+      ids->push_back(static_cast<TokenId>(*id));
+    }
+  }
+}
+
 void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFields* out) {
   out->model = f.string("model");
   if (auto hint = f.string("peerserve_prefill")) {
@@ -290,34 +306,10 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       add(*stop);
     }
   }
-  if (const json* ids = f.get("stop_token_ids"); ids && !f.error) {
-    if (!ids->is_array()) {
-      f.fail("stop_token_ids",
-             "'stop_token_ids' must be an array of token ids, got " + type_name(*ids));
-    } else {
-      for (const json& item : *ids) {
-        if (auto id =
-                f.as_integer(item, "stop_token_ids", 0, std::numeric_limits<int32_t>::max())) {
-          p.stop_token_ids.push_back(static_cast<TokenId>(*id));
-        }
-      }
-    }
-  }
+  token_id_field(f, "stop_token_ids", /*allow_empty=*/true, &p.stop_token_ids);
   // vLLM's allowed_token_ids: sampling keeps to these (the engine checks them against the
   // vocabulary).
-  if (const json* ids = f.get("allowed_token_ids"); ids && !f.error) {
-    if (!ids->is_array() || ids->empty()) {
-      f.fail("allowed_token_ids",
-             "'allowed_token_ids' must be a non-empty array of token ids, got " + type_name(*ids));
-    } else {
-      for (const json& item : *ids) {
-        if (auto id =
-                f.as_integer(item, "allowed_token_ids", 0, std::numeric_limits<int32_t>::max())) {
-          s.allowed_token_ids.push_back(static_cast<TokenId>(*id));
-        }
-      }
-    }
-  }
+  token_id_field(f, "allowed_token_ids", /*allow_empty=*/false, &s.allowed_token_ids);
   // vLLM's truncate_prompt_tokens: k keeps the prompt's last k tokens, -1 the last
   // max_model_len (the server applies it after tokenizing).
   if (auto v = f.integer("truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max())) {
