@@ -251,7 +251,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"length_penalty", 1.0},
       {"return_tokens_as_token_ids", false},
       {"logprob_token_ids", nullptr},
-      {"return_token_ids", false},
       {"repetition_detection", nullptr},
       {"thinking_token_budget", nullptr},
       {"stream_interval", 1},
@@ -324,6 +323,7 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   if (auto v = f.boolean("skip_special_tokens")) p.skip_special_tokens = *v;
 
   if (auto v = f.boolean("stream")) out->stream = *v;
+  if (auto v = f.boolean("return_token_ids")) out->return_token_ids = *v;
   if (auto v = f.integer("prompt_logprobs", 0, limits.max_top_logprobs)) {
     if (out->stream) {
       // As vLLM: they come with the whole answer.

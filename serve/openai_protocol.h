@@ -83,6 +83,9 @@ struct CommonRequestFields {
   // "truncate_prompt_tokens" (vLLM's): keep the prompt's last k tokens (-1: the last
   // max_model_len); nullopt: a prompt over the context is refused.
   std::optional<int32_t> truncate_prompt_tokens;
+  // "return_token_ids" (vLLM's): the answer carries the prompt's token ids and each choice's
+  // (streamed: the prompt's in a choice's first chunk, then each chunk's own).
+  bool return_token_ids = false;
 };
 
 // max_tokens of a /v1/completions request that names none (OpenAI, vLLM).

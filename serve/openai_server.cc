@@ -132,7 +132,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         created_(unix_seconds()),
         tool_setup_(std::move(tool_setup)),
         echo_(std::move(echo)),
-        prompt_logprobs_field_(fields.prompt_logprobs) {
+        prompt_logprobs_field_(fields.prompt_logprobs),
+        return_token_ids_(fields.return_token_ids) {
     ++ctx_->active_calls;
   }
   ~GenerationCall() { --ctx_->active_calls; }
@@ -165,6 +166,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       // An empty prompt is refused by the engine below, before anything reads this.
       const std::vector<TokenId>& tokens = requests[p].prompt_tokens;
       if (!tokens.empty()) prompts_[p].first_token = tokens.front();
+      if (return_token_ids_) prompts_[p].tokens = tokens;
     }
     // A forced call's start is part of the answer: a named call's header goes out at once.
     std::vector<json> prefix_deltas(choices_.size(), json::object());
@@ -209,7 +211,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                          {"logprobs", nullptr},
                          {"finish_reason", nullptr}};
-          exchange_->write_chunk(sse(chunk_envelope(json::array({choice}), i)));
+          json first = chunk_envelope(json::array({choice}), i);
+          if (return_token_ids_) first["prompt_token_ids"] = prompts_[i / n_].tokens;
+          exchange_->write_chunk(sse(first));
           if (!prefix_deltas[i].empty()) {
             json header = {{"index", i},
                            {"delta", std::move(prefix_deltas[i])},
@@ -228,9 +232,11 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::vector<SampledToken> logprobs;
     std::optional<FinishReason> finish;
     json stop_reason = nullptr;
-    int64_t text_length = 0;  // for completion text_offset
-    int64_t tokens = 0;       // generated so far (continuous usage stats)
-    bool echoed = false;      // stream: the prompt went out
+    int64_t text_length = 0;             // for completion text_offset
+    int64_t tokens = 0;                  // generated so far (continuous usage stats)
+    bool echoed = false;                 // stream: the prompt went out
+    std::vector<TokenId> token_ids;      // return_token_ids, not streamed
+    bool prompt_token_ids_sent = false;  // return_token_ids, streamed completions
     // Tool calling: the parser, the content it let through, and the calls whose header it
     // let through, each with the id the stream gave it and the argument text it sent.
     struct StartedCall {
@@ -246,6 +252,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   struct PromptState {
     TokenId first_token = 0;
     std::vector<PromptTokenLogprob> logprobs;  // RequestOutput::prompt_logprobs
+    std::vector<TokenId> tokens;               // return_token_ids
   };
 
   // The delta (content and/or tool_calls) for parser events; calls get their ids here.
@@ -370,6 +377,9 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       c.text_length += static_cast<int64_t>(utf8::count_code_points(delta.text));
       if (want_logprobs_)
         c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+      if (return_token_ids_ && !stream_) {
+        c.token_ids.insert(c.token_ids.end(), delta.token_ids.begin(), delta.token_ids.end());
+      }
       if (delta.finish_reason) {
         c.finish = delta.finish_reason;
         if (delta.stop_string) {
@@ -412,6 +422,13 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       }
       choice["finish_reason"] = finish_reason_json(c);
       if (delta.finish_reason) choice["stop_reason"] = c.stop_reason;
+      if (return_token_ids_) {
+        if (!chat_ && !c.prompt_token_ids_sent) {
+          choice["prompt_token_ids"] = prompts_[prompt].tokens;  // chat: in the role chunk
+          c.prompt_token_ids_sent = true;
+        }
+        choice["token_ids"] = delta.token_ids;
+      }
       stream_choices.push_back(std::move(choice));
     }
     // One chunk per choice, as OpenAI and vLLM stream n > 1 (clients read choices[0]).
@@ -457,6 +474,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         choice["prompt_logprobs"] =
             prompt_logprobs_json(prompt.logprobs, ctx_->tokenizer, *prompt_logprobs_field_);
       }
+      if (return_token_ids_) {
+        if (!chat_) choice["prompt_token_ids"] = prompt.tokens;  // chat: the response's
+        choice["token_ids"] = c.token_ids;
+      }
       // A well-formed answer: its calls. A forced call (the server began it in the prompt)
       // that went wrong: what the stream sent, the calls begun with the argument text that
       // went out and the rest as content, so that both forms of the answer agree (vLLM's
@@ -495,6 +516,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
                      {"choices", std::move(choices)},
                      {"usage", usage_json(usage)},
                      {"system_fingerprint", nullptr}};
+    if (chat_ && return_token_ids_) response["prompt_token_ids"] = prompts_.front().tokens;
     if (chat_ && prompt_logprobs_field_) {
       // vLLM's place for them in a chat answer (one prompt).
       response["prompt_logprobs"] =
@@ -529,6 +551,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const ToolCallSetup tool_setup_;
   const PromptEcho echo_;
   const std::optional<int32_t> prompt_logprobs_field_;
+  const bool return_token_ids_;
   std::vector<PromptState> prompts_;
   std::vector<RequestId> request_ids_;
   std::vector<ChoiceState> choices_;

@@ -139,7 +139,7 @@ TEST(OpenAiProtocolTest, BadCompletionInputsNameTheField) {
       {R"({"prompt": "x", "add_special_tokens": 0})", "add_special_tokens"},
       {R"({"prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens"},
       {R"({"prompt": "x", "truncate_prompt_tokens": -2})", "truncate_prompt_tokens"},
-      {R"({"prompt": "x", "return_token_ids": true})", "return_token_ids"},
+      {R"({"prompt": "x", "return_token_ids": 1})", "return_token_ids"},
       {R"({"prompt": "x", "logprob_token_ids": [3]})", "logprob_token_ids"},
       {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
       {R"({"prompt": "x", "model": 5})", "model"},

@@ -10,7 +10,8 @@ Cases (all run; exit 1 if any failed):
 - a prompt whose blocks are in the prefix cache gets the same logprobs (computed again, 0
   cached tokens);
 - asking for prompt logprobs changes no generated token; n = 2 echoes the prompt in both
-  choices; a streamed echo sends the same text;
+  choices; a streamed echo sends the same text (and with return_token_ids the same ids, the
+  prompt's in the first chunk);
 - with `--speculative mtp` the prompt logprobs and the greedy answer equal those without;
 - bad input (prompt_logprobs with stream, max_tokens 0 without echo, echo in chat, 21
   alternatives) gets a 400 naming the field.
@@ -186,11 +187,18 @@ def main():
 
         def streamed():
             body = {"prompt": "The Linux kernel is", "max_tokens": 6, "echo": True,
-                    "logprobs": 1, "temperature": 0}
+                    "logprobs": 1, "temperature": 0, "return_token_ids": True}
             _, whole = exact.post("/v1/completions", body)
             _, chunks = exact.post("/v1/completions", dict(body, stream=True), stream=True)
             text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
             assert text == whole["choices"][0]["text"], (text, whole["choices"][0]["text"])
+            # return_token_ids: the prompt's ids in the first chunk, then each chunk's own.
+            ids = [t for c in chunks if c.get("choices") for t in c["choices"][0]["token_ids"]]
+            assert ids == whole["choices"][0]["token_ids"] and len(ids) == 6, ids
+            assert chunks[0]["choices"][0]["prompt_token_ids"] == \
+                whole["choices"][0]["prompt_token_ids"]
+            assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:]
+                       if c.get("choices"))
             first = chunks[0]["choices"][0]["logprobs"]
             assert first["token_logprobs"][0] is None
             n = len(first["tokens"])
@@ -211,7 +219,7 @@ def main():
         case("a cached prompt is computed again for its logprobs", despite_the_prefix_cache)
         case("prompt logprobs change no generated token", answers_unchanged)
         case("n = 2 echoes the prompt in both choices", two_choices)
-        case("a streamed echo sends the same text", streamed)
+        case("a streamed echo sends the same text and token ids", streamed)
         case("bad input is refused by name", refused)
     finally:
         exact.stop()

@@ -416,6 +416,22 @@ TEST_F(ServerIntegrationTest, VllmPromptOptions) {
   EXPECT_EQ(json::parse(answer.body)["choices"][0]["message"]["content"],
             same["choices"][0]["text"])
       << answer.body << same.dump();
+  // return_token_ids: the prompt's ids (what /tokenize gives) and the choice's.
+  chat["return_token_ids"] = true;
+  const json with_ids =
+      json::parse(http_request(port(), "POST", "/v1/chat/completions", chat.dump(), {auth()}).body);
+  EXPECT_EQ(with_ids["prompt_token_ids"], json::parse(tokens.body)["tokens"]) << with_ids.dump();
+  EXPECT_EQ(with_ids["choices"][0]["token_ids"].size(),
+            with_ids["usage"]["completion_tokens"].get<size_t>())
+      << with_ids.dump();
+  const json completion_ids = complete({{"model", "tiny"},
+                                        {"prompt", json::parse(tokens.body)["tokens"]},
+                                        {"max_tokens", 4},
+                                        {"temperature", 0},
+                                        {"return_token_ids", true}});
+  EXPECT_EQ(completion_ids["choices"][0]["prompt_token_ids"], json::parse(tokens.body)["tokens"]);
+  EXPECT_EQ(completion_ids["choices"][0]["token_ids"], with_ids["choices"][0]["token_ids"]);
+  chat.erase("return_token_ids");
   chat.erase("add_generation_prompt");  // true by default: refused, as vLLM does
   HttpResponse refused =
       http_request(port(), "POST", "/v1/chat/completions", chat.dump(), {auth()});
