@@ -128,9 +128,9 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     next.assign(c.tokens.begin() + 1, c.tokens.begin() + known);
     if (c.sample) {
       generated[i].assign(c.generated.begin(), c.generated.end());
-      const bool all_logits = !c.drafts.empty() || c.prompt_logprobs >= 0;
+      // The last known token's row: the chunk's last row, or the one before its drafts'.
       const int64_t first_row =
-          output_.row_offsets[i] + (all_logits ? known - 1 : 0);  // the last known token
+          output_.row_offsets[i + 1] - 1 - static_cast<int64_t>(c.drafts.size());
       for (size_t j = 0; j <= c.drafts.size(); ++j) {
         const SamplingContext context{
             .generated = generated[i], .seed = c.seed, .prompt = c.prompt};

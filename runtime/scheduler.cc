@@ -295,7 +295,7 @@ bool Scheduler::waits_for_prompt_sibling(const Sequence& seq) const {
   if (sibling == nullptr) return false;
   // The request's prompt logprobs (choice 0's) go out with its first token, before any other
   // choice's tokens.
-  if (sibling->spec.prompt_logprobs >= 0 && !sibling->prompt_logprobs_sent) return true;
+  if (sibling->spec.prompt_logprobs >= 0 && !sibling->prompt_logprobs_sent()) return true;
   if (!pool_.prefix_caching_enabled() || sibling->status != SequenceStatus::kRunning) {
     return false;
   }
@@ -445,12 +445,11 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     SequenceUpdate update;
     update.seq_id = seq.spec.id;
     update.num_cached_prompt_tokens = seq.num_cached_prompt_tokens;
-    if (seq.spec.prompt_logprobs >= 0 && !seq.prompt_logprobs_sent) {
+    if (seq.spec.prompt_logprobs >= 0 && !seq.prompt_logprobs_sent()) {
       PS_CHECK_EQ(seq.num_prompt_logprobs, seq.num_prompt_tokens() - 1)
           << "sequence " << chunk.seq_id << " sampled before its prompt logprobs were complete";
-      update.prompt_logprobs = std::move(seq.prompt_logprobs);
+      update.prompt_logprobs = std::move(seq.prompt_logprobs);  // its tokens follow below
       seq.prompt_logprobs = {};
-      seq.prompt_logprobs_sent = true;
     }
     update.num_drafts = static_cast<int32_t>(chunk.drafts.size());
     update.num_accepted_drafts = static_cast<int32_t>(outcome.tokens.size()) - 1;

@@ -71,10 +71,9 @@ struct Sequence {
   bool admitted_once = false;
   // spec.prompt_logprobs: those of prompt tokens 1 .. num_prompt_logprobs (computed at
   // positions 0 .. num_prompt_logprobs - 1), kept until the first sampled token goes out
-  // with them; prompt_logprobs_sent after that.
+  // with them (prompt_logprobs_sent()).
   std::vector<PromptTokenLogprob> prompt_logprobs;
   int64_t num_prompt_logprobs = 0;
-  bool prompt_logprobs_sent = false;
   // Speculative decoding: draft tokens for positions num_tokens(), num_tokens() + 1, ...
   // (made by the MTP layer in the last step; dropped when the sequence loses its KV).
   std::vector<DraftToken> drafts;
@@ -82,9 +81,11 @@ struct Sequence {
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(spec.prompt_tokens.size()); }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_generated() const { return num_tokens() - num_prompt_tokens(); }
+  // The prompt logprobs went out with the first generated token (kept across preemption).
+  bool prompt_logprobs_sent() const { return num_generated() > 0; }
   // Prompt logprobs still to compute: positions num_prompt_logprobs .. prompt tokens - 2.
   bool wants_prompt_logprobs() const {
-    return spec.prompt_logprobs >= 0 && !prompt_logprobs_sent &&
+    return spec.prompt_logprobs >= 0 && !prompt_logprobs_sent() &&
            num_prompt_logprobs < num_prompt_tokens() - 1;
   }
   std::span<const TokenId> generated() const {

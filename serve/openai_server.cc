@@ -232,11 +232,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     std::vector<SampledToken> logprobs;
     std::optional<FinishReason> finish;
     json stop_reason = nullptr;
-    int64_t text_length = 0;             // for completion text_offset
-    int64_t tokens = 0;                  // generated so far (continuous usage stats)
-    bool echoed = false;                 // stream: the prompt went out
-    std::vector<TokenId> token_ids;      // return_token_ids, not streamed
-    bool prompt_token_ids_sent = false;  // return_token_ids, streamed completions
+    int64_t text_length = 0;         // for completion text_offset
+    int64_t tokens = 0;              // generated so far (continuous usage stats)
+    bool streamed = false;           // stream: the choice's first chunk went out
+    std::vector<TokenId> token_ids;  // return_token_ids, not streamed
     // Tool calling: the parser, the content it let through, and the calls whose header it
     // let through, each with the id the stream gave it and the argument text it sent.
     struct StartedCall {
@@ -366,8 +365,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       const int32_t index = prompt * n_ + engine_delta.index;
       ChoiceState& c = choices_[index];
       // Streamed echo: the prompt's text and logprobs go out in the choice's first chunk.
-      const bool echo_now = stream_ && echo_.enabled && !c.echoed;
-      c.echoed = c.echoed || echo_now;
+      const bool echo_now = stream_ && echo_.enabled && !c.streamed;
       std::optional<ChoiceDelta> echoed;
       if (echo_now || echo_.prompt_only) echoed = with_echo(engine_delta, prompt, echo_now);
       const ChoiceDelta& delta = echoed ? *echoed : engine_delta;
@@ -423,12 +421,12 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       choice["finish_reason"] = finish_reason_json(c);
       if (delta.finish_reason) choice["stop_reason"] = c.stop_reason;
       if (return_token_ids_) {
-        if (!chat_ && !c.prompt_token_ids_sent) {
+        if (!chat_ && !c.streamed) {
           choice["prompt_token_ids"] = prompts_[prompt].tokens;  // chat: in the role chunk
-          c.prompt_token_ids_sent = true;
         }
         choice["token_ids"] = delta.token_ids;
       }
+      c.streamed = true;  // an echo's first delta always has content, so it got here
       stream_choices.push_back(std::move(choice));
     }
     // One chunk per choice, as OpenAI and vLLM stream n > 1 (clients read choices[0]).

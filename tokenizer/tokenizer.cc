@@ -11,17 +11,10 @@
 #include "tokenizer/internal/bpe_model.h"
 #include "tokenizer/internal/pre_tokenizer.h"
 #include "tokenizer/internal/utf8.h"
+#include "tokenizer/jinja/python_strings.h"
 
 namespace peerserve {
 namespace {
-
-// Python's str.strip() for ASCII whitespace.
-std::string_view strip_whitespace(std::string_view s) {
-  constexpr std::string_view kSpace = " \t\n\r\f\v";
-  const size_t begin = s.find_first_not_of(kSpace);
-  if (begin == std::string_view::npos) return {};
-  return s.substr(begin, s.find_last_not_of(kSpace) - begin + 1);
-}
 
 using nlohmann::json;
 
@@ -543,7 +536,8 @@ Result<std::string> Tokenizer::apply_chat_template(const ChatTemplateInput& inpu
   if (!input.continue_final_message) return text;
   // As transformers: cut after the last occurrence of the content, or of its stripped form
   // (templates that trim messages).
-  for (const std::string& needle : {final_content, std::string(strip_whitespace(final_content))}) {
+  for (const std::string& needle :
+       {final_content, jinja::strip(final_content, nullptr, /*left=*/true, /*right=*/true)}) {
     if (needle.empty()) continue;
     const size_t at = text.rfind(needle);
     if (at != std::string::npos) return text.substr(0, at + needle.size());
