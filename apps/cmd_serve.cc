@@ -670,6 +670,9 @@ int run_serve(const ServeCli& cli) {
   server_options.tool_calling = tool_calling;
   server_options.allow_forced_output = cli.allow_forced_output;
   server_options.accept_kv_push = cli.role == "prefill";
+  // The request codec that spreads requests over the ranks does not carry a compiled
+  // constraint; refused with a 400 until it does.
+  server_options.structured_outputs = session.size() == 1;
   if (expert_load) {
     server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
       return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);

@@ -560,6 +560,77 @@ struct KeyHash {
   }
 };
 
+// Merges equivalent states (Moore's partition refinement): two states are equivalent when
+// every string takes both to acceptance or neither. Counted repetition and alternatives that
+// share their tails (JSON's "a value, then more values") copy NFA fragments whose subsets
+// the construction tells apart although they accept the same continuations; merging them
+// makes the automaton, and the token masks cached per state, several times smaller. State 0
+// stays the start. `table` is [n][classes] with kDead for no transition.
+void minimize(std::vector<int32_t>& table, std::vector<uint8_t>& accepting, size_t classes,
+              uint64_t max_steps) {
+  const size_t n = accepting.size();
+  uint64_t steps = 0;
+  const size_t width = classes + 1;
+  std::vector<int32_t> block(n), signature(n * width), order(n);
+  for (size_t s = 0; s < n; ++s) block[s] = accepting[s];
+  size_t blocks = 0;
+  while (true) {
+    // One round reads every row a few times (building, sorting, comparing neighbours).
+    steps += static_cast<uint64_t>(n) * width * 8;
+    if (steps > max_steps) return;  // over budget: the unminimized automaton stays
+    for (size_t s = 0; s < n; ++s) {
+      int32_t* row = &signature[s * width];
+      row[0] = block[s];
+      for (size_t c = 0; c < classes; ++c) {
+        const int32_t to = table[s * classes + c];
+        row[c + 1] = to == RegexAutomaton::kDead ? -1 : block[static_cast<size_t>(to)];
+      }
+    }
+    for (size_t s = 0; s < n; ++s) order[s] = static_cast<int32_t>(s);
+    const auto row_less = [&](int32_t a, int32_t b) {
+      return std::lexicographical_compare(
+          signature.begin() + static_cast<ptrdiff_t>(a) * static_cast<ptrdiff_t>(width),
+          signature.begin() + (static_cast<ptrdiff_t>(a) + 1) * static_cast<ptrdiff_t>(width),
+          signature.begin() + static_cast<ptrdiff_t>(b) * static_cast<ptrdiff_t>(width),
+          signature.begin() + (static_cast<ptrdiff_t>(b) + 1) * static_cast<ptrdiff_t>(width));
+    };
+    std::sort(order.begin(), order.end(), row_less);
+    std::vector<int32_t> next(n);
+    int32_t id = -1;
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 0 || row_less(order[i - 1], order[i])) ++id;
+      next[static_cast<size_t>(order[i])] = id;
+    }
+    const auto count = static_cast<size_t>(id) + 1;
+    block = std::move(next);
+    if (count == blocks) break;  // refining changed nothing: stable
+    blocks = count;
+  }
+  // Renumber blocks by first state so that the start stays 0.
+  std::vector<int32_t> renumber(blocks, -1), representative;
+  for (size_t s = 0; s < n; ++s) {
+    int32_t& r = renumber[static_cast<size_t>(block[s])];
+    if (r < 0) {
+      r = static_cast<int32_t>(representative.size());
+      representative.push_back(static_cast<int32_t>(s));
+    }
+  }
+  std::vector<int32_t> merged(blocks * classes);
+  std::vector<uint8_t> merged_accepting(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    const auto s = static_cast<size_t>(representative[b]);
+    merged_accepting[b] = accepting[s];
+    for (size_t c = 0; c < classes; ++c) {
+      const int32_t to = table[s * classes + c];
+      merged[b * classes + c] = to == RegexAutomaton::kDead
+                                    ? to
+                                    : renumber[static_cast<size_t>(block[static_cast<size_t>(to)])];
+    }
+  }
+  table = std::move(merged);
+  accepting = std::move(merged_accepting);
+}
+
 }  // namespace
 
 RegexAutomaton::RegexAutomaton(std::string pattern, std::vector<uint8_t> byte_class,
@@ -621,6 +692,7 @@ Result<std::shared_ptr<const RegexAutomaton>> RegexAutomaton::compile(std::strin
   std::vector<uint32_t> seen(nfa.size(), 0);
   uint32_t stamp = 0;
   std::vector<int32_t> stack;
+  uint64_t steps = 0;
   auto closure = [&](const std::vector<int32_t>& from) {
     ++stamp;
     std::vector<int32_t> key;
@@ -628,6 +700,7 @@ Result<std::shared_ptr<const RegexAutomaton>> RegexAutomaton::compile(std::strin
     while (!stack.empty()) {
       const int32_t s = stack.back();
       stack.pop_back();
+      ++steps;
       if (seen[static_cast<size_t>(s)] == stamp) continue;
       seen[static_cast<size_t>(s)] = stamp;
       const NfaState& st = nfa[static_cast<size_t>(s)];
@@ -661,6 +734,11 @@ Result<std::shared_ptr<const RegexAutomaton>> RegexAutomaton::compile(std::strin
     for (size_t c = 0; c < classes; ++c) {
       const uint8_t b = representative[c];
       targets.clear();
+      steps += dfa_sets[d].size();
+      if (steps > limits.max_construction_steps) {
+        return invalid_argument("regex: too complex (building its automaton took more than " +
+                                std::to_string(limits.max_construction_steps) + " steps)");
+      }
       for (const int32_t s : dfa_sets[d]) {
         const NfaState& st = nfa[static_cast<size_t>(s)];
         if (st.next >= 0 && st.lo <= b && b <= st.hi) targets.push_back(st.next);
@@ -715,6 +793,7 @@ Result<std::shared_ptr<const RegexAutomaton>> RegexAutomaton::compile(std::strin
       table[r * classes + c] = to == kDead ? kDead : renumber[static_cast<size_t>(to)];
     }
   }
+  minimize(table, kept_accepting, classes, limits.max_minimization_steps);
   return std::make_shared<const RegexAutomaton>(std::string(pattern), std::move(byte_class),
                                                 classes, std::move(table),
                                                 std::move(kept_accepting));

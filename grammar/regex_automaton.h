@@ -34,6 +34,11 @@ struct RegexLimits {
   int max_nesting = 256;            // parentheses and classes inside each other
   size_t max_nfa_states = 1 << 20;  // after expanding counted repetition
   size_t max_dfa_states = 1 << 16;
+  // Work bounds (NFA states visited while building; row entries compared while minimizing),
+  // so that a hostile pattern costs at most a second or two. Past the first the pattern is
+  // refused; past the second the automaton is kept unminimized (correct, only larger).
+  uint64_t max_construction_steps = 200'000'000;
+  uint64_t max_minimization_steps = 200'000'000;
 };
 
 class RegexAutomaton {

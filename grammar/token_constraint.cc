@@ -1,5 +1,7 @@
 #include "grammar/token_constraint.h"
 
+#include <algorithm>
+#include <bit>
 #include <limits>
 
 namespace peerserve::grammar {
@@ -78,6 +80,13 @@ const std::vector<uint64_t>& TokenConstraint::allowed(int32_t state) const {
   // one stored wins and they are equal.
   std::vector<uint64_t> bits = compute_mask(state);
   std::lock_guard lock(mutex_);
+  if (masks_.size() >= kMaxCachedStates) {
+    // Past the cap (a pattern that wanders through very many states), masks are computed
+    // each time instead of held: memory stays bounded by the cap.
+    thread_local std::vector<uint64_t> uncached;
+    uncached = std::move(bits);
+    return uncached;
+  }
   return masks_.try_emplace(state, std::move(bits)).first->second;
 }
 
@@ -92,15 +101,25 @@ void TokenConstraint::mask_logits(std::span<float> logits,
   const std::vector<uint64_t>& bits = allowed(state_after(generated));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t vocab = static_cast<size_t>(vocabulary_->vocab_size());
-  for (size_t w = 0; w < bits.size(); ++w) {
+  const size_t covered = std::min(logits.size(), vocab);
+  float* x = logits.data();
+  size_t w = 0;
+  // Whole words: skip the all-allowed ones, fill the none-allowed ones, and in the mixed ones
+  // visit the disallowed bits only (inside a JSON string nearly every token is allowed).
+  for (; (w + 1) * 64 <= covered; ++w) {
     const uint64_t word = bits[w];
-    const size_t base = w * 64;
     if (word == ~uint64_t{0}) continue;
-    for (size_t b = 0; b < 64 && base + b < logits.size(); ++b) {
-      if (!((word >> b) & 1u)) logits[base + b] = kNegInf;
+    float* row = x + w * 64;
+    if (word == 0) {
+      std::fill_n(row, 64, kNegInf);
+      continue;
     }
+    for (uint64_t off = ~word; off != 0; off &= off - 1) row[std::countr_zero(off)] = kNegInf;
   }
-  for (size_t i = vocab; i < logits.size(); ++i) logits[i] = kNegInf;
+  for (size_t i = w * 64; i < covered; ++i) {
+    if (!((bits[i / 64] >> (i % 64)) & 1u)) x[i] = kNegInf;
+  }
+  for (size_t i = covered; i < logits.size(); ++i) x[i] = kNegInf;
 }
 
 size_t TokenConstraint::cached_states() const {

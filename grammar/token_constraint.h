@@ -39,8 +39,12 @@ class TokenConstraint {
 
   // Whether `token` is allowed at `state` (at kDead: the end tokens only).
   bool allows(int32_t state, TokenId token) const;
-  // The allowed token ids at `state` as a bitset over [0, vocabulary().vocab_size()).
+  // The allowed token ids at `state` as a bitset over [0, vocabulary().vocab_size()). The
+  // reference stays valid while the constraint lives, except past kMaxCachedStates cached
+  // states: then until the calling thread's next call.
   const std::vector<uint64_t>& allowed(int32_t state) const;
+  // 16 KB per state at a 129k vocabulary: at most 32 MB of masks per constraint.
+  static constexpr size_t kMaxCachedStates = 2048;
   // Sets every logit of a token not allowed after `generated` to -inf (ids at or past the
   // vocabulary's size too).
   void mask_logits(std::span<float> logits, std::span<const TokenId> generated) const;

@@ -30,7 +30,7 @@ bool has_penalties(const SamplingParams& params) {
          params.frequency_penalty != 0.0f ||
          (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty()) ||
          !params.forced_tokens.empty() || !params.logit_bias.empty() ||
-         !params.allowed_token_ids.empty();
+         !params.allowed_token_ids.empty() || params.constraint != nullptr;
 }
 
 // The first largest non-NaN logit (0 if all are NaN), vectorized: the scalar loop took
@@ -359,9 +359,10 @@ double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream) {
   return static_cast<double>(h >> 11) * 0x1.0p-53;
 }
 
-void apply_penalties(std::span<float> logits, const SamplingParams& params,
-                     std::span<const TokenId> generated, std::span<const TokenId> prompt) {
-  if (!has_penalties(params)) return;
+namespace {
+
+void apply_other_penalties(std::span<float> logits, const SamplingParams& params,
+                           std::span<const TokenId> generated, std::span<const TokenId> prompt) {
   if (generated.size() < params.forced_tokens.size()) {
     const TokenId forced = params.forced_tokens[generated.size()];
     PS_CHECK(forced >= 0 && static_cast<size_t>(forced) < logits.size())
@@ -419,6 +420,34 @@ void apply_penalties(std::span<float> logits, const SamplingParams& params,
     logits[static_cast<size_t>(id)] -=
         params.frequency_penalty * static_cast<float>(count) + params.presence_penalty;
   }
+}
+
+// The structured-output constraint, after every other step. Should the request's other
+// restrictions (min_tokens, allowed_token_ids, a -100 bias) leave none of the constraint's
+// tokens, those tokens are kept as equals: the constraint always leaves a way to go on or end.
+void apply_constraint(std::span<float> logits, const SamplingParams& params,
+                      std::span<const TokenId> generated) {
+  if (!params.constraint) return;
+  params.constraint->mask_logits(logits, generated);
+  for (const float x : logits) {
+    if (x > -std::numeric_limits<float>::infinity()) return;
+  }
+  const grammar::TokenConstraint& c = *params.constraint;
+  const std::vector<uint64_t>& allowed = c.allowed(c.state_after(generated));
+  const size_t n = std::min(logits.size(), static_cast<size_t>(c.vocabulary().vocab_size()));
+  for (size_t i = 0; i < n; ++i) {
+    if ((allowed[i / 64] >> (i % 64)) & 1u) logits[i] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void apply_penalties(std::span<float> logits, const SamplingParams& params,
+                     std::span<const TokenId> generated, std::span<const TokenId> prompt) {
+  if (!has_penalties(params)) return;
+  apply_other_penalties(logits, params, generated, prompt);
+  // The testing hook's forced token is what the model "says", constraint or not.
+  if (generated.size() >= params.forced_tokens.size()) apply_constraint(logits, params, generated);
 }
 
 TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,

@@ -13,6 +13,8 @@
 //      logits divided by it, negative ones multiplied), then OpenAI's frequency/presence
 //      penalties over the generated tokens:
 //        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
+//      and last the structured-output constraint (tokens that would leave its language get
+//      probability 0; should nothing be left, the constraint's tokens are kept as equals);
 //   2. temperature below kGreedyTemperature (0 in practice): greedy, the argmax (lowest id
 //      on ties); otherwise logits / temperature;
 //   3. min_p, then top_k, then top_p truncation of softmax(logits / temperature);
@@ -24,12 +26,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "base/status.h"
+#include "grammar/token_constraint.h"
 
 namespace peerserve {
 
@@ -69,6 +73,10 @@ struct SamplingParams {
   // first in step 1; logprobs stay the model's). Ids must be in the vocabulary (the engine
   // checks).
   std::vector<TokenId> allowed_token_ids;
+  // Structured outputs (guided_regex, guided_choice, guided_json, response_format): only
+  // tokens that keep the generated text inside the constraint's language, and EOS where the
+  // text is a whole match (grammar/token_constraint.h). Shared, immutable.
+  std::shared_ptr<const grammar::TokenConstraint> constraint;
   // Testing hook (serve --allow-forced-output): at output position t < forced_tokens.size()
   // every token but forced_tokens[t] gets probability 0 (applied with the penalties in
   // step 1), so a test decides what the model "says" while the whole serving path runs.

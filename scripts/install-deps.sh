@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev
   libboost-dev                        # Asio + Beast (header-only) for the HTTP front end
-  python3 python3-jinja2 python3-numpy  # independent references used by tests
+  python3 python3-jinja2 python3-numpy python3-jsonschema  # independent references used by tests
   libdnnl-dev                         # optional: oneDNN comparison bench (docs/kernels.md)
   libopenmpi-dev openmpi-bin          # expert parallelism across processes (dist/)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # cache server RPC

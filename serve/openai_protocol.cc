@@ -147,6 +147,7 @@ class Fields {
   void fail_unsupported(const std::string& name, const std::string& message) {
     if (!error) error = unsupported(name, message);
   }
+  const json& body() const { return body_; }
 
  private:
   const json& body_;
@@ -241,11 +242,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
     json neutral;  // also accepted; null always is
   };
   const Extension kUnbuiltExtensions[] = {
-      {"guided_json", nullptr},
-      {"guided_regex", nullptr},
-      {"guided_choice", nullptr},
-      {"guided_grammar", nullptr},
-      {"structured_outputs", nullptr},
       {"logits_processors", nullptr},
       {"use_beam_search", false},
       {"length_penalty", 1.0},
@@ -270,6 +266,15 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
             (e.neutral.is_null() ? std::string() : "; only " + e.neutral.dump() + " is accepted"));
   };
   for (const Extension& e : kUnbuiltExtensions) refuse_unbuilt(e);
+  if (!f.error) {
+    if (auto e = parse_structured_output(f.body(), &out->structured_output)) {
+      if (e->unsupported) {
+        f.fail_unsupported(e->field, e->message);
+      } else {
+        f.fail(e->field, e->message);
+      }
+    }
+  }
   if (chat) {
     for (const Extension& e : kUnbuiltChatExtensions) refuse_unbuilt(e);
   }
@@ -836,13 +841,14 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
              "'continue_final_message' needs 'add_generation_prompt': false");
     }
   }
-  if (const json* rf = f.get("response_format"); rf && !f.error) {
-    const bool text = rf->is_object() && rf->value("type", json()) == "text";
-    if (!text)
-      f.fail_unsupported("response_format",
-                         "only response_format {\"type\": \"text\"} is supported");
-  }
   parse_tools(f, limits, out);
+  if (out->structured_output && !out->tools.empty() &&
+      out->tool_choice.mode != ToolChoice::Mode::kNone && !f.error) {
+    // A tool call's markup is not in the answer's language: the two would fight.
+    f.fail_unsupported(out->structured_output->field,
+                       "'" + out->structured_output->field +
+                           "' cannot be combined with tools unless tool_choice is \"none\"");
+  }
   if (auto v = f.boolean("echo"); v && *v) {
     f.fail_unsupported("echo", "'echo' is not supported for chat completions");
   }

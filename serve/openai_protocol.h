@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "runtime/request.h"
 #include "serve/generation_defaults.h"
+#include "serve/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -86,6 +87,10 @@ struct CommonRequestFields {
   // "return_token_ids" (vLLM's): the answer carries the prompt's token ids and each choice's
   // (streamed: the prompt's in a choice's first chunk, then each chunk's own).
   bool return_token_ids = false;
+  // Structured outputs (guided_json / guided_regex / guided_choice, structured_outputs,
+  // response_format): the pattern the answer must match; the server compiles it against the
+  // vocabulary into params.sampling.constraint (serve/structured_output.h).
+  std::optional<StructuredOutputRequest> structured_output;
 };
 
 // max_tokens of a /v1/completions request that names none (OpenAI, vLLM).

@@ -32,6 +32,8 @@ struct OpenAiServer::Context {
   std::atomic<uint64_t> inflight_bytes{0};
   std::mutex id_mutex;
   std::mt19937_64 id_rng{std::random_device{}()};
+  // Null without a tokenizer or with options.structured_outputs off.
+  std::unique_ptr<StructuredOutputCompiler> structured_outputs;
 
   std::string new_id(const char* prefix) {
     std::lock_guard<std::mutex> lock(id_mutex);
@@ -593,6 +595,42 @@ ApiError prompt_too_long(int64_t max_model_len, const char* param) {
   return e;
 }
 
+// Compiles the request's structured output into its sampling constraint; an error to send
+// when that cannot be done. The pattern is derived again from `body_text` read with its key
+// order kept: a schema's properties then come in the order the client wrote them, as in
+// vLLM (the parsed body has its keys sorted).
+std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
+                                                 std::string_view body_text,
+                                                 CommonRequestFields& fields) {
+  if (!fields.structured_output) return std::nullopt;
+  const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  std::optional<StructuredOutputRequest> in_order;
+  if (!ordered.is_discarded() && !parse_structured_output(ordered, &in_order) && in_order) {
+    fields.structured_output = std::move(in_order);
+  }
+  const std::string& field = fields.structured_output->field;
+  if (ctx.structured_outputs == nullptr) {
+    ApiError e;
+    e.message = "'" + field + "' (structured outputs) is not available on this server: " +
+                (ctx.tokenizer == nullptr ? "the model has no tokenizer"
+                                          : "not with expert parallelism (serve --ep)");
+    e.param = field;
+    e.code = "unsupported_parameter";
+    return e;
+  }
+  Result<std::shared_ptr<const grammar::TokenConstraint>> constraint =
+      ctx.structured_outputs->compile(fields.structured_output->pattern);
+  if (!constraint.ok()) {
+    ApiError e;
+    e.message = "'" + field + "': " + constraint.status().message();
+    e.param = field;
+    e.code = "invalid_value";
+    return e;
+  }
+  fields.params.sampling.constraint = std::move(constraint).value();
+  return std::nullopt;
+}
+
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
   if (ctx.draining.load()) {
@@ -605,6 +643,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   if (auto e = parse_chat_request(*body, ctx.options.limits, &chat))
     return send_error(*exchange, *e);
   if (auto e = check_model(ctx, chat.model)) return send_error(*exchange, *e);
+  if (auto e = attach_structured_output(ctx, request.body, chat)) return send_error(*exchange, *e);
   if (ctx.tokenizer == nullptr || ctx.tokenizer->chat_template() == nullptr) {
     ApiError e;
     e.message = "this model has no chat template; use /v1/completions";
@@ -700,6 +739,8 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, *e);
   }
   if (auto e = check_model(ctx, completion.model)) return send_error(*exchange, *e);
+  if (auto e = attach_structured_output(ctx, request.body, completion))
+    return send_error(*exchange, *e);
   if (!completion.expected_kv_namespace.empty() &&
       completion.expected_kv_namespace != ctx.options.kv_namespace_identity) {
     // A decode instance handing this server a prompt expects KV of its own namespace.
@@ -1002,6 +1043,10 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOpt
   context->options = options;
   context->engine = engine;
   context->tokenizer = tokenizer;
+  if (tokenizer != nullptr && options.structured_outputs) {
+    context->structured_outputs =
+        std::make_unique<StructuredOutputCompiler>(*tokenizer, engine->options().eos_token_ids);
+  }
   const int threads =
       options.request_threads > 0
           ? options.request_threads

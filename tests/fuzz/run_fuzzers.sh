@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target that tests/fuzz/CMakeLists.txt builds for a bounded time: the
 # checkpoint header and config parsers, and the parsers of untrusted text (chat template,
-# tokenizer.json, OpenAI request bodies, encode/decode, tool calls in model output), the cache
+# tokenizer.json, OpenAI request bodies, encode/decode, tool calls in model output,
+# structured-output patterns and schemas), the cache
 # server's block-stream requests, and the data-parallel front end's engine requests and
 # outputs between ranks. Seeds: tests/fuzz/corpus/<target>/ (each past finding is one) plus
 # the inputs generated below.
@@ -31,7 +32,8 @@ cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
 open("corpus_config/valid", "w").write(json.dumps(cfg))
 PY
 # Committed seeds, plus the large regression inputs (generated, not committed).
-for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser; do
+for target in chat_template tokenizer_json openai_request encode_decode tool_call_parser \
+  structured_output; do
   rm -rf "corpus_$target"
   mkdir -p "corpus_$target"
   cp "$src/tests/fuzz/corpus/$target/"* "corpus_$target/"
@@ -58,6 +60,8 @@ text_run=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final
 "$bin/encode_decode_fuzzer" "${text_run[@]}" -max_len=4096 corpus_encode_decode
 "$bin/tool_call_parser_fuzzer" "${text_run[@]}" -max_len=65536 \
   -dict="$src/tests/fuzz/tool_call.dict" corpus_tool_call_parser
+"$bin/structured_output_fuzzer" "${text_run[@]}" -max_len=4096 \
+  -dict="$src/tests/fuzz/structured_output.dict" corpus_structured_output
 
 rm -rf corpus_block_stream
 mkdir -p corpus_block_stream

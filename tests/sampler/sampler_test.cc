@@ -704,3 +704,89 @@ TEST(SamplerTest, AllowedTokenIdsRestrictTheDraw) {
 
 }  // namespace
 }  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// A structured-output constraint over a 1000-token vocabulary whose token i spells "a" for
+// even i below 100, "b" for odd i below 100, and "c" otherwise; EOS is 999 (no text).
+std::shared_ptr<const grammar::TokenConstraint> ab_constraint(const std::string& pattern) {
+  static const std::string kA = "a", kB = "b", kC = "c";
+  auto vocabulary =
+      grammar::TokenVocabulary::build(1000,
+                                      [](TokenId id) -> std::optional<std::string_view> {
+                                        if (id == 999) return std::nullopt;
+                                        return id >= 100 ? kC : id % 2 == 0 ? kA : kB;
+                                      },
+                                      {999});
+  auto automaton = grammar::RegexAutomaton::compile(pattern);
+  PS_CHECK(automaton.ok()) << automaton.status().message();
+  return std::make_shared<const grammar::TokenConstraint>(*automaton, vocabulary);
+}
+
+TEST(SamplerTest, ConstraintRestrictsTheDrawToItsLanguage) {
+  const std::vector<float> logits = random_logits(1000, 67, 2.0f);
+  SamplingParams drawn;
+  drawn.temperature = 0.8f;
+  drawn.top_k = 40;
+  drawn.constraint = ab_constraint("ab*");
+  // At the start only "a" tokens; after "a" the "b" tokens and EOS (a whole match).
+  const std::vector<TokenId> none, after_a = {2};
+  for (const auto* generated : {&none, &after_a}) {
+    const TokenDistribution d = final_distribution(logits, drawn, *generated);
+    // The plain reference: softmax(logits / T) over the allowed tokens, then top-k of those.
+    std::vector<TokenId> allowed;
+    for (TokenId t = 0; t < 1000; ++t) {
+      const bool a = t < 100 && t % 2 == 0, b = t < 100 && t % 2 == 1;
+      if (generated->empty() ? a : (b || t == 999)) allowed.push_back(t);
+    }
+    std::sort(allowed.begin(), allowed.end(), [&](TokenId x, TokenId y) {
+      return logits[x] != logits[y] ? logits[x] > logits[y] : x < y;
+    });
+    allowed.resize(std::min<size_t>(allowed.size(), 40));
+    double z = 0.0;
+    for (const TokenId t : allowed) z += std::exp(static_cast<double>(logits[t]) / 0.8);
+    std::sort(allowed.begin(), allowed.end());
+    ASSERT_EQ(d.tokens, allowed);
+    for (size_t i = 0; i < allowed.size(); ++i) {
+      EXPECT_NEAR(d.probs[i], std::exp(static_cast<double>(logits[allowed[i]]) / 0.8) / z, 1e-6);
+    }
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.want_logprobs = true;
+  greedy.constraint = drawn.constraint;
+  TokenId best = 0;
+  for (TokenId t = 0; t < 100; t += 2) best = logits[t] > logits[best] ? t : best;
+  const SampledToken g = sample_token(logits, greedy, {});
+  EXPECT_EQ(g.token, best);
+  // The logprob stays the model's (vLLM's raw logprobs), not the masked distribution's.
+  SamplingParams plain;
+  plain.want_logprobs = true;
+  EXPECT_EQ(g.logprob, describe_token(logits, plain, best).logprob);
+}
+
+TEST(SamplerTest, ConstraintWinsWhenOtherRestrictionsLeaveNothing) {
+  std::vector<float> logits(1000, 0.0f);
+  logits[999] = 5.0f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.constraint = ab_constraint("a");
+  // After "a" only EOS is allowed, and min_tokens forbids EOS: EOS is drawn anyway rather
+  // than a token outside the language (or a crash on an empty distribution).
+  p.min_tokens = 5;
+  p.suppressed_until_min_tokens = {999};
+  const std::vector<TokenId> after_a = {0};
+  EXPECT_EQ(sample_token(logits, p, {.generated = after_a}).token, 999);
+  p.temperature = 1.0f;
+  EXPECT_EQ(sample_token(logits, p, {.generated = after_a, .seed = 3}).token, 999);
+  // allowed_token_ids disjoint from the language: the language's tokens, as equals.
+  p.min_tokens = 0;
+  p.allowed_token_ids = {500};
+  const TokenDistribution d = final_distribution(logits, p, {});
+  ASSERT_EQ(d.tokens.size(), 50u);  // the 50 "a" tokens
+  for (const double prob : d.probs) EXPECT_NEAR(prob, 1.0 / 50, 1e-9);
+}
+
+}  // namespace
+}  // namespace peerserve

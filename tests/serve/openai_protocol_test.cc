@@ -1,4 +1,5 @@
 #include "serve/openai_protocol.h"
+#include "grammar/regex_automaton.h"
 
 #include <gtest/gtest.h>
 
@@ -374,7 +375,7 @@ TEST(OpenAiProtocolTest, BadChatInputs) {
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}],
-           "response_format": {"type": "json_object"}})",
+           "response_format": {"type": "yaml"}})",
        "response_format"},
       // A type that is not a string once threw out of the parser and ended the server.
       {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": 1}})",
@@ -682,10 +683,22 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("min_tokens": 5, "max_tokens": 4)", "min_tokens"},
            Refused{R"("min_tokens": 5, "max_completion_tokens": 4)", "min_tokens"},
            // vLLM's extensions that are not built (they were ignored: free text came back).
-           Refused{R"("guided_choice": ["yes", "no"])", "guided_choice"},
-           Refused{R"("guided_json": {"type": "object"})", "guided_json"},
-           Refused{R"("guided_regex": "a+")", "guided_regex"},
-           Refused{R"("structured_outputs": {"choice": ["a"]})", "structured_outputs"},
+           Refused{R"("guided_grammar": "root ::= x")", "guided_grammar"},
+           Refused{R"("structured_outputs": {"grammar": "x"})", "structured_outputs"},
+           Refused{R"("structured_outputs": {"structural_tag": "x"})", "structured_outputs"},
+           // Structured outputs: malformed, or two kinds at once.
+           Refused{R"("guided_choice": [])", "guided_choice"},
+           Refused{R"("guided_choice": ["a", 1])", "guided_choice"},
+           Refused{R"("guided_regex": 5)", "guided_regex"},
+           Refused{R"("guided_json": {"type": "string", "not": {}})", "guided_json"},
+           Refused{R"("guided_json": "{not json")", "guided_json"},
+           Refused{R"("guided_regex": "a", "guided_choice": ["a"])", "guided_choice"},
+           Refused{R"("guided_regex": "a", "response_format": {"type": "json_object"})",
+                   "response_format"},
+           Refused{R"("response_format": {"type": "json_schema"})", "response_format"},
+           Refused{
+               R"("guided_regex": "a", "tools": [{"type": "function", "function": {"name": "f"}}])",
+               "guided_regex"},
            Refused{R"("prompt_logprobs": 1, "stream": true)", "prompt_logprobs"},
            Refused{R"("allowed_token_ids": [])", "allowed_token_ids"},
            Refused{R"("allowed_token_ids": [1, -2])", "allowed_token_ids"},
@@ -754,6 +767,86 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
                                     ApiLimits{}, &c);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "bad_words");
+}
+
+}  // namespace
+}  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// Each way of asking for a structured output gives a pattern with the meaning asked for (the
+// pattern compiled and tried on answers), and names its field.
+TEST(StructuredOutputRequestTest, EachFormGivesItsLanguage) {
+  struct Form {
+    const char* fields;
+    const char* field;
+    std::vector<std::string> matching, not_matching;
+  };
+  const std::vector<Form> forms = {
+      {R"("guided_choice": ["yes", "no."])", "guided_choice", {"yes", "no."}, {"no", "maybe"}},
+      {R"("guided_regex": "[0-9]{2}x")", "guided_regex", {"12x"}, {"1x", "12"}},
+      {R"("structured_outputs": {"choice": ["a|b"]})", "structured_outputs", {"a|b"}, {"a"}},
+      {R"("structured_outputs": {"regex": "a+"})", "structured_outputs", {"aaa"}, {"b"}},
+      {R"("guided_json": {"type": "object", "properties": {"n": {"type": "integer"}},
+                          "required": ["n"]})",
+       "guided_json",
+       {R"({"n":12})", R"({ "n": -3 })"},
+       {R"({"n":"12"})", R"({})", R"({"n":1,"m":2})"}},
+      {R"("guided_json": "{\"type\": \"boolean\"}")", "guided_json", {"true"}, {"1"}},
+      {R"("guided_json": {"type": "object", "properties": {"n": {"type": "integer"}}},
+          "guided_whitespace_pattern": "")",
+       "guided_json",
+       {R"({"n":1})", "{}"},
+       {R"({"n": 1})"}},
+      {R"("response_format": {"type": "json_object"})",
+       "response_format",
+       {R"({"a":[1,{"b":null}]})", "{}"},
+       {"[]", "1", R"({"a":)"}},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x",
+          "schema": {"type": "array", "items": {"type": "string"}, "maxItems": 1}}})",
+       "response_format",
+       {R"(["x"])", "[]"},
+       {R"(["x","y"])", "[1]"}},
+      {R"("structured_outputs": {"json_object": true})", "structured_outputs", {"{}"}, {"[]"}},
+  };
+  for (const Form& f : forms) {
+    SCOPED_TRACE(f.fields);
+    CompletionRequest r;
+    const auto body = nlohmann::json::parse(std::string(R"({"prompt": "x", )") + f.fields + "}");
+    ASSERT_FALSE(parse_completion_request(body, ApiLimits{}, &r).has_value());
+    ASSERT_TRUE(r.structured_output.has_value());
+    EXPECT_EQ(r.structured_output->field, f.field);
+    auto automaton = grammar::RegexAutomaton::compile(r.structured_output->pattern);
+    ASSERT_TRUE(automaton.ok()) << automaton.status().message();
+    for (const std::string& m : f.matching) EXPECT_TRUE((*automaton)->matches(m)) << m;
+    for (const std::string& m : f.not_matching) EXPECT_FALSE((*automaton)->matches(m)) << m;
+  }
+  CompletionRequest none;
+  ASSERT_FALSE(
+      parse_completion_request(
+          nlohmann::json::parse(
+              R"({"prompt": "x", "response_format": {"type": "text"}, "guided_json": null})"),
+          ApiLimits{}, &none)
+          .has_value());
+  EXPECT_FALSE(none.structured_output.has_value());
+}
+
+// A schema's properties come in the order the client wrote them when the body is read with
+// its key order (what the server does); nlohmann::json alone sorts them.
+TEST(StructuredOutputRequestTest, PropertiesKeepTheWrittenOrder) {
+  const std::string body =
+      R"({"guided_json": {"type": "object", "properties": {"z": {"type": "integer"},
+          "a": {"type": "integer"}}, "required": ["z", "a"]}})";
+  std::optional<StructuredOutputRequest> ordered, sorted;
+  ASSERT_FALSE(parse_structured_output(nlohmann::ordered_json::parse(body), &ordered));
+  ASSERT_FALSE(parse_structured_output(nlohmann::json::parse(body), &sorted));
+  auto in_order = grammar::RegexAutomaton::compile(ordered->pattern);
+  auto alphabetical = grammar::RegexAutomaton::compile(sorted->pattern);
+  ASSERT_TRUE(in_order.ok() && alphabetical.ok());
+  EXPECT_TRUE((*in_order)->matches(R"({"z":1,"a":2})"));
+  EXPECT_FALSE((*in_order)->matches(R"({"a":2,"z":1})"));
+  EXPECT_TRUE((*alphabetical)->matches(R"({"a":2,"z":1})"));
 }
 
 }  // namespace

@@ -1,0 +1,72 @@
+// Structured outputs as vLLM and OpenAI clients ask for them, turned into one regular
+// expression and compiled against the model's vocabulary (grammar/).
+//
+// Request fields (at most one kind per request):
+//   vLLM's guided_json (a schema, or its JSON text), guided_regex, guided_choice (strings),
+//   with guided_whitespace_pattern for JSON; vLLM's structured_outputs {json | regex | choice
+//   | json_object} with whitespace_pattern; OpenAI's response_format {"type": "json_object"}
+//   or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} ("text": none).
+// Refused with a 400 naming the field: guided_grammar and structured_outputs' grammar and
+// structural_tag (no grammar engine here), schemas using keywords the converter cannot
+// express (grammar/json_schema_regex.h), patterns outside grammar/regex_automaton.h's syntax.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "grammar/token_constraint.h"
+#include "tokenizer/tokenizer.h"
+
+namespace peerserve {
+
+struct StructuredOutputRequest {
+  std::string pattern;  // the regular expression the whole answer must match
+  std::string field;    // the request field it came from (an error's `param`)
+};
+
+// A refused field: the protocol answers 400 with code invalid_value, or unsupported_parameter.
+struct StructuredOutputError {
+  std::string field;
+  std::string message;
+  bool unsupported = false;
+};
+
+// Reads the fields above from a request body. nullopt in *out when none asks for anything.
+// A schema's properties come in the order its object iterates them: sorted for
+// nlohmann::json, as sent for nlohmann::ordered_json (what the server compiles).
+std::optional<StructuredOutputError> parse_structured_output(
+    const nlohmann::json& body, std::optional<StructuredOutputRequest>* out);
+std::optional<StructuredOutputError> parse_structured_output(
+    const nlohmann::ordered_json& body, std::optional<StructuredOutputRequest>* out);
+
+// Compiles patterns into token constraints for one tokenizer, keeping the most recently used
+// ones (a schema sent with every request compiles once). Thread-safe.
+class StructuredOutputCompiler {
+ public:
+  // `tokenizer` must outlive the compiler; `end_tokens`: the model's EOS ids.
+  StructuredOutputCompiler(const Tokenizer& tokenizer, std::vector<TokenId> end_tokens,
+                           size_t cache_entries = 64);
+
+  Result<std::shared_ptr<const grammar::TokenConstraint>> compile(const std::string& pattern);
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::vector<TokenId> end_tokens_;
+  size_t cache_entries_;
+  std::mutex mutex_;
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;  // built on first use
+  // Most recently used first.
+  std::list<std::pair<std::string, std::shared_ptr<const grammar::TokenConstraint>>> lru_;
+  std::unordered_map<std::string, decltype(lru_)::iterator> index_;
+};
+
+}  // namespace peerserve

@@ -1,0 +1,224 @@
+"""Structured outputs in `peerserve serve` (vLLM's guided_regex / guided_choice / guided_json /
+structured_outputs, OpenAI's response_format), as a real process on loopback with the shipped
+model. Python's `re`, `json` and `jsonschema` (Debian's python3-jsonschema) judge the answers,
+independently of the engine's automata.
+
+Cases (all run; exit 1 if any failed):
+- guided_choice, sampled at temperature 1 with several seeds and n = 4: every answer is one of
+  the choices, finish_reason "stop";
+- guided_regex (a date-like pattern): every answer full-matches under re.fullmatch; streamed,
+  the chunks join to such an answer; with max_tokens too small, the text is a prefix a
+  continuation could still complete (finish_reason "length");
+- guided_json / response_format json_schema / structured_outputs.json: the answer parses and
+  validates against the schema (jsonschema.validate); response_format json_object: an object;
+- greedy answers with and without --speculative mtp are the same under a constraint;
+- bad input gets a 400 naming the field: a regex outside the syntax, two kinds at once,
+  guided_grammar, a schema keyword the converter refuses, tools with tool_choice auto, an
+  unknown response_format type.
+Usage: structured_output_test.py PEERSERVE_BINARY SOURCE_DIR
+"""
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+
+import jsonschema
+
+from serve_harness import case, exit_code, free_port, launch, stop_all
+
+BIN, SRC = sys.argv[1], sys.argv[2]
+MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
+
+
+class Server:
+    def __init__(self, *flags):
+        self.port = free_port()
+        self.p, self.log = launch(
+            [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1",
+             "--kv-cache-memory", "64MiB", *flags], timeout=120)
+
+    def post(self, path, body, stream=False):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                if not stream:
+                    return 200, json.load(r)
+                chunks = []
+                for raw in r:
+                    line = raw.decode().strip()
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+                return 200, chunks
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self):
+        stop_all([self.p])
+
+
+def completion(server, extra, prompt="The answer is", **kw):
+    body = {"prompt": prompt, "max_tokens": kw.pop("max_tokens", 48), **extra, **kw}
+    status, r = server.post("/v1/completions", body)
+    assert status == 200, (status, r)
+    return r
+
+
+def chat(server, extra, **kw):
+    body = {"messages": [{"role": "user", "content": "Tell me about a person."}],
+            "max_tokens": kw.pop("max_tokens", 96), **extra, **kw}
+    status, r = server.post("/v1/chat/completions", body)
+    assert status == 200, (status, r)
+    return r
+
+
+CHOICES = ["red", "green", "blue sky", "yellow, maybe"]
+DATE = r"20[0-9]{2}-(?:0[1-9]|1[0-2])-[0-3][0-9]"
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def run(server):
+    def guided_choice():
+        for seed in range(4):
+            r = completion(server, {"guided_choice": CHOICES}, temperature=1.0, seed=seed, n=4)
+            for c in r["choices"]:
+                assert c["text"] in CHOICES, c["text"]
+                assert c["finish_reason"] == "stop", c
+        # structured_outputs' form, chat endpoint.
+        r = chat(server, {"structured_outputs": {"choice": CHOICES}}, temperature=1.0, seed=9)
+        assert r["choices"][0]["message"]["content"] in CHOICES, r
+
+    def guided_regex():
+        for seed in range(6):
+            r = completion(server, {"guided_regex": DATE}, temperature=1.0, seed=seed)
+            text = r["choices"][0]["text"]
+            assert re.fullmatch(DATE, text), text
+            assert r["choices"][0]["finish_reason"] == "stop", r["choices"][0]
+        greedy = completion(server, {"guided_regex": DATE}, temperature=0)["choices"][0]["text"]
+        assert re.fullmatch(DATE, greedy), greedy
+        status, chunks = server.post("/v1/completions",
+                                     {"prompt": "The answer is", "max_tokens": 48,
+                                      "guided_regex": DATE, "temperature": 0, "stream": True},
+                                     stream=True)
+        assert status == 200, chunks
+        streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        assert streamed == greedy, (streamed, greedy)
+        # Cut short: a prefix of some match, finish_reason length.
+        r = completion(server, {"guided_regex": DATE}, temperature=0, max_tokens=2)
+        text = r["choices"][0]["text"]
+        assert r["choices"][0]["finish_reason"] == "length", r["choices"][0]
+        # Position by position, the date's character classes (a prefix a completion can finish).
+        classes = ["2", "0", "0123456789", "0123456789", "-", "01", "0123456789", "-", "0123",
+                   "0123456789"]
+        assert len(text) < len(classes) and all(ch in classes[i] for i, ch in enumerate(text)), text
+
+    def guided_json():
+        forms = [
+            ("completions guided_json", lambda: completion(
+                server, {"guided_json": SCHEMA}, temperature=1.0, seed=1, max_tokens=96)),
+            ("completions guided_json as text", lambda: completion(
+                server, {"guided_json": json.dumps(SCHEMA)}, temperature=0, max_tokens=96)),
+            ("chat response_format json_schema", lambda: chat(
+                server, {"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "person", "schema": SCHEMA, "strict": True}}}, temperature=0)),
+            ("chat structured_outputs.json", lambda: chat(
+                server, {"structured_outputs": {"json": SCHEMA}}, temperature=1.0, seed=4)),
+        ]
+        for name, call in forms:
+            for attempt in range(2):
+                r = call()
+                c = r["choices"][0]
+                text = c["text"] if "text" in c else c["message"]["content"]
+                if c["finish_reason"] == "length":
+                    continue  # the model rambled inside a string; the prefix is still checked below
+                try:
+                    jsonschema.validate(json.loads(text), SCHEMA)
+                except (ValueError, jsonschema.ValidationError) as e:
+                    raise AssertionError(f"{name}: {text!r}: {e}")
+                break
+            else:
+                raise AssertionError(f"{name}: never finished within max_tokens: {text!r}")
+
+    def json_object():
+        # The shipped model often wanders inside a string until max_tokens; every answer that
+        # ends on its own must be an object, and some must.
+        finished = 0
+        for seed in range(8):
+            r = chat(server, {"response_format": {"type": "json_object"}}, temperature=1.0,
+                     seed=seed, max_tokens=64)
+            c = r["choices"][0]
+            text = c["message"]["content"]
+            assert text.startswith("{"), text
+            if c["finish_reason"] == "stop":
+                assert isinstance(json.loads(text), dict), text
+                finished += 1
+        assert finished >= 2, f"only {finished} of 8 answers ended within 64 tokens"
+
+    def refusals():
+        bad = [
+            ({"guided_regex": "a(?=b)"}, "guided_regex"),
+            ({"guided_regex": "[z-a]"}, "guided_regex"),
+            ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+            ({"guided_grammar": "root ::= \"a\""}, "guided_grammar"),
+            ({"guided_json": {"type": "string", "not": {"const": "a"}}}, "guided_json"),
+            ({"guided_choice": []}, "guided_choice"),
+            ({"guided_choice": ["a", 1]}, "guided_choice"),
+            ({"response_format": {"type": "yaml"}}, "response_format"),
+            ({"structured_outputs": {"grammar": "x"}}, "structured_outputs"),
+        ]
+        for extra, field in bad:
+            status, r = server.post("/v1/completions", {"prompt": "x", "max_tokens": 4, **extra})
+            assert status == 400, (extra, status, r)
+            assert r["error"]["param"] == field, (extra, r)
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        status, r = server.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "guided_regex": "a+", "max_tokens": 4})
+        assert status == 400 and r["error"]["param"] == "guided_regex", (status, r)
+        status, r = server.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "tool_choice": "none", "guided_regex": "a+", "max_tokens": 4})
+        assert status == 200 and re.fullmatch("a+", r["choices"][0]["message"]["content"]), r
+
+    case("guided_choice: every answer is a choice", guided_choice)
+    case("guided_regex: full matches, streamed equal, cut short a prefix", guided_regex)
+    case("guided_json and json_schema: answers validate", guided_json)
+    case("response_format json_object: an object", json_object)
+    case("refusals name the field", refusals)
+
+
+def main():
+    server = Server()
+    try:
+        run(server)
+        greedy = {k: completion(server, v, temperature=0, max_tokens=64)["choices"][0]["text"]
+                  for k, v in [("regex", {"guided_regex": DATE}), ("json", {"guided_json": SCHEMA})]}
+    finally:
+        server.stop()
+    speculative = Server("--speculative", "mtp")
+    try:
+        def same_under_speculation():
+            for k, v in [("regex", {"guided_regex": DATE}), ("json", {"guided_json": SCHEMA})]:
+                got = completion(speculative, v, temperature=0, max_tokens=64)["choices"][0]["text"]
+                assert got == greedy[k], (k, got, greedy[k])
+        case("--speculative mtp: the same greedy answers under a constraint", same_under_speculation)
+    finally:
+        speculative.stop()
+    return exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
