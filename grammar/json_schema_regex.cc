@@ -13,6 +13,7 @@
 #include "grammar/json_scalar_regex.h"
 #include "grammar/json_schema_keywords.h"
 #include "grammar/json_string_pattern.h"
+#include "grammar/regex_automaton.h"
 
 namespace peerserve::grammar {
 namespace {
@@ -250,12 +251,12 @@ class Converter {
 
   // A JSON value as a regex: its compact text, whitespace allowed where the options put it.
   std::string literal(const SchemaJson& v) const {
-    if (!v.is_structured()) return escape_regex_literal(v.dump());
+    if (!v.is_structured()) return escape_regex(v.dump());
     const bool object = v.is_object();
     std::string out = (object ? "\\{" : "\\[") + ws_;
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (it != v.begin()) out += "," + ws_;
-      if (object) out += escape_regex_literal(SchemaJson(it.key()).dump()) + ":" + ws_;
+      if (object) out += escape_regex(SchemaJson(it.key()).dump()) + ":" + ws_;
       out += literal(*it);
     }
     return out + ws_ + (object ? "\\}" : "\\]");
@@ -422,7 +423,7 @@ class Converter {
         continue;  // an optional property that cannot occur
       }
       try {
-        entries.push_back(escape_regex_literal(SchemaJson(p.name).dump()) + ":" + ws_ + *inner);
+        entries.push_back(escape_regex(SchemaJson(p.name).dump()) + ":" + ws_ + *inner);
       } catch (const SchemaJson::exception& e) {
         return schema_error(p.path, std::string("property name: ") + e.what());
       }

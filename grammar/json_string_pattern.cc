@@ -1,5 +1,7 @@
 #include "grammar/json_string_pattern.h"
 
+#include "grammar/regex_automaton.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -181,7 +183,7 @@ Piece encoded_char(char32_t c) {
   if (c < 0x20) return {R"(\\u00)" + hex_digit_regex(c >> 4) + hex_digit_regex(c & 15), false};
   std::string utf8;
   append_utf8(utf8, c);
-  std::string text = escape_regex_literal(utf8);
+  std::string text = escape_regex(utf8);
   const bool single = utf8.size() == 1;
   return {std::move(text), single};
 }
@@ -566,22 +568,6 @@ class PatternParser {
 };
 
 }  // namespace
-
-std::string escape_regex_literal(std::string_view text) {
-  constexpr std::string_view kMeta = R"(\.*+?()[]{}|^$)";
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7F) {
-      out += hex_byte(byte);
-      continue;
-    }
-    if (kMeta.find(c) != std::string_view::npos) out += '\\';
-    out += c;
-  }
-  return out;
-}
 
 Result<std::string> json_string_pattern_regex(std::string_view pattern) {
   return PatternParser(pattern).parse();

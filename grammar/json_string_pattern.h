@@ -25,8 +25,4 @@ namespace peerserve::grammar {
 // in Python's re).
 Result<std::string> json_string_pattern_regex(std::string_view pattern);
 
-// `text` with every regex metacharacter escaped, so that it matches itself (UTF-8 passes
-// through unchanged).
-std::string escape_regex_literal(std::string_view text);
-
 }  // namespace peerserve::grammar

@@ -801,9 +801,17 @@ Result<std::shared_ptr<const RegexAutomaton>> RegexAutomaton::compile(std::strin
 
 std::string escape_regex(std::string_view text) {
   static constexpr std::string_view kMeta = "\\.*+?()[]{}|^$-/";
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {
+    const auto byte = static_cast<uint8_t>(c);
+    if (byte < 0x20 || byte == 0x7F) {  // control characters, readable in any dialect
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 15];
+      continue;
+    }
     if (kMeta.find(c) != std::string_view::npos) out += '\\';
     out += c;
   }

@@ -79,7 +79,8 @@ class RegexAutomaton {
   std::vector<uint8_t> continues_;
 };
 
-// The pattern with every metacharacter of the syntax above escaped: it matches `text` only.
+// The pattern with every metacharacter of the syntax above escaped and control characters as
+// \xHH: it matches `text` only (UTF-8 passes through unchanged).
 std::string escape_regex(std::string_view text);
 
 }  // namespace peerserve::grammar
