@@ -47,6 +47,7 @@
 #include "serve/openai_server.h"
 #include "serve/prefill_dispatcher.h"
 #include "serve/prometheus_text.h"
+#include "serve/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -639,6 +640,16 @@ int run_serve(const ServeCli& cli) {
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
   if (!engine.ok()) return session.fail(engine.status());
   if (router) router->attach(engine->get());
+  // Structured outputs reach other ranks as their pattern; each rank compiles it against its
+  // own copy of the vocabulary (the same tokenizer files).
+  std::shared_ptr<StructuredOutputCompiler> rank_constraints;
+  if (router && tokenizer) {
+    rank_constraints =
+        std::make_shared<StructuredOutputCompiler>(*tokenizer, engine_options.eos_token_ids);
+    router->set_constraint_compiler([rank_constraints](const std::string& pattern) {
+      return rank_constraints->compile(pattern);
+    });
+  }
   if (router && !session.leader()) {
     // A follower keeps the signals blocked while it serves: rank 0 drains and stops the group
     // (a signal to every rank, as systemd sends, must not end a follower mid-drain).
@@ -670,9 +681,6 @@ int run_serve(const ServeCli& cli) {
   server_options.tool_calling = tool_calling;
   server_options.allow_forced_output = cli.allow_forced_output;
   server_options.accept_kv_push = cli.role == "prefill";
-  // The request codec that spreads requests over the ranks does not carry a compiled
-  // constraint; refused with a 400 until it does.
-  server_options.structured_outputs = session.size() == 1;
   if (expert_load) {
     server_options.extra_metrics = [expert_load, name = server_options.served_model_name] {
       return render_expert_load(expert_load->counts(), expert_load->num_experts(), name);

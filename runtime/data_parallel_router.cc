@@ -273,6 +273,17 @@ Result<bool> DataParallelRouter::lockstep(int64_t rows) {
   return rank_ == 0 ? lead(rows) : follow(rows);
 }
 
+Status DataParallelRouter::attach_constraint(EngineRequest& request) const {
+  const std::string& pattern = request.params.structured_output_pattern;
+  if (pattern.empty() || request.params.sampling.constraint) return ok_status();
+  if (!compile_) {
+    return invalid_argument("rank " + std::to_string(rank_) +
+                            " cannot compile structured outputs (no constraint compiler)");
+  }
+  PS_ASSIGN_OR_RETURN(request.params.sampling.constraint, compile_(pattern));
+  return ok_status();
+}
+
 Result<bool> DataParallelRouter::lead(int64_t rows) {
   std::vector<std::byte> mail;
   {
@@ -336,17 +347,20 @@ Result<bool> DataParallelRouter::follow(int64_t rows) {
         Result<EngineRequest> request = decode_request(in);
         if (!request.ok()) break;
         if (target != rank_) continue;
+        if (Status s = attach_constraint(*request); !s.ok()) request = s;
         // Outputs are mailed back at the next agreement. The sink runs on this engine
         // thread, as lockstep() does, so hosted_ needs no lock.
         Result<RequestId> engine_id =
-            engine_->submit(std::move(request).value(), [this, id](RequestOutput out) {
-              if (out.finished) hosted_.erase(id);
-              std::lock_guard<std::mutex> lock(mutex_);
-              ByteWriter writer(&outputs_.body);
-              writer.put<uint64_t>(id);
-              encode_output(out, writer);
-              outputs_.ends.push_back(outputs_.body.size());
-            });
+            !request.ok()
+                ? Result<RequestId>(request.status())
+                : engine_->submit(std::move(request).value(), [this, id](RequestOutput out) {
+                    if (out.finished) hosted_.erase(id);
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    ByteWriter writer(&outputs_.body);
+                    writer.put<uint64_t>(id);
+                    encode_output(out, writer);
+                    outputs_.ends.push_back(outputs_.body.size());
+                  });
         if (engine_id.ok()) {
           hosted_[id].engine_id = *engine_id;
         } else {

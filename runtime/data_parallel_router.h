@@ -29,13 +29,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
 #include "dist/step_coordinator.h"
+#include "grammar/token_constraint.h"
 #include "runtime/engine.h"
 #include "runtime/engine_client.h"
 
@@ -58,6 +61,14 @@ class DataParallelRouter final : public EngineClient {
   // This rank's engine (created with lockstep bound to this router's lockstep()). Before
   // the engine starts; it must outlive every call into the router.
   void attach(Engine* engine);
+
+  // How a rank turns a request's structured-output pattern (GenerationParams::
+  // structured_output_pattern, which travels between ranks) back into its sampling
+  // constraint. Before the engine starts. Without one, a request arriving with a pattern is
+  // refused (InvalidArgument).
+  using ConstraintCompiler =
+      std::function<Result<std::shared_ptr<const grammar::TokenConstraint>>(const std::string&)>;
+  void set_constraint_compiler(ConstraintCompiler compile) { compile_ = std::move(compile); }
 
   // EngineOptions::lockstep: posts this rank's mail, agrees, delivers what arrived.
   Result<bool> lockstep(int64_t rows);
@@ -108,6 +119,8 @@ class DataParallelRouter final : public EngineClient {
 
   Result<bool> lead(int64_t rows);
   Result<bool> follow(int64_t rows);
+  // Compiles the structured-output pattern a request arrived with into its constraint.
+  Status attach_constraint(EngineRequest& request) const;
   // Hands one output of request `id`, made by rank `from_rank`'s engine, to its sink (called
   // on rank 0's engine thread). DataLoss, and nothing delivered, when that rank does not host
   // the request or a choice index is outside [0, n): a corrupt message from another rank.
@@ -120,6 +133,7 @@ class DataParallelRouter final : public EngineClient {
   const int size_;
   Agree agree_;
   Engine* engine_ = nullptr;
+  ConstraintCompiler compile_;
 
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;

@@ -52,6 +52,10 @@ struct GenerationParams {
   // this many most likely alternatives (0..20); nullopt = none. The prompt is then computed
   // whole (prefix-cache hits cannot give logits).
   std::optional<int32_t> prompt_logprobs;
+  // The regular expression behind sampling.constraint (structured outputs), which is what
+  // travels to another rank: the receiving rank compiles it against its own vocabulary
+  // (DataParallelRouter::set_constraint_compiler). Empty: none.
+  std::string structured_output_pattern;
 };
 
 // Direct KV hand-off (paper 000 §4.3.3), prefill side: once the prompt is computed, its full

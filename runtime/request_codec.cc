@@ -121,6 +121,7 @@ void encode_request(const EngineRequest& request, ByteWriter& out) {
   out.put<int32_t>(p.n);
   out.put_bool(p.skip_special_tokens);
   put_optional<int32_t>(out, p.prompt_logprobs);
+  out.put_string(p.structured_output_pattern);
   out.put_string(request.prefill_hint);
   out.put_string(request.cache_salt);
   // A prefill instance's hand-off target travels too: a request rank 0 hands to another
@@ -149,6 +150,7 @@ Result<EngineRequest> decode_request(ByteReader& in) {
   p.n = in.get<int32_t>();
   p.skip_special_tokens = in.get_bool();
   p.prompt_logprobs = get_optional<int32_t>(in);
+  p.structured_output_pattern = in.get_string();
   request.prefill_hint = in.get_string();
   request.cache_salt = in.get_string();
   if (in.get_bool()) {

@@ -32,7 +32,7 @@ struct OpenAiServer::Context {
   std::atomic<uint64_t> inflight_bytes{0};
   std::mutex id_mutex;
   std::mt19937_64 id_rng{std::random_device{}()};
-  // Null without a tokenizer or with options.structured_outputs off.
+  // Null without a tokenizer.
   std::unique_ptr<StructuredOutputCompiler> structured_outputs;
 
   std::string new_id(const char* prefix) {
@@ -611,9 +611,9 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
   const std::string& field = fields.structured_output->field;
   if (ctx.structured_outputs == nullptr) {
     ApiError e;
-    e.message = "'" + field + "' (structured outputs) is not available on this server: " +
-                (ctx.tokenizer == nullptr ? "the model has no tokenizer"
-                                          : "not with expert parallelism (serve --ep)");
+    e.message = "'" + field +
+                "' (structured outputs) needs the model's tokenizer, and this "
+                "model has none";
     e.param = field;
     e.code = "unsupported_parameter";
     return e;
@@ -628,6 +628,7 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
     return e;
   }
   fields.params.sampling.constraint = std::move(constraint).value();
+  fields.params.structured_output_pattern = fields.structured_output->pattern;  // for other ranks
   return std::nullopt;
 }
 
@@ -1043,7 +1044,7 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOpt
   context->options = options;
   context->engine = engine;
   context->tokenizer = tokenizer;
-  if (tokenizer != nullptr && options.structured_outputs) {
+  if (tokenizer != nullptr) {
     context->structured_outputs =
         std::make_unique<StructuredOutputCompiler>(*tokenizer, engine->options().eos_token_ids);
   }

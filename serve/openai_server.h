@@ -58,10 +58,6 @@ struct OpenAiServerOptions {
   // Prefill role: honour peerserve_kv_push (compute the prompt, then push its KV blocks to
   // the decode instance named there). Other roles refuse the field. Default off.
   bool accept_kv_push = false;
-  // Structured outputs (guided_json/regex/choice, structured_outputs, response_format), which
-  // need the tokenizer. Off (serve --ep N: the request codec does not carry a compiled
-  // constraint between ranks): such requests get 400. Default on.
-  bool structured_outputs = true;
 };
 
 class OpenAiServer {

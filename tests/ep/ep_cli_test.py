@@ -553,6 +553,20 @@ def serve_ep2():
         assert first["token_logprobs"][0] is None and len(first["tokens"]) > 3, first
         assert all(isinstance(v, float) for v in first["token_logprobs"][1:]), first
         assert len(scored) == 4 and all(s == first for s in scored), "they differ between ranks"
+        # Structured outputs travel as their pattern, compiled on the rank that runs them: four
+        # equal greedy prompts spread over both ranks give four equal full matches.
+        before = requests_per_rank(port)
+        pattern = "20[0-9]{2}-(?:0[1-9]|1[0-2])-[0-3][0-9]"
+        body = json.dumps({"prompt": ["The date was"] * 4, "max_tokens": 24, "temperature": 0,
+                           "guided_regex": pattern}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            dates = [c["text"] for c in json.load(r)["choices"]]
+        after = requests_per_rank(port)
+        assert all(after[r] > before[r] for r in (0, 1)), f"requests per rank: {before} {after}"
+        assert all(re.fullmatch(pattern, d) for d in dates), dates
+        assert all(d == dates[0] for d in dates), f"they differ between ranks: {dates}"
         # SIGTERM to every rank at once (what systemd sends to a unit's processes; mpirun
         # itself turns a signal into a non-zero exit): the followers keep serving, rank 0
         # drains and stops the group, every rank exits 0. (A follower used to end at once.)

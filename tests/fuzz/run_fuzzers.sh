@@ -97,7 +97,7 @@ sampling = (f32(0.7) + i32(40) + f32(0.9) + f32(0.0) + f32(0.1) + f32(0.2) + f32
             arr([5, 9, 11]) + u64(1) + i32(9) + f32(-1.5))
 request = (arr([1, 2, 3, 4]) + sampling + b(True) + i32(16) + b(False) + u64(2) + s("\n\n") +
            s("END") + b(False) + arr([7]) + b(False) + i32(2) + b(True) + b(True) + i32(3) +
-           s("127.0.0.1:9000") + s("salt") + b(False))
+           s("[0-9]+") + s("127.0.0.1:9000") + s("salt") + b(False))
 open(f"{d}/request", "wb").write(b"\x00" + request)
 choice = (i32(0) + arr([5, 6]) + s("hi") + u64(2) +
           i32(5) + f32(-0.5) + u64(1) + i32(5) + f32(-0.5) +

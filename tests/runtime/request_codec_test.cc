@@ -37,6 +37,7 @@ EngineRequest full_request() {
   r.params.n = 3;
   r.params.skip_special_tokens = false;
   r.params.prompt_logprobs = 5;
+  r.params.structured_output_pattern = "\\{\"a\":[0-9]+\\}";
   r.prefill_hint = "127.0.0.1:8101";
   r.cache_salt = "tenant-a";
   r.kv_push = KvPushTarget{
@@ -113,6 +114,9 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_EQ(decoded->params.n, 3);
   EXPECT_FALSE(decoded->params.skip_special_tokens);
   EXPECT_EQ(decoded->params.prompt_logprobs, 5);
+  EXPECT_EQ(decoded->params.structured_output_pattern, "\\{\"a\":[0-9]+\\}");
+  // The compiled constraint does not travel: the receiving rank compiles the pattern.
+  EXPECT_EQ(decoded->params.sampling.constraint, nullptr);
   EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");
   EXPECT_EQ(decoded->cache_salt, "tenant-a");
   // A prefill instance's request handed to another rank still pushes its KV.
@@ -134,6 +138,7 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_FALSE(plain_decoded->params.max_tokens.has_value());
   EXPECT_FALSE(plain_decoded->params.sampling.seed.has_value());
   EXPECT_FALSE(plain_decoded->params.prompt_logprobs.has_value());
+  EXPECT_TRUE(plain_decoded->params.structured_output_pattern.empty());
   EXPECT_FALSE(plain_decoded->kv_push.has_value());
 }
 

@@ -4,10 +4,13 @@
 // sum_x min(p(x), q(x)), and greedy verification emits the target's argmax.
 #include "runtime/speculative_sampler.h"
 
+#include "grammar/regex_automaton.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -173,6 +176,56 @@ TEST(SpeculativeSamplerTest, SeededVerificationReproduces) {
     EXPECT_NEAR(a.token.logprob, std::log(p[static_cast<size_t>(a.token.token)]), 1e-5);
     EXPECT_EQ(a.token.top_logprobs.size(), 3u);
   }
+}
+
+}  // namespace
+}  // namespace peerserve
+
+namespace peerserve {
+namespace {
+
+// Under a structured-output constraint the emitted token follows the target distribution
+// restricted to the allowed tokens (the reference: logits of the others set to -inf, then
+// softmax), whatever the draft proposes: drafts outside the language are rejected.
+TEST(SpeculativeSamplerTest, ConstrainedEmissionsFollowTheMaskedTarget) {
+  constexpr size_t kVocab = 12;
+  constexpr int kDraws = 200000;
+  // Tokens 0-5 spell "a", 6-10 spell "b", 11 is EOS; the language is a+b.
+  static const std::string kA = "a", kB = "b";
+  auto vocabulary =
+      grammar::TokenVocabulary::build(static_cast<int32_t>(kVocab),
+                                      [](TokenId id) -> std::optional<std::string_view> {
+                                        if (id == 11) return std::nullopt;
+                                        return id < 6 ? kA : kB;
+                                      },
+                                      {11});
+  auto automaton = grammar::RegexAutomaton::compile("a+b");
+  ASSERT_TRUE(automaton.ok());
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.constraint = std::make_shared<const grammar::TokenConstraint>(*automaton, vocabulary);
+  const std::vector<float> target = random_logits(kVocab, 5, 1.5f);
+  std::vector<float> draft = target;
+  const std::vector<float> noise = random_logits(kVocab, 6, 1.0f);
+  for (size_t i = 0; i < kVocab; ++i) draft[i] += noise[i];
+  // After "a": the "a" and "b" tokens are allowed, EOS is not (no whole match yet).
+  const std::vector<TokenId> generated = {0};
+  std::vector<float> masked = target;
+  masked[11] = -std::numeric_limits<float>::infinity();
+  const std::vector<double> p = reference_distribution(masked, 0.9f, 0, 1.0f);
+  std::vector<int> counts(kVocab, 0);
+  for (int i = 0; i < kDraws; ++i) {
+    const SamplingContext context{.generated = generated, .seed = static_cast<uint64_t>(i) * 31u};
+    const DraftToken proposal = propose_draft(draft, params, context);
+    ++counts[static_cast<size_t>(verify_draft(target, params, context, proposal).token.token)];
+  }
+  EXPECT_EQ(counts[11], 0) << "EOS before a whole match";
+  double chi_square = 0.0;
+  for (size_t t = 0; t < 11; ++t) {
+    const double e = p[t] * kDraws;
+    chi_square += (counts[t] - e) * (counts[t] - e) / e;
+  }
+  EXPECT_LT(chi_square, 40.0);  // 10 degrees of freedom: the 99.999th percentile is ~35.6
 }
 
 }  // namespace
