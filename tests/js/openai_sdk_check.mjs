@@ -162,6 +162,27 @@ check(slp && slp.tokens.length === completionPromptTokens && slp.token_logprobs[
 check(scored.usage.completion_tokens === 0, 'echo: max_tokens 0 counts no completion token',
       JSON.stringify(scored.usage));
 
+// 6c. Structured outputs: response_format json_schema (a finite language, so any model ends).
+const schema = {
+  type: 'object', properties: { ok: { type: 'boolean' }, n: { type: 'integer', minimum: 0, maximum: 9 } },
+  required: ['ok', 'n'], additionalProperties: false,
+};
+const structured = await client.chat.completions.create({
+  model, messages: [{ role: 'user', content: 'Answer in JSON.' }], max_tokens: 32, temperature: 0,
+  response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } },
+});
+let parsed = null;
+try { parsed = JSON.parse(structured.choices[0].message.content); } catch (e) { /* checked below */ }
+check(structured.choices[0].finish_reason === 'stop' && parsed !== null &&
+      typeof parsed.ok === 'boolean' && Number.isInteger(parsed.n) && parsed.n >= 0 && parsed.n <= 9 &&
+      Object.keys(parsed).join(',') === 'ok,n',
+      'response_format json_schema: the answer is an instance, keys in the schema\'s order',
+      JSON.stringify(structured.choices[0]));
+await expectStatus(client.chat.completions.create({
+  model, messages: [{ role: 'user', content: 'x' }], max_tokens: 4,
+  response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { not: {} } } },
+}), 400, 'response_format json_schema: an unsupported keyword -> 400');
+
 // 7. Errors come back as the SDK's typed errors.
 await expectStatus(client.completions.create({ model, prompt, max_tokens: 4, temperature: 7 }), 400,
                    'error: bad temperature -> 400');
