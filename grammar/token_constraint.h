@@ -43,8 +43,8 @@ class TokenConstraint {
   // reference stays valid while the constraint lives, except past kMaxCachedStates cached
   // states: then until the calling thread's next call.
   const std::vector<uint64_t>& allowed(int32_t state) const;
-  // 16 KB per state at a 129k vocabulary: at most 32 MB of masks per constraint.
-  static constexpr size_t kMaxCachedStates = 2048;
+  // 16 KB per state at a 129k vocabulary: at most 8 MB of masks per constraint.
+  static constexpr size_t kMaxCachedStates = 512;
   // Sets every logit of a token not allowed after `generated` to -inf (ids at or past the
   // vocabulary's size too).
   void mask_logits(std::span<float> logits, std::span<const TokenId> generated) const;

@@ -175,6 +175,9 @@ Status Engine::validate(EngineRequest& request) const {
   PS_RETURN_IF_ERROR(check_ids("logit_bias", biased));
   PS_RETURN_IF_ERROR(check_ids("forced", params.sampling.forced_tokens));
   PS_RETURN_IF_ERROR(check_ids("allowed_token_ids", params.sampling.allowed_token_ids));
+  for (const std::vector<TokenId>& word : params.sampling.bad_words_ids) {
+    PS_RETURN_IF_ERROR(check_ids("bad_words", word));
+  }
   for (const std::string& s : params.stop_strings) {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   }

@@ -41,6 +41,8 @@ void encode_sampling(const SamplingParams& s, ByteWriter& out) {
     out.put<TokenId>(id);
     out.put<float>(bias);
   }
+  out.put<uint64_t>(s.bad_words_ids.size());
+  for (const std::vector<TokenId>& word : s.bad_words_ids) out.put_array<TokenId>(word);
 }
 
 SamplingParams decode_sampling(ByteReader& in) {
@@ -64,6 +66,10 @@ SamplingParams decode_sampling(ByteReader& in) {
   for (uint64_t i = 0; i < biases && in.ok(); ++i) {
     const TokenId id = in.get<TokenId>();
     s.logit_bias.emplace_back(id, in.get<float>());
+  }
+  const uint64_t bad_words = in.get_count(sizeof(uint64_t));
+  for (uint64_t i = 0; i < bad_words && in.ok(); ++i) {
+    s.bad_words_ids.push_back(in.get_array<TokenId>());
   }
   return s;
 }

@@ -30,7 +30,8 @@ bool has_penalties(const SamplingParams& params) {
          params.frequency_penalty != 0.0f ||
          (params.min_tokens > 0 && !params.suppressed_until_min_tokens.empty()) ||
          !params.forced_tokens.empty() || !params.logit_bias.empty() ||
-         !params.allowed_token_ids.empty() || params.constraint != nullptr;
+         !params.allowed_token_ids.empty() || !params.bad_words_ids.empty() ||
+         params.constraint != nullptr;
 }
 
 // The first largest non-NaN logit (0 if all are NaN), vectorized: the scalar loop took
@@ -380,6 +381,18 @@ void apply_other_penalties(std::span<float> logits, const SamplingParams& params
     }
     for (size_t i = 0; i < logits.size(); ++i) {
       if (!allowed[i]) logits[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  for (const std::vector<TokenId>& word : params.bad_words_ids) {
+    if (word.empty() || word.size() - 1 > generated.size()) continue;
+    const size_t prefix = word.size() - 1;
+    if (!std::equal(word.begin(), word.begin() + static_cast<ptrdiff_t>(prefix),
+                    generated.end() - static_cast<ptrdiff_t>(prefix))) {
+      continue;
+    }
+    const TokenId last = word.back();
+    if (last >= 0 && static_cast<size_t>(last) < logits.size()) {
+      logits[static_cast<size_t>(last)] = -std::numeric_limits<float>::infinity();
     }
   }
   for (const auto& [id, bias] : params.logit_bias) {

@@ -8,7 +8,8 @@
 // state has to be carried or shared.
 //
 // Order of processing (vLLM's):
-//   1. allowed_token_ids, logit_bias, then penalties: repetition_penalty over every token
+//   1. allowed_token_ids, bad_words, logit_bias, then penalties: repetition_penalty over every
+//   token
 //      seen so far, the prompt's and the generated ones (CTRL/transformers/vLLM: positive
 //      logits divided by it, negative ones multiplied), then OpenAI's frequency/presence
 //      penalties over the generated tokens:
@@ -73,6 +74,11 @@ struct SamplingParams {
   // first in step 1; logprobs stay the model's). Ids must be in the vocabulary (the engine
   // checks).
   std::vector<TokenId> allowed_token_ids;
+  // vLLM's bad_words, as token sequences: a one-token word always gets probability 0; a
+  // longer one's last token gets probability 0 when the generated tokens end with the rest
+  // of it (vLLM's rule; the prompt does not count). Ids must be in the vocabulary (the engine
+  // checks).
+  std::vector<std::vector<TokenId>> bad_words_ids;
   // Structured outputs (guided_regex, guided_choice, guided_json, response_format): only
   // tokens that keep the generated text inside the constraint's language, and EOS where the
   // text is a whole match (grammar/token_constraint.h). Shared, immutable.

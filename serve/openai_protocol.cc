@@ -229,9 +229,21 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
   // Accepted and not used for anything (OpenAI: an end-user id for abuse monitoring). It is
   // never a metrics label: that would let clients create unbounded series.
   (void)f.string("user");
+  // vLLM's bad_words: the server tokenizes them (serve/bad_words.h).
   if (const json* bad_words = f.get("bad_words"); bad_words && !f.error) {
-    if (!bad_words->is_array() || !bad_words->empty()) {
-      f.fail_unsupported("bad_words", "'bad_words' is not supported");
+    if (!bad_words->is_array() || static_cast<int64_t>(bad_words->size()) > kMaxBadWords) {
+      f.fail("bad_words", "'bad_words' must be an array of at most " +
+                              std::to_string(kMaxBadWords) + " strings");
+    } else {
+      for (const json& word : *bad_words) {
+        if (!word.is_string() || word.get<std::string>().empty() ||
+            word.get<std::string>().size() > kMaxBadWordBytes) {
+          f.fail("bad_words", "'bad_words' entries must be strings of 1 to " +
+                                  std::to_string(kMaxBadWordBytes) + " bytes");
+          break;
+        }
+        out->bad_words.push_back(word.get<std::string>());
+      }
     }
   }
   // vLLM's extensions that would change the output or what comes back, and are not built:
@@ -487,7 +499,8 @@ std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& 
 std::optional<std::string> submit_error_param(const Status& status, bool chat) {
   if (status.code() == StatusCode::kResourceExhausted) return std::nullopt;
   const std::string& message = status.message();
-  for (const char* field : {"n", "stop_token_ids", "logit_bias", "allowed_token_ids"}) {
+  for (const char* field :
+       {"n", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words"}) {
     const std::string prefix = std::string(field) + (std::string_view(field) == "n" ? " = " : ":");
     if (message.rfind(prefix, 0) == 0) return field;
   }

@@ -91,7 +91,14 @@ struct CommonRequestFields {
   // response_format): the pattern the answer must match; the server compiles it against the
   // vocabulary into params.sampling.constraint (serve/structured_output.h).
   std::optional<StructuredOutputRequest> structured_output;
+  // vLLM's bad_words: words the answer must not contain, tokenized by the server into
+  // params.sampling.bad_words_ids (serve/bad_words.h).
+  std::vector<std::string> bad_words;
 };
+
+// The most bad_words entries, and bytes per entry, a request may carry.
+inline constexpr int64_t kMaxBadWords = 256;
+inline constexpr size_t kMaxBadWordBytes = 1024;
 
 // max_tokens of a /v1/completions request that names none (OpenAI, vLLM).
 inline constexpr int64_t kDefaultCompletionMaxTokens = 16;

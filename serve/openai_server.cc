@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "serve/bad_words.h"
 #include "serve/bearer_auth.h"
 #include "serve/prometheus_text.h"
 #include "serve/request_workers.h"
@@ -632,6 +633,24 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
   return std::nullopt;
 }
 
+// vLLM's bad_words, tokenized into the token sequences the sampler bans.
+std::optional<ApiError> attach_bad_words(const OpenAiServer::Context& ctx,
+                                         CommonRequestFields& fields) {
+  if (fields.bad_words.empty()) return std::nullopt;
+  if (ctx.tokenizer == nullptr) {
+    ApiError e;
+    e.message = "'bad_words' needs the model's tokenizer, and this model has none";
+    e.param = "bad_words";
+    e.code = "unsupported_parameter";
+    return e;
+  }
+  Result<std::vector<std::vector<TokenId>>> ids =
+      bad_words_token_ids(*ctx.tokenizer, fields.bad_words);
+  if (!ids.ok()) return api_error_from_status(ids.status(), "bad_words");
+  fields.params.sampling.bad_words_ids = std::move(ids).value();
+  return std::nullopt;
+}
+
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
   if (ctx.draining.load()) {
@@ -645,6 +664,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, *e);
   if (auto e = check_model(ctx, chat.model)) return send_error(*exchange, *e);
   if (auto e = attach_structured_output(ctx, request.body, chat)) return send_error(*exchange, *e);
+  if (auto e = attach_bad_words(ctx, chat)) return send_error(*exchange, *e);
   if (ctx.tokenizer == nullptr || ctx.tokenizer->chat_template() == nullptr) {
     ApiError e;
     e.message = "this model has no chat template; use /v1/completions";
@@ -742,6 +762,7 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
   if (auto e = check_model(ctx, completion.model)) return send_error(*exchange, *e);
   if (auto e = attach_structured_output(ctx, request.body, completion))
     return send_error(*exchange, *e);
+  if (auto e = attach_bad_words(ctx, completion)) return send_error(*exchange, *e);
   if (!completion.expected_kv_namespace.empty() &&
       completion.expected_kv_namespace != ctx.options.kv_namespace_identity) {
     // A decode instance handing this server a prompt expects KV of its own namespace.

@@ -49,12 +49,14 @@ std::optional<StructuredOutputError> parse_structured_output(
     const nlohmann::ordered_json& body, std::optional<StructuredOutputRequest>* out);
 
 // Compiles patterns into token constraints for one tokenizer, keeping the most recently used
-// ones (a schema sent with every request compiles once). Thread-safe.
+// ones (a schema sent with every request compiles once). With their cached masks (at most
+// TokenConstraint::kMaxCachedStates each) 16 of them hold at most 128 MB at a 129k
+// vocabulary, plus their automata. Thread-safe.
 class StructuredOutputCompiler {
  public:
   // `tokenizer` must outlive the compiler; `end_tokens`: the model's EOS ids.
   StructuredOutputCompiler(const Tokenizer& tokenizer, std::vector<TokenId> end_tokens,
-                           size_t cache_entries = 64);
+                           size_t cache_entries = 16);
 
   Result<std::shared_ptr<const grammar::TokenConstraint>> compile(const std::string& pattern);
 

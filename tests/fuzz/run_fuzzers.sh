@@ -94,7 +94,7 @@ def s(t): t = t.encode(); return u64(len(t)) + t
 # Field for field as runtime/request_codec.cc writes them.
 sampling = (f32(0.7) + i32(40) + f32(0.9) + f32(0.0) + f32(0.1) + f32(0.2) + f32(1.1) +
             b(True) + u64(1234) + b(True) + i32(3) + i32(2) + arr([1]) + arr([5, 6]) +
-            arr([5, 9, 11]) + u64(1) + i32(9) + f32(-1.5))
+            arr([5, 9, 11]) + u64(1) + i32(9) + f32(-1.5) + u64(2) + arr([7]) + arr([3, 4]))
 request = (arr([1, 2, 3, 4]) + sampling + b(True) + i32(16) + b(False) + u64(2) + s("\n\n") +
            s("END") + b(False) + arr([7]) + b(False) + i32(2) + b(True) + b(True) + i32(3) +
            s("[0-9]+") + s("127.0.0.1:9000") + s("salt") + b(False))

@@ -38,6 +38,7 @@ EngineRequest full_request() {
   r.params.skip_special_tokens = false;
   r.params.prompt_logprobs = 5;
   r.params.structured_output_pattern = "\\{\"a\":[0-9]+\\}";
+  r.params.sampling.bad_words_ids = {{5}, {6, 7, 8}};
   r.prefill_hint = "127.0.0.1:8101";
   r.cache_salt = "tenant-a";
   r.kv_push = KvPushTarget{
@@ -115,6 +116,8 @@ TEST(RequestCodecTest, RequestRoundTripsEveryField) {
   EXPECT_FALSE(decoded->params.skip_special_tokens);
   EXPECT_EQ(decoded->params.prompt_logprobs, 5);
   EXPECT_EQ(decoded->params.structured_output_pattern, "\\{\"a\":[0-9]+\\}");
+  EXPECT_EQ(decoded->params.sampling.bad_words_ids,
+            (std::vector<std::vector<TokenId>>{{5}, {6, 7, 8}}));
   // The compiled constraint does not travel: the receiving rank compiles the pattern.
   EXPECT_EQ(decoded->params.sampling.constraint, nullptr);
   EXPECT_EQ(decoded->prefill_hint, "127.0.0.1:8101");

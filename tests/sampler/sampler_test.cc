@@ -788,5 +788,33 @@ TEST(SamplerTest, ConstraintWinsWhenOtherRestrictionsLeaveNothing) {
   for (const double prob : d.probs) EXPECT_NEAR(prob, 1.0 / 50, 1e-9);
 }
 
+// vLLM's bad_words: a one-token word is never drawn; a longer word's last token only after
+// the rest of it (the generated tokens, not the prompt).
+TEST(SamplerTest, BadWordsBanTheLastTokenAfterTheRest) {
+  std::vector<float> logits(100, 0.0f);
+  logits[7] = 9.0f;  // the argmax: banned as a one-token word
+  logits[8] = 8.0f;  // banned only after 3, 4
+  logits[9] = 7.0f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.bad_words_ids = {{7}, {3, 4, 8}};
+  const std::vector<TokenId> none, after_34 = {1, 3, 4}, after_4 = {1, 4}, prompt_34 = {3, 4};
+  EXPECT_EQ(sample_token(logits, p, {.generated = none}).token, 8);
+  EXPECT_EQ(sample_token(logits, p, {.generated = after_34}).token, 9);
+  EXPECT_EQ(sample_token(logits, p, {.generated = after_4}).token, 8);
+  EXPECT_EQ(sample_token(logits, p, {.generated = none, .prompt = prompt_34}).token, 8);
+  // Sampled: the banned tokens get probability 0, the rest keep softmax's proportions.
+  p.temperature = 1.0f;
+  const TokenDistribution d = final_distribution(logits, p, after_34);
+  EXPECT_EQ(std::count(d.tokens.begin(), d.tokens.end(), 7), 0);
+  EXPECT_EQ(std::count(d.tokens.begin(), d.tokens.end(), 8), 0);
+  ASSERT_EQ(d.tokens.size(), 98u);
+  double z = 0.0;
+  for (int t = 0; t < 100; ++t)
+    z += t == 7 || t == 8 ? 0.0 : std::exp(static_cast<double>(logits[t]));
+  EXPECT_NEAR(d.probs[std::find(d.tokens.begin(), d.tokens.end(), 9) - d.tokens.begin()],
+              std::exp(7.0) / z, 1e-6);
+}
+
 }  // namespace
 }  // namespace peerserve

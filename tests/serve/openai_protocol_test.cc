@@ -677,7 +677,7 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
            Refused{R"("functions": [])", "functions"},
            Refused{R"("function_call": "auto")", "function_call"},
            Refused{R"("echo": true)", "echo"},
-           Refused{R"("bad_words": ["x"])", "bad_words"},
+           Refused{R"("bad_words": ["x", {}])", "bad_words"},
            Refused{R"("user": 5)", "user"},
            Refused{R"("min_tokens": -1)", "min_tokens"},
            Refused{R"("min_tokens": 5, "max_tokens": 4)", "min_tokens"},
@@ -763,10 +763,19 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
                    ApiLimits{}, &c)
                    .has_value());
   EXPECT_EQ(c.params.sampling.min_tokens, 3);
-  auto e = parse_completion_request(nlohmann::json::parse(R"({"prompt": "x", "bad_words": ["a"]})"),
-                                    ApiLimits{}, &c);
-  ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->param, "bad_words");
+  CompletionRequest words;
+  ASSERT_FALSE(parse_completion_request(
+                   nlohmann::json::parse(R"({"prompt": "x", "bad_words": ["a", " b c"]})"),
+                   ApiLimits{}, &words)
+                   .has_value());
+  EXPECT_EQ(words.bad_words, (std::vector<std::string>{"a", " b c"}));
+  for (const char* bad :
+       {R"("bad_words": "a")", R"("bad_words": ["a", 1])", R"("bad_words": [""])"}) {
+    auto e = parse_completion_request(
+        nlohmann::json::parse(std::string(R"({"prompt": "x", )") + bad + "}"), ApiLimits{}, &c);
+    ASSERT_TRUE(e.has_value()) << bad;
+    EXPECT_EQ(e->param, "bad_words");
+  }
 }
 
 }  // namespace

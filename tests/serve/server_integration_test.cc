@@ -451,7 +451,7 @@ TEST_F(ServerIntegrationTest, FieldsWorkOrAreRefusedByName) {
            {R"("tool_choice": "required")", "tool_choice"},
            {R"("parallel_tool_calls": "yes")", "parallel_tool_calls"},
            {R"("peerserve_forced_output": "x")", "peerserve_forced_output"},
-           {R"("bad_words": ["the"])", "bad_words"},
+           {R"("bad_words": [7])", "bad_words"},
            {R"("echo": true)", "echo"},
            {R"("min_tokens": 9, "max_tokens": 3)", "min_tokens"},
            // Checked by the engine against the vocabulary: named all the same (they were

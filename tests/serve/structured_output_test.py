@@ -1,6 +1,6 @@
 """Structured outputs in `peerserve serve` (vLLM's guided_regex / guided_choice / guided_json /
-structured_outputs, OpenAI's response_format), as a real process on loopback with the shipped
-model. Python's `re`, `json` and `jsonschema` (Debian's python3-jsonschema) judge the answers,
+structured_outputs, OpenAI's response_format) and vLLM's bad_words, as a real process on
+loopback with the shipped model. Python's `re`, `json` and `jsonschema` (Debian's python3-jsonschema) judge the answers,
 independently of the engine's automata.
 
 Cases (all run; exit 1 if any failed):
@@ -12,6 +12,8 @@ Cases (all run; exit 1 if any failed):
 - guided_json / response_format json_schema / structured_outputs.json: the answer parses and
   validates against the schema (jsonschema.validate); response_format json_object: an object;
 - greedy answers with and without --speculative mtp are the same under a constraint;
+- bad_words: a word of the greedy answer, banned, is gone from it as the token sequences
+  vLLM's rule bans (the word without and with a leading space, from /tokenize);
 - bad input gets a 400 naming the field: a regex outside the syntax, two kinds at once,
   guided_grammar, a schema keyword the converter refuses, tools with tool_choice auto, an
   unknown response_format type.
@@ -193,11 +195,40 @@ def run(server):
             "tool_choice": "none", "guided_regex": "a+", "max_tokens": 4})
         assert status == 200 and re.fullmatch("a+", r["choices"][0]["message"]["content"]), r
 
+    def bad_words():
+        def tokenize(text):
+            status, r = server.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+            assert status == 200, r
+            return r["tokens"]
+
+        def contains(ids, seq):
+            return any(ids[i:i + len(seq)] == seq for i in range(len(ids) - len(seq) + 1))
+
+        plain = completion(server, {}, temperature=0, max_tokens=24, return_token_ids=True)
+        text = plain["choices"][0]["text"]
+        words = re.findall(r"[A-Za-z]{3,}", text)
+        assert words, text
+        banned_sequences = []
+        for word in words[:2]:
+            alone, spaced = tokenize(word), tokenize(" " + word)
+            banned_sequences.append(alone)
+            if spaced[0] != alone[0] and len(spaced) == len(alone):
+                banned_sequences.append(spaced)
+        assert any(contains(plain["choices"][0]["token_ids"], seq) for seq in banned_sequences), \
+            (text, banned_sequences)
+        r = completion(server, {"bad_words": words[:2]}, temperature=0, max_tokens=24,
+                       return_token_ids=True)
+        ids = r["choices"][0]["token_ids"]
+        assert not any(contains(ids, seq) for seq in banned_sequences), \
+            (r["choices"][0]["text"], banned_sequences)
+        assert r["choices"][0]["text"] != text
+
     case("guided_choice: every answer is a choice", guided_choice)
     case("guided_regex: full matches, streamed equal, cut short a prefix", guided_regex)
     case("guided_json and json_schema: answers validate", guided_json)
     case("response_format json_object: an object", json_object)
     case("refusals name the field", refusals)
+    case("bad_words: the banned sequences are gone", bad_words)
 
 
 def main():
