@@ -449,14 +449,19 @@ case("rank 0 slow after the last step, past --ep-timeout-ms: the job still ends 
      slow_leader_after_the_last_step)
 
 
-def complete(port, prompt, max_tokens, timeout=60, **extra):
+def completions(port, body, timeout=60):
+    """POSTs `body` to /v1/completions; the answer's choices."""
     import urllib.request
-    body = json.dumps({"model": "peerserve-dsv3-tiny", "prompt": prompt,
-                       "max_tokens": max_tokens, "temperature": 0, **extra}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)["choices"][0]["text"]
+        return json.load(r)["choices"]
+
+
+def complete(port, prompt, max_tokens, timeout=60, **extra):
+    return completions(port, {"model": "peerserve-dsv3-tiny", "prompt": prompt,
+                              "max_tokens": max_tokens, "temperature": 0, **extra},
+                       timeout)[0]["text"]
 
 
 def wait_ready(port, p, seconds=60):
@@ -538,15 +543,10 @@ def serve_ep2():
         # Prompt logprobs travel from either rank (the codec carries them): one request of four
         # equal prompts, which rank 0 spreads over both ranks as it submits them, gives four
         # equal answers (fp32 dispatch: one process's bits on any rank).
-        import urllib.request
         before = requests_per_rank(port)
         prompt = "The kernel documentation describes the subsystems"
-        body = json.dumps({"prompt": [prompt] * 4, "max_tokens": 0, "echo": True,
-                           "logprobs": 2}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            scored = [c["logprobs"] for c in json.load(r)["choices"]]
+        scored = [c["logprobs"] for c in completions(
+            port, {"prompt": [prompt] * 4, "max_tokens": 0, "echo": True, "logprobs": 2})]
         after = requests_per_rank(port)
         assert all(after[r] > before[r] for r in (0, 1)), f"requests per rank: {before} {after}"
         first = scored[0]
@@ -557,12 +557,9 @@ def serve_ep2():
         # equal greedy prompts spread over both ranks give four equal full matches.
         before = requests_per_rank(port)
         pattern = "20[0-9]{2}-(?:0[1-9]|1[0-2])-[0-3][0-9]"
-        body = json.dumps({"prompt": ["The date was"] * 4, "max_tokens": 24, "temperature": 0,
-                           "guided_regex": pattern}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            dates = [c["text"] for c in json.load(r)["choices"]]
+        dates = [c["text"] for c in completions(
+            port, {"prompt": ["The date was"] * 4, "max_tokens": 24, "temperature": 0,
+                   "guided_regex": pattern})]
         after = requests_per_rank(port)
         assert all(after[r] > before[r] for r in (0, 1)), f"requests per rank: {before} {after}"
         assert all(re.fullmatch(pattern, d) for d in dates), dates

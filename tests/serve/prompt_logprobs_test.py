@@ -21,12 +21,10 @@ import json
 import os
 import struct
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 
-from serve_harness import case, exit_code, free_port, launch, stop_all
+from serve_harness import ServeProcess, case, exit_code
 
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
@@ -57,33 +55,9 @@ def load_reference():
     return prompts
 
 
-class Server:
-    def __init__(self, *flags):
-        self.port = free_port()
-        self.p, self.log = launch(
-            [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1",
-             "--kv-cache-memory", "64MiB", "--max-num-batched-tokens", "16", "--max-num-seqs",
-             "16", *flags], timeout=120)
-
-    def post(self, path, body, stream=False):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
-                                     json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                if not stream:
-                    return 200, json.load(r)
-                chunks = []
-                for raw in r:
-                    line = raw.decode().strip()
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        chunks.append(json.loads(line[6:]))
-                return 200, chunks
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def stop(self):
-        stop_all([self.p])
+def start_server(*flags):
+    return ServeProcess(BIN, MODEL, "--max-num-batched-tokens", "16", "--max-num-seqs", "16",
+                        *flags)
 
 
 def log_softmax(row):
@@ -136,7 +110,7 @@ def check_against_reference(r, prompt):
 
 def main():
     reference = load_reference()
-    exact = Server("--fp32")
+    exact = start_server("--fp32")
     try:
         results = {}
 
@@ -227,7 +201,7 @@ def main():
     def speculative_equal():
         answers = []
         for flags in ([], ["--speculative", "mtp"]):
-            server = Server(*flags)
+            server = start_server(*flags)
             try:
                 got = []
                 for prompt in reference:

@@ -104,3 +104,38 @@ def stop_all(processes, seconds=20):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+class ServeProcess:
+    """`peerserve serve --model MODEL` on a free loopback port (one thread, 64 MiB of KV, and
+    `flags`), with JSON requests. Used by the tests that talk to one server at a time."""
+
+    def __init__(self, binary, model, *flags):
+        self.port = free_port()
+        self.p, self.log = launch(
+            [binary, "serve", "--model", model, "--port", str(self.port), "--threads", "1",
+             "--kv-cache-memory", "64MiB", *flags], timeout=120)
+
+    def post(self, path, body, stream=False):
+        """(HTTP status, parsed answer); with stream, the list of SSE data chunks."""
+        import json
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                if not stream:
+                    return 200, json.load(r)
+                chunks = []
+                for raw in r:
+                    line = raw.decode().strip()
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+                return 200, chunks
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self):
+        stop_all([self.p])

@@ -23,43 +23,17 @@ import json
 import os
 import re
 import sys
-import urllib.error
-import urllib.request
 
 import jsonschema
 
-from serve_harness import case, exit_code, free_port, launch, stop_all
+from serve_harness import ServeProcess, case, exit_code
 
 BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
 
 
-class Server:
-    def __init__(self, *flags):
-        self.port = free_port()
-        self.p, self.log = launch(
-            [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1",
-             "--kv-cache-memory", "64MiB", *flags], timeout=120)
-
-    def post(self, path, body, stream=False):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
-                                     json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                if not stream:
-                    return 200, json.load(r)
-                chunks = []
-                for raw in r:
-                    line = raw.decode().strip()
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        chunks.append(json.loads(line[6:]))
-                return 200, chunks
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def stop(self):
-        stop_all([self.p])
+def start_server(*flags):
+    return ServeProcess(BIN, MODEL, *flags)
 
 
 def completion(server, extra, prompt="The answer is", **kw):
@@ -232,14 +206,14 @@ def run(server):
 
 
 def main():
-    server = Server()
+    server = start_server()
     try:
         run(server)
         greedy = {k: completion(server, v, temperature=0, max_tokens=64)["choices"][0]["text"]
                   for k, v in [("regex", {"guided_regex": DATE}), ("json", {"guided_json": SCHEMA})]}
     finally:
         server.stop()
-    speculative = Server("--speculative", "mtp")
+    speculative = start_server("--speculative", "mtp")
     try:
         def same_under_speculation():
             for k, v in [("regex", {"guided_regex": DATE}), ("json", {"guided_json": SCHEMA})]:
