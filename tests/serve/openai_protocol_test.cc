@@ -1,4 +1,5 @@
 #include "serve/openai_protocol.h"
+#include "grammar/json_schema_regex.h"
 #include "grammar/regex_automaton.h"
 
 #include <gtest/gtest.h>
@@ -791,6 +792,7 @@ TEST(StructuredOutputRequestTest, EachFormGivesItsLanguage) {
     const char* fields;
     const char* field;
     std::vector<std::string> matching, not_matching;
+    bool any_object = false;
   };
   const std::vector<Form> forms = {
       {R"("guided_choice": ["yes", "no."])", "guided_choice", {"yes", "no."}, {"no", "maybe"}},
@@ -808,16 +810,15 @@ TEST(StructuredOutputRequestTest, EachFormGivesItsLanguage) {
        "guided_json",
        {R"({"n":1})", "{}"},
        {R"({"n": 1})"}},
-      {R"("response_format": {"type": "json_object"})",
-       "response_format",
-       {R"({"a":[1,{"b":null}]})", "{}"},
-       {"[]", "1", R"({"a":)"}},
+      // json_object: grammar/json_schema_regex's any-object pattern (its own test compiles and
+      // tries it; compiling it here again took 20 s under the sanitizers).
+      {R"("response_format": {"type": "json_object"})", "response_format", {}, {}, true},
       {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x",
           "schema": {"type": "array", "items": {"type": "string"}, "maxItems": 1}}})",
        "response_format",
        {R"(["x"])", "[]"},
        {R"(["x","y"])", "[1]"}},
-      {R"("structured_outputs": {"json_object": true})", "structured_outputs", {"{}"}, {"[]"}},
+      {R"("structured_outputs": {"json_object": true})", "structured_outputs", {}, {}, true},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE(f.fields);
@@ -826,6 +827,10 @@ TEST(StructuredOutputRequestTest, EachFormGivesItsLanguage) {
     ASSERT_FALSE(parse_completion_request(body, ApiLimits{}, &r).has_value());
     ASSERT_TRUE(r.structured_output.has_value());
     EXPECT_EQ(r.structured_output->field, f.field);
+    if (f.any_object) {
+      EXPECT_EQ(r.structured_output->pattern, grammar::json_object_regex());
+      continue;
+    }
     auto automaton = grammar::RegexAutomaton::compile(r.structured_output->pattern);
     ASSERT_TRUE(automaton.ok()) << automaton.status().message();
     for (const std::string& m : f.matching) EXPECT_TRUE((*automaton)->matches(m)) << m;
