@@ -640,13 +640,13 @@ RegexAutomaton::RegexAutomaton(std::string pattern, std::vector<uint8_t> byte_cl
       byte_class_(std::move(byte_class)),
       num_classes_(num_classes),
       transitions_(std::move(transitions)),
-      accepting_(std::move(accepting)) {
-  continues_.assign(accepting_.size(), 0);
-  for (size_t s = 0; s < accepting_.size(); ++s) {
-    for (size_t c = 0; c < num_classes_; ++c) {
-      if (transitions_[s * num_classes_ + c] != kDead) continues_[s] = 1;
-    }
-  }
+      accepting_(std::move(accepting)) {}
+
+bool RegexAutomaton::can_continue(int32_t state) const {
+  const auto row =
+      transitions_.begin() + static_cast<ptrdiff_t>(state) * static_cast<ptrdiff_t>(num_classes_);
+  return std::any_of(row, row + static_cast<ptrdiff_t>(num_classes_),
+                     [](int32_t to) { return to != kDead; });
 }
 
 int32_t RegexAutomaton::walk(int32_t state, std::string_view bytes) const {

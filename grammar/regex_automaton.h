@@ -57,7 +57,7 @@ class RegexAutomaton {
   int32_t walk(int32_t state, std::string_view bytes) const;
   bool accepting(int32_t state) const { return accepting_[static_cast<size_t>(state)] != 0; }
   // Whether some non-empty continuation from `state` matches.
-  bool can_continue(int32_t state) const { return continues_[static_cast<size_t>(state)] != 0; }
+  bool can_continue(int32_t state) const;
   bool matches(std::string_view bytes) const {
     const int32_t s = walk(start(), bytes);
     return s != kDead && accepting(s);
@@ -76,7 +76,6 @@ class RegexAutomaton {
   size_t num_classes_ = 0;
   std::vector<int32_t> transitions_;  // [state][class]; every state can still reach a match
   std::vector<uint8_t> accepting_;
-  std::vector<uint8_t> continues_;
 };
 
 // The pattern with every metacharacter of the syntax above escaped and control characters as

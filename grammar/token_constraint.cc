@@ -90,12 +90,6 @@ const std::vector<uint64_t>& TokenConstraint::allowed(int32_t state) const {
   return masks_.try_emplace(state, std::move(bits)).first->second;
 }
 
-bool TokenConstraint::allows(int32_t state, TokenId token) const {
-  if (token < 0 || token >= vocabulary_->vocab_size()) return false;
-  const std::vector<uint64_t>& bits = allowed(state);
-  return (bits[static_cast<size_t>(token) / 64] >> (static_cast<size_t>(token) % 64)) & 1u;
-}
-
 void TokenConstraint::mask_logits(std::span<float> logits,
                                   std::span<const TokenId> generated) const {
   const std::vector<uint64_t>& bits = allowed(state_after(generated));
@@ -120,11 +114,6 @@ void TokenConstraint::mask_logits(std::span<float> logits,
     if (!((bits[i / 64] >> (i % 64)) & 1u)) x[i] = kNegInf;
   }
   for (size_t i = covered; i < logits.size(); ++i) x[i] = kNegInf;
-}
-
-size_t TokenConstraint::cached_states() const {
-  std::lock_guard lock(mutex_);
-  return masks_.size();
 }
 
 }  // namespace peerserve::grammar

@@ -37,8 +37,6 @@ class TokenConstraint {
   int32_t state_after(std::span<const TokenId> tokens) const;
   int32_t advance(int32_t state, TokenId token) const;
 
-  // Whether `token` is allowed at `state` (at kDead: the end tokens only).
-  bool allows(int32_t state, TokenId token) const;
   // The allowed token ids at `state` as a bitset over [0, vocabulary().vocab_size()). The
   // reference stays valid while the constraint lives, except past kMaxCachedStates cached
   // states: then until the calling thread's next call.
@@ -48,9 +46,6 @@ class TokenConstraint {
   // Sets every logit of a token not allowed after `generated` to -inf (ids at or past the
   // vocabulary's size too).
   void mask_logits(std::span<float> logits, std::span<const TokenId> generated) const;
-
-  // How many states have a cached mask (for tests and metrics).
-  size_t cached_states() const;
 
  private:
   std::vector<uint64_t> compute_mask(int32_t state) const;
