@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "grammar/json_schema_regex.h"
 #include "serve/bad_words.h"
 #include "serve/bearer_auth.h"
 #include "serve/prometheus_text.h"
@@ -633,6 +634,56 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
   return std::nullopt;
 }
 
+// The forced calls' (a named tool_choice, "required") arguments regex per tool, from `tools`
+// (validated by the request parser): the parameters schema's, or any JSON object where there
+// is none or the converter cannot express it.
+template <typename Json>
+std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
+  const grammar::JsonRegexOptions options;
+  std::vector<ToolArgumentsPattern> out;
+  for (const auto& tool : tools) {
+    const auto& function = tool["function"];
+    ToolArgumentsPattern entry;
+    entry.name = function["name"].template get<std::string>();
+    const auto parameters = function.find("parameters");
+    if (parameters != function.end() && !parameters->is_null()) {
+      if (Result<std::string> r = grammar::json_schema_to_regex(*parameters, options); r.ok()) {
+        entry.arguments = std::move(r).value();
+      }
+    }
+    if (entry.arguments.empty()) entry.arguments = grammar::json_object_regex(options);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+// A forced call is decoded under a structured-output constraint, as vLLM does for a named
+// tool_choice and "required": the call parses, and its arguments match the function's
+// parameters. The tools are read from `body_text` with their key order, so that arguments
+// keep the schema's property order. A pattern over the automaton's bounds leaves the call
+// unconstrained, as it was before constraints existed (docs/tool_calling.md).
+void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view body_text,
+                                   ChatRequest& chat) {
+  const bool named = chat.tool_choice.mode == ToolChoice::Mode::kNamed;
+  if (ctx.structured_outputs == nullptr ||
+      (!named && chat.tool_choice.mode != ToolChoice::Mode::kRequired)) {
+    return;
+  }
+  const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  const bool in_order = ordered.is_object() && ordered.contains("tools") &&
+                        ordered["tools"].is_array() && ordered["tools"].size() == chat.tools.size();
+  const std::vector<ToolArgumentsPattern> tools =
+      in_order ? tool_arguments_patterns(ordered["tools"]) : tool_arguments_patterns(chat.tools);
+  const std::string pattern = forced_tool_call_pattern(
+      tools, named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt,
+      !named && chat.parallel_tool_calls);
+  Result<std::shared_ptr<const grammar::TokenConstraint>> constraint =
+      ctx.structured_outputs->compile(pattern);
+  if (!constraint.ok()) return;
+  chat.params.sampling.constraint = std::move(constraint).value();
+  chat.params.structured_output_pattern = pattern;  // for other ranks
+}
+
 // vLLM's bad_words, tokenized into the token sequences the sampler bans.
 std::optional<ApiError> attach_bad_words(const OpenAiServer::Context& ctx,
                                          CommonRequestFields& fields) {
@@ -700,6 +751,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.message = "the chat template failed on these messages: " + tokens.status().message();
     return send_error(*exchange, e);
   }
+  attach_forced_call_constraint(ctx, request.body, chat);
   ToolCallSetup tool_setup;
   if (use_tools) {
     tool_setup.enabled = true;

@@ -103,8 +103,7 @@ std::optional<StructuredOutputError> parse(const Json& body,
                                  "guided_whitespace_pattern", &json_options)) {
     return e;
   }
-  if (const json* g = member(body, "guided_grammar")) {
-    (void)g;
+  if (member(body, "guided_grammar") != nullptr) {
     return field_error("guided_grammar",
                        "'guided_grammar' is not supported (no grammar engine); use "
                        "guided_regex, guided_json or guided_choice",

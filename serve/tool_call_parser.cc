@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/regex_automaton.h"
+
 namespace peerserve {
 
 namespace {
@@ -273,6 +275,33 @@ std::string forced_tool_call_prefix(const std::optional<std::string>& function_n
       std::string(kCallsBegin) + std::string(kCallBegin) + "function" + std::string(kSep);
   if (function_name) prefix += *function_name + "\n" + std::string(kFence) + "\n";
   return prefix;
+}
+
+std::string forced_tool_call_pattern(std::span<const ToolArgumentsPattern> tools,
+                                     const std::optional<std::string>& function_name,
+                                     bool parallel) {
+  using grammar::escape_regex;
+  // The closing fence on a line of its own, as the model's template writes it.
+  const std::string call_end = "\n" + escape_regex(kArgumentsEnd);
+  if (function_name) {
+    for (const ToolArgumentsPattern& tool : tools) {
+      if (tool.name != *function_name) continue;
+      return "(?:" + tool.arguments + ")" + call_end + escape_regex(kCallsEnd);
+    }
+    return "";
+  }
+  std::string any_call = "(?:";
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (i > 0) any_call += "|";
+    any_call += escape_regex(tools[i].name) + "\n" + escape_regex(kFence) +
+                "\n(?:" + tools[i].arguments + ")";
+  }
+  any_call += ")" + call_end;
+  std::string pattern = any_call;
+  if (parallel) {
+    pattern += "(?:" + escape_regex(kCallBegin) + "function" + escape_regex(kSep) + any_call + ")*";
+  }
+  return pattern + escape_regex(kCallsEnd);
 }
 
 ParsedToolOutput parse_tool_calls(std::string_view text, int32_t max_calls) {

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,6 +103,23 @@ class ToolCallStreamParser {
 // "required": the model picks the function), followed by "NAME\n```json\n" when a
 // function is named.
 std::string forced_tool_call_prefix(const std::optional<std::string>& function_name);
+
+// A function's name and a regular expression (grammar/regex_automaton.h syntax) for the
+// arguments it accepts.
+struct ToolArgumentsPattern {
+  std::string name;
+  std::string arguments;
+};
+
+// A regular expression for what the model writes after forced_tool_call_prefix(function_name)
+// to complete the forced call(s) in this syntax, ending with <｜tool▁calls▁end｜>: with a
+// name, that function's arguments (the first entry of `tools` whose name it is; empty
+// pattern if none is); without one, a call of any of `tools`, and more of them after it when
+// `parallel`. Used as a structured-output constraint, so that a forced call parses and its
+// arguments match the function's schema.
+std::string forced_tool_call_pattern(std::span<const ToolArgumentsPattern> tools,
+                                     const std::optional<std::string>& function_name,
+                                     bool parallel);
 
 // The whole output at once (non-streaming).
 ParsedToolOutput parse_tool_calls(std::string_view text, int32_t max_calls = 0);

@@ -12,6 +12,9 @@ Cases (all run; exit 1 if any failed):
 - guided_json / response_format json_schema / structured_outputs.json: the answer parses and
   validates against the schema (jsonschema.validate); response_format json_object: an object;
 - greedy answers with and without --speculative mtp are the same under a constraint;
+- forced tool calls (a named tool_choice, "required", with and without parallel calls): each
+  call names a tool and its arguments validate against that function's parameters; streamed,
+  the argument fragments add up to the same calls;
 - bad_words: a word of the greedy answer, banned, is gone from it as the token sequences
   vLLM's rule bans (the word without and with a leading space, from /tokenize);
 - bad input gets a 400 naming the field: a regex outside the syntax, two kinds at once,
@@ -64,6 +67,64 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ZONE = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+        "required": ["zone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": ZONE}}]
+TOOL_SCHEMAS = {"get_weather": WEATHER, "get_time": ZONE}
+
+
+def forced_tool_calls(server):
+    """A named tool_choice and "required" decode under the functions' schemas: every call
+    the answer makes names one of the tools and its arguments validate (jsonschema)."""
+    def calls_of(message):
+        return [(c["function"]["name"], c["function"]["arguments"])
+                for c in message.get("tool_calls") or []]
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    finished = 0
+    for choice, parallel, seed in [(named, True, 1), (named, True, 2), ("required", False, 3),
+                                   ("required", False, 4), ("required", True, 5)]:
+        body = {"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel,
+                "temperature": 1.0, "seed": seed, "max_tokens": 96}
+        status, r = server.post("/v1/chat/completions", body)
+        assert status == 200, (status, r)
+        c = r["choices"][0]
+        calls = calls_of(c["message"])
+        if c["finish_reason"] == "length":
+            continue  # cut inside a call (or, in parallel, after many): nothing to judge
+        assert c["finish_reason"] == "tool_calls", c
+        assert calls and (parallel or len(calls) == 1), calls
+        for name, arguments in calls:
+            assert name in TOOL_SCHEMAS and (choice == "required" or name == "get_weather"), calls
+            try:
+                jsonschema.validate(json.loads(arguments), TOOL_SCHEMAS[name])
+            except (ValueError, jsonschema.ValidationError) as e:
+                raise AssertionError(f"{choice}: {name} {arguments!r}: {e}")
+        finished += 1
+        # Streamed, the same call (same seed): the argument fragments add up to it.
+        status, chunks = server.post("/v1/chat/completions", dict(body, stream=True), stream=True)
+        assert status == 200, chunks
+        streamed = {}
+        for chunk in chunks:
+            for delta_call in (chunk["choices"][0]["delta"].get("tool_calls") or []
+                               if chunk["choices"] else []):
+                name, args = streamed.get(delta_call["index"], ("", ""))
+                fn = delta_call.get("function") or {}
+                streamed[delta_call["index"]] = (name + (fn.get("name") or ""),
+                                                 args + (fn.get("arguments") or ""))
+        assert [streamed[i] for i in sorted(streamed)] == calls, (streamed, calls)
+    assert finished >= 3, f"only {finished} of 5 forced answers ended within max_tokens"
 
 
 def run(server):
@@ -203,6 +264,7 @@ def run(server):
     case("response_format json_object: an object", json_object)
     case("refusals name the field", refusals)
     case("bad_words: the banned sequences are gone", bad_words)
+    case("forced tool calls (named, required): arguments validate", lambda: forced_tool_calls(server))
 
 
 def main():

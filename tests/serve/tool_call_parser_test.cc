@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "grammar/regex_automaton.h"
+
 namespace peerserve {
 namespace {
 
@@ -249,6 +251,51 @@ TEST(ToolCallParser, RandomMutations) {
       EXPECT_EQ(whole.content.value_or(""), text);
     }
   }
+}
+
+// The pattern that constrains a forced call accepts the texts the parser reads as that call
+// (the parser is the independent judge here) and nothing past the call's end.
+TEST(ForcedToolCallPattern, AcceptsWhatTheParserReadsAsTheCall) {
+  const std::vector<ToolArgumentsPattern> tools = {
+      {"get_weather", R"re(\{"city": "[A-Za-z]{1,8}"\})re"},
+      {"get_time", R"re(\{"zone": "(UTC|CET)"\})re"}};
+  auto automaton = [](const std::string& pattern) {
+    auto compiled = grammar::RegexAutomaton::compile(pattern);
+    EXPECT_TRUE(compiled.ok()) << pattern;
+    return std::move(compiled).value();
+  };
+  const std::string end = "\n```" + kCallEnd + kCallsEnd;
+
+  // Named: the arguments, then the closing markers.
+  const auto named = automaton(forced_tool_call_pattern(tools, "get_time", true));
+  const std::string named_text = R"({"zone": "CET"})" + end;
+  EXPECT_TRUE(named->matches(named_text));
+  ParsedToolOutput parsed = parse_tool_calls(forced_tool_call_prefix("get_time") + named_text);
+  ASSERT_EQ(parsed.calls.size(), 1u);
+  EXPECT_EQ(parsed.calls[0].name, "get_time");
+  EXPECT_EQ(parsed.calls[0].arguments, R"({"zone": "CET"})");
+  EXPECT_FALSE(named->matches(R"({"zone": "PST"})" + end));   // outside the schema
+  EXPECT_FALSE(named->matches(R"({"city": "Oslo"})" + end));  // another tool's arguments
+  EXPECT_FALSE(named->matches(R"({"zone": "CET"})"));         // no closing markers
+  EXPECT_FALSE(named->matches(named_text + "more"));          // text after the block
+  EXPECT_EQ(forced_tool_call_pattern(tools, "no_such_tool", true), "");
+
+  // "required": any tool, by name; more calls only when parallel.
+  const std::string first =
+      "get_weather\n```json\n" + std::string(R"({"city": "Oslo"})") + "\n```" + kCallEnd;
+  const std::string second = call("get_time", R"({"zone": "UTC"})");
+  const auto parallel = automaton(forced_tool_call_pattern(tools, std::nullopt, true));
+  const auto single = automaton(forced_tool_call_pattern(tools, std::nullopt, false));
+  for (const std::string& text : {first + kCallsEnd, first + second + kCallsEnd}) {
+    EXPECT_TRUE(parallel->matches(text)) << text;
+    parsed = parse_tool_calls(forced_tool_call_prefix(std::nullopt) + text);
+    EXPECT_EQ(parsed.calls.size(), text.size() > first.size() + kCallsEnd.size() ? 2u : 1u);
+    EXPECT_EQ(parsed.calls[0].name, "get_weather");
+    EXPECT_EQ(parsed.calls[0].arguments, R"({"city": "Oslo"})");
+  }
+  EXPECT_TRUE(single->matches(first + kCallsEnd));
+  EXPECT_FALSE(single->matches(first + second + kCallsEnd));
+  EXPECT_FALSE(parallel->matches("get_date\n```json\n{}\n```" + kCallEnd + kCallsEnd));
 }
 
 }  // namespace
