@@ -257,7 +257,6 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       {"logits_processors", nullptr},
       {"use_beam_search", false},
       {"length_penalty", 1.0},
-      {"return_tokens_as_token_ids", false},
       {"logprob_token_ids", nullptr},
       {"repetition_detection", nullptr},
       {"thinking_token_budget", nullptr},
@@ -341,6 +340,7 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
 
   if (auto v = f.boolean("stream")) out->stream = *v;
   if (auto v = f.boolean("return_token_ids")) out->return_token_ids = *v;
+  if (auto v = f.boolean("return_tokens_as_token_ids")) out->tokens_as_ids = *v;
   if (auto v = f.integer("prompt_logprobs", 0, limits.max_top_logprobs)) {
     if (out->stream) {
       // As vLLM: they come with the whole answer.
@@ -1032,10 +1032,11 @@ std::string token_display(const Tokenizer* tokenizer, TokenId id) {
 }
 
 std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id) {
-  std::vector<int> bytes;
-  if (tokenizer == nullptr || !tokenizer->has_token(id)) return bytes;
-  for (unsigned char c : tokenizer->token_bytes(id)) bytes.push_back(c);
-  return bytes;
+  const bool named = tokenizer != nullptr && tokenizer->has_token(id);
+  const std::string text =
+      named ? std::string(tokenizer->token_bytes(id)) : token_display(nullptr, id);
+  return std::vector<int>(reinterpret_cast<const unsigned char*>(text.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()) + text.size());
 }
 
 namespace {

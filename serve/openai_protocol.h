@@ -87,6 +87,9 @@ struct CommonRequestFields {
   // "return_token_ids" (vLLM's): the answer carries the prompt's token ids and each choice's
   // (streamed: the prompt's in a choice's first chunk, then each chunk's own).
   bool return_token_ids = false;
+  // "return_tokens_as_token_ids" (vLLM's): logprobs name their tokens "token_id:N" (bytes:
+  // that text's), so a token that is not valid UTF-8 on its own is still told apart.
+  bool tokens_as_ids = false;
   // Structured outputs (guided_json / guided_regex / guided_choice, structured_outputs,
   // response_format): the pattern the answer must match; the server compiles it against the
   // vocabulary into params.sampling.constraint (serve/structured_output.h).
@@ -179,7 +182,8 @@ std::string finish_reason_string(FinishReason reason);
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}.
 nlohmann::json usage_json(const Usage& usage);
 
-// The text of one token for logprobs (invalid UTF-8 replaced), and its raw bytes.
+// The text of one token for logprobs (invalid UTF-8 replaced), and its raw bytes. Without a
+// tokenizer (none loaded, or return_tokens_as_token_ids), "token_id:N" and that text's bytes.
 std::string token_display(const Tokenizer* tokenizer, TokenId id);
 std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id);
 

@@ -137,7 +137,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         tool_setup_(std::move(tool_setup)),
         echo_(std::move(echo)),
         prompt_logprobs_field_(fields.prompt_logprobs),
-        return_token_ids_(fields.return_token_ids) {
+        return_token_ids_(fields.return_token_ids),
+        logprob_names_(fields.tokens_as_ids ? nullptr : ctx->tokenizer) {
     ++ctx_->active_calls;
   }
   ~GenerationCall() { --ctx_->active_calls; }
@@ -330,10 +331,10 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     if (!want_logprobs_) return nullptr;
     if (with_prompt != nullptr) {
       return completion_echo_logprobs_json(with_prompt->first_token, with_prompt->logprobs, tokens,
-                                           ctx_->tokenizer, top_logprobs_, text_offset);
+                                           logprob_names_, top_logprobs_, text_offset);
     }
-    return chat_ ? chat_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_)
-                 : completion_logprobs_json(tokens, ctx_->tokenizer, top_logprobs_, text_offset);
+    return chat_ ? chat_logprobs_json(tokens, logprob_names_, top_logprobs_)
+                 : completion_logprobs_json(tokens, logprob_names_, top_logprobs_, text_offset);
   }
 
   // `delta` as echo answers it: with max_tokens 0 the one token computed is not part of the
@@ -554,6 +555,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const PromptEcho echo_;
   const std::optional<int32_t> prompt_logprobs_field_;
   const bool return_token_ids_;
+  // Names the logprobs' tokens; null with return_tokens_as_token_ids ("token_id:N").
+  const Tokenizer* const logprob_names_;
   std::vector<PromptState> prompts_;
   std::vector<RequestId> request_ids_;
   std::vector<ChoiceState> choices_;

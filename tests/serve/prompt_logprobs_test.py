@@ -12,6 +12,8 @@ Cases (all run; exit 1 if any failed):
 - asking for prompt logprobs changes no generated token; n = 2 echoes the prompt in both
   choices; a streamed echo sends the same text (and with return_token_ids the same ids, the
   prompt's in the first chunk);
+- return_tokens_as_token_ids (vLLM's): the same logprobs with every token named "token_id:N"
+  after the ids return_token_ids gives (chat: the bytes are that name's);
 - with `--speculative mtp` the prompt logprobs and the greedy answer equal those without;
 - bad input (prompt_logprobs with stream, max_tokens 0 without echo, echo in chat, 21
   alternatives) gets a 400 naming the field.
@@ -178,6 +180,30 @@ def main():
             n = len(first["tokens"])
             assert first["token_logprobs"] == whole["choices"][0]["logprobs"]["token_logprobs"][:n]
 
+        def tokens_as_ids():
+            # vLLM's return_tokens_as_token_ids: the same logprobs, each token named
+            # "token_id:N" after the id return_token_ids reports (chat: bytes of that name).
+            body = {"prompt": "The Linux kernel is", "max_tokens": 6, "echo": True,
+                    "logprobs": 2, "temperature": 0, "return_token_ids": True}
+            _, named = exact.post("/v1/completions", body)
+            _, ids = exact.post("/v1/completions", dict(body, return_tokens_as_token_ids=True))
+            a, b = named["choices"][0], ids["choices"][0]
+            assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"]
+            assert a["logprobs"]["token_logprobs"] == b["logprobs"]["token_logprobs"]
+            all_ids = b["prompt_token_ids"] + b["token_ids"]
+            assert b["logprobs"]["tokens"] == [f"token_id:{t}" for t in all_ids], b["logprobs"]
+            for top in b["logprobs"]["top_logprobs"][1:]:
+                assert all(k.startswith("token_id:") and k[9:].isdigit() for k in top), top
+            chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                    "temperature": 0, "logprobs": True, "top_logprobs": 2,
+                    "return_token_ids": True, "return_tokens_as_token_ids": True}
+            _, r = exact.post("/v1/chat/completions", chat)
+            content = r["choices"][0]["logprobs"]["content"]
+            assert [c["token"] for c in content] == \
+                [f"token_id:{t}" for t in r["choices"][0]["token_ids"]], content
+            for c in content + [t for c in content for t in c["top_logprobs"]]:
+                assert c["bytes"] == list(c["token"].encode()), c
+
         def refused():
             for path, body, param in [
                     ("/v1/completions", {"prompt": "x", "stream": True, "prompt_logprobs": 1},
@@ -194,6 +220,7 @@ def main():
         case("prompt logprobs change no generated token", answers_unchanged)
         case("n = 2 echoes the prompt in both choices", two_choices)
         case("a streamed echo sends the same text and token ids", streamed)
+        case("return_tokens_as_token_ids names the same tokens by id", tokens_as_ids)
         case("bad input is refused by name", refused)
     finally:
         exact.stop()
