@@ -680,6 +680,7 @@ void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view 
   const std::string pattern = forced_tool_call_pattern(
       tools, named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt,
       !named && chat.parallel_tool_calls);
+  if (pattern.empty()) return;  // a name not in tools: refused by the request parser
   Result<std::shared_ptr<const grammar::TokenConstraint>> constraint =
       ctx.structured_outputs->compile(pattern);
   if (!constraint.ok()) return;
