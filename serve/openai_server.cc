@@ -639,7 +639,8 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
 
 // The forced calls' (a named tool_choice, "required") arguments regex per tool, from `tools`
 // (validated by the request parser): the parameters schema's, or any JSON object where there
-// is none or the converter cannot express it.
+// is none, the converter cannot express it, or it is not an object's (arguments are one JSON
+// object: serve/tool_call_parser.h).
 template <typename Json>
 std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
   const grammar::JsonRegexOptions options;
@@ -649,7 +650,12 @@ std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
     ToolArgumentsPattern entry;
     entry.name = function["name"].template get<std::string>();
     const auto parameters = function.find("parameters");
-    if (parameters != function.end() && !parameters->is_null()) {
+    bool object_schema = parameters != function.end() && parameters->is_object();
+    if (object_schema) {
+      const auto type = parameters->find("type");
+      object_schema = type == parameters->end() || *type == "object";
+    }
+    if (object_schema) {
       if (Result<std::string> r = grammar::json_schema_to_regex(*parameters, options); r.ok()) {
         entry.arguments = std::move(r).value();
       }
@@ -663,7 +669,8 @@ std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
 // A forced call is decoded under a structured-output constraint, as vLLM does for a named
 // tool_choice and "required": the call parses, and its arguments match the function's
 // parameters. The tools are read from `body_text` with their key order, so that arguments
-// keep the schema's property order. A pattern over the automaton's bounds leaves the call
+// keep the schema's property order. A pattern over the automaton's bounds falls back to any
+// JSON object as every tool's arguments, and if even that is over them, leaves the call
 // unconstrained, as it was before constraints existed (docs/tool_calling.md).
 void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view body_text,
                                    ChatRequest& chat) {
@@ -675,17 +682,26 @@ void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view 
   const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
   const bool in_order = ordered.is_object() && ordered.contains("tools") &&
                         ordered["tools"].is_array() && ordered["tools"].size() == chat.tools.size();
-  const std::vector<ToolArgumentsPattern> tools =
+  std::vector<ToolArgumentsPattern> tools =
       in_order ? tool_arguments_patterns(ordered["tools"]) : tool_arguments_patterns(chat.tools);
-  const std::string pattern = forced_tool_call_pattern(
-      tools, named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt,
-      !named && chat.parallel_tool_calls);
+  const std::optional<std::string> function_name =
+      named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt;
+  const bool parallel = !named && chat.parallel_tool_calls;
+  const std::string pattern = forced_tool_call_pattern(tools, function_name, parallel);
   if (pattern.empty()) return;  // a name not in tools: refused by the request parser
   Result<std::shared_ptr<const grammar::TokenConstraint>> constraint =
       ctx.structured_outputs->compile(pattern);
-  if (!constraint.ok()) return;
+  std::string compiled = pattern;
+  if (!constraint.ok()) {
+    // Over the automaton's bounds (a schema of any JSON value, several large schemas): any
+    // JSON object for every tool, which share one copy.
+    for (ToolArgumentsPattern& tool : tools) tool.arguments = grammar::json_object_regex({});
+    compiled = forced_tool_call_pattern(tools, function_name, parallel);
+    constraint = ctx.structured_outputs->compile(compiled);
+    if (!constraint.ok()) return;
+  }
   chat.params.sampling.constraint = std::move(constraint).value();
-  chat.params.structured_output_pattern = pattern;  // for other ranks
+  chat.params.structured_output_pattern = compiled;  // for other ranks
 }
 
 // vLLM's bad_words, tokenized into the token sequences the sampler bans.

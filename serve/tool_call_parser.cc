@@ -1,6 +1,7 @@
 #include "serve/tool_call_parser.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -290,18 +291,35 @@ std::string forced_tool_call_pattern(std::span<const ToolArgumentsPattern> tools
     }
     return "";
   }
+  // Tools with the same arguments pattern share one alternative, `(?:a|b)` then the arguments
+  // once: the automaton then holds one copy of them, not one per tool (with a copy per tool,
+  // 128 tools without parameters were over the automaton's bounds and left unconstrained).
+  std::vector<std::pair<const std::string*, std::string>> groups;  // arguments, names
+  for (const ToolArgumentsPattern& tool : tools) {
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& g) { return *g.first == tool.arguments; });
+    if (group == groups.end()) {
+      groups.emplace_back(&tool.arguments, escape_regex(tool.name));
+    } else {
+      group->second += "|" + escape_regex(tool.name);
+    }
+  }
   std::string any_call = "(?:";
-  for (size_t i = 0; i < tools.size(); ++i) {
+  for (size_t i = 0; i < groups.size(); ++i) {
     if (i > 0) any_call += "|";
-    any_call += escape_regex(tools[i].name) + "\n" + escape_regex(kFence) +
-                "\n(?:" + tools[i].arguments + ")";
+    any_call +=
+        "(?:" + groups[i].second + ")\n" + escape_regex(kFence) + "\n(?:" + *groups[i].first + ")";
   }
   any_call += ")" + call_end;
-  std::string pattern = any_call;
+  // Further calls as (call, next call's start)* before the last call, not after the first:
+  // the two copies of the call then run side by side in the automaton, in the same states,
+  // where one after the other they made it twice as large (a call whose arguments are any
+  // JSON object was over the automaton's bounds that way).
+  std::string pattern;
   if (parallel) {
-    pattern += "(?:" + escape_regex(kCallBegin) + "function" + escape_regex(kSep) + any_call + ")*";
+    pattern = "(?:" + any_call + escape_regex(kCallBegin) + "function" + escape_regex(kSep) + ")*";
   }
-  return pattern + escape_regex(kCallsEnd);
+  return pattern + any_call + escape_regex(kCallsEnd);
 }
 
 ParsedToolOutput parse_tool_calls(std::string_view text, int32_t max_calls) {

@@ -125,6 +125,24 @@ def forced_tool_calls(server):
                                                  args + (fn.get("arguments") or ""))
         assert [streamed[i] for i in sorted(streamed)] == calls, (streamed, calls)
     assert finished >= 3, f"only {finished} of 5 forced answers ended within max_tokens"
+    # Tools without parameters, or with {} (any JSON value: over the automaton's bounds),
+    # fall back to any JSON object: the calls still name a tool and carry an object.
+    loose = [{"type": "function", "function": {"name": "ping"}},
+             {"type": "function", "function": {"name": "anything", "parameters": {}}},
+             {"type": "function", "function": {"name": "pong", "parameters": None}}]
+    seen = 0
+    for seed in range(6):
+        status, r = server.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Ping?"}], "tools": loose,
+            "tool_choice": "required", "temperature": 1.0, "seed": seed, "max_tokens": 64})
+        assert status == 200, (status, r)
+        c = r["choices"][0]
+        calls = calls_of(c["message"])
+        assert calls and all(name in ("ping", "anything", "pong") for name, _ in calls), c
+        if c["finish_reason"] == "tool_calls":
+            assert all(isinstance(json.loads(arguments), dict) for _, arguments in calls), calls
+            seen += 1
+    assert seen >= 1, "no answer without parameters ended within max_tokens"
 
 
 def run(server):

@@ -296,6 +296,21 @@ TEST(ForcedToolCallPattern, AcceptsWhatTheParserReadsAsTheCall) {
   EXPECT_TRUE(single->matches(first + kCallsEnd));
   EXPECT_FALSE(single->matches(first + second + kCallsEnd));
   EXPECT_FALSE(parallel->matches("get_date\n```json\n{}\n```" + kCallEnd + kCallsEnd));
+
+  // Tools with the same arguments share one alternative; each name still takes only them.
+  const std::vector<ToolArgumentsPattern> shared = {
+      {"a", R"(\{\})"}, {"b", R"re(\{"x": 1\})re"}, {"c", R"(\{\})"}};
+  const std::string grouped = forced_tool_call_pattern(shared, std::nullopt, false);
+  EXPECT_EQ(grouped.find(R"(\{\})"), grouped.rfind(R"(\{\})")) << grouped;
+  const auto any = automaton(grouped);
+  auto one_call = [&](const std::string& name, const std::string& args) {
+    return name + "\n```json\n" + args + "\n```" + kCallEnd + kCallsEnd;
+  };
+  EXPECT_TRUE(any->matches(one_call("a", "{}")));
+  EXPECT_TRUE(any->matches(one_call("c", "{}")));
+  EXPECT_TRUE(any->matches(one_call("b", R"({"x": 1})")));
+  EXPECT_FALSE(any->matches(one_call("b", "{}")));
+  EXPECT_FALSE(any->matches(one_call("c", R"({"x": 1})")));
 }
 
 }  // namespace
