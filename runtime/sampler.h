@@ -8,10 +8,9 @@
 // state has to be carried or shared.
 //
 // Order of processing (vLLM's):
-//   1. allowed_token_ids, bad_words, logit_bias, then penalties: repetition_penalty over every
-//   token
-//      seen so far, the prompt's and the generated ones (CTRL/transformers/vLLM: positive
-//      logits divided by it, negative ones multiplied), then OpenAI's frequency/presence
+//   1. allowed_token_ids, bad_words, logit_bias, then penalties: repetition_penalty over
+//      every token seen so far, the prompt's and the generated ones (CTRL/transformers/vLLM:
+//      positive logits divided by it, negative ones multiplied), then OpenAI's frequency/presence
 //      penalties over the generated tokens:
 //        logit[j] -= frequency_penalty * count[j] + presence_penalty * (count[j] > 0);
 //      and last the structured-output constraint (tokens that would leave its language get

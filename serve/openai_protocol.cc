@@ -1139,14 +1139,16 @@ ordered_json prompt_logprobs_json(const std::vector<PromptTokenLogprob>& prompt,
 
 namespace {
 
-// The parts of the body the chat template sees, with their keys in order. An ordered object
-// finds a key by a linear search, so building one is quadratic in its keys: past these bounds
-// the ordered copy is given up (the caller falls back to the sorted objects) rather than let a
-// hostile body cost seconds of a worker.
+// An ordered object finds a key by a linear search, so building one is quadratic in its keys:
+// past these bounds the ordered copy is given up (the caller falls back to the sorted objects)
+// rather than let a hostile body cost seconds of a worker.
 constexpr size_t kMaxOrderedKeysPerObject = 512;
 constexpr size_t kMaxOrderedKeys = 32768;
 
-std::optional<ordered_json> ordered_template_parts(std::string_view body_text) {
+}  // namespace
+
+std::optional<ordered_json> ordered_body_members(std::string_view body_text,
+                                                 std::span<const std::string_view> members) {
   // Keys seen in the object open at each depth (objects that are dropped get no end event,
   // so the count is reset where an object starts, not popped where it ends).
   std::vector<size_t> keys_at_depth;
@@ -1157,7 +1159,7 @@ std::optional<ordered_json> ordered_template_parts(std::string_view body_text) {
     const auto level = static_cast<size_t>(std::max(depth, 0));
     if (event == ordered_json::parse_event_t::key && depth == 1) {
       const std::string& key = parsed.get_ref<const std::string&>();
-      in_dropped_member = key != "messages" && key != "tools" && key != "chat_template_kwargs";
+      in_dropped_member = std::find(members.begin(), members.end(), key) == members.end();
       if (in_dropped_member) return false;
     }
     if (in_dropped_member && depth > 1) return true;  // dropped with its member anyway
@@ -1178,6 +1180,8 @@ std::optional<ordered_json> ordered_template_parts(std::string_view body_text) {
   if (parts.is_discarded() || !parts.is_object() || too_many) return std::nullopt;
   return parts;
 }
+
+namespace {
 
 // `original` (as sent, in order) changed to `normalized` (what the parser made of it, sorted):
 // keys the parser dropped are dropped, values it changed are replaced, the rest keep their
@@ -1204,7 +1208,8 @@ ChatTemplateInput chat_template_input(std::string_view body_text, const ChatRequ
   input.continue_final_message = chat.continue_final_message;
   input.messages = chat.messages;
   input.extra_variables = chat.template_variables;
-  const std::optional<ordered_json> parts = ordered_template_parts(body_text);
+  constexpr std::string_view kTemplateMembers[] = {"messages", "tools", "chat_template_kwargs"};
+  const std::optional<ordered_json> parts = ordered_body_members(body_text, kTemplateMembers);
   if (!parts) return input;
   const ordered_json* messages = parts->contains("messages") ? &(*parts)["messages"] : nullptr;
   if (messages != nullptr && messages->is_array() && messages->size() == chat.messages.size()) {

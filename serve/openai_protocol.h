@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -164,6 +165,13 @@ std::optional<ApiError> parse_completion_request(const nlohmann::json& body,
                                                  const ApiLimits& limits, CompletionRequest* out);
 std::optional<ApiError> parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
                                            ChatRequest* out);
+
+// The body's top-level `members` with every object's keys in the order they were sent
+// (nlohmann::json sorts them); nullopt when the body is not an object, or holds more keys than
+// an ordered copy is worth building (its lookups are linear: a hostile body would cost
+// seconds). Other members are skipped unparsed into objects.
+std::optional<nlohmann::ordered_json> ordered_body_members(
+    std::string_view body_text, std::span<const std::string_view> members);
 
 // The chat template's input for `chat`, parsed from `body_text` (the request body), with the
 // body's objects in the order they were sent: nlohmann::json sorts keys, and a template

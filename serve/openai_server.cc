@@ -608,9 +608,10 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
                                                  std::string_view body_text,
                                                  CommonRequestFields& fields) {
   if (!fields.structured_output) return std::nullopt;
-  const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+  const std::optional<nlohmann::ordered_json> ordered =
+      ordered_body_members(body_text, kStructuredOutputMembers);
   std::optional<StructuredOutputRequest> in_order;
-  if (!ordered.is_discarded() && !parse_structured_output(ordered, &in_order) && in_order) {
+  if (ordered && !parse_structured_output(*ordered, &in_order) && in_order) {
     fields.structured_output = std::move(in_order);
   }
   const std::string& field = fields.structured_output->field;
@@ -644,6 +645,7 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
 template <typename Json>
 std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
   const grammar::JsonRegexOptions options;
+  std::string any_object;  // built once, for the first tool that needs it
   std::vector<ToolArgumentsPattern> out;
   for (const auto& tool : tools) {
     const auto& function = tool["function"];
@@ -660,7 +662,10 @@ std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
         entry.arguments = std::move(r).value();
       }
     }
-    if (entry.arguments.empty()) entry.arguments = grammar::json_object_regex(options);
+    if (entry.arguments.empty()) {
+      if (any_object.empty()) any_object = grammar::json_object_regex(options);
+      entry.arguments = any_object;
+    }
     out.push_back(std::move(entry));
   }
   return out;
@@ -668,22 +673,22 @@ std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
 
 // A forced call is decoded under a structured-output constraint, as vLLM does for a named
 // tool_choice and "required": the call parses, and its arguments match the function's
-// parameters. The tools are read from `body_text` with their key order, so that arguments
-// keep the schema's property order. A pattern over the automaton's bounds falls back to any
-// JSON object as every tool's arguments, and if even that is over them, leaves the call
-// unconstrained, as it was before constraints existed (docs/tool_calling.md).
-void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view body_text,
+// parameters. The tools are the template's (`input`), which kept the key order they were sent
+// in, so that arguments keep the schema's property order. A pattern over the automaton's bounds
+// falls back to any JSON object as every tool's arguments, and if even that is over them, leaves
+// the call unconstrained, as it was before constraints existed (docs/tool_calling.md).
+void attach_forced_call_constraint(OpenAiServer::Context& ctx, const ChatTemplateInput& input,
                                    ChatRequest& chat) {
   const bool named = chat.tool_choice.mode == ToolChoice::Mode::kNamed;
   if (ctx.structured_outputs == nullptr ||
       (!named && chat.tool_choice.mode != ToolChoice::Mode::kRequired)) {
     return;
   }
-  const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
-  const bool in_order = ordered.is_object() && ordered.contains("tools") &&
-                        ordered["tools"].is_array() && ordered["tools"].size() == chat.tools.size();
+  const auto sent = input.extra_variables.find("tools");
+  const bool in_order =
+      sent != input.extra_variables.end() && sent->is_array() && sent->size() == chat.tools.size();
   std::vector<ToolArgumentsPattern> tools =
-      in_order ? tool_arguments_patterns(ordered["tools"]) : tool_arguments_patterns(chat.tools);
+      in_order ? tool_arguments_patterns(*sent) : tool_arguments_patterns(chat.tools);
   const std::optional<std::string> function_name =
       named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt;
   const bool parallel = !named && chat.parallel_tool_calls;
@@ -695,7 +700,8 @@ void attach_forced_call_constraint(OpenAiServer::Context& ctx, std::string_view 
   if (!constraint.ok()) {
     // Over the automaton's bounds (a schema of any JSON value, several large schemas): any
     // JSON object for every tool, which share one copy.
-    for (ToolArgumentsPattern& tool : tools) tool.arguments = grammar::json_object_regex({});
+    const std::string any_object = grammar::json_object_regex({});
+    for (ToolArgumentsPattern& tool : tools) tool.arguments = any_object;
     compiled = forced_tool_call_pattern(tools, function_name, parallel);
     constraint = ctx.structured_outputs->compile(compiled);
     if (!constraint.ok()) return;
@@ -771,7 +777,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
     e.message = "the chat template failed on these messages: " + tokens.status().message();
     return send_error(*exchange, e);
   }
-  attach_forced_call_constraint(ctx, request.body, chat);
+  attach_forced_call_constraint(ctx, input, chat);
   ToolCallSetup tool_setup;
   if (use_tools) {
     tool_setup.enabled = true;

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +40,15 @@ struct StructuredOutputError {
   std::string message;
   bool unsupported = false;
 };
+
+// The top-level members of a request body that parse_structured_output reads.
+inline constexpr std::string_view kStructuredOutputMembers[] = {"guided_json",
+                                                                "guided_regex",
+                                                                "guided_choice",
+                                                                "guided_grammar",
+                                                                "guided_whitespace_pattern",
+                                                                "structured_outputs",
+                                                                "response_format"};
 
 // Reads the fields above from a request body. nullopt in *out when none asks for anything.
 // A schema's properties come in the order its object iterates them: sorted for

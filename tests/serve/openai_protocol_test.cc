@@ -863,5 +863,26 @@ TEST(StructuredOutputRequestTest, PropertiesKeepTheWrittenOrder) {
   EXPECT_TRUE((*alphabetical)->matches(R"({"a":2,"z":1})"));
 }
 
+// The ordered copy of chosen members: their keys as sent, other members not kept, and given up
+// past the key bounds (the server's structured outputs read the body again through it; a
+// whole-body ordered parse of 60,000 keys took 4.9 s of a worker).
+TEST(OpenAiProtocolTest, OrderedBodyMembersKeepOrderWithinBounds) {
+  constexpr std::string_view kKeep[] = {"guided_json"};
+  const auto parts = ordered_body_members(
+      R"({"prompt": "x", "guided_json": {"z": 1, "a": 2}, "other": {"q": 0}})", kKeep);
+  ASSERT_TRUE(parts.has_value());
+  EXPECT_FALSE(parts->contains("other"));
+  EXPECT_FALSE(parts->contains("prompt"));
+  EXPECT_EQ((*parts)["guided_json"].dump(), R"({"z":1,"a":2})");
+
+  nlohmann::json many = nlohmann::json::object();
+  for (int i = 0; i < 600; ++i) many["k" + std::to_string(i)] = i;
+  nlohmann::json body = {{"guided_json", many}};
+  EXPECT_FALSE(ordered_body_members(body.dump(), kKeep).has_value());  // over 512 keys
+  body = {{"other", many}, {"guided_json", {{"a", 1}}}};               // not kept: not counted
+  EXPECT_TRUE(ordered_body_members(body.dump(), kKeep).has_value());
+  EXPECT_FALSE(ordered_body_members("[1, 2]", kKeep).has_value());
+}
+
 }  // namespace
 }  // namespace peerserve
