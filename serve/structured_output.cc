@@ -215,6 +215,11 @@ Result<std::shared_ptr<const grammar::TokenConstraint>> StructuredOutputCompiler
       lru_.splice(lru_.begin(), lru_, it->second);
       return it->second->second;
     }
+    if (const auto it = refused_index_.find(pattern); it != refused_index_.end()) {
+      refused_.splice(refused_.begin(), refused_, it->second);
+      return it->second->second;
+    }
+    ++compilations_;
     if (!vocabulary_) {
       vocabulary_ = grammar::TokenVocabulary::build(
           tokenizer_.vocab_size(),
@@ -227,11 +232,22 @@ Result<std::shared_ptr<const grammar::TokenConstraint>> StructuredOutputCompiler
     vocabulary = vocabulary_;
   }
   // Compiled outside the lock: a large schema takes a while, and other patterns need not wait.
-  PS_ASSIGN_OR_RETURN(std::shared_ptr<const grammar::RegexAutomaton> automaton,
-                      grammar::RegexAutomaton::compile(pattern));
-  auto constraint =
-      std::make_shared<const grammar::TokenConstraint>(std::move(automaton), std::move(vocabulary));
+  Result<std::shared_ptr<const grammar::RegexAutomaton>> automaton =
+      grammar::RegexAutomaton::compile(pattern);
   std::lock_guard lock(mutex_);
+  if (!automaton.ok()) {
+    if (!refused_index_.contains(pattern)) {
+      refused_.emplace_front(pattern, automaton.status());
+      refused_index_[pattern] = refused_.begin();
+      while (refused_.size() > cache_entries_) {
+        refused_index_.erase(refused_.back().first);
+        refused_.pop_back();
+      }
+    }
+    return automaton.status();
+  }
+  auto constraint = std::make_shared<const grammar::TokenConstraint>(std::move(automaton).value(),
+                                                                     std::move(vocabulary));
   if (const auto it = index_.find(pattern); it != index_.end()) return it->second->second;
   lru_.emplace_front(pattern, constraint);
   index_[pattern] = lru_.begin();
@@ -240,6 +256,11 @@ Result<std::shared_ptr<const grammar::TokenConstraint>> StructuredOutputCompiler
     lru_.pop_back();
   }
   return constraint;
+}
+
+size_t StructuredOutputCompiler::compilations() const {
+  std::lock_guard lock(mutex_);
+  return compilations_;
 }
 
 }  // namespace peerserve

@@ -61,7 +61,10 @@ std::optional<StructuredOutputError> parse_structured_output(
 // Compiles patterns into token constraints for one tokenizer, keeping the most recently used
 // ones (a schema sent with every request compiles once). With their cached masks (at most
 // TokenConstraint::kMaxCachedStates each) 16 of them hold at most 128 MB at a 129k
-// vocabulary, plus their automata. Thread-safe.
+// vocabulary, plus their automata. The most recent refusals are kept too, as many again: a
+// pattern over the automaton's bounds costs a second or two of work before it is refused, and
+// a client that sends the same one with every request (a large tool set with a forced call,
+// which then falls back to a smaller pattern) would pay that each time. Thread-safe.
 class StructuredOutputCompiler {
  public:
   // `tokenizer` must outlive the compiler; `end_tokens`: the model's EOS ids.
@@ -70,15 +73,22 @@ class StructuredOutputCompiler {
 
   Result<std::shared_ptr<const grammar::TokenConstraint>> compile(const std::string& pattern);
 
+  // Compilations run so far (cache hits and remembered refusals excluded): for tests.
+  size_t compilations() const;
+
  private:
   const Tokenizer& tokenizer_;
   std::vector<TokenId> end_tokens_;
   size_t cache_entries_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;  // built on first use
   // Most recently used first.
   std::list<std::pair<std::string, std::shared_ptr<const grammar::TokenConstraint>>> lru_;
   std::unordered_map<std::string, decltype(lru_)::iterator> index_;
+  // Refused patterns, most recent first (at most cache_entries_), with why.
+  std::list<std::pair<std::string, Status>> refused_;
+  std::unordered_map<std::string, decltype(refused_)::iterator> refused_index_;
+  size_t compilations_ = 0;
 };
 
 }  // namespace peerserve

@@ -1,6 +1,7 @@
 #include "serve/openai_protocol.h"
 #include "grammar/json_schema_regex.h"
 #include "grammar/regex_automaton.h"
+#include "serve/structured_output.h"
 
 #include <gtest/gtest.h>
 
@@ -572,6 +573,37 @@ TEST(OpenAiProtocolTest, CompletionTextOffsetsCountCharacters) {
   ASSERT_EQ(text, "\xEF\xBF\xBD");  // U+FFFD: 1 character, 3 bytes
   EXPECT_EQ(j["text_offset"][0], 5);
   EXPECT_EQ(j["text_offset"][1], 6);  // was 8 (bytes)
+}
+
+// A refused pattern is remembered: a pattern over the automaton's bounds costs up to a second
+// or two before the refusal, and a client may send the same one with every request.
+TEST(StructuredOutputCompilerTest, RemembersRefusedPatterns) {
+  const char* source = std::getenv("PEERSERVE_SOURCE_DIR");
+  ASSERT_NE(source, nullptr);
+  auto tokenizer = Tokenizer::load_from_dir(std::string(source) + "/models/peerserve-dsv3-tiny");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().to_string();
+  StructuredOutputCompiler compiler(*tokenizer, {1}, /*cache_entries=*/2);
+  // The 17th character from the end is an 'a': 2^17 states, over the 65,536 allowed.
+  const std::string too_large = "(a|b)*a(a|b){16}";
+  const auto first = compiler.compile(too_large);
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(compiler.compilations(), 1u);
+  const auto again = compiler.compile(too_large);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().message(), first.status().message());
+  EXPECT_EQ(compiler.compilations(), 1u);
+  // Refusals and constraints are kept apart; both stay within the cache size.
+  ASSERT_TRUE(compiler.compile("[a-z]+").ok());
+  ASSERT_TRUE(compiler.compile("[a-z]+").ok());
+  EXPECT_EQ(compiler.compilations(), 2u);
+  EXPECT_FALSE(compiler.compile("(").ok());
+  EXPECT_FALSE(compiler.compile("[").ok());
+  EXPECT_EQ(compiler.compilations(), 4u);
+  // Two newer refusals pushed the first out: it is compiled (and refused) again.
+  EXPECT_FALSE(compiler.compile(too_large).ok());
+  EXPECT_EQ(compiler.compilations(), 5u);
+  ASSERT_TRUE(compiler.compile("[a-z]+").ok());
+  EXPECT_EQ(compiler.compilations(), 5u);
 }
 
 }  // namespace
