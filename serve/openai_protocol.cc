@@ -1048,20 +1048,20 @@ double finite_logprob(float lp) {
 
 }  // namespace
 
-ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* tokenizer,
-                                int32_t top_logprobs) {
+ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens, const Tokenizer* names,
+                                int32_t top_logprobs, const Tokenizer* sampled_bytes) {
   ordered_json content = ordered_json::array();
   for (const SampledToken& t : tokens) {
     ordered_json top = ordered_json::array();
     for (size_t k = 0; k < t.top_logprobs.size() && static_cast<int32_t>(k) < top_logprobs; ++k) {
       const TokenLogprob& alt = t.top_logprobs[k];
-      top.push_back({{"token", token_display(tokenizer, alt.token)},
+      top.push_back({{"token", token_display(names, alt.token)},
                      {"logprob", finite_logprob(alt.logprob)},
-                     {"bytes", token_bytes_list(tokenizer, alt.token)}});
+                     {"bytes", token_bytes_list(names, alt.token)}});
     }
-    content.push_back({{"token", token_display(tokenizer, t.token)},
+    content.push_back({{"token", token_display(names, t.token)},
                        {"logprob", finite_logprob(t.logprob)},
-                       {"bytes", token_bytes_list(tokenizer, t.token)},
+                       {"bytes", token_bytes_list(sampled_bytes, t.token)},
                        {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}};

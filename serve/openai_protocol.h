@@ -196,8 +196,12 @@ std::string token_display(const Tokenizer* tokenizer, TokenId id);
 std::vector<int> token_bytes_list(const Tokenizer* tokenizer, TokenId id);
 
 // Chat logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+// `names` names every token (nullptr: "token_id:N"); the sampled token's "bytes" come from
+// `sampled_bytes`, as vLLM gives them under return_tokens_as_token_ids (the token's own bytes,
+// while the top_logprobs entries carry their names' bytes).
 nlohmann::ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens,
-                                          const Tokenizer* tokenizer, int32_t top_logprobs);
+                                          const Tokenizer* names, int32_t top_logprobs,
+                                          const Tokenizer* sampled_bytes);
 // Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
 // `text_offset` is the length of the text before the first token.
 nlohmann::ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <random>
+#include <string_view>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "grammar/json_schema_regex.h"
@@ -36,6 +39,10 @@ struct OpenAiServer::Context {
   std::mt19937_64 id_rng{std::random_device{}()};
   // Null without a tokenizer.
   std::unique_ptr<StructuredOutputCompiler> structured_outputs;
+  // Forced tool calls decoded with any JSON object as arguments (their schemas' pattern was
+  // over the automaton's bounds) and without constraint (so was that): /metrics.
+  std::atomic<int64_t> forced_calls_any_object{0};
+  std::atomic<int64_t> forced_calls_unconstrained{0};
 
   std::string new_id(const char* prefix) {
     std::lock_guard<std::mutex> lock(id_mutex);
@@ -333,7 +340,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       return completion_echo_logprobs_json(with_prompt->first_token, with_prompt->logprobs, tokens,
                                            logprob_names_, top_logprobs_, text_offset);
     }
-    return chat_ ? chat_logprobs_json(tokens, logprob_names_, top_logprobs_)
+    return chat_ ? chat_logprobs_json(tokens, logprob_names_, top_logprobs_, ctx_->tokenizer)
                  : completion_logprobs_json(tokens, logprob_names_, top_logprobs_, text_offset);
   }
 
@@ -638,35 +645,76 @@ std::optional<ApiError> attach_structured_output(OpenAiServer::Context& ctx,
   return std::nullopt;
 }
 
-// The forced calls' (a named tool_choice, "required") arguments regex per tool, from `tools`
-// (validated by the request parser): the parameters schema's, or any JSON object where there
-// is none, the converter cannot express it, or it is not an object's (arguments are one JSON
-// object: serve/tool_call_parser.h).
+// The forced calls' (a named tool_choice, "required") arguments regex per tool, viewing the
+// distinct patterns it owns (tools with the same schema share one).
+struct ForcedCallTools {
+  std::deque<std::string> patterns;  // a deque: growing it moves none, so views stay valid
+  std::vector<ToolArgumentsPattern> tools;
+  bool any_object_fallback = false;  // every tool takes any JSON object (below)
+};
+
+// From `tools` (validated by the request parser): the parameters schema's regex, or any JSON
+// object where there is none, the converter cannot express it, or it is not an object's
+// (arguments are one JSON object: serve/tool_call_parser.h). A schema without "type" is read
+// as an object's: `"parameters": {}` is a function without arguments, not "any value" (whose
+// pattern is over the automaton's bounds and took every tool's schema down with it).
+// Together the distinct patterns stay within what the automaton accepts at all (a longer
+// pattern is refused at once): a few hundred bytes of schema can convert to a regex of nearly
+// 1 MiB, and 128 such tools made a pattern of 220 MB. Past that budget every tool takes any
+// JSON object, as where the pattern is over the automaton's bounds. With `only`, that tool
+// alone (a named tool_choice: the others' schemas are not used).
 template <typename Json>
-std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
+ForcedCallTools tool_arguments_patterns(const Json& tools, const std::optional<std::string>& only) {
   const grammar::JsonRegexOptions options;
-  std::string any_object;  // built once, for the first tool that needs it
-  std::vector<ToolArgumentsPattern> out;
+  const size_t budget = grammar::RegexLimits{}.max_pattern_bytes;
+  ForcedCallTools out;
+  std::unordered_set<std::string_view> distinct;
+  size_t distinct_bytes = 0;
+  std::string_view any_object;  // added once, for the first tool that needs it
+  auto any_object_pattern = [&] {
+    if (any_object.empty()) {
+      any_object = out.patterns.emplace_back(grammar::json_object_regex(options));
+    }
+    return any_object;
+  };
   for (const auto& tool : tools) {
     const auto& function = tool["function"];
     ToolArgumentsPattern entry;
     entry.name = function["name"].template get<std::string>();
+    if (only && entry.name != *only) continue;
     const auto parameters = function.find("parameters");
-    bool object_schema = parameters != function.end() && parameters->is_object();
-    if (object_schema) {
+    Result<std::string> converted = invalid_argument("not an object's schema");
+    if (parameters != function.end() && parameters->is_object()) {
       const auto type = parameters->find("type");
-      object_schema = type == parameters->end() || *type == "object";
-    }
-    if (object_schema) {
-      if (Result<std::string> r = grammar::json_schema_to_regex(*parameters, options); r.ok()) {
-        entry.arguments = std::move(r).value();
+      if (type == parameters->end()) {
+        Json object_schema = *parameters;
+        object_schema["type"] = "object";
+        converted = grammar::json_schema_to_regex(object_schema, options);
+      } else if (*type == "object") {
+        converted = grammar::json_schema_to_regex(*parameters, options);
       }
     }
-    if (entry.arguments.empty()) {
-      if (any_object.empty()) any_object = grammar::json_object_regex(options);
-      entry.arguments = any_object;
+    if (!converted.ok()) {
+      entry.arguments = any_object_pattern();
+    } else if (const auto seen = distinct.find(*converted); seen != distinct.end()) {
+      entry.arguments = *seen;
+    } else {
+      distinct_bytes += converted->size();
+      if (distinct_bytes > budget) {
+        out.any_object_fallback = true;
+        out.tools.clear();
+        out.patterns.clear();
+        any_object = {};
+        for (const auto& each : tools) {
+          std::string name = each["function"]["name"].template get<std::string>();
+          if (!only || name == *only) out.tools.push_back({std::move(name), any_object_pattern()});
+        }
+        return out;
+      }
+      entry.arguments = out.patterns.emplace_back(std::move(converted).value());
+      distinct.insert(entry.arguments);
     }
-    out.push_back(std::move(entry));
+    out.tools.push_back(std::move(entry));
   }
   return out;
 }
@@ -676,7 +724,8 @@ std::vector<ToolArgumentsPattern> tool_arguments_patterns(const Json& tools) {
 // parameters. The tools are the template's (`input`), which kept the key order they were sent
 // in, so that arguments keep the schema's property order. A pattern over the automaton's bounds
 // falls back to any JSON object as every tool's arguments, and if even that is over them, leaves
-// the call unconstrained, as it was before constraints existed (docs/tool_calling.md).
+// the call unconstrained, as it was before constraints existed (docs/tool_calling.md); both
+// are counted in /metrics.
 void attach_forced_call_constraint(OpenAiServer::Context& ctx, const ChatTemplateInput& input,
                                    ChatRequest& chat) {
   const bool named = chat.tool_choice.mode == ToolChoice::Mode::kNamed;
@@ -684,30 +733,34 @@ void attach_forced_call_constraint(OpenAiServer::Context& ctx, const ChatTemplat
       (!named && chat.tool_choice.mode != ToolChoice::Mode::kRequired)) {
     return;
   }
+  const std::optional<std::string> function_name =
+      named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt;
   const auto sent = input.extra_variables.find("tools");
   const bool in_order =
       sent != input.extra_variables.end() && sent->is_array() && sent->size() == chat.tools.size();
-  std::vector<ToolArgumentsPattern> tools =
-      in_order ? tool_arguments_patterns(*sent) : tool_arguments_patterns(chat.tools);
-  const std::optional<std::string> function_name =
-      named ? std::optional<std::string>(chat.tool_choice.function_name) : std::nullopt;
+  ForcedCallTools forced = in_order ? tool_arguments_patterns(*sent, function_name)
+                                    : tool_arguments_patterns(chat.tools, function_name);
   const bool parallel = !named && chat.parallel_tool_calls;
-  const std::string pattern = forced_tool_call_pattern(tools, function_name, parallel);
+  std::string pattern = forced_tool_call_pattern(forced.tools, function_name, parallel);
   if (pattern.empty()) return;  // a name not in tools: refused by the request parser
   Result<std::shared_ptr<const grammar::TokenConstraint>> constraint =
       ctx.structured_outputs->compile(pattern);
-  std::string compiled = pattern;
   if (!constraint.ok()) {
-    // Over the automaton's bounds (a schema of any JSON value, several large schemas): any
-    // JSON object for every tool, which share one copy.
+    // Over the automaton's bounds (several large schemas): any JSON object for every tool,
+    // which share one copy.
     const std::string any_object = grammar::json_object_regex({});
-    for (ToolArgumentsPattern& tool : tools) tool.arguments = any_object;
-    compiled = forced_tool_call_pattern(tools, function_name, parallel);
-    constraint = ctx.structured_outputs->compile(compiled);
-    if (!constraint.ok()) return;
+    for (ToolArgumentsPattern& tool : forced.tools) tool.arguments = any_object;
+    pattern = forced_tool_call_pattern(forced.tools, function_name, parallel);
+    constraint = ctx.structured_outputs->compile(pattern);
+    if (!constraint.ok()) {
+      ++ctx.forced_calls_unconstrained;
+      return;
+    }
+    forced.any_object_fallback = true;
   }
+  if (forced.any_object_fallback) ++ctx.forced_calls_any_object;
   chat.params.sampling.constraint = std::move(constraint).value();
-  chat.params.structured_output_pattern = compiled;  // for other ranks
+  chat.params.structured_output_pattern = std::move(pattern);  // for other ranks
 }
 
 // vLLM's bad_words, tokenized into the token sequences the sampler bans.
@@ -1101,6 +1154,8 @@ void route(OpenAiServer::Context& ctx, HttpRequest request,
          const HttpServerCounters http = c.http ? c.http->counters() : HttpServerCounters{};
          std::string body =
              render_server_metrics(c.engine->metrics(), http, c.options.served_model_name);
+         body += render_forced_tool_call_fallbacks(
+             c.forced_calls_any_object, c.forced_calls_unconstrained, c.options.served_model_name);
          if (c.options.extra_metrics) body += c.options.extra_metrics();
          ex->respond(200, "text/plain; version=0.0.4; charset=utf-8", body);
        }},

@@ -157,6 +157,21 @@ std::string with_vllm_names(std::string text) {
 
 }  // namespace
 
+std::string render_forced_tool_call_fallbacks(int64_t any_object, int64_t unconstrained,
+                                              const std::string& model_name) {
+  PrometheusText out;
+  const std::string_view name = "peerserve:forced_tool_call_fallbacks_total";
+  out.family(name,
+             "Forced tool calls whose schemas were over the automaton's bounds: decoded with "
+             "any JSON object as arguments, or unconstrained.",
+             "counter");
+  out.sample(name, {{"model_name", model_name}, {"constraint", "any_object"}},
+             static_cast<double>(any_object));
+  out.sample(name, {{"model_name", model_name}, {"constraint", "none"}},
+             static_cast<double>(unconstrained));
+  return out.text();
+}
+
 std::string render_server_metrics(const EngineMetricsSnapshot& m, const HttpServerCounters& http,
                                   const std::string& model_name) {
   PrometheusText out;

@@ -3,6 +3,7 @@
 // buckets with cumulative "le" counts plus _sum and _count).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -50,6 +51,12 @@ std::string render_expert_load(const std::vector<int64_t>& counts, int64_t num_e
 std::string render_data_parallel_load(const std::vector<int64_t>& running,
                                       const std::vector<int64_t>& routed_total,
                                       const std::string& model_name);
+
+// Forced tool calls (tool_choice "required" or a named function) whose schemas' pattern was
+// over the automaton's bounds, as peerserve:forced_tool_call_fallbacks_total{constraint}:
+// "any_object" (every tool's arguments any JSON object) and "none" (unconstrained).
+std::string render_forced_tool_call_fallbacks(int64_t any_object, int64_t unconstrained,
+                                              const std::string& model_name);
 
 // Every metric the server exposes at /metrics, labelled with model_name.
 std::string render_server_metrics(const EngineMetricsSnapshot& engine,

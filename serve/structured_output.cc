@@ -236,9 +236,10 @@ Result<std::shared_ptr<const grammar::TokenConstraint>> StructuredOutputCompiler
       grammar::RegexAutomaton::compile(pattern);
   std::lock_guard lock(mutex_);
   if (!automaton.ok()) {
-    if (!refused_index_.contains(pattern)) {
+    if (pattern.size() <= grammar::RegexLimits{}.max_pattern_bytes &&
+        !refused_index_.contains(pattern)) {
       refused_.emplace_front(pattern, automaton.status());
-      refused_index_[pattern] = refused_.begin();
+      refused_index_.emplace(refused_.front().first, refused_.begin());
       while (refused_.size() > cache_entries_) {
         refused_index_.erase(refused_.back().first);
         refused_.pop_back();
@@ -250,7 +251,7 @@ Result<std::shared_ptr<const grammar::TokenConstraint>> StructuredOutputCompiler
                                                                      std::move(vocabulary));
   if (const auto it = index_.find(pattern); it != index_.end()) return it->second->second;
   lru_.emplace_front(pattern, constraint);
-  index_[pattern] = lru_.begin();
+  index_.emplace(lru_.front().first, lru_.begin());
   while (lru_.size() > cache_entries_) {
     index_.erase(lru_.back().first);
     lru_.pop_back();

@@ -83,11 +83,13 @@ class StructuredOutputCompiler {
   mutable std::mutex mutex_;
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;  // built on first use
   // Most recently used first.
+  // The indexes view their list's patterns (list nodes do not move), so each is held once.
   std::list<std::pair<std::string, std::shared_ptr<const grammar::TokenConstraint>>> lru_;
-  std::unordered_map<std::string, decltype(lru_)::iterator> index_;
-  // Refused patterns, most recent first (at most cache_entries_), with why.
+  std::unordered_map<std::string_view, decltype(lru_)::iterator> index_;
+  // Refused patterns, most recent first (at most cache_entries_), with why. Patterns longer
+  // than the automaton takes at all are refused at once and not kept.
   std::list<std::pair<std::string, Status>> refused_;
-  std::unordered_map<std::string, decltype(refused_)::iterator> refused_index_;
+  std::unordered_map<std::string_view, decltype(refused_)::iterator> refused_index_;
   size_t compilations_ = 0;
 };
 

@@ -1,6 +1,8 @@
 #include "serve/tool_call_parser.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -287,37 +289,40 @@ std::string forced_tool_call_pattern(std::span<const ToolArgumentsPattern> tools
   if (function_name) {
     for (const ToolArgumentsPattern& tool : tools) {
       if (tool.name != *function_name) continue;
-      return "(?:" + tool.arguments + ")" + call_end + escape_regex(kCallsEnd);
+      return "(?:" + std::string(tool.arguments) + ")" + call_end + escape_regex(kCallsEnd);
     }
     return "";
   }
   // Tools with the same arguments pattern share one alternative, `(?:a|b)` then the arguments
   // once: the automaton then holds one copy of them, not one per tool (with a copy per tool,
   // 128 tools without parameters were over the automaton's bounds and left unconstrained).
-  std::vector<std::pair<const std::string*, std::string>> groups;  // arguments, names
+  std::vector<std::pair<std::string_view, std::string>> groups;  // arguments, names
+  std::unordered_map<std::string_view, size_t> group_of;         // by hash: they may be large
   for (const ToolArgumentsPattern& tool : tools) {
-    auto group = std::find_if(groups.begin(), groups.end(),
-                              [&](const auto& g) { return *g.first == tool.arguments; });
-    if (group == groups.end()) {
-      groups.emplace_back(&tool.arguments, escape_regex(tool.name));
+    const auto [group, added] = group_of.try_emplace(tool.arguments, groups.size());
+    if (added) {
+      groups.emplace_back(tool.arguments, escape_regex(tool.name));
     } else {
-      group->second += "|" + escape_regex(tool.name);
+      groups[group->second].second += "|" + escape_regex(tool.name);
     }
   }
   std::string any_call = "(?:";
   for (size_t i = 0; i < groups.size(); ++i) {
     if (i > 0) any_call += "|";
-    any_call +=
-        "(?:" + groups[i].second + ")\n" + escape_regex(kFence) + "\n(?:" + *groups[i].first + ")";
+    any_call += "(?:" + groups[i].second + ")\n" + escape_regex(kFence) + "\n(?:";
+    any_call += groups[i].first;
+    any_call += ")";
   }
   any_call += ")" + call_end;
   // Further calls as (call, next call's start)* before the last call, not after the first:
   // the two copies of the call then run side by side in the automaton, in the same states,
   // where one after the other they made it twice as large (a call whose arguments are any
-  // JSON object was over the automaton's bounds that way).
+  // JSON object was over the automaton's bounds that way). DeepSeek-V3's template puts a
+  // newline before each further call; the parser takes it or not.
   std::string pattern;
   if (parallel) {
-    pattern = "(?:" + any_call + escape_regex(kCallBegin) + "function" + escape_regex(kSep) + ")*";
+    pattern = "(?:" + any_call + "\n?" + escape_regex(kCallBegin) + "function" +
+              escape_regex(kSep) + ")*";
   }
   return pattern + any_call + escape_regex(kCallsEnd);
 }

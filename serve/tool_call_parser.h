@@ -105,10 +105,10 @@ class ToolCallStreamParser {
 std::string forced_tool_call_prefix(const std::optional<std::string>& function_name);
 
 // A function's name and a regular expression (grammar/regex_automaton.h syntax) for the
-// arguments it accepts.
+// arguments it accepts. Viewed, not owned: tools with the same schema share one copy.
 struct ToolArgumentsPattern {
   std::string name;
-  std::string arguments;
+  std::string_view arguments;
 };
 
 // A regular expression for what the model writes after forced_tool_call_prefix(function_name)

@@ -604,6 +604,13 @@ TEST(StructuredOutputCompilerTest, RemembersRefusedPatterns) {
   EXPECT_EQ(compiler.compilations(), 5u);
   ASSERT_TRUE(compiler.compile("[a-z]+").ok());
   EXPECT_EQ(compiler.compilations(), 5u);
+  // Longer than any pattern the automaton takes: refused at once, and not kept.
+  const std::string huge(grammar::RegexLimits{}.max_pattern_bytes + 1, 'a');
+  EXPECT_FALSE(compiler.compile(huge).ok());
+  EXPECT_FALSE(compiler.compile(huge).ok());
+  EXPECT_EQ(compiler.compilations(), 7u);
+  EXPECT_FALSE(compiler.compile(too_large).ok());
+  EXPECT_EQ(compiler.compilations(), 7u);
 }
 
 }  // namespace

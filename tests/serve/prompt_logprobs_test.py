@@ -182,7 +182,8 @@ def main():
 
         def tokens_as_ids():
             # vLLM's return_tokens_as_token_ids: the same logprobs, each token named
-            # "token_id:N" after the id return_token_ids reports (chat: bytes of that name).
+            # "token_id:N" after the id return_token_ids reports. In chat, as in vLLM, the
+            # sampled token keeps its own bytes and the top_logprobs carry their names' bytes.
             body = {"prompt": "The Linux kernel is", "max_tokens": 6, "echo": True,
                     "logprobs": 2, "temperature": 0, "return_token_ids": True}
             _, named = exact.post("/v1/completions", body)
@@ -198,10 +199,14 @@ def main():
                     "temperature": 0, "logprobs": True, "top_logprobs": 2,
                     "return_token_ids": True, "return_tokens_as_token_ids": True}
             _, r = exact.post("/v1/chat/completions", chat)
+            _, plain = exact.post("/v1/chat/completions",
+                                  dict(chat, return_tokens_as_token_ids=False))
             content = r["choices"][0]["logprobs"]["content"]
             assert [c["token"] for c in content] == \
                 [f"token_id:{t}" for t in r["choices"][0]["token_ids"]], content
-            for c in content + [t for c in content for t in c["top_logprobs"]]:
+            assert [c["bytes"] for c in content] == \
+                [c["bytes"] for c in plain["choices"][0]["logprobs"]["content"]], (content, plain)
+            for c in [t for c in content for t in c["top_logprobs"]]:
                 assert c["bytes"] == list(c["token"].encode()), c
 
         def refused():

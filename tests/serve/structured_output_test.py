@@ -14,7 +14,9 @@ Cases (all run; exit 1 if any failed):
 - greedy answers with and without --speculative mtp are the same under a constraint;
 - forced tool calls (a named tool_choice, "required", with and without parallel calls): each
   call names a tool and its arguments validate against that function's parameters; streamed,
-  the argument fragments add up to the same calls;
+  the argument fragments add up to the same calls; a tool with `"parameters": {}` leaves the
+  others' schemas in force, and schemas too large together fall back to any JSON object
+  (counted in /metrics);
 - bad_words: a word of the greedy answer, banned, is gone from it as the token sequences
   vLLM's rule bans (the word without and with a leading space, from /tokenize);
 - bad input gets a 400 naming the field: a regex outside the syntax, two kinds at once,
@@ -143,6 +145,64 @@ def forced_tool_calls(server):
             assert all(isinstance(json.loads(arguments), dict) for _, arguments in calls), calls
             seen += 1
     assert seen >= 1, "no answer without parameters ended within max_tokens"
+
+
+def fallbacks(server):
+    """/metrics' peerserve:forced_tool_call_fallbacks_total by its constraint label."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        m = re.match(r'peerserve:forced_tool_call_fallbacks_total\{.*constraint="(\w+)"\} (\S+)$',
+                     line)
+        if m:
+            found[m.group(1)] = float(m.group(2))
+    assert set(found) == {"any_object", "none"}, text
+    return found
+
+
+def forced_tool_call_fallbacks(server):
+    """A tool with `"parameters": {}` beside one with a schema leaves that schema in force (it
+    used to turn into "any value", over the automaton's bounds, and every tool fell back to
+    any JSON object). Schemas whose patterns are together larger than the automaton takes
+    fall back to any JSON object without building them (128 of these made a 220 MB pattern)."""
+    before = fallbacks(server)
+    mixed = [TOOLS[0], {"type": "function", "function": {"name": "anything", "parameters": {}}}]
+    ended = 0
+    for seed in range(4):
+        status, r = server.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": mixed,
+            "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+            "seed": seed, "max_tokens": 96})
+        assert status == 200, (status, r)
+        c = r["choices"][0]
+        if c["finish_reason"] != "tool_calls":
+            continue
+        ended += 1
+        for call in c["message"]["tool_calls"]:
+            name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+            assert name in ("get_weather", "anything") and isinstance(arguments, dict), call
+            if name == "get_weather":
+                jsonschema.validate(arguments, WEATHER)
+    assert ended >= 1, "no forced answer ended within max_tokens"
+    assert fallbacks(server) == before, (fallbacks(server), before)
+    # Each schema converts to a regex of ~0.8 MB (four properties that refer back to the
+    # whole schema, expanded to the converter's depth); three are over the 1 MiB budget.
+    recursive = [{"type": "function", "function": {"name": f"deep_{i}", "parameters": {
+        "type": "object", "properties": {**{f"p{j}": {"$ref": "#"} for j in range(4)},
+                                         f"v{i}": {"type": "integer"}}}}} for i in range(3)]
+    status, r = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Go."}], "tools": recursive,
+        "tool_choice": "required", "temperature": 1.0, "seed": 1, "max_tokens": 48})
+    assert status == 200, (status, r)
+    c = r["choices"][0]
+    if c["finish_reason"] == "tool_calls":
+        for call in c["message"]["tool_calls"]:
+            assert call["function"]["name"] in ("deep_0", "deep_1", "deep_2"), call
+            assert isinstance(json.loads(call["function"]["arguments"]), dict), call
+    after = fallbacks(server)
+    assert after == {"any_object": before["any_object"] + 1, "none": before["none"]}, after
 
 
 def run(server):
@@ -283,6 +343,8 @@ def run(server):
     case("refusals name the field", refusals)
     case("bad_words: the banned sequences are gone", bad_words)
     case("forced tool calls (named, required): arguments validate", lambda: forced_tool_calls(server))
+    case("forced tool calls: {} keeps the others' schemas, oversized schemas fall back",
+         lambda: forced_tool_call_fallbacks(server))
 
 
 def main():
