@@ -77,6 +77,11 @@ int run_cache_server(const CacheServerCli& cli) {
   server_options.listen = cli.listen;
   Result<uint64_t> max_block = parse_byte_size("--max-block-bytes", cli.max_block);
   if (!max_block.ok()) return fail(max_block.status());
+  if (*max_block < 1 || *max_block > kLargestMaxBlockBytes) {
+    return fail(invalid_argument("--max-block-bytes " + cli.max_block +
+                                 ": expected 1 .. 63M (a block returned over gRPC travels in "
+                                 "one message of at most 64 MiB)"));
+  }
   server_options.max_block_bytes = *max_block;
   if (cli.block_stream_port < -1 || cli.block_stream_port > 65535) {
     return fail(invalid_argument("--block-stream-port " + std::to_string(cli.block_stream_port) +
@@ -158,7 +163,7 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "NAME=BYTES: cap what namespace NAME may hold in each tier (repeatable); a "
                   "namespace over its cap evicts its own least recently used blocks");
   sub->add_option("--max-block-bytes", cli->max_block,
-                  "largest block a client may store (default 32M)");
+                  "largest block a client may store, at most 63M (default 32M)");
   sub->add_option("--block-stream-port", cli->block_stream_port,
                   "port of the block-stream data path on the --listen host (blocks of gets and "
                   "puts over plain TCP; gRPC advertises it): 0 any free port, -1 off (blocks go "

@@ -4,11 +4,14 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
+#include <system_error>
 #include <vector>
 
 #include "cache/socket_io.h"
@@ -16,6 +19,16 @@
 namespace peerserve {
 
 using namespace block_stream;  // NOLINT: the protocol's constants and helpers
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<BlockStreamServer>> BlockStreamServer::start(
     std::shared_ptr<BlockStreamBackend> backend, const BlockStreamServerOptions& options) {
@@ -94,41 +107,85 @@ void BlockStreamServer::accept_loop() {
         ++it;
       }
     }
-    if (stopping_.load() || static_cast<int>(connections_.size()) >= options_.max_connections ||
+    const auto live = std::count_if(connections_.begin(), connections_.end(),
+                                    [](const Connection& c) { return !c.evicted; });
+    if (stopping_.load() || (live >= options_.max_connections && !evict_idlest_locked()) ||
         !prepare_socket(fd).ok()) {
       ::close(fd);
       continue;
     }
     Connection& c = connections_.emplace_back();
     c.fd = fd;
-    c.thread = std::thread([this, &c] {
-      serve(c.fd);
-      std::lock_guard<std::mutex> lock(mutex_);
+    c.idle_since.store(now_ns());
+    try {
+      c.thread = std::thread([this, &c] {
+        serve(c);
+        std::lock_guard<std::mutex> lock(mutex_);
+        ::close(c.fd);
+        c.fd = -1;
+        c.done.store(true);
+      });
+    } catch (const std::system_error&) {  // no thread to be had: refuse this connection
       ::close(c.fd);
-      c.fd = -1;
-      c.done.store(true);
-    });
+      connections_.pop_back();
+    }
   }
 }
 
-void BlockStreamServer::serve(int fd) {
+bool BlockStreamServer::evict_idlest_locked() {
+  Connection* idlest = nullptr;
+  for (Connection& c : connections_) {
+    const int64_t since = c.idle_since.load();
+    if (c.fd < 0 || c.evicted || since == Connection::kBusy) continue;
+    if (idlest == nullptr || since < idlest->idle_since.load()) idlest = &c;
+  }
+  if (idlest == nullptr) return false;
+  ::shutdown(idlest->fd, SHUT_RDWR);  // wakes its poll(); its thread closes the fd
+  idlest->evicted = true;
+  ++evicted_;
+  return true;
+}
+
+void BlockStreamServer::serve(Connection& connection) {
   // Buffers kept for the connection's life: no allocation per request once they have grown.
+  // One grown past kKeptBytes by a large request is given back after it: 256 connections
+  // that once read a 32 MiB block each would otherwise hold 8 GiB between requests.
+  constexpr size_t kKeptBytes = 1 << 20;
   ScratchVector<std::byte> table;
   std::string reply, block;
   ScratchVector<std::byte> scratch;
-  while (!stopping_.load() && serve_request(fd, table, reply, block, scratch)) {
+  try {
+    while (!stopping_.load() && serve_request(connection, table, reply, block, scratch)) {
+      if (table.capacity() + scratch.capacity() + reply.capacity() + block.capacity() <=
+          kKeptBytes) {
+        continue;
+      }
+      ScratchVector<std::byte>().swap(table);
+      ScratchVector<std::byte>().swap(scratch);
+      std::string().swap(reply);
+      std::string().swap(block);
+      // Freed memory stays in this thread's malloc arena otherwise (measured: 40 connections
+      // that each read a 32 MiB block and sent a 17.8 MB table held 0.94 GB resident).
+      ::malloc_trim(0);
+    }
+  } catch (const std::bad_alloc&) {
+    // A request the memory could not hold ends its connection, not the server.
   }
 }
 
-bool BlockStreamServer::serve_request(int fd, ScratchVector<std::byte>& table, std::string& reply,
-                                      std::string& block, ScratchVector<std::byte>& scratch) {
+bool BlockStreamServer::serve_request(Connection& connection, ScratchVector<std::byte>& table,
+                                      std::string& reply, std::string& block,
+                                      ScratchVector<std::byte>& scratch) {
+  const int fd = connection.fd;
   std::byte header_bytes[kHeaderBytes];
   // Between requests the client may stay quiet up to the idle timeout.
+  connection.idle_since.store(now_ns());
   if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,
                   "block-stream header")
            .ok()) {
     return false;
   }
+  connection.idle_since.store(Connection::kBusy);
   const auto deadline = std::chrono::steady_clock::now() + options_.io_timeout;
   Result<RequestHeader> header = parse_header(header_bytes, options_.limits);
   if (!header.ok()) {

@@ -197,6 +197,13 @@ class PoolServer::Service final : public wire::CachePool::Service {
 Result<std::unique_ptr<PoolServer>> PoolServer::start(std::shared_ptr<TieredBlockStore> store,
                                                       const PoolServerOptions& options) {
   PS_RETURN_IF_ERROR(check_host_port(options.listen, "cache server --listen", /*min_port=*/0));
+  if (options.max_block_bytes < 1 || options.max_block_bytes > kLargestMaxBlockBytes) {
+    return invalid_argument("cache server --max-block-bytes " +
+                            std::to_string(options.max_block_bytes) + ": expected 1 .. " +
+                            std::to_string(kLargestMaxBlockBytes) +
+                            " (63M: a block returned over gRPC travels in one message of at "
+                            "most 64 MiB)");
+  }
   auto server = std::make_unique<PoolServer>(ConstructionKey{}, store);
   if (options.block_stream_port >= 0) {
     BlockStreamServerOptions stream;

@@ -28,10 +28,14 @@ class Server;
 
 namespace peerserve {
 
+// The largest max_block_bytes a server takes: a Get over gRPC returns a block in one message
+// of at most 64 MiB (cache_wire::kMaxMessageBytes), beside its keys.
+inline constexpr uint64_t kLargestMaxBlockBytes = 63ull << 20;
+
 struct PoolServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   uint32_t max_keys_per_request = 1 << 16;
-  uint64_t max_block_bytes = 32ull << 20;
+  uint64_t max_block_bytes = 32ull << 20;  // 1 .. kLargestMaxBlockBytes
   // The block-stream data path (cache/block_stream_server.h) on the listen host: -1 off,
   // 0 any free port, else that port. Advertised to clients in StatsReply.
   int block_stream_port = 0;

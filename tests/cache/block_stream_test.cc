@@ -90,7 +90,8 @@ TEST(BlockStreamProtocol, MalformedRequestsAreNamed) {
 
 class BlockStreamTest : public ::testing::Test {
  protected:
-  void start(milliseconds idle = milliseconds(60000), milliseconds io = milliseconds(30000)) {
+  void start(milliseconds idle = milliseconds(60000), milliseconds io = milliseconds(30000),
+             int max_connections = 256) {
     TieredBlockStoreOptions options;
     options.dram_bytes = 64 << 20;
     auto store = TieredBlockStore::open(options);
@@ -100,6 +101,7 @@ class BlockStreamTest : public ::testing::Test {
     server_options.limits.max_block_bytes = 1 << 20;
     server_options.idle_timeout = idle;
     server_options.io_timeout = io;
+    server_options.max_connections = max_connections;
     auto server = BlockStreamServer::start(tiered_block_stream_backend(store_), server_options);
     ASSERT_TRUE(server.ok()) << server.status().to_string();
     server_ = std::move(server).value();
@@ -234,6 +236,50 @@ TEST_F(BlockStreamTest, GarbageStallsAndOversizedBlocksLeaveTheServerServing) {
   EXPECT_NE(put[2].message().find("a block may have"), std::string::npos) << put[2].message();
   EXPECT_TRUE(put[3].ok());
   EXPECT_TRUE(block_reads_back(13, 10));
+  EXPECT_TRUE(block_reads_back(1, 1000));
+}
+
+TEST_F(BlockStreamTest, IdleConnectionsAtTheCapMakeRoomForClientsWithWork) {
+  // Four silent connections fill a server capped at four: a client with work still gets in,
+  // in place of the one idle longest (it used to be closed at once, and 256 silent
+  // connections shut every engine out of a cache server).
+  start(milliseconds(60000), milliseconds(30000), /*max_connections=*/4);
+  std::vector<int> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(raw_connection());
+  std::this_thread::sleep_for(milliseconds(100));  // all four accepted
+  put_blocks(1, 1000);
+  EXPECT_TRUE(block_reads_back(1, 1000));
+  EXPECT_EQ(server_->evicted_connections(), 1u);
+  // One silent connection was shut down (its end of stream is there), the others stay open.
+  std::this_thread::sleep_for(milliseconds(100));
+  int closed = 0;
+  for (int fd : silent) {
+    char byte;
+    closed += ::recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
+  }
+  EXPECT_EQ(closed, 1);
+  for (int fd : silent) ::close(fd);
+}
+
+TEST_F(BlockStreamTest, AtTheCapWithEveryConnectionBusyANewOneIsClosed) {
+  start(milliseconds(60000), milliseconds(2000), /*max_connections=*/2);
+  // Two connections inside a request (a header, then the table that never comes).
+  const std::string request = bs::encode_request(bs::kOpGet, std::vector<PoolKey>{{"kv", 1}});
+  std::vector<int> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.push_back(raw_connection());
+    ASSERT_EQ(::send(busy.back(), request.data(), bs::kHeaderBytes, MSG_NOSIGNAL),
+              static_cast<ssize_t>(bs::kHeaderBytes));
+  }
+  std::this_thread::sleep_for(milliseconds(200));  // both read their headers
+  const int refused = raw_connection();
+  char byte;
+  EXPECT_LE(::recv(refused, &byte, 1, 0), 0);  // closed at once, not after the I/O timeout
+  ::close(refused);
+  EXPECT_EQ(server_->evicted_connections(), 0u);
+  for (int fd : busy) ::close(fd);
+  std::this_thread::sleep_for(milliseconds(100));
+  put_blocks(1, 1000);  // room again once they are gone
   EXPECT_TRUE(block_reads_back(1, 1000));
 }
 

@@ -109,6 +109,12 @@ TEST(CacheServerProcessTest, HelpAndBadFlags) {
   CacheServerProcess half_ssd;
   EXPECT_FALSE(half_ssd.start({"--dram", "1M", "--ssd-dir", "/tmp/x"}));
   EXPECT_NE(half_ssd.log().find("--ssd-dir and --ssd"), std::string::npos) << half_ssd.log();
+  // A bound no block could use over gRPC, and whose puts could ask for any allocation (a
+  // put declaring 900 GiB ended the server with std::bad_alloc).
+  CacheServerProcess huge_blocks;
+  EXPECT_FALSE(huge_blocks.start({"--dram", "1M", "--max-block-bytes", "1T"}));
+  EXPECT_NE(huge_blocks.log().find("--max-block-bytes 1T: expected 1 .. 63M"), std::string::npos)
+      << huge_blocks.log();
 }
 
 TEST(CacheServerProcessTest, KillNineMidLoadThenRestartOnTheSameSsdDir) {
