@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -146,10 +148,12 @@ class Converter {
       return no_instance(path, "schema false has no instance");
     }
     if (!schema.is_object()) return schema_error(path, "a schema must be an object or a boolean");
-    PS_RETURN_IF_ERROR(check_json_nesting(schema, kMaxJsonNesting, schema_where(path) + "schema"));
+    // Every schema here is part of the root, whose nesting json_schema_to_regex checked. The
+    // definitions are not copied: $ref resolves in the root, and copying a large $defs at each
+    // $ref with a sibling keyword made a 65 KB schema take 6.9 s.
     SchemaJson out = SchemaJson::object();
     for (const auto& [k, v] : schema.items()) {
-      if (k != "$ref" && k != "allOf") out[k] = v;
+      if (k != "$ref" && k != "allOf" && k != "$defs" && k != "definitions") out[k] = v;
     }
     if (schema.contains("$ref")) {
       std::string target_path;
@@ -380,29 +384,33 @@ class Converter {
       }
     }
     std::vector<Property> properties;
+    std::unordered_map<std::string, size_t> property_index;  // by name: `required` is looked up
     if (schema.contains("properties")) {
       const SchemaJson& listed = schema.at("properties");
       if (!listed.is_object()) return schema_error(path, "'properties' must be an object");
       for (const auto& [name, sub] : listed.items()) {
+        property_index.try_emplace(name, properties.size());
         properties.push_back({name, &sub, pointer_child(pointer_child(path, "properties"), name)});
       }
     }
-    const SchemaJson required = schema.value("required", SchemaJson::array());
-    if (!required.is_array()) return schema_error(path, "'required' must be an array of strings");
-    for (const auto& name : required) {
+    const SchemaJson* required = nullptr;
+    if (const auto found = schema.find("required"); found != schema.end()) required = &*found;
+    if (required != nullptr && !required->is_array()) {
+      return schema_error(path, "'required' must be an array of strings");
+    }
+    for (size_t i = 0; required != nullptr && i < required->size(); ++i) {
+      const SchemaJson& name = (*required)[i];
       if (!name.is_string()) return schema_error(path, "'required' must be an array of strings");
       const auto& text = name.get_ref<const std::string&>();
-      auto it = std::find_if(properties.begin(), properties.end(),
-                             [&](const Property& p) { return p.name == text; });
-      if (it == properties.end()) {
+      const auto [it, added] = property_index.try_emplace(text, properties.size());
+      if (added) {
         // Required but not listed: its value follows additionalProperties.
         if (*additional == false) {
           return no_instance(path, "required '" + text + "' is not allowed");
         }
         properties.push_back({text, additional, additional_path});
-        it = properties.end() - 1;
       }
-      it->required = true;
+      properties[it->second].required = true;
     }
     if (properties.empty()) {
       if (*additional == false) return "\\{" + ws_ + "\\}";
@@ -416,6 +424,7 @@ class Converter {
     }
     std::vector<std::string> entries;
     std::vector<bool> is_required;
+    size_t entry_bytes = 0;  // checked as they come: each may be ~58 KB ("any value")
     for (const Property& p : properties) {
       Result<std::string> inner = value(*p.schema, p.path, nesting - 1, depth + 1);
       if (!inner.ok()) {
@@ -427,6 +436,8 @@ class Converter {
       } catch (const SchemaJson::exception& e) {
         return schema_error(p.path, std::string("property name: ") + e.what());
       }
+      entry_bytes += entries.back().size();
+      if (entry_bytes > kMaxRegexBytes) return schema_error(path, "the regex grows over 1 MiB");
       is_required.push_back(p.required);
     }
     return object_members(entries, is_required, path);
@@ -503,6 +514,7 @@ class Converter {
     }
     // An item that cannot occur ends the array before it.
     std::vector<std::string> items;
+    size_t item_bytes = 0;  // checked as they come, as object members are
     for (const auto& [item, item_path] : prefix) {
       if (max_items && static_cast<int64_t>(items.size()) >= *max_items) break;
       Result<std::string> regex = value(*item, item_path, nesting - 1, depth + 1);
@@ -512,6 +524,8 @@ class Converter {
         break;
       }
       items.push_back(std::move(regex).value());
+      item_bytes += items.back().size();
+      if (item_bytes > kMaxRegexBytes) return schema_error(path, "the regex grows over 1 MiB");
     }
     const auto k = static_cast<int64_t>(items.size());
     std::string rest_regex;
@@ -554,9 +568,23 @@ class Converter {
 
 }  // namespace
 
+Status check_whitespace_pattern(std::string_view pattern) {
+  if (pattern.size() > kMaxWhitespacePatternBytes) {
+    return invalid_argument("whitespace pattern of " + std::to_string(pattern.size()) +
+                            " bytes; at most " + std::to_string(kMaxWhitespacePatternBytes));
+  }
+  const RegexLimits small{.max_dfa_states = 1024};
+  if (Result<std::shared_ptr<const RegexAutomaton>> alone = RegexAutomaton::compile(pattern, small);
+      !alone.ok()) {
+    return invalid_argument("whitespace pattern: " + alone.status().message());
+  }
+  return ok_status();
+}
+
 Result<std::string> json_schema_to_regex(const nlohmann::ordered_json& schema,
                                          const JsonRegexOptions& options) {
   if (options.max_nesting < 0) return invalid_argument("json schema: max_nesting must be >= 0");
+  PS_RETURN_IF_ERROR(check_whitespace_pattern(options.whitespace));
   PS_RETURN_IF_ERROR(check_json_nesting(schema, kMaxJsonNesting, "json schema"));
   Converter converter(schema, options);
   Result<std::string> regex = converter.value(schema, "", options.max_nesting, 0);

@@ -63,8 +63,16 @@ struct JsonRegexOptions {
   // built (4x per level).
   int max_nesting = 5;
   // Regex put between JSON tokens (after '{', '[', ',', ':' and before '}', ']'), verbatim.
+  // One from a request must pass check_whitespace_pattern.
   std::string whitespace = "[ ]?";
 };
+
+// Whether `pattern` may be JsonRegexOptions::whitespace: at most kMaxWhitespacePatternBytes,
+// and a regular expression by itself (grammar/regex_automaton.h), so that between tokens it
+// cannot reach into what is around it (as `)|(?:` would). A longer one could make even the
+// shallowest json_object_regex outgrow 1 MiB.
+inline constexpr size_t kMaxWhitespacePatternBytes = 256;
+Status check_whitespace_pattern(std::string_view pattern);
 
 // The regex for instances of `schema`.
 Result<std::string> json_schema_to_regex(const nlohmann::json& schema,
@@ -75,6 +83,7 @@ Result<std::string> json_schema_to_regex(const nlohmann::ordered_json& schema,
 
 // Any JSON object (OpenAI's response_format {"type": "json_object"}), nesting bounded by
 // options.max_nesting, lowered (to at least 1) as far as needed for the regex to fit 1 MiB.
+// options.whitespace must pass check_whitespace_pattern.
 std::string json_object_regex(const JsonRegexOptions& options = {});
 
 }  // namespace peerserve::grammar

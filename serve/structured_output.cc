@@ -83,6 +83,9 @@ std::optional<StructuredOutputError> whitespace_option(const Json* v, const std:
   if (v == nullptr || v->is_null()) return std::nullopt;
   if (!v->is_string()) return field_error(field, "'" + field + "' must be a string");
   options->whitespace = v->template get<std::string>();
+  if (Status s = grammar::check_whitespace_pattern(options->whitespace); !s.ok()) {
+    return field_error(field, "'" + field + "': " + s.message());
+  }
   return std::nullopt;
 }
 

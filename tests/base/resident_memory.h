@@ -7,14 +7,24 @@
 
 namespace peerserve::testing {
 
-// VmRSS of /proc/self/status in bytes; -1 when it cannot be read.
-inline int64_t resident_bytes() {
+// A field of /proc/self/status in bytes ("VmRSS:", "VmHWM:"); -1 when it cannot be read.
+inline int64_t status_bytes(const std::string& field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size())) * 1024;  // kB
   }
   return -1;
+}
+
+// VmRSS in bytes; -1 when it cannot be read.
+inline int64_t resident_bytes() {
+  return status_bytes("VmRSS:");
+}
+
+// VmHWM, the most this process has had resident so far, in bytes; -1 when it cannot be read.
+inline int64_t peak_resident_bytes() {
+  return status_bytes("VmHWM:");
 }
 
 }  // namespace peerserve::testing

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "grammar/regex_automaton.h"
+#include "tests/base/resident_memory.h"
 
 namespace peerserve::grammar {
 namespace {
@@ -577,6 +578,20 @@ TEST(JsonSchemaRegexTest, WhitespaceOption) {
   const Matcher newlines(regex_of(schema, {.max_nesting = 3, .whitespace = R"((?:\n *)?| )"}));
   newlines.expect("{\n  \"a\": 1\n}", true);
   newlines.expect("{\"a\":\t1}", false);
+  // A request's pattern must be a regex by itself and short: `)|(?:` would reach out of its
+  // place, and ~262 KB of it made even the shallowest json_object_regex outgrow 1 MiB (an
+  // abort before the check).
+  EXPECT_TRUE(check_whitespace_pattern("[ ]?").ok());
+  EXPECT_TRUE(check_whitespace_pattern("").ok());
+  EXPECT_FALSE(check_whitespace_pattern(")|(?:").ok());
+  EXPECT_FALSE(check_whitespace_pattern("[ ").ok());
+  std::string longest;
+  while (longest.size() < kMaxWhitespacePatternBytes) longest += "[ ]?";
+  ASSERT_EQ(longest.size(), kMaxWhitespacePatternBytes);
+  EXPECT_TRUE(check_whitespace_pattern(longest).ok());
+  EXPECT_FALSE(check_whitespace_pattern(longest + " ").ok());
+  EXPECT_FALSE(json_schema_to_regex(schema, {.whitespace = ")|(?:"}).ok());
+  EXPECT_LE(json_object_regex({.whitespace = longest}).size(), size_t{1} << 20);
 }
 
 // Objects and arrays nested `depth` deep: {"a":[{"a":[...]}]}.
@@ -685,6 +700,30 @@ TEST(JsonSchemaRegexTest, SizesAreBounded) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("64"), std::string::npos);
   EXPECT_FALSE(json_schema_to_regex(json{{"type", "string"}}, {.max_nesting = -1}).ok());
+}
+
+// Sizes are checked as members come, not once they are all built: 10,000 required names of
+// any value (89 KB of schema) held 2.3 GB before the 1 MiB check refused them, and looking up
+// each required name among the properties was quadratic.
+TEST(JsonSchemaRegexTest, LargeSchemasAreRefusedBeforeTheyAreBuilt) {
+  const int64_t peak_before = testing::peak_resident_bytes();
+  ordered_json required = {{"type", "object"}, {"required", ordered_json::array()}};
+  ordered_json tuple = {{"type", "array"}, {"prefixItems", ordered_json::array()}};
+  ordered_json listed = {{"type", "object"}, {"properties", ordered_json::object()}};
+  for (int i = 0; i < 20000; ++i) {
+    required["required"].push_back("r" + std::to_string(i));
+    tuple["prefixItems"].push_back(ordered_json::object());
+    listed["properties"]["p" + std::to_string(i)] = ordered_json::object();
+  }
+  listed["required"] = required["required"];
+  for (const ordered_json& schema : {required, tuple, listed}) {
+    const Result<std::string> refused = json_schema_to_regex(schema);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("1 MiB"), std::string::npos)
+        << refused.status().message();
+  }
+  const int64_t grown = testing::peak_resident_bytes() - peak_before;
+  EXPECT_LT(grown, int64_t{256} << 20) << "peak resident memory grew by " << grown << " bytes";
 }
 
 TEST(JsonSchemaRegexTest, EmptyAndTrueSchemasMatchAnyValue) {
