@@ -7,15 +7,15 @@ namespace {
 
 constexpr std::string_view kInteger = R"(-?(?:0|[1-9][0-9]*))";
 // Numbers equal to zero, and numbers above zero (some non-zero digit, no sign).
-constexpr std::string_view kZero = R"(-?0(?:\.0+)?(?:[eE][+\-]?[0-9]+)?)";
+// Exponents of at most two digits, as kJsonNumber's.
+constexpr std::string_view kZero = R"(-?0(?:\.0+)?(?:[eE][+\-]?[0-9]{1,2})?)";
 constexpr std::string_view kPositive =
-    R"((?:[1-9][0-9]*(?:\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)(?:[eE][+\-]?[0-9]+)?)";
+    R"((?:[1-9][0-9]*(?:\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)(?:[eE][+\-]?[0-9]{1,2})?)";
 constexpr std::string_view kDate =
     R"([0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-)"
     R"((?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|[12][0-9])))";
-constexpr std::string_view kTime =
-    R"((?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]+)?)"
-    R"((?:[zZ]|[+\-](?:[01][0-9]|2[0-3]):[0-5][0-9]))";
+constexpr std::string_view kTime = R"((?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?)"
+                                   R"((?:[zZ]|[+\-](?:[01][0-9]|2[0-3]):[0-5][0-9]))";
 constexpr std::string_view kUuid =
     R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})";
 

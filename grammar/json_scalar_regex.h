@@ -12,11 +12,15 @@
 namespace peerserve::grammar {
 
 // One character of a JSON string's text: a character JSON allows as itself, or an escape.
+// \u escapes of UTF-16 surrogates are left out: a lone one is not text (nlohmann's parser, the
+// server's own, refuses it), and a pair is one character where the regex would count two
+// (characters beyond U+FFFF are written as themselves).
 inline constexpr std::string_view kJsonStringChar =
-    R"((?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4}))";
-// Any JSON number.
+    R"((?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})))";
+// Any JSON number whose exponent has at most two digits: a double holds every such number,
+// where 5e-9691 parses as 0 (and passed an exclusive minimum of 0) and 1e400 overflows.
 inline constexpr std::string_view kJsonNumber =
-    R"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?)";
+    R"(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]{1,2})?)";
 
 // `(?:a|b|...)`, or the one alternative as it is; `alternatives` is not empty.
 std::string regex_alternation(const std::vector<std::string>& alternatives);

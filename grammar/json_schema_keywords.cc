@@ -234,7 +234,45 @@ Result<std::optional<Bound>> schema_bound(const SchemaJson& schema, const std::s
   return out;
 }
 
-Result<SchemaJson> merge_schemas(SchemaJson a, const SchemaJson& b, const std::string& path) {
+namespace {
+
+// `sub` where `extra` applies too: extra's true adds nothing, false leaves nothing.
+SchemaJson constrained_by(const SchemaJson& sub, const SchemaJson& extra) {
+  if (extra == true) return sub;
+  if (extra == false) return false;
+  return SchemaJson{{"allOf", SchemaJson::array({sub, extra})}};
+}
+
+// What one side says of the other's members before the keywords are merged: its
+// additionalProperties applies to the properties only the other lists, and its items (without
+// prefixItems) to the other's prefixItems. Merged key by key, {"properties": {"a"},
+// "additionalProperties": false} and {"properties": {"b"}} let {"b": ...} through.
+void constrain_members(SchemaJson& mine, const SchemaJson& other) {
+  if (const auto extra = other.find("additionalProperties");
+      extra != other.end() && (extra->is_boolean() || extra->is_object())) {
+    if (auto listed = mine.find("properties"); listed != mine.end() && listed->is_object()) {
+      const auto theirs = other.find("properties");
+      for (auto& [name, sub] : listed->items()) {
+        const bool also_theirs =
+            theirs != other.end() && theirs->is_object() && theirs->contains(name);
+        if (!also_theirs) sub = constrained_by(sub, *extra);
+      }
+    }
+  }
+  if (const auto items = other.find("items");
+      items != other.end() && !items->is_array() && !other.contains("prefixItems")) {
+    if (auto prefix = mine.find("prefixItems"); prefix != mine.end() && prefix->is_array()) {
+      for (auto& item : *prefix) item = constrained_by(item, *items);
+    }
+  }
+}
+
+}  // namespace
+
+Result<SchemaJson> merge_schemas(SchemaJson a, const SchemaJson& b_in, const std::string& path) {
+  SchemaJson b = b_in;
+  constrain_members(b, a);
+  constrain_members(a, b_in);
   for (const auto& [k, v] : b.items()) {
     if (is_annotation(k)) continue;
     if (!a.contains(k)) {

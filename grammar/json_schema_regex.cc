@@ -65,8 +65,12 @@ class Converter {
   }
 
   // Any JSON value with objects and arrays nested at most `nesting` deep.
+  // At most kMaxAnyValueNesting: nested 5 deep it is 234 KB and more automaton states than
+  // RegexLimits allows, so a schema of any value ({}, true) at the top could not be used.
+  // (Any object and any array at 5 hold any values at 4, and fit.)
+  static constexpr int kMaxAnyValueNesting = 4;
   Result<std::string> any_value(int nesting, const std::string& path) {
-    nesting = std::max(nesting, 0);
+    nesting = std::clamp(nesting, 0, kMaxAnyValueNesting);
     while (any_values_.size() <= static_cast<size_t>(nesting)) {
       std::string any =
           "(?:" + json_string_regex(0, -1) + "|" + std::string(kJsonNumber) + "|true|false|null";
@@ -186,7 +190,9 @@ class Converter {
     if (any_of || schema.contains("oneOf")) {
       return alternatives(schema, path, any_of ? "anyOf" : "oneOf", nesting, depth);
     }
-    if (schema.contains("enum") || schema.contains("const")) return enum_regex(schema, path);
+    if (schema.contains("enum") || schema.contains("const")) {
+      return enum_regex(schema, path, nesting, depth);
+    }
     PS_ASSIGN_OR_RETURN(const unsigned types, schema_types(schema, path, true));
     if (types == kAllTypes && !has_type_keywords(schema)) return any_value(nesting, path);
     std::vector<std::string> regexes;
@@ -266,7 +272,50 @@ class Converter {
     return out + ws_ + (object ? "\\}" : "\\]");
   }
 
-  Result<std::string> enum_regex(const SchemaJson& schema, const std::string& path) const {
+  // enum / const: the values of the schema's type. With other keywords beside them
+  // (maxLength, minimum, pattern, properties, ...), only the values the rest of the schema
+  // accepts, as the regex of the rest reads their compact text: alone, {"enum": ["a", "abcd"],
+  // "maxLength": 2} let "abcd" through.
+  Result<std::string> enum_regex(const SchemaJson& schema, const std::string& path, int nesting,
+                                 int depth) {
+    std::shared_ptr<const RegexAutomaton> rest;
+    bool others = false;
+    for (const auto& [k, v] : schema.items()) {
+      others = others || (k != "enum" && k != "const" && k != "type" && !is_annotation(k));
+    }
+    if (others) {
+      SchemaJson without = schema;
+      without.erase("enum");
+      without.erase("const");
+      if (!without.contains("type")) {
+        // The values' own types: the rest would otherwise take its type from its keywords
+        // (maxLength: a string), and a keyword says nothing of values of other types.
+        SchemaJson types = SchemaJson::array();
+        auto add = [&](const SchemaJson& v) {
+          const char* name = v.is_null()             ? "null"
+                             : v.is_boolean()        ? "boolean"
+                             : v.is_number_integer() ? "integer"
+                             : v.is_number()         ? "number"
+                             : v.is_string()         ? "string"
+                             : v.is_object()         ? "object"
+                                                     : "array";
+          if (std::find(types.begin(), types.end(), name) == types.end()) types.push_back(name);
+        };
+        if (const auto list = schema.find("enum"); list != schema.end() && list->is_array()) {
+          for (const auto& v : *list) add(v);
+        }
+        if (const auto single = schema.find("const"); single != schema.end()) add(*single);
+        without["type"] = std::move(types);
+      }
+      Result<std::string> rest_regex = value(without, path, nesting, depth + 1);
+      if (!rest_regex.ok()) return rest_regex.status();  // no instance: no value passes either
+      Result<std::shared_ptr<const RegexAutomaton>> compiled = RegexAutomaton::compile(*rest_regex);
+      if (!compiled.ok()) {
+        return schema_error(
+            path, "'enum' or 'const' beside other keywords: " + compiled.status().message());
+      }
+      rest = std::move(compiled).value();
+    }
     std::vector<const SchemaJson*> values;
     if (schema.contains("enum")) {
       const SchemaJson& list = schema.at("enum");
@@ -282,13 +331,14 @@ class Converter {
     for (const SchemaJson* item : values) {
       if (!has_type(*item, types)) continue;
       try {
+        if (rest != nullptr && !rest->matches(item->dump())) continue;
         regexes.push_back(literal(*item));
       } catch (const SchemaJson::exception& e) {
         return schema_error(path, std::string("an 'enum' or 'const' value: ") + e.what());
       }
     }
     if (regexes.empty()) {
-      return no_instance(path, "no 'enum' or 'const' value of the schema's type");
+      return no_instance(path, "no 'enum' or 'const' value of the schema's type and keywords");
     }
     return regex_alternation(regexes);
   }
@@ -382,6 +432,12 @@ class Converter {
       if (!additional->is_boolean() && !additional->is_object()) {
         return schema_error(path, "'additionalProperties' must be a boolean or a schema");
       }
+    } else if (const auto unevaluated = schema.find("unevaluatedProperties");
+               unevaluated != schema.end() && *unevaluated == false) {
+      // allOf and $ref are merged into this schema by now, so no property is left that another
+      // subschema evaluates: false means no properties but the listed ones.
+      static const SchemaJson kNone = false;
+      additional = &kNone;
     }
     std::vector<Property> properties;
     std::unordered_map<std::string, size_t> property_index;  // by name: `required` is looked up

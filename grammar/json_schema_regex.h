@@ -14,29 +14,36 @@
 //    "nullable": true (OpenAPI) adds null.
 //  - string: minLength/maxLength (<= 1000, counted in characters, an escape counts one),
 //    pattern (see json_string_pattern.h), format date / time / date-time (RFC 3339; February
-//    29 is allowed in any year) / uuid.
+//    29 is allowed in any year, second 60 never) / uuid. No \u escape of a UTF-16 surrogate
+//    (characters past U+FFFF are written as themselves).
 //  - integer: minimum/maximum/exclusiveMinimum/exclusiveMaximum (both drafts' forms), exact,
 //    for bounds within +-1e15. number: only bounds equal to 0 (>= 0, > 0, <= 0, < 0) are
-//    exactly expressible, others are refused.
+//    exactly expressible, others are refused. Exponents have at most two digits.
 //  - enum/const with any JSON values (matched as their compact dump(), whitespace allowed
-//    where the option puts it).
+//    where the option puts it); with other keywords beside them, only the values the rest of
+//    the schema accepts (for values of the types they have).
 //  - object: properties in the order the JSON object iterates them (nlohmann::json sorts keys
 //    alphabetically; pass an nlohmann::ordered_json to keep the order written), required
 //    ones present, optional ones each present or absent; a required name missing from
 //    properties comes last, valued by additionalProperties. No other keys appear, whatever
 //    additionalProperties says (a subset of the instances when it allows more). With no
 //    properties and no required: additionalProperties false -> {}, a schema -> any keys with
-//    such values, absent or true -> any object.
+//    such values, absent or true -> any object. unevaluatedProperties false, with no
+//    additionalProperties, counts as additionalProperties false (allOf and $ref are merged
+//    by then).
 //  - array: items, prefixItems (or draft-4 items as a list with additionalItems),
 //    minItems/maxItems (<= 1000). No items -> any values.
-//  - anyOf and oneOf (as anyOf), allOf (members merged keyword by keyword), $ref to a JSON
+//  - anyOf and oneOf (as anyOf), allOf (members merged keyword by keyword; one member's
+//    additionalProperties applies to the properties only another lists, its items to another's
+//    prefixItems), $ref to a JSON
 //    pointer inside the schema ("#", "#/$defs/x", "#/definitions/x", ...), siblings of $ref
 //    and anyOf merged into it. Recursion through $ref is expanded until max_nesting; there an
 //    alternative, an optional property or an array's further items that would need more
 //    depth are dropped; an error only if the schema then has no instance.
 //  - annotations are ignored, as are keywords this file does not know (the JSON Schema rule).
 // max_nesting counts every object and array, empty ones too: with 2, {"a":[1]} matches and
-// {"a":[[]]} does not.
+// {"a":[[]]} does not. A value of any type ({}, true, no type keywords) nests at most 4 deep
+// (5 is past the automaton's bounds).
 // Refused (InvalidArgument, naming the JSON pointer of the schema and the keyword): not,
 // if/then/else, patternProperties, propertyNames, dependentRequired, dependentSchemas,
 // dependencies, multipleOf, contains, minProperties > 0, maxProperties, uniqueItems true,

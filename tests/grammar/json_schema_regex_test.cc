@@ -158,7 +158,7 @@ class InstanceGenerator {
   }
 
   std::string time() {
-    std::string out = two(0, 23) + ":" + two(0, 59) + ":" + two(0, 60);
+    std::string out = two(0, 23) + ":" + two(0, 59) + ":" + two(0, 59);
     if (coin()) out += "." + digits(uniform(1, 6));
     const int zone = uniform(0, 3);
     if (zone == 0) return out + "Z";
@@ -378,7 +378,7 @@ const std::vector<SchemaCase>& schema_cases() {
        R"({"type":"object","properties":{"d":{"type":"string","format":"date"},
            "t":{"type":"string","format":"time"},"dt":{"type":"string","format":"date-time"},
            "u":{"type":"string","format":"uuid"}},"required":["d","t","dt","u"]})",
-       {R"({"d":"2024-02-29","t":"23:59:60.5+05:30","dt":"1999-12-31T00:00:00Z","u":"123E4567-e89b-12d3-a456-426614174000"})"},
+       {R"({"d":"2024-02-29","t":"23:59:59.5+05:30","dt":"1999-12-31T00:00:00Z","u":"123E4567-e89b-12d3-a456-426614174000"})"},
        {R"({"d":"2024-02-30","t":"00:00:00Z","dt":"1999-12-31T00:00:00Z","u":"123e4567-e89b-12d3-a456-426614174000"})",
         R"({"d":"2024-13-01","t":"00:00:00Z","dt":"1999-12-31T00:00:00Z","u":"123e4567-e89b-12d3-a456-426614174000"})",
         R"({"d":"2024-01-01","t":"24:00:00Z","dt":"1999-12-31T00:00:00Z","u":"123e4567-e89b-12d3-a456-426614174000"})",
@@ -724,6 +724,83 @@ TEST(JsonSchemaRegexTest, LargeSchemasAreRefusedBeforeTheyAreBuilt) {
   }
   const int64_t grown = testing::peak_resident_bytes() - peak_before;
   EXPECT_LT(grown, int64_t{256} << 20) << "peak resident memory grew by " << grown << " bytes";
+}
+
+// What the regexes accept stays inside what JSON parsers and validators agree on: no \u
+// escape of a UTF-16 surrogate (a lone one is refused by nlohmann's parser, and a pair counted
+// as two characters against maxLength), exponents of two digits (5e-9691 parses as 0, past an
+// exclusive minimum of 0; 1e400 overflows), no second 60.
+TEST(JsonSchemaRegexTest, EscapesExponentsAndSecondsParsersAgreeOn) {
+  const Matcher two_chars(regex_of(ordered_json::parse(R"({"type":"string","maxLength":2})")));
+  for (const char* ok : {R"("\u00e9")", R"("\ud7ff\ue000")", R"("\uFFFF")"}) {
+    two_chars.expect(ok, true);
+  }
+  for (const char* bad : {R"("\ud800")", R"("\uDC00x")", R"("\ud83d\ude00")"}) {
+    two_chars.expect(bad, false);
+  }
+  const Matcher number(regex_of(ordered_json::parse(R"({"type":"number"})")));
+  for (const char* ok : {"1e99", "-2.5E-07", "0e0", "12"}) number.expect(ok, true);
+  for (const char* bad : {"1e400", "5.9306E-9691", "1e"}) number.expect(bad, false);
+  const Matcher positive(
+      regex_of(ordered_json::parse(R"({"type":"number","exclusiveMinimum":0})")));
+  positive.expect("5e-99", true);
+  positive.expect("5e-999", false);
+  const Matcher time(regex_of(ordered_json::parse(R"({"type":"string","format":"time"})")));
+  time.expect(R"("23:59:59Z")", true);
+  time.expect(R"("23:59:60Z")", false);
+}
+
+// enum and const keep only the values the rest of the schema accepts; unevaluatedProperties
+// false closes an object as additionalProperties false does; a schema of any value compiles.
+TEST(JsonSchemaRegexTest, KeywordsBesideEnumAndUnevaluatedPropertiesConstrain) {
+  const Matcher short_enum(
+      regex_of(ordered_json::parse(R"({"enum":["a","abcd",7],"maxLength":2})")));
+  short_enum.expect(R"("a")", true);
+  short_enum.expect("7", true);  // maxLength says nothing of numbers
+  short_enum.expect(R"("abcd")", false);
+  const Matcher patterned(regex_of(
+      ordered_json::parse(R"({"type":"string","enum":["abc","xyz"],"pattern":"^a[a-z]*$"})")));
+  patterned.expect(R"("abc")", true);
+  patterned.expect(R"("xyz")", false);
+  const Matcher objects(regex_of(ordered_json::parse(
+      R"({"enum":[{"a":1},{"a":"s"}],"properties":{"a":{"type":"integer"}}})")));
+  objects.expect(R"({"a":1})", true);
+  objects.expect(R"({"a":"s"})", false);
+  const Result<std::string> none =
+      json_schema_to_regex(ordered_json::parse(R"({"type":"integer","const":3,"minimum":5})"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no instance"), std::string::npos)
+      << none.status().message();
+  const Matcher closed(regex_of(ordered_json::parse(
+      R"({"type":"object","properties":{"x":{"type":"integer"}},"unevaluatedProperties":false})")));
+  closed.expect(R"({"x":1})", true);
+  closed.expect(R"({"x":1,"y":2})", false);
+  for (const ordered_json& any : {ordered_json::object(), ordered_json(true)}) {
+    const Result<std::string> regex = json_schema_to_regex(any);  // default nesting (5)
+    ASSERT_TRUE(regex.ok()) << regex.status().to_string();
+    EXPECT_TRUE(RegexAutomaton::compile(*regex).ok());
+  }
+}
+
+// allOf merges keyword by keyword, but one member's additionalProperties also applies to the
+// properties only another lists, and its items to another's prefixItems.
+TEST(JsonSchemaRegexTest, MergedMembersConstrainEachOthersMembers) {
+  const Matcher closed(regex_of(ordered_json::parse(R"({"allOf":[
+      {"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":false},
+      {"properties":{"b":{"type":"string"}}}]})")));
+  closed.expect(R"({"a":1})", true);
+  closed.expect(R"({"b":"x"})", false);
+  closed.expect(R"({"a":1,"b":"x"})", false);
+  const Matcher typed(regex_of(ordered_json::parse(R"({"allOf":[
+      {"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"integer"}},
+      {"properties":{"b":{"type":["string","integer"]}}}]})")));
+  typed.expect(R"({"b":2})", true);
+  typed.expect(R"({"b":"x"})", false);
+  const Matcher items(regex_of(ordered_json::parse(R"({"allOf":[
+      {"type":"array","items":{"type":"string"}},{"prefixItems":[{"type":["integer","string"]}]}]})")));
+  items.expect(R"(["x"])", true);
+  items.expect("[]", true);
+  items.expect("[1]", false);
 }
 
 TEST(JsonSchemaRegexTest, EmptyAndTrueSchemasMatchAnyValue) {
