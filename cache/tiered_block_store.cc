@@ -37,8 +37,9 @@ Status TieredBlockStore::put(const PoolKey& key, std::span<const std::byte> byte
     }
     return status;
   }
-  Status status = ssd_->put(key, bytes);
   Stripe& stripe = stripe_of(key);
+  std::lock_guard writer(stripe.writer);
+  Status status = ssd_->put(key, bytes);
   std::lock_guard lock(stripe.mutex);
   ++stripe.writes;  // a read of the older file under way must not promote it
   if (!status.ok()) {
@@ -86,6 +87,7 @@ std::optional<uint64_t> TieredBlockStore::size_of(const PoolKey& key) const {
 
 bool TieredBlockStore::remove(const PoolKey& key) {
   Stripe& stripe = stripe_of(key);
+  std::lock_guard writer(stripe.writer);
   std::lock_guard lock(stripe.mutex);
   ++stripe.writes;
   const bool in_dram = dram_->remove(key);

@@ -71,7 +71,12 @@ class TieredBlockStore {
   // into DRAM only if no put or remove of its stripe came between the start of the read and
   // the promotion (both under the stripe's mutex): else the older bytes could overwrite a
   // newer write, or bring back a removed block.
+  // Puts and removes of one stripe's keys (with an SSD tier) also hold `writer` from the SSD
+  // write to the DRAM copy, so that both tiers end with the same one of two concurrent puts of
+  // a key (the SSD write ran outside any lock: DRAM could keep the older, SSD the newer), and
+  // a remove cannot fall between a put's two tiers. Reads never take it.
   struct Stripe {
+    std::mutex writer;
     std::mutex mutex;
     uint64_t writes = 0;  // guarded by mutex
   };
