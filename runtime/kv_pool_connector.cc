@@ -244,7 +244,13 @@ void KvPoolConnector::push(KvPushTarget target, std::vector<BlockHash> hashes,
     std::lock_guard<std::mutex> lock(mutex_);
     // Bounded: behind a slow or dead decode instance the queue would hold every prompt's KV.
     // A push dropped here is recomputed by the decode instance after its wait.
-    if (queued(/*store_only=*/false) >= kMaxQueuedPushes) {
+    // Per decode instance too: one that stalls (each push waits out the timeout) used to fill
+    // the whole queue, and the pushes to every other instance were dropped.
+    const auto to_same = std::count_if(pushes_.begin(), pushes_.end(), [&](const Push& p) {
+      return !p.store_only && p.target.endpoint == target.endpoint;
+    });
+    if (queued(/*store_only=*/false) >= kMaxQueuedPushes ||
+        static_cast<size_t>(to_same) >= kMaxQueuedPushesPerInstance) {
       counters_.push_failures += static_cast<int64_t>(hashes.size());
       return;
     }
@@ -317,7 +323,11 @@ void KvPoolConnector::run_pushes() {
     const std::vector<Status> sent = client->put(keys, spans, started + options_.timeout);
     const double seconds = std::chrono::duration<double>(PoolClock::now() - started).count();
     int64_t accepted = 0;
-    for (const Status& s : sent) accepted += s.ok() ? 1 : 0;
+    bool unreachable = !sent.empty();  // every block failed in transport (down, timed out)
+    for (const Status& s : sent) {
+      accepted += s.ok() ? 1 : 0;
+      unreachable = unreachable && s.code() == StatusCode::kUnavailable;
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pushing_to_.erase(push.target.endpoint);
@@ -326,6 +336,18 @@ void KvPoolConnector::run_pushes() {
       counters_.push_bytes += accepted * static_cast<int64_t>(block_bytes_);
       counters_.push_failures += static_cast<int64_t>(push.hashes.size()) - accepted;
       counters_.push_seconds_total += seconds;
+      if (unreachable) {
+        // Nothing got through: the pushes queued behind it to the same instance would each
+        // wait out the timeout too, while their decode instance stops waiting after its own.
+        for (auto it = pushes_.begin(); it != pushes_.end();) {
+          if (!it->store_only && it->target.endpoint == push.target.endpoint) {
+            counters_.push_failures += static_cast<int64_t>(it->hashes.size());
+            it = pushes_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
     }
     // Pushes to this decode instance, and stores behind the push, may go now.
     push_wake_.notify_all();

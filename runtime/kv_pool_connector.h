@@ -196,6 +196,7 @@ class KvPoolConnector {
   // stalled push used to let stores pile up without bound (a copy of every block) and then
   // fill the pushes' cap, so every later push was dropped.
   static constexpr size_t kMaxQueuedPushes = 64;
+  static constexpr size_t kMaxQueuedPushesPerInstance = 8;
   static constexpr size_t kMaxQueuedStores = 64;
   std::deque<Push> pushes_;  // guarded by mutex_
   // The entries of pushes_ that are stores (store_only) or pushes; mutex_ held. At most 128.

@@ -94,9 +94,11 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   // Sends the request to the next instance not tried yet (on the caller's thread: the HTTP
   // loop for the first try, the upstream loop for retries).
   void try_next(const std::string& last_error) {
+    uint64_t attempt = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (gone_) return finish();
+      attempt = ++attempts_;
     }
     const int index = ctx_.backends->acquire(tried_);
     if (index < 0) {
@@ -134,6 +136,9 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
       return try_next(call.status().message());
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    // A call that failed at once has already run its retry (on the upstream thread), which
+    // may have stored its own call: that one is the live one, to cancel on disconnect.
+    if (attempt != attempts_) return;
     call_ = *call;
     if (gone_) call_->cancel();
   }
@@ -263,7 +268,8 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
   const std::shared_ptr<HttpExchange> exchange_;
   // Guards what the client's disconnect (HTTP loop) and the upstream loop both touch.
   std::mutex mutex_;
-  std::shared_ptr<UpstreamCall> call_;
+  std::shared_ptr<UpstreamCall> call_;  // the latest try's (see attempts_)
+  uint64_t attempts_ = 0;               // tries begun, under mutex_
   bool gone_ = false;
   // The rest is touched by one thread at a time (the upstream loop after the first try).
   std::vector<int> tried_;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -124,6 +125,12 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
     progress_.header_seen = true;
     const auto& response = parser_.get();
     std::string content_type(response[http::field::content_type]);
+    // An answer that is not an event stream is complete when its header comes (the instance
+    // answers once generation ended): all of it within the read timeout, not only each piece,
+    // or a peer sending a byte a second holds the call for hours.
+    if (!content_type.starts_with("text/event-stream")) {
+      body_deadline_ = std::chrono::steady_clock::now() + timeouts_.read;
+    }
     if (callbacks_.on_header) {
       callbacks_.on_header(static_cast<int>(response.result_int()), content_type);
     }
@@ -133,7 +140,11 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   void read_body() {
     if (finished_) return;
     if (parser_.is_done()) return finish(ok_status());
-    stream_.expires_after(timeouts_.read);
+    if (body_deadline_) {
+      stream_.expires_at(*body_deadline_);
+    } else {
+      stream_.expires_after(timeouts_.read);
+    }
     http::async_read_some(stream_, buffer_, parser_,
                           [self = shared_from_this()](beast::error_code ec, size_t) {
                             if (self->finished_) return;
@@ -162,6 +173,7 @@ class Call final : public UpstreamCall, public std::enable_shared_from_this<Call
   const std::string host_, port_;
   bool finished_ = false;
   UpstreamProgress progress_;
+  std::optional<std::chrono::steady_clock::time_point> body_deadline_;  // on_header
 };
 
 }  // namespace

@@ -37,7 +37,8 @@ struct UpstreamRequest {
 struct UpstreamTimeouts {
   std::chrono::milliseconds connect{2000};
   std::chrono::milliseconds write{10000};
-  // Until the response header, and between two pieces of the body.
+  // Until the response header, and between two pieces of an event stream's body; for any
+  // other body, the whole of it after the header.
   std::chrono::milliseconds read{300000};
 };
 

@@ -705,6 +705,33 @@ TEST(EngineKvPoolTest, ASilentDecodeInstanceHoldsUpOnlyItsOwnPushes) {
   }  // the silent instance's push ends by its timeout
 }
 
+// A silent decode instance fills only its share of the push queue (8), and once a push to it
+// fails in transport the ones queued behind it are dropped at once: 70 pushes to it used to
+// fill the whole queue (64), so a push to a healthy instance was dropped, and each queued
+// push then waited out the timeout in turn.
+TEST(EngineKvPoolTest, ASilentDecodeInstanceFillsOnlyItsShareOfThePushQueue) {
+  SilentAndLiveDecodeInstances decode;
+  const auto started = std::chrono::steady_clock::now();
+  {
+    KvPoolConnector connector(local_pool(), 64, decode.options(), [] {});
+    std::vector<std::vector<std::byte>> block(1, std::vector<std::byte>(64, std::byte{9}));
+    for (int i = 0; i < 70; ++i) {
+      connector.push(decode.silent, {static_cast<BlockHash>(100 + i)}, block);
+    }
+    connector.push(decode.live, {2}, block);
+    EXPECT_EQ(decode.receiver->wait(decode.transfer,
+                                    std::chrono::steady_clock::now() + std::chrono::seconds(2)),
+              1u);
+    EXPECT_EQ(decode.landing[0], std::byte{9});
+    const KvPoolCounters counters =
+        counters_when(connector, [](const KvPoolCounters& c) { return c.push_blocks > 0; });
+    EXPECT_EQ(counters.push_blocks, 1);
+    EXPECT_GE(counters.push_failures, 70 - 1 - 8) << "pushes past the instance's share";
+  }  // the silent push ends by its 3 s timeout; the 8 queued behind it are dropped then
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20))
+      << "the queued pushes to the silent instance each waited out the timeout";
+}
+
 // A pool store waits for the pushes queued before it, not for those queued after it: a push
 // to a silent decode instance queued after the store used to hold it until its timeout
 // (with several decode instances some push is nearly always in flight: stores starved).

@@ -291,6 +291,16 @@ class FakeInstance(http.server.BaseHTTPRequestHandler):
             time.sleep(6)
         elif mode == "ok":
             return self.reply(200, json.dumps({"choices": [{"text": "fake", "index": 0}]}))
+        elif mode == "trickle":  # a whole answer announced, then a byte a second
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100000\r\n\r\n")
+            for _ in range(8):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    break
+                time.sleep(1)
         self.wfile.flush()
         self.close_connection = True
 
@@ -319,6 +329,13 @@ def misbehaving_instance():
         assert code == 504 and "no answer within 2000 ms" in text and "backend_timeout" in text, \
             f"silent: {code} {text}"
         assert time.monotonic() - started < 10, "the silent instance held the request too long"
+        back()
+        # Each byte within the read timeout, the whole answer not: it ends at the timeout
+        # (it would have taken 28 hours).
+        started = time.monotonic()
+        code, text = status_of(port, "/v1/completions", {"model": NAME, "prompt": "trickle"})
+        assert code in (502, 504) and "backend" in text, f"trickle: {code} {text}"
+        assert time.monotonic() - started < 6, "the trickling instance held the request too long"
         back()
         assert p.poll() is None, "the router exited"
     finally:
@@ -528,7 +545,7 @@ try:
     case("a client gone mid-stream stops the request on the decode instance", client_gone)
     case("a decode instance killed mid-stream: error event, survivors serve, it rejoins",
          decode_killed)
-    case("malformed, cut-off and silent replies: clear errors, the router keeps serving",
+    case("malformed, cut-off, silent and trickling replies: clear errors, the router keeps serving",
          misbehaving_instance)
     case("an instance back on its port with another model is left out",
          restarted_with_another_model)
