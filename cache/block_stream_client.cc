@@ -60,20 +60,50 @@ void BlockStreamClient::give_back(SocketFd fd) {
   if (idle_.size() < 16) idle_.push_back(std::move(fd));
 }
 
+namespace {
+
+// Batches go out in requests of at most the protocol's default key count: a server closes the
+// connection of a larger one, and the client would then take a healthy member for down.
+constexpr size_t kKeysPerRequest = RequestLimits{}.max_keys;
+
+// call(first, n) for each run of at most kKeysPerRequest of `count` keys, results in order.
+template <typename T, typename Call>
+std::vector<T> in_requests(size_t count, const Call& call) {
+  if (count <= kKeysPerRequest) return call(0, count);
+  std::vector<T> out;
+  out.reserve(count);
+  for (size_t first = 0; first < count; first += kKeysPerRequest) {
+    std::vector<T> part = call(first, std::min(kKeysPerRequest, count - first));
+    out.insert(out.end(), std::make_move_iterator(part.begin()),
+               std::make_move_iterator(part.end()));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<BlockLookup> BlockStreamClient::get(std::span<const PoolKey> keys,
                                                 std::span<const BlockSink> sinks,
                                                 PoolDeadline deadline) {
-  bool retry = false;
-  std::vector<BlockLookup> out = get_once(keys, sinks, deadline, false, &retry);
-  return retry ? get_once(keys, sinks, deadline, true, &retry) : out;
+  return in_requests<BlockLookup>(keys.size(), [&](size_t first, size_t n) {
+    bool retry = false;
+    std::vector<BlockLookup> out =
+        get_once(keys.subspan(first, n), sinks.subspan(first, n), deadline, false, &retry);
+    if (!retry) return out;
+    return get_once(keys.subspan(first, n), sinks.subspan(first, n), deadline, true, &retry);
+  });
 }
 
 std::vector<Status> BlockStreamClient::put(std::span<const PoolKey> keys,
                                            std::span<const std::span<const std::byte>> blocks,
                                            PoolDeadline deadline) {
-  bool retry = false;
-  std::vector<Status> out = put_once(keys, blocks, deadline, false, &retry);
-  return retry ? put_once(keys, blocks, deadline, true, &retry) : out;
+  return in_requests<Status>(keys.size(), [&](size_t first, size_t n) {
+    bool retry = false;
+    std::vector<Status> out =
+        put_once(keys.subspan(first, n), blocks.subspan(first, n), deadline, false, &retry);
+    if (!retry) return out;
+    return put_once(keys.subspan(first, n), blocks.subspan(first, n), deadline, true, &retry);
+  });
 }
 
 std::vector<BlockLookup> BlockStreamClient::get_once(std::span<const PoolKey> keys,

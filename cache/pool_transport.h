@@ -7,9 +7,10 @@
 // Contract for every implementation:
 // - Every call returns by `deadline`; a member that is down or too slow yields
 //   StatusCode::kUnavailable, never a hang.
-// - get() reports each block separately and copies a block into its sink only when the whole
-//   block has arrived, so a call cut off half-way leaves hits that are complete and marks the
-//   rest as errors; a block is a hit only if all of its bytes were copied.
+// - get() reports each block separately; a block is a hit only if all of its bytes were
+//   copied into its sink. A call cut off half-way leaves the complete blocks as hits and marks
+//   the rest as errors, whose sinks may hold part of a block (the block stream receives
+//   straight into them): a caller uses only the bytes of hits.
 // - Malformed replies from a member are errors, never a crash.
 //
 // Thread-safety: implementations are safe to call from several threads at once.

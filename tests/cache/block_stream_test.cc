@@ -283,6 +283,33 @@ TEST_F(BlockStreamTest, AtTheCapWithEveryConnectionBusyANewOneIsClosed) {
   EXPECT_TRUE(block_reads_back(1, 1000));
 }
 
+TEST_F(BlockStreamTest, BatchesLargerThanARequestMayHoldGoOutInSeveral) {
+  // One more key than a request may hold: the server would close the connection of a single
+  // request that large, and the client take a healthy member for down.
+  start();
+  const size_t n = bs::RequestLimits{}.max_keys + 1;
+  std::vector<PoolKey> keys;
+  std::vector<std::vector<std::byte>> blocks;
+  for (size_t i = 0; i < n; ++i) {
+    keys.push_back({"kv", static_cast<BlockHash>(i + 1)});
+    blocks.push_back(make_block(i + 1, 16));
+  }
+  std::vector<std::span<const std::byte>> views(blocks.begin(), blocks.end());
+  const std::vector<Status> put = client_->put(keys, views, soon());
+  ASSERT_EQ(put.size(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_TRUE(put[i].ok()) << i << ": " << put[i].to_string();
+  std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(16));
+  std::vector<BlockSink> sinks;
+  for (auto& o : out) sinks.push_back(sink_into(o));
+  const std::vector<BlockLookup> got = client_->get(keys, sinks, soon());
+  ASSERT_EQ(got.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(got[i].hit()) << i;
+    ASSERT_TRUE(block_matches(out[i], i + 1)) << i;
+  }
+  EXPECT_EQ(server_->malformed_requests(), 0u);
+}
+
 TEST_F(BlockStreamTest, KeptConnectionClosedByTheMemberIsRetriedOnce) {
   start(milliseconds(200));
   put_blocks(1, 500);
