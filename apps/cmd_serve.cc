@@ -603,6 +603,11 @@ int run_serve(const ServeCli& cli) {
       // Under the distributed launcher every rank listens: give each its own port.
       stream.port = cli.kv_handoff_port == 0 ? 0 : cli.kv_handoff_port + session.rank();
       stream.io_timeout = std::chrono::milliseconds(10000);
+      // A push holds blocks of this instance's KV layout, at most as many as its cache: the
+      // pool's generic limits (65,536 keys, 32 MiB blocks) let a stranger make it buffer more.
+      stream.limits.max_block_bytes = layout.block_bytes();
+      stream.limits.max_keys =
+          static_cast<uint32_t>(std::min<int64_t>(num_blocks, stream.limits.max_keys));
       auto listening = BlockStreamServer::start(handoff, stream);
       if (!listening.ok()) return session.fail(listening.status());  // this rank's port
       handoff_server = std::move(listening).value();
