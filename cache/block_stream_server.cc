@@ -1,10 +1,10 @@
 #include "cache/block_stream_server.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,21 +14,12 @@
 #include <system_error>
 #include <vector>
 
+#include "base/steady_clock_ns.h"
 #include "cache/socket_io.h"
 
 namespace peerserve {
 
 using namespace block_stream;  // NOLINT: the protocol's constants and helpers
-
-namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Result<std::unique_ptr<BlockStreamServer>> BlockStreamServer::start(
     std::shared_ptr<BlockStreamBackend> backend, const BlockStreamServerOptions& options) {
@@ -116,7 +107,7 @@ void BlockStreamServer::accept_loop() {
     }
     Connection& c = connections_.emplace_back();
     c.fd = fd;
-    c.idle_since.store(now_ns());
+    c.idle_since.store(steady_clock_ns());
     try {
       c.thread = std::thread([this, &c] {
         serve(c);
@@ -179,7 +170,7 @@ bool BlockStreamServer::serve_request(Connection& connection, ScratchVector<std:
   const int fd = connection.fd;
   std::byte header_bytes[kHeaderBytes];
   // Between requests the client may stay quiet up to the idle timeout.
-  connection.idle_since.store(now_ns());
+  connection.idle_since.store(steady_clock_ns());
   if (!read_exact(fd, header_bytes, std::chrono::steady_clock::now() + options_.idle_timeout,
                   "block-stream header")
            .ok()) {

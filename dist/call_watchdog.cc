@@ -3,17 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "base/steady_clock_ns.h"
+
 namespace peerserve::dist {
-namespace {
-
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 CallWatchdog::CallWatchdog(std::string who, std::chrono::milliseconds period)
     : who_(std::move(who)), period_(period), thread_([this] { watch(); }) {}
 
@@ -32,7 +24,7 @@ CallWatchdog::Guard CallWatchdog::guard(const char* call, int peer,
   peer_.store(peer, std::memory_order_relaxed);
   timeout_ms_.store(timeout.count(), std::memory_order_relaxed);
   // Release: the watch thread that sees the deadline sees the fields above.
-  deadline_ns_.store(steady_ns() + std::chrono::nanoseconds(timeout).count(),
+  deadline_ns_.store(steady_clock_ns() + std::chrono::nanoseconds(timeout).count(),
                      std::memory_order_release);
   return Guard(this);
 }
@@ -41,7 +33,7 @@ void CallWatchdog::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period_, [this] { return stop_; })) {
     const int64_t deadline = deadline_ns_.load(std::memory_order_acquire);
-    if (deadline == 0 || steady_ns() <= deadline) continue;
+    if (deadline == 0 || steady_clock_ns() <= deadline) continue;
     // The guarded thread is inside the library and cannot be interrupted: report and end
     // the process (not exit(): destructors would tear down what that thread is using).
     std::fprintf(stderr, "%s: error: rank %d did not complete %s within %lld ms (lost?); exiting\n",
