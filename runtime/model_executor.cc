@@ -297,7 +297,10 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
     // difference of two noisy step times (5% of a step, within their spread) it came out at
     // -6%..+18% of a decode step from one start to the next, where the pass alone took
     // 4.5-5.5% each time (tiny preset, batch 8 and 32).
-    std::vector<double> decode_times, mtp_times, speculative_ratios;
+    // Last, verification alone after a speculative step, in the cache state a run of
+    // speculative steps leaves (the MTP layer's weights read last): what the speculative step
+    // costs before any drafting.
+    std::vector<double> decode_times, mtp_times, speculative_ratios, verify_ratios;
     for (int r = 0; r < reps; ++r) {
       PS_RETURN_IF_ERROR(decode_step());
       Clock::time_point start = Clock::now();
@@ -314,6 +317,10 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
       PS_RETURN_IF_ERROR(speculative_step());
       speculative_ratios.push_back(since(start) / d);
       decode_times.push_back(d);
+      start = Clock::now();
+      PS_RETURN_IF_ERROR(model_->forward(verify, cache_, *state_, &output_));
+      verify_ratios.push_back(since(start) / d);
+      PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_two, cache_, *state_, &mtp_output_));
     }
     auto median = [](std::vector<double>& v) {
       std::sort(v.begin(), v.end());
@@ -324,6 +331,7 @@ Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
     cost.decode_s = median(decode_times);
     cost.decode_mtp_s = cost.decode_s + median(mtp_times);
     cost.speculative_s = cost.decode_s * median(speculative_ratios);
+    cost.verify_s = cost.decode_s * median(verify_ratios);
     costs.push_back(cost);
   }
   if (costs.empty()) return invalid_argument("the KV cache holds no measurement batch");

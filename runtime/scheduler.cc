@@ -113,7 +113,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(const SchedulerOptions& opt
 }
 
 Scheduler::Scheduler(const SchedulerOptions& options, BlockPool pool)
-    : options_(options), pool_(std::move(pool)) {}
+    : options_(options),
+      pool_(std::move(pool)),
+      guard_(options.speculative_guard_drafts, options.speculative_min_acceptance) {}
 
 Status Scheduler::add(SequenceSpec spec) {
   if (spec.prefilled_tail_block) {
@@ -418,6 +420,8 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
   PS_CHECK_EQ(result.chunks.size(), plan.chunks.size());
   in_step_ = false;
   std::vector<SequenceUpdate> updates;
+  int64_t step_drafts = 0;  // for the guard
+  int64_t step_accepted = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
     const ChunkResult& outcome = result.chunks[i];
@@ -453,8 +457,8 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     }
     update.num_drafts = static_cast<int32_t>(chunk.drafts.size());
     update.num_accepted_drafts = static_cast<int32_t>(outcome.tokens.size()) - 1;
-    drafts_verified_ += update.num_drafts;
-    drafts_accepted_ += update.num_accepted_drafts;
+    step_drafts += update.num_drafts;
+    step_accepted += update.num_accepted_drafts;
     const auto& stop_ids = seq.spec.stop_token_ids;
     for (size_t j = 0; j < outcome.tokens.size() && !update.finish_reason; ++j) {
       const TokenId token = outcome.tokens[j].token;
@@ -486,12 +490,7 @@ std::vector<SequenceUpdate> Scheduler::update(const StepPlan& plan, const StepRe
     }
     updates.push_back(std::move(update));
   }
-  if (options_.speculative_guard_drafts > 0 && speculation_enabled() &&
-      drafts_verified_ >= options_.speculative_guard_drafts &&
-      static_cast<double>(drafts_accepted_) <
-          options_.speculative_min_acceptance * static_cast<double>(drafts_verified_)) {
-    disable_speculation();
-  }
+  if (guard_.record(step_drafts, step_accepted) && speculation_enabled()) disable_speculation();
   return updates;
 }
 

@@ -42,6 +42,7 @@
 #include "base/status.h"
 #include "kv/block_pool.h"
 #include "runtime/sequence.h"
+#include "runtime/speculative_guard.h"
 #include "runtime/step_plan.h"
 
 namespace peerserve {
@@ -79,9 +80,10 @@ struct SchedulerOptions {
   // with at most this many running sequences (0 = always); the executor still runs the MTP
   // layer over every new position, so drafting can resume at any step. Default 0.
   int32_t speculative_max_running = 0;
-  // Guard (--speculative auto): once this many drafts were verified, speculation is turned
-  // off for good if fewer than speculative_min_acceptance of them were accepted (drafting
-  // then loses; runtime/speculative_policy.h). 0 = no guard. Default 0.
+  // Guard (--speculative auto; runtime/speculative_guard.h): once this many drafts were
+  // verified, speculation is turned off for good if fewer than speculative_min_acceptance of
+  // them were accepted (drafting then loses; runtime/speculative_policy.h); before that, as
+  // soon as the acceptance so far is significantly below it. 0 = no guard. Default 0.
   int64_t speculative_guard_drafts = 0;
   double speculative_min_acceptance = 0.0;
 
@@ -139,8 +141,8 @@ class Scheduler {
   // caching pool's lookups, a prefill instance's push) uses the same.
   int32_t block_hash_lookahead() const { return speculation_enabled() ? 1 : 0; }
   // Drafts verified and accepted since the start.
-  int64_t drafts_verified() const { return drafts_verified_; }
-  int64_t drafts_accepted() const { return drafts_accepted_; }
+  int64_t drafts_verified() const { return guard_.verified(); }
+  int64_t drafts_accepted() const { return guard_.accepted(); }
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   // nullptr for unknown or finished ids.
@@ -247,8 +249,7 @@ class Scheduler {
   bool in_step_ = false;
   bool drafting_ = false;  // this step's drafting_step(), decided when it is planned
   bool speculation_disabled_ = false;
-  int64_t drafts_verified_ = 0;  // for the guard
-  int64_t drafts_accepted_ = 0;
+  SpeculativeGuard guard_;
   std::vector<PublishedBlock> published_;
 };
 

@@ -32,6 +32,9 @@ struct SpeculativeCost {
                              // one position per sequence: a step that drafts nothing
   double speculative_s = 0;  // the main model over 2 tokens per sequence (all logits), then
                              // the MTP layer over 2 positions per sequence
+  double verify_s = 0;       // the first part of that alone, in the same cache state (right
+                             // after a speculative step): what verifying costs however cheap
+                             // the draft; not used by the policy, reported by the bench
   // Never below 0: a speculative step timed cheaper than a decode step (timing noise on a
   // loaded machine) breaks even at any acceptance, and the engine's guard takes no negative.
   double break_even_acceptance() const {
@@ -39,6 +42,10 @@ struct SpeculativeCost {
     return excess > 0.0 ? excess : 0.0;
   }
   double speedup(double acceptance) const { return (1.0 + acceptance) * decode_s / speculative_s; }
+  // The speedup no draft can beat at this acceptance: drafting free, verification as timed.
+  double free_draft_speedup(double acceptance) const {
+    return (1.0 + acceptance) * decode_s / verify_s;
+  }
   // What running the MTP layer without drafting adds to a decode step.
   double idle_overhead() const { return decode_mtp_s / decode_s - 1.0; }
 };

@@ -53,6 +53,7 @@ struct Measurement {
   int64_t decode_steps = 0;
   int64_t sequence_steps = 0;  // a sequence's token(s) from one decode step
   int64_t decode_tokens = 0;
+  bool guard_stopped = false;  // auto: the guard turned speculation off during the run
 };
 
 // K = 0: off; K > 0: that many drafts; `policy` set: --speculative auto's setting.
@@ -119,12 +120,24 @@ Result<Measurement> measure(DeepseekModel& model, const std::vector<std::vector<
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
   m.decode_tokens_per_s = static_cast<double>(m.decode_tokens) / std::max(seconds, 1e-9);
+  m.guard_stopped = policy != nullptr && policy->enabled && !scheduler->speculation_enabled();
   return m;
 }
 
+struct Calibration {
+  SpeculativePolicy policy;
+  std::vector<SpeculativeCost> costs;  // one per batch size, in the order given
+};
+
+std::string format_ratio(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2fx", ratio);
+  return text;
+}
+
 // The calibration --speculative auto makes at start-up, at the bench's batch sizes.
-Result<SpeculativePolicy> calibrate(DeepseekModel& model, const std::vector<int>& batches,
-                                    int64_t context) {
+Result<Calibration> calibrate(DeepseekModel& model, const std::vector<int>& batches,
+                              int64_t context) {
   constexpr int64_t kBlockSize = 16;
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
   const int max_batch = *std::max_element(batches.begin(), batches.end());
@@ -139,16 +152,17 @@ Result<SpeculativePolicy> calibrate(DeepseekModel& model, const std::vector<int>
                       executor->measure_speculative_costs(sizes, context, 21));
   std::printf(
       "calibration (context %lld, median of 21): batch, decode step, speculative step "
-      "(verify + MTP) / decode, MTP-only overhead, break-even acceptance\n",
+      "(verify + MTP) / decode, verification alone / decode, MTP-only overhead, break-even "
+      "acceptance\n",
       static_cast<long long>(context));
   for (const SpeculativeCost& c : costs) {
-    std::printf("  %4d %9.0f us %8.2fx %8.0f%% %8.0f%%\n", c.batch, c.decode_s * 1e6,
-                c.speculative_s / c.decode_s, 100.0 * c.idle_overhead(),
+    std::printf("  %4d %9.0f us %8.2fx %8.2fx %8.0f%% %8.0f%%\n", c.batch, c.decode_s * 1e6,
+                c.speculative_s / c.decode_s, c.verify_s / c.decode_s, 100.0 * c.idle_overhead(),
                 100.0 * c.break_even_acceptance());
   }
-  SpeculativePolicy policy = decide_speculative_policy(costs);
-  std::printf("auto: %s\n", policy.reason.c_str());
-  return policy;
+  Calibration out{.policy = decide_speculative_policy(costs), .costs = std::move(costs)};
+  std::printf("auto: %s\n", out.policy.reason.c_str());
+  return out;
 }
 
 std::vector<int> parse_list(const char* flag, const std::string& s) {
@@ -218,13 +232,14 @@ int run(const Args& args) {
       "%s\n",
       dir.c_str(), args.main_int8 ? "W8A8" : "checkpoint weights", args.prompt, source.c_str(),
       args.new_tokens, args.runs, model.mtp_runs_int8() ? "int8" : "as the model");
-  const Result<SpeculativePolicy> policy = calibrate(model, args.batches, args.prompt);
-  if (!policy.ok()) {
-    std::fprintf(stderr, "error: %s\n", policy.status().to_string().c_str());
+  const Result<Calibration> calibration = calibrate(model, args.batches, args.prompt);
+  if (!calibration.ok()) {
+    std::fprintf(stderr, "error: %s\n", calibration.status().to_string().c_str());
     return 1;
   }
-  std::printf("%6s %4s %12s %9s %11s %16s %16s\n", "batch", "K", "decode tok/s", "vs off",
-              "accepted", "drafts/seq/step", "tokens/seq/step");
+  const SpeculativePolicy* policy = &calibration->policy;
+  std::printf("%6s %4s %12s %9s %11s %16s %16s %11s\n", "batch", "K", "decode tok/s", "vs off",
+              "accepted", "drafts/seq/step", "tokens/seq/step", "free draft");
   std::vector<int32_t> ks = {0};
   for (int k : args.ks) ks.push_back(k);
   ks.push_back(-1);  // auto
@@ -235,13 +250,26 @@ int run(const Args& args) {
     // drift of the machine moves both), and the drafts of all runs summed.
     std::vector<std::vector<double>> speedups(ks.size());
     std::vector<Measurement> total(ks.size());
+    // auto's runs at a batch size follow one another as one server's requests do: once its
+    // guard turned speculation off, the later runs start with it off.
+    SpeculativePolicy auto_policy = *policy;
+    std::string guard_note;
     for (int r = 0; r < args.runs; ++r) {
       for (size_t i = 0; i < ks.size(); ++i) {
-        auto m = ks[i] < 0 ? measure(model, subset, args.new_tokens, 1, &*policy)
+        auto m = ks[i] < 0 ? measure(model, subset, args.new_tokens, 1, &auto_policy)
                            : measure(model, subset, args.new_tokens, ks[i]);
         if (!m.ok()) {
           std::fprintf(stderr, "error: %s\n", m.status().to_string().c_str());
           return 1;
+        }
+        if (ks[i] < 0 && m->guard_stopped) {
+          auto_policy.enabled = false;
+          guard_note = "auto at batch " + std::to_string(batch) +
+                       ": the guard stopped drafting in run " + std::to_string(r + 1) + " after " +
+                       std::to_string(m->drafts) + " drafts (" + std::to_string(m->accepted) +
+                       " accepted; that run " +
+                       format_ratio(m->decode_tokens_per_s / rates[0].back()) +
+                       " of off); later runs start with it off\n";
         }
         rates[i].push_back(m->decode_tokens_per_s);
         speedups[i].push_back(m->decode_tokens_per_s / rates[0].back());
@@ -260,10 +288,21 @@ int run(const Args& args) {
       }
       const double seq_steps = std::max<double>(1.0, static_cast<double>(m.sequence_steps));
       const std::string k_label = ks[i] < 0 ? "auto" : std::to_string(ks[i]);
-      std::printf("%6d %4s %12.1f %8.2fx %11s %16.2f %16.2f\n", batch, k_label.c_str(), rate,
+      // K = 1: the speedup a free draft would give at this acceptance, verification costing
+      // what the calibration timed at this batch size.
+      char free_draft[32] = "-";
+      const auto cost = std::find_if(calibration->costs.begin(), calibration->costs.end(),
+                                     [&](const SpeculativeCost& c) { return c.batch == batch; });
+      if (ks[i] == 1 && m.drafts > 0 && cost != calibration->costs.end()) {
+        const double acceptance = static_cast<double>(m.accepted) / m.drafts;
+        std::snprintf(free_draft, sizeof(free_draft), "%.2fx",
+                      cost->free_draft_speedup(acceptance));
+      }
+      std::printf("%6d %4s %12.1f %8.2fx %11s %16.2f %16.2f %11s\n", batch, k_label.c_str(), rate,
                   bench::median(speedups[i]), accepted, static_cast<double>(m.drafts) / seq_steps,
-                  static_cast<double>(m.decode_tokens) / seq_steps);
+                  static_cast<double>(m.decode_tokens) / seq_steps, free_draft);
     }
+    if (!guard_note.empty()) std::fputs(guard_note.c_str(), stdout);
   }
   return 0;
 }
@@ -276,8 +315,11 @@ constexpr const char* kUsage =
     "Decode tokens/s with and without MTP speculative decoding through the serving path\n"
     "(scheduler + model executor), each K interleaved with K = 0 (off) --runs times: median\n"
     "tokens/s, the median of each run's speedup over the off run beside it, and draft\n"
-    "acceptance and tokens per sequence-step over all runs;\n"
-    "first the start-up calibration that --speculative auto decides from.\n"
+    "acceptance and tokens per sequence-step over all runs; for K = 1, the speedup a free\n"
+    "draft would give at that acceptance (verification timed by the calibration); auto's runs\n"
+    "at a batch size run as one server's requests: once its guard stopped drafting, the later\n"
+    "runs start with it off. First the start-up calibration that --speculative auto decides\n"
+    "from.\n"
     "  --model DIR        checkpoint with an MTP layer (default: the mini preset, written once\n"
     "                     to $TMPDIR/peerserve_bench_mini; its random MTP head accepts ~0%)\n"
     "  --text FILE        prompts are cut from it when the model has a tokenizer (default\n"
