@@ -88,12 +88,21 @@ Status check_sequence_fits(const SchedulerOptions& options, int64_t num_prompt_t
     return invalid_argument("max_tokens = " + std::to_string(max_tokens) + ", expected >= 1");
   }
   const int64_t total = num_prompt_tokens + max_tokens;
-  if (num_prompt_tokens >= options.max_model_len || total > options.max_model_len) {
-    return out_of_range(
-        "this model's maximum context length is " + std::to_string(options.max_model_len) +
-        " tokens, but " + std::to_string(total) + " were requested (" +
-        std::to_string(num_prompt_tokens) + " in the prompt, " + std::to_string(max_tokens) +
-        " for the completion); shorten the prompt or lower max_tokens");
+  // Which of the two to change: the prompt when it leaves no room for a token, max_tokens
+  // otherwise (the message then starts "max_tokens = ", which names the field to the client).
+  if (num_prompt_tokens >= options.max_model_len) {
+    return out_of_range("this model's maximum context length is " +
+                        std::to_string(options.max_model_len) + " tokens, and the prompt has " +
+                        std::to_string(num_prompt_tokens) +
+                        ", which leaves no room for a completion token; shorten the prompt");
+  }
+  if (total > options.max_model_len) {
+    return out_of_range("max_tokens = " + std::to_string(max_tokens) +
+                        " is too large: this model's maximum context length is " +
+                        std::to_string(options.max_model_len) + " tokens and the prompt has " +
+                        std::to_string(num_prompt_tokens) + ", which leaves room for " +
+                        std::to_string(options.max_model_len - num_prompt_tokens) +
+                        "; lower max_tokens or shorten the prompt");
   }
   const int64_t bs = options.block_pool.block_size;
   const int64_t needed = blocks_for(total, bs);

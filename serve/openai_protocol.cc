@@ -367,6 +367,8 @@ void parse_common(Fields& f, const ApiLimits& limits, bool chat, CommonRequestFi
       };
       flag("include_usage", &out->include_usage);
       flag("continuous_usage_stats", &out->continuous_usage);
+      // As vLLM (should_include_usage): per-chunk usage only together with include_usage.
+      out->continuous_usage = out->continuous_usage && out->include_usage;
     }
   }
   // OpenAI's logit_bias: token id (a string key) -> bias, clamped to [-100, 100] as vLLM
@@ -499,10 +501,12 @@ std::optional<ApiError> parse_json_body(std::string_view body, const ApiLimits& 
 std::optional<std::string> submit_error_param(const Status& status, bool chat) {
   if (status.code() == StatusCode::kResourceExhausted) return std::nullopt;
   const std::string& message = status.message();
-  for (const char* field :
-       {"n", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words"}) {
-    const std::string prefix = std::string(field) + (std::string_view(field) == "n" ? " = " : ":");
-    if (message.rfind(prefix, 0) == 0) return field;
+  // The engine's messages name the field first, as "field = value ..." or "field: ...".
+  for (const char* field : {"n", "stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words",
+                            "min_tokens", "max_tokens"}) {
+    for (const char* separator : {" = ", ":"}) {
+      if (message.rfind(std::string(field) + separator, 0) == 0) return field;
+    }
   }
   return chat ? "messages" : "prompt";
 }

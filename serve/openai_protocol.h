@@ -69,8 +69,8 @@ struct CommonRequestFields {
   GenerationParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  // stream_options.continuous_usage_stats (vLLM's extension): usage (running totals) in every
-  // chunk, so a client can count the tokens behind each chunk.
+  // stream_options.continuous_usage_stats (vLLM's extension) with include_usage: usage
+  // (running totals) in every chunk, so a client can count the tokens behind each chunk.
   bool continuous_usage = false;
   // "peerserve_prefill": "HOST:PORT", set by a router (serve --role router --prefill): the
   // prefill instance it chose for this request. A decode instance uses it only when it is one

@@ -991,6 +991,20 @@ json model_card(const OpenAiServer::Context& ctx) {
   return card;
 }
 
+// The optional 'model' of /tokenize and /detokenize: absent, null or a string.
+std::optional<ApiError> optional_model_name(const json& body, std::optional<std::string>* model) {
+  const auto it = body.find("model");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) {
+    ApiError e;
+    e.message = "'model' must be a string, got " + std::string(it->type_name());
+    e.param = "model";
+    return e;
+  }
+  *model = it->get<std::string>();
+  return std::nullopt;
+}
+
 void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                      std::shared_ptr<HttpExchange> exchange) {
   auto body = parse_body(ctx, request, *exchange);
@@ -1001,17 +1015,29 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, e);
   }
   std::optional<std::string> model;
-  if (body->contains("model") && (*body)["model"].is_string()) model = (*body)["model"];
+  if (auto bad = optional_model_name(*body, &model)) return send_error(*exchange, *bad);
   if (auto me = check_model(ctx, model)) return send_error(*exchange, *me);
   if (ctx.tokenizer == nullptr) {
     e.message = "this model has no tokenizer";
     return send_error(*exchange, e);
   }
+  bool return_token_strs = false;
+  if (body->contains("return_token_strs")) {
+    if (!(*body)["return_token_strs"].is_boolean()) {
+      e.message = "'return_token_strs' must be a boolean";
+      e.param = "return_token_strs";
+      return send_error(*exchange, e);
+    }
+    return_token_strs = (*body)["return_token_strs"];
+  }
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (body->contains("messages")) {
     ChatRequest chat;
     json chat_body = {{"messages", (*body)["messages"]}};
-    for (const char* key : {"add_generation_prompt", "continue_final_message"}) {
+    // What shapes the chat request's prompt shapes this one (vLLM's TokenizeChatRequest), so
+    // the two counts agree.
+    for (const char* key : {"add_generation_prompt", "continue_final_message", "tools",
+                            "tool_choice", "chat_template_kwargs", "add_special_tokens"}) {
       if (body->contains(key)) chat_body[key] = (*body)[key];
     }
     if (auto pe = parse_chat_request(chat_body, ctx.options.limits, &chat)) {
@@ -1043,6 +1069,11 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
   json response = {{"count", tokens->size()},
                    {"max_model_len", ctx.engine->options().scheduler.max_model_len},
                    {"tokens", *tokens}};
+  if (return_token_strs) {  // as written in tokenizer.json (vLLM: convert_ids_to_tokens)
+    json strs = json::array();
+    for (const TokenId id : *tokens) strs.push_back(sanitize_utf8(ctx.tokenizer->token_text(id)));
+    response["token_strs"] = std::move(strs);
+  }
   exchange->respond(200, kJson, response.dump());
 }
 
@@ -1057,7 +1088,7 @@ void handle_detokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, e);
   }
   std::optional<std::string> model;
-  if ((*body).contains("model") && (*body)["model"].is_string()) model = (*body)["model"];
+  if (auto bad = optional_model_name(*body, &model)) return send_error(*exchange, *bad);
   if (auto me = check_model(ctx, model)) return send_error(*exchange, *me);
   if (ctx.tokenizer == nullptr) {
     e.message = "this model has no tokenizer";

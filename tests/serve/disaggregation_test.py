@@ -165,7 +165,7 @@ def same_as_all_in_one():
 def continuous_usage_in_every_chunk():
     body = {"model": "peerserve-dsv3-tiny", "prompt": "Count. " + LONG, "max_tokens": 12,
             "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"continuous_usage_stats": True}}
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
                                  json.dumps(body).encode(), {"Content-Type": "application/json"})
     counts = []
@@ -185,10 +185,26 @@ def continuous_usage_in_every_chunk():
             line = raw.decode().strip()
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
+                if not chunk["choices"]:  # include_usage's last chunk: the whole request's
+                    assert chunk["usage"]["completion_tokens"] == 24, chunk
+                    continue
                 assert len(chunk["choices"]) == 1, chunk
                 per_choice[chunk["choices"][0]["index"]].append(chunk["usage"]["completion_tokens"])
     for index, counts in per_choice.items():
         assert counts == sorted(counts) and counts[-1] == 12, (index, counts)
+    # Without include_usage no chunk carries usage (vLLM's should_include_usage).
+    body["n"] = 1
+    body["stream_options"] = {"continuous_usage_stats": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    chunks = 0
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks += 1
+                assert "usage" not in json.loads(line[6:]), line
+    assert chunks >= 1
 
 
 def held_back_text_still_streams_a_chunk_per_step():
@@ -201,7 +217,7 @@ def held_back_text_still_streams_a_chunk_per_step():
     assert len(offsets) == 12 and text[offsets[-4]:], (text, offsets)
     body.pop("logprobs")
     body.update({"stream": True, "stop": [text[offsets[-4]:] + "\u0001"],
-                 "stream_options": {"continuous_usage_stats": True}})
+                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     req = urllib.request.Request(f"http://127.0.0.1:{ref_port}/v1/completions",
                                  json.dumps(body).encode(), {"Content-Type": "application/json"})
     texts, counts = [], []

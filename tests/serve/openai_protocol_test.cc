@@ -53,10 +53,16 @@ TEST(OpenAiProtocolTest, CompletionFieldsAreParsed) {
   EXPECT_TRUE(r.include_usage);
   EXPECT_FALSE(r.continuous_usage);
   CompletionRequest running;
+  ASSERT_FALSE(parse_completion(R"({"prompt": "x", "stream": true, "stream_options":
+                                     {"include_usage": true, "continuous_usage_stats": true}})",
+                                &running));
+  EXPECT_TRUE(running.continuous_usage);
+  // As vLLM: per-chunk usage only with include_usage.
+  CompletionRequest alone;
   ASSERT_FALSE(parse_completion(
       R"({"prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
-      &running));
-  EXPECT_TRUE(running.continuous_usage);
+      &alone));
+  EXPECT_FALSE(alone.continuous_usage);
   CompletionRequest bad;
   auto refused = parse_completion(
       R"({"prompt": "x", "stream": true, "stream_options": {"continuous_usage_stats": 1}})", &bad);

@@ -129,12 +129,18 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
     std::string method, path, body;
     std::vector<std::string> headers;
     int status;
-    std::string code;  // expected error.code ("" = not checked)
+    std::string code;          // expected error.code ("" = not checked)
+    std::string param = "";    // expected error.param ("" = not checked)
+    std::string message = "";  // a part of error.message ("" = not checked)
   };
   const std::string ok_prompt = R"("prompt": "hi", "max_tokens": 2)";
   std::string long_prompt = R"({"model": "tiny", "max_tokens": 4, "prompt": [)";
   for (int i = 0; i < 600; ++i) long_prompt += (i ? ",5" : "5");
   long_prompt += "]}";
+  // Exactly the context (512 tokens), scored only: no room for a token, and none asked for.
+  std::string full_prompt = R"({"model": "tiny", "max_tokens": 0, "echo": true, "prompt": [)";
+  for (int i = 0; i < 512; ++i) full_prompt += (i ? ",5" : "5");
+  full_prompt += "]}";
   const std::vector<Case> cases = {
       {"POST", "/v1/completions", "{not json", {auth()}, 400, "invalid_json"},
       {"POST", "/v1/completions", "[1, 2]", {auth()}, 400, ""},
@@ -152,13 +158,31 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
        400,
        "invalid_value"},
       {"POST", "/v1/completions", R"({"model": "tiny", "prompt": [999999]})", {auth()}, 400, ""},
-      {"POST", "/v1/completions", long_prompt, {auth()}, 400, "context_length_exceeded"},
+      {"POST", "/v1/completions", long_prompt, {auth()}, 400, "context_length_exceeded", "prompt"},
+      {"POST",
+       "/v1/completions",
+       full_prompt,
+       {auth()},
+       400,
+       "context_length_exceeded",
+       "prompt",
+       "the prompt has 512"},
+      // The prompt fits; max_tokens is what to change (vLLM names it too).
       {"POST",
        "/v1/completions",
        R"({"model": "tiny", "prompt": "x", "max_tokens": 100000})",
        {auth()},
        400,
-       "context_length_exceeded"},
+       "context_length_exceeded",
+       "max_tokens"},
+      // Above the default max_tokens (16), which the client did not send.
+      {"POST",
+       "/v1/completions",
+       R"({"model": "tiny", "prompt": "x", "min_tokens": 20})",
+       {auth()},
+       400,
+       "invalid_value",
+       "min_tokens"},
       {"POST",
        "/v1/chat/completions",
        R"({"model": "tiny", "messages": []})",
@@ -218,6 +242,13 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
     EXPECT_FALSE(body["error"]["message"].get<std::string>().empty());
     if (!c.code.empty()) {
       EXPECT_EQ(body["error"]["code"], c.code) << r.body;
+    }
+    if (!c.param.empty()) {
+      EXPECT_EQ(body["error"]["param"], c.param) << r.body;
+    }
+    if (!c.message.empty()) {
+      EXPECT_NE(body["error"]["message"].get<std::string>().find(c.message), std::string::npos)
+          << r.body;
     }
   }
   // Still serving.

@@ -73,6 +73,15 @@ class Server:
         return [json.loads(line[6:]) for line in raw.splitlines()
                 if line.startswith("data: ") and line != "data: [DONE]"]
 
+    def post_to(self, path, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read().decode())
+
     def stop(self):
         self.p.terminate()
         try:
@@ -137,6 +146,20 @@ def tools_reach_prompt(a):
     none = prompt_tokens(a, {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"})
     assert with_tools > plain + 20, f"{with_tools} prompt tokens with tools, {plain} without"
     assert none == plain, f"tool_choice none: {none} prompt tokens, {plain} without tools"
+    # /tokenize of the same messages counts what the chat request's prompt holds (vLLM's
+    # TokenizeChatRequest takes tools, tool_choice and chat_template_kwargs too).
+    for body, expected in (({"messages": MESSAGES}, plain),
+                           ({"messages": MESSAGES, "tools": TOOLS}, with_tools),
+                           ({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"}, none)):
+        status, r = a.post_to("/tokenize", body)
+        assert status == 200 and r["count"] == expected, (body, status, r, expected)
+    status, r = a.post_to("/tokenize", {"prompt": "Weather in Paris?", "return_token_strs": True})
+    assert status == 200 and len(r["token_strs"]) == r["count"] > 1, r
+    assert all(isinstance(t, str) and t for t in r["token_strs"]), r
+    for path, body in (("/tokenize", {"model": 5, "prompt": "a"}),
+                       ("/detokenize", {"model": ["x"], "tokens": [1]})):
+        status, r = a.post_to(path, body)
+        assert status == 400 and r["error"]["param"] == "model", (path, status, r)
 
 
 def round_trip(a):
