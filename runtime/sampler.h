@@ -2,10 +2,10 @@
 //
 // Pure functions: the result depends only on the logits, the request's SamplingParams,
 // its generated tokens so far and its seed, never on the batch it ran in, so that a
-// seeded request reproduces exactly (without speculative decoding; with it, whether a
-// position is verified against a draft depends on the schedule: docs/speculative_decoding.md). The
-// random draw for output position t of a request is a counter-based hash of (seed, t), so no RNG
-// state has to be carried or shared.
+// seeded request reproduces exactly (with speculative decoding too: it emits what this draws,
+// runtime/speculative_sampler.h). The random draws for output position t of a request are
+// counter-based hashes of (seed, t, token), so no RNG state has to be carried or shared;
+// sampled requests draw by an exponential race over the kept tokens (sample_token).
 //
 // Order of processing (vLLM's):
 //   1. allowed_token_ids, bad_words, logit_bias, then penalties: repetition_penalty over
@@ -152,11 +152,6 @@ struct TokenDistribution {
 TokenDistribution final_distribution(std::span<const float> logits, const SamplingParams& params,
                                      std::span<const TokenId> generated,
                                      std::span<const TokenId> prompt = {});
-
-// The uniform draw in [0, 1) that sample_token uses for (seed, position), exposed so that
-// speculative decoding can use the same per-request stream (pass a distinct `stream` for
-// other purposes, e.g. acceptance tests).
-double sampling_uniform(uint64_t seed, uint64_t position, uint32_t stream = 0);
 
 // Applies step 1 (penalties, min_tokens suppression) in place; exposed for tests and for
 // MTP verification.

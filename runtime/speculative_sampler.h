@@ -1,19 +1,18 @@
 // Speculative sampling: proposing draft tokens from the MTP layer's logits and verifying them
-// against the main model's logits so that the emitted tokens have exactly the distribution
-// of ordinary sampling (Leviathan et al., "Fast Inference from Transformers via Speculative
-// Decoding", and paper 000 §4.2.4).
+// against the main model's logits (paper 000 §4.2.4), so that every emitted token is the one
+// ordinary sampling emits: for greedy requests and sampled ones alike, the output is token
+// for token that of non-speculative decoding with the same seed, however the steps were
+// batched and whether or not a position got a draft (which depends on the load).
 //
-// Greedy requests: the draft is the argmax of the (penalised) draft logits; it is accepted
-// when it equals the main model's greedy token, which is emitted either way, so the output is
-// token for token that of non-speculative decoding.
-// Sampled requests: the draft x is drawn from q, the draft logits' final distribution (the
-// request's penalties, temperature, top-k, top-p and min-p applied, sampler.h); the main
-// model's final distribution p at the same position accepts it with probability
-// min(1, p(x) / q(x)); on rejection the emitted token is drawn from normalise(max(0, p - q)).
-// Then the emitted token has distribution p exactly.
-//
-// All draws are counter-based (sampling_uniform) on the request's seed and the output
-// position, on streams of their own, so a seeded request reproduces exactly.
+// Sampled requests use a coupled draw instead of Leviathan et al.'s rejection sampling
+// (accept x ~ q with probability min(1, p(x) / q(x)), else draw from max(0, p - q)). That
+// one also emits tokens distributed as p, but which token depends on the draft, and a
+// position gets a draft only when the step has room for it: a seeded request's text then
+// changed with the server's load. Here the target's token is the one ordinary sampling
+// draws (sample_token's exponential race over p), and the draft is the same race over q
+// with the same per-token exponentials; the draft is accepted when the two races pick the
+// same token, with probability >= (1 - TV) / (1 + TV) and at most sum_x min(p(x), q(x)),
+// rejection sampling's rate (docs/speculative_decoding.md).
 #pragma once
 
 #include <span>
@@ -24,8 +23,6 @@ namespace peerserve {
 
 struct DraftToken {
   TokenId token = 0;
-  // q, the distribution the draft was drawn from; empty for a greedy request.
-  TokenDistribution q;
 };
 
 // Proposes the token at output position context.generated.size() (context.generated holds

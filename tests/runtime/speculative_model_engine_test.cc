@@ -3,7 +3,7 @@
 // one attention form: exact) and on the shipped trained model (bf16, the serving defaults),
 // in batches mixing chunked prefills and decodes, under preemption, with K = 1 and 2, and
 // with an EOS, a stop token id and a stop string landing inside a run of accepted drafts.
-// Seeded sampled requests reproduce.
+// Seeded sampled requests give the tokens of non-speculative decoding too, under any load.
 //
 // Exactness argument: a verification chunk of 1 + k tokens gives each row the logits a
 // one-token decode at that position gives (batch-invariant GEMMs, attention per query, and
@@ -274,10 +274,21 @@ TEST_F(TinyPresetTest, SeededSamplingReproduces) {
   config.max_num_batched_tokens = 7;
   const RunResult b = run(model_.get(), nullptr, config, requests);
   ASSERT_GT(b.metrics.spec_decode_num_draft_tokens, 0);
+  // All four at once in a budget of 6 tokens: which positions get drafts now depends on the
+  // load (decodes and prefill chunks take the budget first). The tokens must not.
+  config.one_at_a_time = false;
+  config.max_num_batched_tokens = 6;
+  const RunResult loaded = run(model_.get(), nullptr, config, requests);
+  // Without speculation: the same tokens (every emitted token is ordinary sampling's).
+  RunConfig off;
+  off.one_at_a_time = true;
+  const RunResult plain = run(model_.get(), nullptr, off, requests);
   int differing = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_EQ(a.tokens[i].size(), 16u);
     EXPECT_EQ(a.tokens[i], b.tokens[i]) << "request " << i;
+    EXPECT_EQ(a.tokens[i], loaded.tokens[i]) << "request " << i;
+    EXPECT_EQ(a.tokens[i], plain.tokens[i]) << "request " << i;
     differing += a.tokens[i] != c.tokens[i];
   }
   EXPECT_GT(differing, 0) << "the seed changed no draw";
@@ -363,6 +374,28 @@ TEST_F(ShippedModelTest, GreedyTokensEqualNonSpeculative) {
     uint64_t gaps = 0;
     for (const auto& sizes : spec.step_sizes) gaps += sizes.empty() ? 0 : sizes.size() - 1;
     EXPECT_EQ(m.inter_token_latency.count(), gaps) << "K=" << k;
+  }
+}
+
+// Seeded sampled requests, all at once: the tokens are those of non-speculative decoding
+// with the same seeds (the verifier emits ordinary sampling's token; the draft only decides
+// whether it came a step early), with a trained head that accepts many of the drafts.
+TEST_F(ShippedModelTest, SeededSampledTokensEqualNonSpeculative) {
+  std::vector<EngineRequest> reqs = requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].params.sampling.temperature = 0.8f;
+    reqs[i].params.sampling.top_p = 0.95f;
+    reqs[i].params.sampling.seed = 100 + i;
+  }
+  const RunResult reference = run(model_.get(), tokenizer_.get(), config(0), reqs);
+  for (int32_t k : {1, 2}) {
+    const RunResult spec = run(model_.get(), tokenizer_.get(), config(k), reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(spec.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
+    }
+    EXPECT_GT(spec.metrics.spec_decode_num_accepted_tokens,
+              spec.metrics.spec_decode_num_draft_tokens / 3)
+        << "K=" << k;
   }
 }
 

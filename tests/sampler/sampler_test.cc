@@ -551,25 +551,6 @@ TEST(SamplerTest, ValidateNamesTheField) {
   EXPECT_FALSE(p.validate().ok());
 }
 
-TEST(SamplerTest, UniformDrawsAreUniformAndStreamsDiffer) {
-  constexpr int kBins = 20;
-  constexpr int kDraws = 100000;
-  std::vector<int> bins(kBins, 0);
-  int same_as_other_stream = 0;
-  for (int i = 0; i < kDraws; ++i) {
-    const double u = sampling_uniform(12345, static_cast<uint64_t>(i));
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    bins[static_cast<size_t>(u * kBins)]++;
-    if (u == sampling_uniform(12345, static_cast<uint64_t>(i), 1)) ++same_as_other_stream;
-  }
-  double chi_square = 0;
-  const double e = static_cast<double>(kDraws) / kBins;
-  for (int c : bins) chi_square += (c - e) * (c - e) / e;
-  EXPECT_LT(chi_square, 50.0);  // 19 degrees of freedom; 99.999th percentile is about 49
-  EXPECT_EQ(same_as_other_stream, 0);
-}
-
 }  // namespace
 }  // namespace peerserve
 

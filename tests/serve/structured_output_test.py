@@ -268,10 +268,10 @@ def run(server):
                 raise AssertionError(f"{name}: never finished within max_tokens: {text!r}")
 
     def json_object():
-        # The shipped model often wanders inside a string until max_tokens; every answer that
-        # ends on its own must be an object, and some must.
+        # The shipped model often wanders inside a string until max_tokens (16 of these 24
+        # answers); every answer that ends on its own must be an object, and some must.
         finished = 0
-        for seed in range(8):
+        for seed in range(24):
             r = chat(server, {"response_format": {"type": "json_object"}}, temperature=1.0,
                      seed=seed, max_tokens=64)
             c = r["choices"][0]
@@ -280,7 +280,8 @@ def run(server):
             if c["finish_reason"] == "stop":
                 assert isinstance(json.loads(text), dict), text
                 finished += 1
-        assert finished >= 2, f"only {finished} of 8 answers ended within 64 tokens"
+        print(f"json_object: {finished} of 24 answers ended within 64 tokens")
+        assert finished >= 2, f"only {finished} of 24 answers ended within 64 tokens"
 
     def refusals():
         bad = [
