@@ -395,6 +395,18 @@ int run_serve(const ServeCli& cli) {
     if (!tokenizer)
       return session.fail(invalid_argument("--chat-template needs the model's tokenizer"));
     tokenizer->set_chat_template(std::move(**chat_template));
+  } else if (tokenizer && tokenizer->chat_template() == nullptr && session.leader()) {
+    const Status why = tokenizer->chat_template_status();
+    if (why.code() == StatusCode::kNotFound) {
+      std::fprintf(stderr,
+                   "note: the model has no chat template: /v1/chat/completions answers 400 "
+                   "(--chat-template FILE gives it one)\n");
+    } else {
+      std::fprintf(stderr,
+                   "warning: the model's chat template could not be parsed (%s): "
+                   "/v1/chat/completions answers 400 (--chat-template FILE replaces it)\n",
+                   why.message().c_str());
+    }
   }
   const bool tool_calling = cli.tool_call_parser != "none";
   if (tool_calling && tokenizer && tokenizer->chat_template() &&
@@ -758,54 +770,85 @@ int run_serve(const ServeCli& cli) {
   Engine* engine_ptr = engine->get();
   OpenAiServer* server_ptr = server->get();
   DataParallelRouter* router_ptr = router.get();
-  auto run_finished = std::make_shared<std::atomic<bool>>(false);
+  // run() returned / the signal thread is done with the server / the process is torn down.
+  struct ShutdownState {
+    std::atomic<bool> run_finished{false};
+    std::atomic<bool> drained{false};
+    std::atomic<bool> torn_down{false};
+  };
+  auto state = std::make_shared<ShutdownState>();
   const auto shutdown_timeout = std::chrono::seconds(cli.shutdown_timeout);
   startup_exit.done();
-  std::thread signal_waiter(
-      [signals, engine_ptr, server_ptr, router_ptr, run_finished, shutdown_timeout] {
-        int sig = 0;
-        sigwait(&signals, &sig);
-        if (run_finished->load()) return;  // woken by the main thread below
-        // Waits until done() or `limit`, polling; a second signal exits at once.
-        auto wait_until = [&](const std::function<bool()>& done, std::chrono::milliseconds limit) {
-          const auto deadline = std::chrono::steady_clock::now() + limit;
-          while (!done() && std::chrono::steady_clock::now() < deadline) {
-            timespec poll{0, 50'000'000};
-            if (sigtimedwait(&signals, nullptr, &poll) > 0) {
-              std::fprintf(stderr, "second signal: exiting now\n");
-              std::fflush(stderr);
-              std::_Exit(1);
-            }
-          }
-        };
-        if (router_ptr == nullptr || !router_ptr->done()) {
-          std::fprintf(stderr,
-                       "\nsignal %d: draining — no new requests, /health 503, running requests "
-                       "have %lld s to finish (signal again to exit at once)\n",
-                       sig, static_cast<long long>(shutdown_timeout.count()));
-          std::fflush(stderr);
+  std::thread signal_waiter([signals, engine_ptr, server_ptr, router_ptr, state, shutdown_timeout] {
+    auto poll_signal = [&] {
+      timespec poll{0, 50'000'000};
+      return sigtimedwait(&signals, nullptr, &poll) > 0;
+    };
+    auto exit_now = [](const char* why) {
+      std::fprintf(stderr, "%s: exiting now\n", why);
+      std::fflush(stderr);
+      std::_Exit(1);
+    };
+    // The first signal, or run() returning for another reason.
+    int sig = 0;
+    while (!state->run_finished.load()) {
+      timespec poll{0, 50'000'000};
+      sig = sigtimedwait(&signals, nullptr, &poll);
+      if (sig > 0) break;
+    }
+    if (sig > 0 && !state->run_finished.load()) {
+      // Waits until done() or `limit`, polling; a second signal exits at once.
+      auto wait_until = [&](const std::function<bool()>& done, std::chrono::milliseconds limit) {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        while (!done() && std::chrono::steady_clock::now() < deadline) {
+          if (poll_signal()) exit_now("second signal");
         }
-        server_ptr->begin_drain();
-        wait_until([&] { return server_ptr->active_generations() == 0; }, shutdown_timeout);
-        if (server_ptr->active_generations() > 0) {
-          std::fprintf(stderr, "shutdown timeout: %lld requests end with finish_reason \"abort\"\n",
-                       static_cast<long long>(server_ptr->active_generations()));
+      };
+      if (router_ptr == nullptr || !router_ptr->done()) {
+        std::fprintf(stderr,
+                     "\nsignal %d: draining — no new requests, /health 503, running requests "
+                     "have %lld s to finish (signal again to exit at once)\n",
+                     sig, static_cast<long long>(shutdown_timeout.count()));
+        std::fflush(stderr);
+      }
+      server_ptr->begin_drain();
+      wait_until([&] { return server_ptr->active_generations() == 0; }, shutdown_timeout);
+      if (server_ptr->active_generations() > 0) {
+        std::fprintf(stderr, "shutdown timeout: %lld requests end with finish_reason \"abort\"\n",
+                     static_cast<long long>(server_ptr->active_generations()));
+      }
+      // What is left ends with "abort" (final chunk and [DONE]) while connections still exist.
+      engine_ptr->stop();
+      if (router_ptr != nullptr) {
+        // The other ranks' requests end with "abort" too, then the ranks stop.
+        if (Status s = router_ptr->finish(); !s.ok()) {
+          std::fprintf(stderr, "warning: stopping the other ranks: %s\n", s.message().c_str());
         }
-        // What is left ends with "abort" (final chunk and [DONE]) while connections still exist.
-        engine_ptr->stop();
-        if (router_ptr != nullptr) {
-          // The other ranks' requests end with "abort" too, then the ranks stop.
-          if (Status s = router_ptr->finish(); !s.ok()) {
-            std::fprintf(stderr, "warning: stopping the other ranks: %s\n", s.message().c_str());
-          }
-        }
-        wait_until([&] { return server_ptr->active_generations() == 0; },
-                   std::chrono::milliseconds(5000));
-        // The last answers were handed to their connections: they get up to another
-        // --shutdown-timeout to be written out (a slow reader's too), then the loop stops.
-        server_ptr->stop_after_flush(
-            std::max<std::chrono::milliseconds>(std::chrono::seconds(1), shutdown_timeout));
-      });
+      }
+      wait_until([&] { return server_ptr->active_generations() == 0; },
+                 std::chrono::milliseconds(5000));
+      // The last answers were handed to their connections: they get up to another
+      // --shutdown-timeout to be written out (a slow reader's too), then the loop stops.
+      server_ptr->stop_after_flush(
+          std::max<std::chrono::milliseconds>(std::chrono::seconds(1), shutdown_timeout));
+    }
+    state->drained.store(true);  // the main thread may now tear the server down
+    // The teardown joins the request workers; one can be busy with a request that no budget
+    // has stopped yet (a chat template's render runs until its step budget). A signal now
+    // exits at once, and so does a teardown still going --shutdown-timeout + 5 s after run()
+    // returned: a server that was told to stop never hangs.
+    while (!state->run_finished.load()) {
+      if (poll_signal()) exit_now("second signal");
+    }
+    const auto deadline =
+        std::chrono::steady_clock::now() + shutdown_timeout + std::chrono::seconds(5);
+    while (!state->torn_down.load()) {
+      if (poll_signal()) exit_now("signal during shutdown");
+      if (std::chrono::steady_clock::now() > deadline) {
+        exit_now("shutdown: request workers still busy past the shutdown timeout");
+      }
+    }
+  });
   // A lost rank breaks the group: nothing can run any more, so the server ends (with the
   // error) instead of answering 503 forever.
   std::thread group_watcher;
@@ -815,11 +858,9 @@ int run_serve(const ServeCli& cli) {
     });
   }
   (*server)->run();
-  run_finished->store(true);
-  // If run() returned for another reason, wake the waiter (harmless if it already ended:
-  // the signal is blocked and stays pending).
-  kill(getpid(), SIGTERM);
-  signal_waiter.join();
+  state->run_finished.store(true);
+  // The signal thread may still be stopping the server (a signal came as run() returned).
+  while (!state->drained.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   (*engine)->stop();
   Status group = ok_status();
   if (router_ptr != nullptr) {
@@ -829,6 +870,8 @@ int run_serve(const ServeCli& cli) {
   }
   server->reset();
   engine->reset();
+  state->torn_down.store(true);
+  signal_waiter.join();
   if (!group.ok()) return session.fail(group);
   return 0;
 }

@@ -6,6 +6,8 @@ Cases (all run; exit 1 if any failed):
   whole JSON body), the process exits 0;
 - past --shutdown-timeout the rest end with finish_reason "abort" and a proper end;
 - a second signal exits at once;
+- a request worker busy with a long template render does not keep the process alive past
+  the shutdown timeout, and a second signal then still exits at once;
 - an answer made before the signal but not yet read by its slow client is written out whole.
 Usage: graceful_drain_test.py PEERSERVE_BINARY SOURCE_DIR
 """
@@ -25,10 +27,10 @@ BIN, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "peerserve-dsv3-tiny")
 
 
-def start(timeout_s):
+def start(timeout_s, *flags):
     port = free_port()
     p, _ = launch([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
-                   "--kv-cache-memory", "64MiB", "--shutdown-timeout", str(timeout_s)])
+                   "--kv-cache-memory", "64MiB", "--shutdown-timeout", str(timeout_s), *flags])
     return p, port
 
 
@@ -146,6 +148,52 @@ def second_signal_exits_at_once():
             p.kill()
 
 
+# A chat template whose render takes ~30 s of its step budget when asked to (a request
+# worker busy with it is not a running generation, so the drain does not wait for it).
+SLOW_TEMPLATE = ("{% if busy %}{% for i in range(10000) %}{% for j in range(10000) %}"
+                 "{% endfor %}{% endfor %}{% endif %}"
+                 "{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def busy_render(port):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "chat_template_kwargs": {"busy": True}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=60).read()
+    except Exception:
+        pass  # the server goes away under it
+
+
+def a_busy_request_worker_does_not_hold_the_exit(second_signal):
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"slow_template_{os.getpid()}.jinja")
+    with open(path, "w") as f:
+        f.write(SLOW_TEMPLATE)
+    p, port = start(1, "--chat-template", path)
+    try:
+        client = threading.Thread(target=busy_render, args=(port,), daemon=True)
+        client.start()
+        time.sleep(1.0)  # the worker is rendering
+        started = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        if second_signal:
+            time.sleep(1.5)  # past the drain, into the teardown
+            started = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=10)
+            assert time.monotonic() - started < 5, "the second signal did not exit at once"
+        else:
+            # Drain (nothing generating), 1 s to flush, then at most 1 + 5 s for the workers.
+            p.wait(timeout=20)
+            assert time.monotonic() - started < 15, f"exited after {time.monotonic() - started:.1f} s"
+        assert p.returncode != 0, "a teardown cut short must not exit 0"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.unlink(path)
+
+
 def metric(port, name):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -200,6 +248,10 @@ case("SIGTERM drains: running requests finish, new ones 503, exit 0",
 case("past --shutdown-timeout the rest end with abort and a proper end",
      timeout_aborts_the_rest_cleanly)
 case("a second signal exits at once", second_signal_exits_at_once)
+case("a request worker busy in a template render does not hold the exit past the timeout",
+     lambda: a_busy_request_worker_does_not_hold_the_exit(False))
+case("nor a second signal during that teardown",
+     lambda: a_busy_request_worker_does_not_hold_the_exit(True))
 case("an answer made before the signal reaches its slow reader whole",
      a_slow_reader_gets_its_whole_answer)
 sys.exit(exit_code())

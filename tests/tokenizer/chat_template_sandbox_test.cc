@@ -290,6 +290,22 @@ TEST(ChatTemplateSandboxTest, RenderWorkIsBounded) {
       "more than 100000 steps");
   EXPECT_EQ(render_with(small_limits(), big + "{% set t %}{{ s }}{% endset %}{{ t|length }}"),
             "90000");
+  // Walks that give a small result were charged nothing: strip and trim of spaces (0.45 s
+  // per 60 MB string), int() and float() of strings (they strip first), startswith and
+  // endswith with a long prefix; a loop of them held a worker for days. One step per 32
+  // bytes now (per 64 for the prefix compares), and a search is charged for its scan too:
+  // "ab" in 'a' * 6e7 makes a false start at every byte (0.55 s), charged 29,000 steps.
+  const std::string spaces = "{% set s = ' ' * 90000 %}";
+  for (const char* op : {"s.strip()", "s.lstrip()", "s.rstrip()", "s|trim", "s|int",
+                         "s|float", "s.startswith(s)", "s.endswith(s)"}) {
+    expect_limited(spaces + "{% for i in range(100) %}{% if " + op + " %}{% endif %}{% endfor %}",
+                   "more than 100000 steps");
+  }
+  expect_limited(
+      "{% set s = 'a' * 90000 %}{% for i in range(100) %}{% if 'ab' in s %}{% endif %}"
+      "{% endfor %}",
+      "more than 100000 steps");
+  EXPECT_EQ(render_with(small_limits(), spaces + "[{{ s.strip() }}{{ (s ~ '7')|int }}]"), "[7]");
   // With the default limits the same nested loops stop too (here after 100 M steps would
   // take seconds, so only a quick check that the budget is charged at all).
   EXPECT_EQ(render("{% for i in range(1000) %}{% endfor %}ok"), "ok");

@@ -54,16 +54,25 @@ class Interpreter {
   }
   // A substring search of `needle` bytes in `haystack` bytes (in, replace, split) or a strip
   // over `needle` characters: std::string::find compares up to (haystack - needle + 1) x
-  // needle bytes, charged as steps of 4 KiB of comparisons. Searches of real templates cost
-  // a handful of steps; `b in a` with 30 MB and 60 MB strings (10^15 comparisons) is refused
-  // before it starts instead of running for hours.
+  // needle bytes, charged as steps of 4 KiB of comparisons, plus the scan of the haystack
+  // (charge_scan). Searches of real templates cost a handful of steps; `b in a` with 30 MB
+  // and 60 MB strings (10^15 comparisons) is refused before it starts instead of running for
+  // hours, and "ab" in "a" * 6e7 (0.55 s, a false start at every byte) costs 1.9 M steps,
+  // where the comparisons alone were 29,000.
   Status charge_search(size_t haystack, size_t needle, size_t offset) {
     const uint64_t starts = haystack >= needle ? haystack - needle + 1 : 1;
     const uint64_t width = needle > 0 ? needle : 1;
     const uint64_t compares =
         starts > UINT64_MAX / width ? UINT64_MAX : starts * static_cast<uint64_t>(width);
+    PS_RETURN_IF_ERROR(charge_scan(haystack, offset));
     return charge_steps(compares / 4096 + 1, offset);
   }
+  // A walk over a string's characters (strip and trim test each end's characters for
+  // whitespace, int() and float() strip first and read every digit): one step per 32 bytes,
+  // the rate of a step of the budget (max_steps took ~28 s of nested loops here) at the
+  // 7.5 ns per byte that stripping 60 MB of spaces took. Uncharged, a loop of such calls
+  // held a worker for days.
+  Status charge_scan(size_t bytes, size_t offset) { return charge_steps(bytes / 32 + 1, offset); }
   // A value just computed: bounded in nesting and size, and counted against the render's
   // total of computed bytes.
   Status check_computed(const Value& v, size_t offset) {
@@ -780,6 +789,7 @@ class Interpreter {
     if (object.is_string()) {
       const std::string& s = object.as_string();
       if (m == "strip" || m == "lstrip" || m == "rstrip") {
+        PS_RETURN_IF_ERROR(charge_scan(s.size(), e.offset));
         if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
           PS_RETURN_IF_ERROR(check_characters(chars->as_string(), e.offset));
           // Each of up to s.size() characters is looked up among the chars: the same bound.
@@ -812,6 +822,7 @@ class Interpreter {
         for (const Value& option : options) {
           if (!option.is_string()) return error(e.offset, m + "() argument must be a string");
           const std::string& p = option.as_string();
+          PS_RETURN_IF_ERROR(charge_bytes(std::min(p.size(), s.size()), e.offset));
           const bool hit = p.size() <= s.size() &&
                            (m == "startswith" ? s.compare(0, p.size(), p) == 0
                                               : s.compare(s.size() - p.size(), p.size(), p) == 0);
@@ -1014,10 +1025,14 @@ class Interpreter {
       return error(offset, "object of type '" + std::string(v.type_name()) + "' has no len()");
     }
     if (f == "trim") {
+      std::string text = to_str(v);
+      PS_RETURN_IF_ERROR(charge_scan(text.size(), offset));
       if (const Value* chars = args.get(0, "chars"); chars != nullptr && chars->is_string()) {
         PS_RETURN_IF_ERROR(check_characters(chars->as_string(), offset));
+        PS_RETURN_IF_ERROR(charge_search(text.size() + chars->as_string().size(),
+                                         chars->as_string().size(), offset));
       }
-      return Value(strip(to_str(v), args.get(0, "chars"), true, true));
+      return Value(strip(text, args.get(0, "chars"), true, true));
     }
     if (f == "upper") return Value(ascii_upper(to_str(v)));
     if (f == "lower") return Value(ascii_lower(to_str(v)));
@@ -1081,6 +1096,7 @@ class Interpreter {
       if (v.is_string()) {
         // jinja2: int(text), else int(float(text)) ("3.9" -> 3, "1e3" -> 1000); Python's int()
         // takes surrounding space and single underscores between digits ("1_000").
+        PS_RETURN_IF_ERROR(charge_scan(v.as_string().size(), offset));
         const std::string s = strip(v.as_string(), nullptr, true, true);
         std::string digits;
         bool well_placed = !s.empty() && s.front() != '_' && s.back() != '_';
@@ -1122,6 +1138,7 @@ class Interpreter {
     if (f == "float") {
       if (v.is_number()) return Value(v.as_double());
       if (v.is_string()) {
+        PS_RETURN_IF_ERROR(charge_scan(v.as_string().size(), offset));
         try {
           size_t used = 0;
           const std::string s = strip(v.as_string(), nullptr, true, true);
