@@ -884,8 +884,14 @@ std::optional<ApiError> parse_chat_request(const json& body, const ApiLimits& li
       }
     }
   }
-  if (out->tool_choice.mode != ToolChoice::Mode::kNone)
+  // As transformers and vLLM render it: `tools` is None when the request has none (a
+  // template testing `tools is not none` must not see an undefined value), and when
+  // tool_choice is "none" (which drops them from the prompt here).
+  if (out->tool_choice.mode != ToolChoice::Mode::kNone) {
     out->template_variables["tools"] = out->tools;
+  } else if (!out->template_variables.contains("tools")) {
+    out->template_variables["tools"] = nullptr;
+  }
   if (f.error) return f.error;
 
   const json* messages = f.get("messages");

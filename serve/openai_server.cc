@@ -781,6 +781,25 @@ std::optional<ApiError> attach_bad_words(const OpenAiServer::Context& ctx,
   return std::nullopt;
 }
 
+// Why a chat request cannot be templated, and what to do about it.
+ApiError no_chat_template(const OpenAiServer::Context& ctx) {
+  ApiError e;
+  if (ctx.tokenizer == nullptr) {
+    e.message =
+        "this model has no tokenizer, so no chat template; use /v1/completions with "
+        "token-id prompts";
+  } else if (const Status why = ctx.tokenizer->chat_template_status();
+             why.code() != StatusCode::kNotFound && !why.ok()) {
+    e.message = "this model's chat template could not be parsed (" + why.message() +
+                "); the server's --chat-template FILE replaces it, or use /v1/completions";
+  } else {
+    e.message =
+        "this model has no chat template; the server's --chat-template FILE gives it "
+        "one, or use /v1/completions";
+  }
+  return e;
+}
+
 void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
                  std::shared_ptr<HttpExchange> exchange) {
   if (ctx.draining.load()) {
@@ -796,9 +815,7 @@ void handle_chat(OpenAiServer::Context& ctx, const HttpRequest& request,
   if (auto e = attach_structured_output(ctx, request.body, chat)) return send_error(*exchange, *e);
   if (auto e = attach_bad_words(ctx, chat)) return send_error(*exchange, *e);
   if (ctx.tokenizer == nullptr || ctx.tokenizer->chat_template() == nullptr) {
-    ApiError e;
-    e.message = "this model has no chat template; use /v1/completions";
-    return send_error(*exchange, e);
+    return send_error(*exchange, no_chat_template(ctx));
   }
   const bool use_tools = chat.tool_choice.mode != ToolChoice::Mode::kNone;
   if (use_tools && !ctx.options.tool_calling) {
@@ -1044,8 +1061,7 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
       return send_error(*exchange, *pe);
     }
     if (ctx.tokenizer->chat_template() == nullptr) {
-      e.message = "this model has no chat template";
-      return send_error(*exchange, e);
+      return send_error(*exchange, no_chat_template(ctx));
     }
     tokens = ctx.tokenizer->encode_chat(chat_template_input(request.body, chat));
   } else if (body->contains("prompt") && (*body)["prompt"].is_string()) {

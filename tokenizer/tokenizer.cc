@@ -490,6 +490,10 @@ const ChatTemplate* Tokenizer::chat_template() const {
   return impl_->chat_template ? &*impl_->chat_template : nullptr;
 }
 
+Status Tokenizer::chat_template_status() const {
+  return impl_->chat_template_status;
+}
+
 void Tokenizer::set_chat_template(ChatTemplate chat_template) {
   impl_->chat_template.emplace(std::move(chat_template));
   impl_->chat_template_status = ok_status();

@@ -122,8 +122,10 @@ class Tokenizer {
   bool add_bos_token() const;
   bool add_eos_token() const;
 
-  // nullptr when tokenizer_config.json has no chat_template.
+  // nullptr when tokenizer_config.json has no chat_template, or one that did not parse.
   const ChatTemplate* chat_template() const;
+  // Why chat_template() is nullptr: NotFound (there is none) or the parse error; OK otherwise.
+  Status chat_template_status() const;
   // Replaces the chat template (serve --chat-template). Not thread-safe: call before the
   // tokenizer is shared.
   void set_chat_template(ChatTemplate chat_template);

@@ -775,7 +775,9 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
                     &r)
                    .has_value());
   EXPECT_EQ(r.params.sampling.min_tokens, 4);
-  EXPECT_FALSE(r.template_variables.contains("tools"));
+  // None, as transformers and vLLM pass it: `tools is not none` is false, not undefined.
+  ASSERT_TRUE(r.template_variables.contains("tools"));
+  EXPECT_TRUE(r.template_variables["tools"].is_null());
 
   // Tools: auto by default, handed to the template; "none" keeps them out of it; a named
   // function must be one of them.
@@ -790,7 +792,7 @@ TEST(RequestFieldsTest, EachFieldWorksOrIsRefusedByName) {
   ChatRequest none;
   ASSERT_FALSE(chat(tools + R"(, "tool_choice": "none")", &none).has_value());
   EXPECT_EQ(none.tool_choice.mode, ToolChoice::Mode::kNone);
-  EXPECT_FALSE(none.template_variables.contains("tools"));
+  EXPECT_TRUE(none.template_variables["tools"].is_null());
   ChatRequest named;
   ASSERT_FALSE(chat(tools + R"(, "parallel_tool_calls": false,
                     "tool_choice": {"type": "function", "function": {"name": "f-2"}})",

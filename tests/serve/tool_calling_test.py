@@ -23,7 +23,9 @@ Usage: tool_calling_test.py PEERSERVE_BINARY SOURCE_DIR
 """
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 import urllib.error
 import urllib.request
@@ -52,10 +54,10 @@ MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 class Server:
-    def __init__(self, *flags):
+    def __init__(self, *flags, model=MODEL):
         self.port = free_port()
         self.p, self.log = launch(
-            [BIN, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1",
+            [BIN, "serve", "--model", model, "--port", str(self.port), "--threads", "1",
              "--kv-cache-memory", "16MiB", "--max-model-len", "2048", *flags], timeout=120)
 
     def post(self, body, expect=200):
@@ -285,6 +287,31 @@ def sdk_check(a):
     return True
 
 
+def unparsable_template_model():
+    """The tiny model with a checkpoint template the engine does not parse ({% macro %})."""
+    d = tempfile.mkdtemp(prefix="tool_calling_test_")
+    for name in os.listdir(MODEL):
+        if name != "tokenizer_config.json":
+            os.symlink(os.path.join(MODEL, name), os.path.join(d, name))
+    with open(os.path.join(MODEL, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    config["chat_template"] = "{% macro m() %}x{% endmacro %}{{ m() }}"
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return d
+
+
+def server_d_cases(d):
+    # The parse error is said at start-up and in every chat refusal, with the way around it.
+    assert any("chat template could not be parsed" in line and "macro" in line
+               for line in d.log), "".join(d.log)
+    err = d.post({"messages": MESSAGES}, expect=400)["error"]
+    assert "could not be parsed" in err["message"] and "macro" in err["message"], err
+    assert "--chat-template" in err["message"], err
+    status, r = d.post_to("/tokenize", {"messages": MESSAGES})
+    assert status == 400 and "could not be parsed" in r["error"]["message"], (status, r)
+
+
 def stops_cleanly(server):
     code = server.stop()
     assert code == 0, f"exit code {code}: {''.join(server.log[-5:])}"
@@ -314,6 +341,14 @@ def main():
         case("server C (--tool-call-parser none): tools refused", lambda: server_c_cases(c))
     finally:
         case("server C exits cleanly", lambda: stops_cleanly(c))
+    model_d = unparsable_template_model()
+    d = Server(model=model_d)
+    try:
+        case("server D (a checkpoint template that does not parse): the error is said",
+             lambda: server_d_cases(d))
+    finally:
+        case("server D exits cleanly", lambda: stops_cleanly(d))
+        shutil.rmtree(model_d)
     code = exit_code()
     if code == 0 and not sdk_ran[0]:
         print("SKIP the SDK checks: tests/js/node_modules is missing (scripts/install-test-js.sh)")
