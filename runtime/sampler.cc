@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernels/race_uniforms.h"
 #include "kernels/softmax.h"
 #include "kernels/vector_ops.h"
 
@@ -14,16 +15,6 @@ namespace peerserve {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-uint64_t mix64(uint64_t x) {
-  // SplitMix64's finalizer: a bijective avalanche over 64 bits.
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  x ^= x >> 31;
-  return x;
-}
 
 bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
@@ -60,7 +51,8 @@ struct Truncation {
   std::vector<double> block_mass;  // sum of weight over each block of kBlock tokens
   double total = 0.0;              // sum of block_mass, in block order
   float max_scaled = kNegInf;
-  size_t top = 0;  // a token of the largest weight (1), always kept
+  size_t top = 0;                    // a token of the largest weight (1), always kept
+  std::vector<uint32_t> candidates;  // race()'s scratch
   // apply_top_p's scratch.
   std::vector<uint16_t> bucket_of;
   std::vector<double> bucket_mass;
@@ -495,26 +487,25 @@ namespace {
 // before the drawn one shifts its interval (sampled MTP drafts, T = 0.8: 36% accepted with
 // the same uniform, 66% with the race, 70% under rejection sampling, which speculative
 // decoding no longer uses: its emitted token depended on whether there was a draft).
-TokenId race(const Truncation& t, uint64_t seed, uint64_t position) {
-  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+TokenId race(Truncation& t, uint64_t seed, uint64_t position) {
   constexpr uint64_t kRaceStream = 0x5851F42D4C957F2DULL;
-  const uint64_t base = mix64(seed + kGolden * (position + 1)) ^ kRaceStream;
-  const auto uniform = [base](size_t token) {
-    // SplitMix64 over the token index; (k + 0.5) / 2^53 is never 0 or 1, so E_i is finite
-    // and positive.
-    return (static_cast<double>(mix64(base + kGolden * (token + 1)) >> 11) + 0.5) * 0x1.0p-53;
-  };
+  const uint64_t base =
+      kernels::race_mix(seed + kernels::kRaceGolden * (position + 1)) ^ kRaceStream;
   const float* weight = t.weight.data();
-  // The most likely token first: a high bar that most others fail at the cheap test below.
+  // The most likely token sets the bar: the others must beat weight / E with E >= 1 - U,
+  // which few do (kernels/race_uniforms.h lists them, a vector of hashes at a time); the
+  // logarithm is taken for those only.
   size_t chosen = t.top;
-  double best = static_cast<double>(weight[chosen]) / -std::log(uniform(chosen));
-  for (size_t i = 0; i < t.weight.size(); ++i) {
+  double best =
+      static_cast<double>(weight[chosen]) / -std::log(kernels::race_uniform(base, chosen));
+  t.candidates.resize(t.weight.size());
+  const size_t count =
+      kernels::race_candidates(weight, t.weight.size(), base, best, t.candidates.data());
+  for (size_t c = 0; c < count; ++c) {
+    const size_t i = t.candidates[c];
+    if (i == t.top) continue;
     const double w = weight[i];
-    if (w <= 0.0 || i == t.top) continue;
-    const double u = uniform(i);
-    // E_i >= 1 - U_i, so w / E_i <= w / (1 - U_i): past the bar only if that is.
-    if ((1.0 - u) * best >= w) continue;
-    const double e = -std::log(u);
+    const double e = -std::log(kernels::race_uniform(base, i));
     if (w > e * best) {
       best = w / e;
       chosen = i;

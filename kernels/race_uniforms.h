@@ -1,0 +1,38 @@
+// The per-token uniforms of the exponential race that samples a token (runtime/sampler.cc)
+// and the race's cheap first filter, vectorized.
+//
+// The race picks the kept token i with the largest weight[i] / E_i, E_i = -ln U_i, where
+// U_i = race_uniform(base, i) is a counter-based hash (SplitMix64 over the token index) of a
+// per-draw `base`. Since E_i >= 1 - U_i, token i can beat a bar b only if
+// (1 - U_i) * b < weight[i]: race_candidates lists those tokens, so that the logarithm is
+// taken for few of them. AVX-512 and AVX2 loops at those levels, plain loops otherwise, with
+// bitwise the same results. Thread-safe (no state).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace peerserve::kernels {
+
+inline constexpr uint64_t kRaceGolden = 0x9E3779B97F4A7C15ULL;
+
+// SplitMix64's finalizer: a bijective avalanche over 64 bits.
+inline uint64_t race_mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// U in (0, 1), never 0 or 1: ((hash >> 11) + 0.5) / 2^53.
+inline double race_uniform(uint64_t base, uint64_t token) {
+  return (static_cast<double>(race_mix(base + kRaceGolden * (token + 1)) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+// Writes to `out` (room for n) the tokens i in [0, n), ascending, with weight[i] > 0 and
+// (1 - race_uniform(base, i)) * bar < weight[i]; returns how many. REQUIRES: n < 2^32.
+size_t race_candidates(const float* weight, size_t n, uint64_t base, double bar, uint32_t* out);
+
+}  // namespace peerserve::kernels
