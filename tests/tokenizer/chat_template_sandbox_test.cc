@@ -296,8 +296,8 @@ TEST(ChatTemplateSandboxTest, RenderWorkIsBounded) {
   // bytes now (per 64 for the prefix compares), and a search is charged for its scan too:
   // "ab" in 'a' * 6e7 makes a false start at every byte (0.55 s), charged 29,000 steps.
   const std::string spaces = "{% set s = ' ' * 90000 %}";
-  for (const char* op : {"s.strip()", "s.lstrip()", "s.rstrip()", "s|trim", "s|int",
-                         "s|float", "s.startswith(s)", "s.endswith(s)"}) {
+  for (const char* op : {"s.strip()", "s.lstrip()", "s.rstrip()", "s|trim", "s|int", "s|float",
+                         "s.startswith(s)", "s.endswith(s)"}) {
     expect_limited(spaces + "{% for i in range(100) %}{% if " + op + " %}{% endif %}{% endfor %}",
                    "more than 100000 steps");
   }
