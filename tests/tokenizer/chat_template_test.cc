@@ -160,6 +160,11 @@ std::vector<Case> construct_cases() {
        "{{ 'hello world'|title }}|{{ 'hELLO'|capitalize }}|{{ 'aXbXc'|replace('X', '-') }}|"
        "{{ [1, 2, 1, 3]|unique|list }}|{{ name|safe }}|{{ text|count }}",
        vars},
+      {"numbers from strings",
+       "{{ '0x1A'|int }}|{{ '1_000.5'|float }}|{{ ' 7 '|float }}|"
+       "{{ '1e999'|float }}|{{ 'nan'|int }}|{{ '-0.5'|int }}|{{ '1__0'|float }}|"
+       "{{ '0x1p3'|float }}|{{ '1_000'|int }}|{{ '_1'|float }}|{{ 'Infinity'|float }}",
+       vars},
       {"tojson",
        "{{ tools|tojson }}|{{ tools[0].params|tojson(indent=2) }}|{{ 'é\"\n'|tojson }}|"
        "{{ [1.0, 2.5, none, true]|tojson }}|{{ {'b': 1, 'a': 2}|tojson }}",

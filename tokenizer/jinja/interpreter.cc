@@ -1117,19 +1117,15 @@ class Interpreter {
           } catch (...) {
           }
         }
-        double d = 0;
-        size_t used = 0;
-        try {
-          d = std::stod(s, &used);
-        } catch (...) {
-          used = 0;
-        }
-        if (used == s.size() && used > 0 && !std::isnan(d)) {
-          if (std::isinf(d) ||
-              !(std::trunc(d) >= -9223372036854775808.0 && std::trunc(d) < 9223372036854775808.0)) {
+        // int(float(text)): the default for nan (ValueError) and for what float() refuses
+        // ("0x1A": strtod would read 26); inf is an error, as Debian's jinja2 3.1.2 raises
+        // OverflowError (3.1.6 gives the default).
+        if (const std::optional<double> d = python_float(s); d && !std::isnan(*d)) {
+          if (!(std::trunc(*d) >= -9223372036854775808.0 &&
+                std::trunc(*d) < 9223372036854775808.0)) {
             return error(offset, "int() of '" + s + "' does not fit in 64 bits");
           }
-          return Value(static_cast<int64_t>(std::trunc(d)));
+          return Value(static_cast<int64_t>(std::trunc(*d)));
         }
       }
       const Value* fallback = args.get(0, "default");
@@ -1139,12 +1135,8 @@ class Interpreter {
       if (v.is_number()) return Value(v.as_double());
       if (v.is_string()) {
         PS_RETURN_IF_ERROR(charge_scan(v.as_string().size(), offset));
-        try {
-          size_t used = 0;
-          const std::string s = strip(v.as_string(), nullptr, true, true);
-          const double parsed = std::stod(s, &used);
-          if (used == s.size()) return Value(parsed);
-        } catch (...) {
+        if (const std::optional<double> parsed = python_float(v.as_string())) {
+          return Value(*parsed);
         }
       }
       const Value* fallback = args.get(0, "default");

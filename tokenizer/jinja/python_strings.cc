@@ -1,5 +1,8 @@
 #include "tokenizer/jinja/python_strings.h"
 
+#include <cctype>
+#include <cstdlib>
+
 #include "tokenizer/internal/utf8.h"
 
 namespace peerserve::jinja {
@@ -168,6 +171,29 @@ std::optional<List> split(const std::string& s, const Value* sep, int64_t maxspl
   if (full()) return std::nullopt;
   out.emplace_back(s.substr(pos));
   return out;
+}
+
+std::optional<double> python_float(const std::string& text) {
+  const std::string s = strip(text, nullptr, true, true);
+  std::string plain;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == 'x' || c == 'X' || c == '(') return std::nullopt;  // hex floats, nan(...)
+    if (c == '_') {
+      const bool between_digits = i > 0 && i + 1 < s.size() &&
+                                  std::isdigit(static_cast<unsigned char>(s[i - 1])) &&
+                                  std::isdigit(static_cast<unsigned char>(s[i + 1]));
+      if (!between_digits) return std::nullopt;
+      continue;
+    }
+    plain += c;
+  }
+  if (plain.empty()) return std::nullopt;
+  // strtod, not stod: out of range it gives +-inf or the (sub)normal/zero, as Python does.
+  char* end = nullptr;
+  const double value = std::strtod(plain.c_str(), &end);
+  if (end == plain.c_str() + plain.size()) return value;
+  return std::nullopt;
 }
 
 }  // namespace peerserve::jinja

@@ -21,6 +21,10 @@ char32_t first_code_point(const std::string& cp);
 // Value; nullptr or another type means whitespace).
 std::string strip(const std::string& s, const Value* chars, bool left, bool right);
 
+// Python's float(text): surrounding whitespace, single underscores between digits, "inf",
+// "nan"; nullopt where Python raises ValueError (hexadecimal, which strtod would take, too).
+std::optional<double> python_float(const std::string& text);
+
 // Case mapping is ASCII-only (templates only change the case of ASCII role names).
 std::string ascii_upper(std::string s);
 std::string ascii_lower(std::string s);
