@@ -1022,6 +1022,20 @@ std::optional<ApiError> optional_model_name(const json& body, std::optional<std:
   return std::nullopt;
 }
 
+// An optional boolean field of /tokenize: `value` keeps its default when the field is absent.
+std::optional<ApiError> optional_boolean(const json& body, const char* name, bool* value) {
+  const auto it = body.find(name);
+  if (it == body.end()) return std::nullopt;
+  if (!it->is_boolean()) {
+    ApiError e;
+    e.message = "'" + std::string(name) + "' must be a boolean";
+    e.param = name;
+    return e;
+  }
+  *value = it->get<bool>();
+  return std::nullopt;
+}
+
 void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
                      std::shared_ptr<HttpExchange> exchange) {
   auto body = parse_body(ctx, request, *exchange);
@@ -1039,13 +1053,8 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
     return send_error(*exchange, e);
   }
   bool return_token_strs = false;
-  if (body->contains("return_token_strs")) {
-    if (!(*body)["return_token_strs"].is_boolean()) {
-      e.message = "'return_token_strs' must be a boolean";
-      e.param = "return_token_strs";
-      return send_error(*exchange, e);
-    }
-    return_token_strs = (*body)["return_token_strs"];
+  if (auto bad = optional_boolean(*body, "return_token_strs", &return_token_strs)) {
+    return send_error(*exchange, *bad);
   }
   Result<std::vector<TokenId>> tokens = std::vector<TokenId>{};
   if (body->contains("messages")) {
@@ -1066,13 +1075,8 @@ void handle_tokenize(OpenAiServer::Context& ctx, const HttpRequest& request,
     tokens = ctx.tokenizer->encode_chat(chat_template_input(request.body, chat));
   } else if (body->contains("prompt") && (*body)["prompt"].is_string()) {
     bool add_special = true;
-    if (body->contains("add_special_tokens")) {
-      if (!(*body)["add_special_tokens"].is_boolean()) {
-        e.message = "'add_special_tokens' must be a boolean";
-        e.param = "add_special_tokens";
-        return send_error(*exchange, e);
-      }
-      add_special = (*body)["add_special_tokens"];
+    if (auto bad = optional_boolean(*body, "add_special_tokens", &add_special)) {
+      return send_error(*exchange, *bad);
     }
     tokens = ctx.tokenizer->encode((*body)["prompt"].get<std::string>(),
                                    {.add_special_tokens = add_special, .match_added_tokens = true});
