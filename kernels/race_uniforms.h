@@ -12,23 +12,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/splitmix64.h"
+
 namespace peerserve::kernels {
 
-inline constexpr uint64_t kRaceGolden = 0x9E3779B97F4A7C15ULL;
-
-// SplitMix64's finalizer: a bijective avalanche over 64 bits.
-inline uint64_t race_mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ULL;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBULL;
-  x ^= x >> 31;
-  return x;
-}
+inline constexpr uint64_t kRaceGolden = kSplitMix64Gamma;
 
 // U in (0, 1), never 0 or 1: ((hash >> 11) + 0.5) / 2^53.
 inline double race_uniform(uint64_t base, uint64_t token) {
-  return (static_cast<double>(race_mix(base + kRaceGolden * (token + 1)) >> 11) + 0.5) * 0x1.0p-53;
+  return (static_cast<double>(splitmix64_mix(base + kRaceGolden * (token + 1)) >> 11) + 0.5) *
+         0x1.0p-53;
 }
 
 // Writes to `out` (room for n) the tokens i in [0, n), ascending, with weight[i] > 0 and

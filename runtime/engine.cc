@@ -7,17 +7,9 @@
 #include <span>
 #include <string>
 
+#include "base/splitmix64.h"
+
 namespace peerserve {
-namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options,
                                                std::unique_ptr<Executor> executor,
@@ -455,7 +447,8 @@ void Engine::admit_now(Pending pending) {
   live.arrival_time = pending.arrival_time;
   live.usage.prompt_tokens = static_cast<int64_t>(live.request.prompt_tokens.size());
   const GenerationParams& params = live.request.params;
-  const uint64_t base_seed = params.sampling.seed ? *params.sampling.seed : splitmix64(seed_state_);
+  const uint64_t base_seed =
+      params.sampling.seed ? *params.sampling.seed : splitmix64_next(seed_state_);
 
   Status status;
   const SequenceId first_seq_id = next_seq_id_;

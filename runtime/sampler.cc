@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "base/splitmix64.h"
 #include "kernels/race_uniforms.h"
 #include "kernels/softmax.h"
 #include "kernels/vector_ops.h"
@@ -489,8 +490,7 @@ namespace {
 // decoding no longer uses: its emitted token depended on whether there was a draft).
 TokenId race(Truncation& t, uint64_t seed, uint64_t position) {
   constexpr uint64_t kRaceStream = 0x5851F42D4C957F2DULL;
-  const uint64_t base =
-      kernels::race_mix(seed + kernels::kRaceGolden * (position + 1)) ^ kRaceStream;
+  const uint64_t base = splitmix64_mix(seed + kSplitMix64Gamma * (position + 1)) ^ kRaceStream;
   const float* weight = t.weight.data();
   // The most likely token sets the bar: the others must beat weight / E with E >= 1 - U,
   // which few do (kernels/race_uniforms.h lists them, a vector of hashes at a time); the

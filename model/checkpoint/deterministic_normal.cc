@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/splitmix64.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PS_NORMAL_SIMD 1
@@ -54,14 +55,7 @@ void reduce_turns(double t, int& quadrant, double& x) {
   x = (quarters - quadrant) * (kTwoPi / 4.0);
 }
 
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;  // SplitMix64's increment
-
-// SplitMix64's output for the incremented state z.
-uint64_t splitmix_mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+constexpr uint64_t kGamma = kSplitMix64Gamma;
 
 // next_uniform() from a 64-bit output: at most 2^53, so the signed conversion (one
 // instruction) gives the same exact value as an unsigned one.
@@ -81,8 +75,8 @@ void box_muller_pair(double a, double t, double* out) {
 // writes its cosine and sine value to out[2i], out[2i+1].
 void box_muller_pairs_scalar(uint64_t state, double* out, size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
-    const double a = uniform_of(splitmix_mix(state + (2 * i + 1) * kGamma));
-    const double t = uniform_of(splitmix_mix(state + (2 * i + 2) * kGamma));
+    const double a = uniform_of(splitmix64_mix(state + (2 * i + 1) * kGamma));
+    const double t = uniform_of(splitmix64_mix(state + (2 * i + 2) * kGamma));
     box_muller_pair(a, t, out + 2 * i);
   }
 }
@@ -265,8 +259,7 @@ void DeterministicNormal::next_normals(std::span<double> out) {
 }
 
 uint64_t DeterministicNormal::next_u64() {
-  // SplitMix64 (Steele, Lea, Flood 2014).
-  return splitmix_mix(state_ += kGamma);
+  return splitmix64_next(state_);
 }
 
 double DeterministicNormal::next_uniform() {

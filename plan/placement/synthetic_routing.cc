@@ -5,6 +5,8 @@
 #include <numeric>
 #include <string>
 
+#include "base/splitmix64.h"
+
 namespace peerserve::plan {
 namespace {
 
@@ -13,13 +15,7 @@ namespace {
 class Xoshiro256 {
  public:
   explicit Xoshiro256(uint64_t seed) {
-    for (uint64_t& word : state_) {
-      seed += 0x9e3779b97f4a7c15ULL;
-      uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-      word = z ^ (z >> 31);
-    }
+    for (uint64_t& word : state_) word = splitmix64_next(seed);
   }
 
   uint64_t next() {

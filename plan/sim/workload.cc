@@ -6,15 +6,10 @@
 #include <numbers>
 #include <string>
 
+#include "base/splitmix64.h"
+
 namespace peerserve::plan {
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 uint64_t rotl(uint64_t x, int k) {
   return (x << k) | (x >> (64 - k));
@@ -67,7 +62,7 @@ int sample_length(const LengthSpec& spec, DeterministicRandom& rng) {
 
 DeterministicRandom::DeterministicRandom(uint64_t seed) {
   uint64_t x = seed;
-  for (auto& s : state_) s = splitmix64(x);
+  for (auto& s : state_) s = splitmix64_next(x);
 }
 
 uint64_t DeterministicRandom::next() {
