@@ -179,7 +179,8 @@ std::vector<Case> construct_cases() {
        vars},
       {"literals",
        "{{ 'single' }} {{ \"double\" }} {{ 'esc\\'aped\\n\\t' }} {{ 'adj' 'acent' }} "
-       "{{ 1_000 }} {{ 1.5e3 }} {{ (1, 2) }} {{ {'k': [1, {'n': none}]} }} {{ True }} {{ None }}",
+       "{{ 1_000 }} {{ 1.5e3 }} {{ (1, 2) }} {{ {'k': [1, {'n': none}]} }} {{ True }} {{ None }} "
+       "{{ '\\101\\060\\012x\\777\\8\\1234\\7' }}",
        vars},
       {"range", "{% for i in range(3) %}{{ i }}{% endfor %} {{ range(2, 10, 3)|list }}", vars},
       {"raise", "{% if n > 5 %}{{ raise_exception('n is too big: ' ~ n) }}{% endif %}never", vars},

@@ -235,8 +235,22 @@ class Lexer {
           value.push_back('\a');
           break;
         case '0':
-          value.push_back('\0');
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {
+          // Up to three octal digits, a code point up to 0o777 ('\101' is "A").
+          char32_t cp = static_cast<char32_t>(e - '0');
+          for (int i = 0; i < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7';
+               ++i) {
+            cp = cp * 8 + static_cast<char32_t>(src_[pos_++] - '0');
+          }
+          utf8::append_code_point(value, cp);
           break;
+        }
         case '\\':
           value.push_back('\\');
           break;
