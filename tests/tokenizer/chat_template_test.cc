@@ -125,7 +125,9 @@ std::vector<Case> construct_cases() {
       {"for dict and items",
        "{% for k in tools[0].params %}{{ k }};{% endfor %} "
        "{% for k, v in tools[0].params.items() %}{{ k }}={{ v }};{% endfor %} "
-       "{% for k, v in tools[0].params|items %}{{ k }}{% endfor %}",
+       "{% for k, v in tools[0].params|items %}{{ k }}{% endfor %} "
+       "{{ tools[0].params.items()|list }} {{ tools[0].params|items|list }} "
+       "{% for p in tools[0].params.items() %}{{ p }}{{ p[1] }}{% endfor %}",
        vars},
       {"loop controls",
        "{% for x in items %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}"

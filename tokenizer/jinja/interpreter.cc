@@ -861,7 +861,7 @@ class Interpreter {
       }
       if (m == "items") {
         List out;
-        for (const auto& [key, value] : items) out.emplace_back(List{Value(key), value});
+        for (const auto& [key, value] : items) out.push_back(Value::tuple(List{Value(key), value}));
         return Value(std::move(out));
       }
       if (m == "keys" || m == "values") {
@@ -1187,7 +1187,9 @@ class Interpreter {
       if (v.is_undefined()) return Value(List{});
       if (!v.is_dict()) return error(offset, "items filter needs a mapping, got " + describe(v));
       List out;
-      for (const auto& [key, value] : v.as_dict()) out.emplace_back(List{Value(key), value});
+      for (const auto& [key, value] : v.as_dict()) {
+        out.push_back(Value::tuple(List{Value(key), value}));
+      }
       return Value(std::move(out));
     }
     // Filters over sequences.
