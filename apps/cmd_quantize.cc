@@ -88,6 +88,13 @@ int run_quantize(const QuantizeCli& cli) {
     std::fprintf(stderr, "error: %s\n", pipeline.status().message().c_str());
     return 2;
   }
+  if (!pipeline->any() && !cli.calib.empty()) {
+    std::fprintf(stderr,
+                 "error: --pipeline %s does not calibrate: --calib %s would not be read (drop "
+                 "it, or choose calibration steps: --pipeline full, smooth, ...)\n",
+                 pipeline_name.c_str(), cli.calib.c_str());
+    return 2;
+  }
   if (pipeline->any() && cli.calib.empty()) {
     std::fprintf(stderr, "error: --pipeline %s needs a calibration text (--calib FILE)\n",
                  pipeline_name.c_str());
@@ -186,7 +193,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
       "norms, scale search, clipping), kv_b and embeddings unchanged; "
       "serve/generate/score load it like any checkpoint (docs/quantization.md)");
   auto cli = std::make_shared<QuantizeCli>();
-  sub->add_option("--model", cli->model_dir, "Source checkpoint directory (BF16, F32 or FP8)")
+  sub->add_option("--model", cli->model_dir,
+                  "Source checkpoint directory (BF16, F16, F32 or block-FP8; --calib needs BF16)")
       ->required();
   sub->add_option("--out", cli->out_dir,
                   "Output directory: must not exist, or be empty (nothing is overwritten); written "
@@ -206,7 +214,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
       "--calib", cli->calib,
       "Calibration text (UTF-8; e.g. /usr/share/common-licenses/Apache-2.0, not the "
       "text you evaluate on): the BF16 model runs over it and the pipeline steps "
-      "choose their transforms on the recorded layer inputs (docs/quantization.md)");
+      "choose their transforms on the recorded layer inputs (docs/quantization.md); needs a "
+      "BF16 source and a calibrating --pipeline (not rtn)");
   sub->add_option("--pipeline", cli->pipeline,
                   "Calibration steps: rtn (round to nearest, no calibration), smooth "
                   "(SmoothQuant, alpha 0.5, power-of-two scales folded into the RMSNorm and "
@@ -216,9 +225,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "steps joined by '+' (smooth+clip, search+clip, full+compensate, ...); full "
                   "= search+clip. Default: full with --calib, else rtn");
   sub->add_option("--calib-tokens", cli->calib_tokens,
-                  "At most this many calibration tokens (windows of 256); with --calib")
+                  "At most this many calibration tokens (windows of 256; up to 4194304, of "
+                  "which 64 bytes of text each are read); with --calib")
       ->needs(calib)
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 22))
       ->capture_default_str();
   sub->add_option("--calib-rows", cli->calib_rows,
                   "Input rows sampled per weight for the error objective; with --calib")

@@ -10,8 +10,10 @@ void add_quantize_options(CLI::App* command, QuantizeCli* cli) {
                    "quantized per token; docs/quantization.md)")
       ->check(CLI::IsMember({"none", "int8"}))
       ->capture_default_str();
-  command->add_flag("--quantize-lm-head", cli->lm_head,
-                    "With --quantize int8: the LM head too (halves its read; costs accuracy)");
+  command->add_flag(
+      "--quantize-lm-head", cli->lm_head,
+      "With --quantize int8: the LM head too (halves the largest batch-1 read; measured at no "
+      "perplexity cost on the shipped model, docs/quantization.md)");
   command->add_flag("--no-pack-bf16", cli->no_pack_bf16,
                     "Keep BF16 products on the checkpoint layout: no repacked copy of the BF16 "
                     "weights at load (faster load, slower products; by default they are "

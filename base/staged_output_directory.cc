@@ -105,6 +105,10 @@ Status StagedOutputDirectory::publish() {
   PS_RETURN_IF_ERROR(check_output_directory(out_.string()));
   std::error_code ec;
   if (fs::exists(out_, ec)) {
+    // The empty directory a user made keeps its permissions (one made private stays so).
+    const fs::perms mode = fs::status(out_, ec).permissions();
+    if (!ec) fs::permissions(staging_, mode, ec);
+    if (ec) return io_error(out_.string() + ": cannot take its permissions: " + ec.message());
     fs::remove(out_, ec);  // empty: checked
     if (ec)
       return io_error(out_.string() + ": cannot replace the empty directory: " + ec.message());

@@ -17,7 +17,8 @@
 //
 // Accuracy: |y - x w^T| <= sum_k (|x_k - x^_k| |w^_jk| + |x_k| |w_jk - w^_jk|) + fp32 rounding,
 // with |x_k - x^_k| <= sx / 2 and |w_jk - w^_jk| <= sw_j / 2 (x^, w^ dequantized).
-// Non-finite x gives unspecified (but memory-safe) results.
+// A row of x holding inf or NaN gives NaN in that row of y (its activation scale is NaN), as
+// a float product would, never finite values.
 //
 // Speed: one loop nest serves decode and prefill. With m <= 6 (AVX-512 VNNI; 2 on AVX2)
 // every row sits in the register block and each weight byte is read once (a GEMV, bound by

@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "base/check.h"
 #include "kernels/cpu_features.h"
@@ -33,9 +34,13 @@ void quantize_rows_int8(const float* x, int64_t rows, int64_t cols, int64_t x_st
       const uint32_t bits = std::bit_cast<uint32_t>(row[k]) & 0x7fffffffu;
       max_bits = max_bits < bits ? bits : max_bits;
     }
-    PS_CHECK(max_bits < 0x7f800000u) << "quantize_rows_int8: row " << i << " is not finite";
-    const float amax = std::bit_cast<float>(max_bits);
     int8_t* out = q + i * cols;
+    if (max_bits >= 0x7f800000u) {
+      scales[i] = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t c = 0; c < cols; ++c) out[c] = 0;
+      continue;
+    }
+    const float amax = std::bit_cast<float>(max_bits);
     if (amax == 0.0f) {
       scales[i] = 0.0f;
       for (int64_t c = 0; c < cols; ++c) out[c] = 0;

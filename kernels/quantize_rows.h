@@ -5,9 +5,11 @@
 //   q[i, k]  = round_to_nearest_even(x[i, k] * (127 / max_k |x[i, k]|)), in [-127, 127]
 //   x'[i, k] = q[i, k] * scale[i]       (dequantize)
 //
-// so |x' - x| <= scale / 2 (plus fp32 rounding of the two products). Non-finite inputs
-// are a caller bug (checked). AVX-512 loops at IsaLevel::kAvx512 and above, AVX2 loops at
-// kAvx2, plain loops otherwise, with bitwise the same results. Thread-safe (no state).
+// so |x' - x| <= scale / 2 (plus fp32 rounding of the two products). A row holding inf or
+// NaN gets scale NaN and q all 0, so that it dequantizes to NaN, as the activations it came
+// from would have carried on (a damaged checkpoint or an overflow is not a reason to end the
+// process, nor to send plausible values). AVX-512 loops at IsaLevel::kAvx512 and above, AVX2 loops
+// at kAvx2, plain loops otherwise, with bitwise the same results. Thread-safe (no state).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "model/int8_checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,27 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// The index of the first inf or NaN of a float tensor (F32, BF16 or F16), or -1 (also for
+// other dtypes, which hold no such values).
+int64_t first_non_finite(const WeightTensor& t) {
+  const auto* bytes = static_cast<const std::byte*>(t.data);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    float v = 0.0f;
+    if (t.dtype == DType::kF32) {
+      std::memcpy(&v, bytes + 4 * i, 4);
+    } else if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      v = t.dtype == DType::kBF16 ? bf16_to_float({bits}) : f16_to_float(bits);
+    } else {
+      return -1;
+    }
+    if (!std::isfinite(v)) return i;
+  }
+  return -1;
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -150,6 +172,11 @@ Result<std::vector<TensorToWrite>> materialize(Checkpoint& source, const Planned
     }
     case Planned::Kind::kCopy: {
       PS_ASSIGN_OR_RETURN(WeightTensor t, source.get_raw(spec.name));
+      // Copied, not read by the quantizer: a damaged value would pass into the output unseen.
+      if (const int64_t bad = first_non_finite(t); bad >= 0) {
+        return invalid_argument(source.dir() + ": tensor '" + spec.name +
+                                "' has a non-finite value at flat index " + std::to_string(bad));
+      }
       const auto* bytes = static_cast<const std::byte*>(t.data);
       return std::vector<TensorToWrite>{
           {spec.name, t.dtype, t.shape, std::vector<std::byte>(bytes, bytes + t.nbytes())}};

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "kernels/cpu_features.h"
 
@@ -112,7 +113,8 @@ struct KernelTable {
   Int8TileFn matmul_int8 = nullptr;
   // One row of x -> k_padded bytes: round_to_nearest_even(x * 127 / absmax) clamped to
   // [-127, 127], plus `offset` (mod 256), then `offset` up to k_padded; returns the scale
-  // absmax / 127 (0 for an all-zero row). Bit for bit the same at every level.
+  // absmax / 127 (0 for an all-zero row). A row holding inf or NaN gives
+  // non_finite_row_int8's bytes and NaN scale. Bit for bit the same at every level.
   float (*quantize_row_int8)(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
                              uint8_t* out) = nullptr;
   // Added to every quantized activation: 128 where the kernel multiplies unsigned x bytes
@@ -173,6 +175,14 @@ float avx2_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_
 
 void scalar_matmul_packed_bf16(const PackedBf16Tile& tile);
 void avx2_matmul_packed_bf16(const PackedBf16Tile& tile);
+
+// quantize_row_int8 of a row holding inf or NaN: every byte `offset` (zero) and a NaN scale,
+// so that the product's row is NaN, as a float product's would be (rounding the row to
+// finite bytes gave plausible values from a damaged input).
+inline float non_finite_row_int8(int64_t k_padded, uint8_t offset, uint8_t* out) {
+  for (int64_t p = 0; p < k_padded; ++p) out[p] = offset;
+  return std::numeric_limits<float>::quiet_NaN();
+}
 
 // The table of active_isa_level().
 const KernelTable& active_kernel_table();

@@ -2,6 +2,7 @@
 // exact, and the epilogue is the same three fp32 operations at every level (scale product,
 // conversion times scale, optional add), so every level gives the same bits.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -74,14 +75,20 @@ void scalar_matmul_int8(const Int8Tile& t) {
 
 float scalar_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
                                uint8_t* out) {
-  float absmax = 0.0f;
-  for (int64_t p = 0; p < k; ++p) absmax = std::max(absmax, std::fabs(x[p]));
+  // max |x| as the max of the sign-cleared bit patterns: for non-negative floats the integer
+  // order is the float order, and inf/NaN patterns are the largest.
+  uint32_t max_bits = 0;
+  for (int64_t p = 0; p < k; ++p) {
+    max_bits = std::max(max_bits, std::bit_cast<uint32_t>(x[p]) & 0x7fffffffu);
+  }
+  if (max_bits >= 0x7f800000u) return non_finite_row_int8(k_padded, offset, out);
+  const float absmax = std::bit_cast<float>(max_bits);
   const float inv = absmax > 0.0f ? 127.0f / absmax : 0.0f;
   // absmax below 127 / FLT_MAX (~3.7e-37): the inverse overflows, so every level divides
   // element by element instead (the same fp32 operations everywhere).
   const bool divide = !std::isfinite(inv);
   for (int64_t p = 0; p < k; ++p) {
-    // fmax/fmin send a NaN product to -127, as the SIMD conversion + clamp does.
+    // |scaled| <= 127 (1 + 2^-22): the clamp only keeps the rounding's edge in range.
     const float scaled = divide ? x[p] / absmax * 127.0f : x[p] * inv;
     const float q = std::fmin(std::fmax(std::nearbyint(scaled), -127.0f), 127.0f);
     out[p] = static_cast<uint8_t>(static_cast<int32_t>(q) + offset);

@@ -214,20 +214,27 @@ void avx2_matmul_int8(const Int8Tile& t) {
 
 float avx2_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset,
                              uint8_t* out) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 vmax = _mm256_setzero_ps();
+  // max |x| as the max of the sign-cleared bit patterns, as the scalar reference: inf/NaN
+  // patterns are the largest, so a non-finite value is seen.
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i vmax = _mm256_setzero_si256();
   int64_t p = 0;
-  // max_ps returns its second operand when either is NaN: NaN inputs are skipped, as in
-  // the scalar reference.
   for (; p + 8 <= k; p += 8) {
-    vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + p), abs_mask), vmax);
+    vmax = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + p)), abs_mask),
+                            vmax);
   }
   const int rest = static_cast<int>(k - p);
-  if (rest > 0) vmax = _mm256_max_ps(_mm256_and_ps(load_part(x + p, rest), abs_mask), vmax);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float absmax = 0.0f;
-  for (float l : lanes) absmax = l > absmax ? l : absmax;
+  if (rest > 0) {
+    vmax = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(load_part(x + p, rest)), abs_mask),
+                            vmax);
+  }
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), vmax);
+  uint32_t max_bits = 0;
+  for (uint32_t l : lanes) max_bits = l > max_bits ? l : max_bits;
+  if (max_bits >= 0x7f800000u) return non_finite_row_int8(k_padded, offset, out);
+  float absmax;
+  std::memcpy(&absmax, &max_bits, sizeof absmax);
   const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
   // Overflowed (absmax < 127 / FLT_MAX, ~3.7e-37): divide, exactly where the scalar
   // reference does (a looser bound divided rows it multiplies, with other roundings).

@@ -186,15 +186,22 @@ void matmul_int8(const Int8Tile& t) {
 }
 
 float quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t offset, uint8_t* out) {
-  __m512 vmax = _mm512_setzero_ps();
+  // max |x| as the max of the sign-cleared bit patterns, as the scalar reference: inf/NaN
+  // patterns are the largest, so a non-finite value is seen.
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  __m512i vmax = _mm512_setzero_si512();
   int64_t p = 0;
-  // max_ps returns its second operand when either is NaN: NaN inputs are skipped, as
-  // std::max(absmax, NaN) does in the scalar reference.
-  for (; p + 16 <= k; p += 16) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + p)), vmax);
-  if (p < k) {
-    vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(first_lanes(k - p), x + p)), vmax);
+  for (; p + 16 <= k; p += 16) {
+    vmax = _mm512_max_epu32(_mm512_and_si512(_mm512_loadu_si512(x + p), abs_mask), vmax);
   }
-  const float absmax = _mm512_reduce_max_ps(vmax);
+  if (p < k) {
+    vmax = _mm512_max_epu32(
+        _mm512_and_si512(_mm512_maskz_loadu_epi32(first_lanes(k - p), x + p), abs_mask), vmax);
+  }
+  const uint32_t max_bits = _mm512_reduce_max_epu32(vmax);
+  if (max_bits >= 0x7f800000u) return non_finite_row_int8(k_padded, offset, out);
+  float absmax;
+  std::memcpy(&absmax, &max_bits, sizeof absmax);
   const float inverse = absmax > 0.0f ? 127.0f / absmax : 0.0f;
   // Overflowed (absmax < 127 / FLT_MAX, ~3.7e-37): divide, exactly where the scalar
   // reference does (a looser bound divided rows it multiplies, with other roundings).
@@ -206,7 +213,7 @@ float quantize_row_int8(const float* x, int64_t k, int64_t k_padded, uint8_t off
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const __m512i off = _mm512_set1_epi32(offset);
   auto quantize = [&](__m512 v) {
-    // Round to nearest even (MXCSR default); NaN becomes INT_MIN and then -127.
+    // Round to nearest even (MXCSR default); the clamp only keeps the rounding's edge in range.
     const __m512i q =
         _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), lo), hi);
     return _mm512_add_epi32(q, off);

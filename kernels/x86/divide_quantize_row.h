@@ -14,7 +14,7 @@ namespace {  // NOLINT: internal linkage per ISA translation unit, on purpose
 float divide_quantize_row_int8(const float* x, int64_t k, int64_t k_padded, float absmax,
                                uint8_t offset, uint8_t* out) {
   for (int64_t p = 0; p < k; ++p) {
-    // NaN goes to -127 through fmax, as in the reference.
+    // The same clamp as the reference (the row is finite: its caller checked).
     const float q = std::fmin(std::fmax(std::nearbyint(x[p] / absmax * 127.0f), -127.0f), 127.0f);
     out[p] = static_cast<uint8_t>(static_cast<int32_t>(q) + offset);
   }

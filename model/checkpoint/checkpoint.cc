@@ -173,15 +173,15 @@ struct Checkpoint::Impl {
                                 std::string(dtype_name(scale->info->dtype)) +
                                 ", expected F32 (or BF16) block scales");
     }
-    // A damaged scale would turn a whole block into NaN or infinite logits, unseen: it and
-    // its product with E4M3's largest magnitude (448) must be finite.
+    // A damaged scale would turn a whole block into NaN or infinite logits, or flip its signs,
+    // unseen: it must be >= 0 and its product with E4M3's largest magnitude (448) finite.
     for (size_t b = 0; b < out.size(); ++b) {
-      if (!std::isfinite(out[b] * 448.0f)) {
+      if (!std::isfinite(out[b] * 448.0f) || out[b] < 0.0f) {
         return invalid_argument(file_of(*scale) + ": tensor '" + scale_name + "' block " +
                                 std::to_string(b) + " has scale " + std::to_string(out[b]) +
-                                (std::isfinite(out[b])
-                                     ? ", which times 448 (the largest E4M3 value) is not finite"
-                                     : ", expected a finite value"));
+                                (!std::isfinite(out[b]) || out[b] < 0.0f
+                                     ? ", expected a finite value >= 0"
+                                     : ", which times 448 (the largest E4M3 value) is not finite"));
       }
     }
     return out;
@@ -576,10 +576,29 @@ Result<std::vector<float>> Checkpoint::get_f32(std::string_view name,
   std::vector<float> out;
   if (e->info->dtype == DType::kF32) {
     out = copy_elements<float>(impl_->bytes_of(*e));
+  } else if (e->info->dtype == DType::kF16) {
+    // Widened exactly: F16 has 3 more mantissa bits than BF16, which rounding would drop.
+    const std::vector<uint16_t> halves = copy_elements<uint16_t>(impl_->bytes_of(*e));
+    out.reserve(halves.size());
+    for (uint16_t bits : halves) out.push_back(f16_to_float(bits));
   } else {
     PS_ASSIGN_OR_RETURN(std::shared_ptr<std::vector<bf16>> converted, impl_->convert_to_bf16(*e));
     out.reserve(converted->size());
     for (bf16 v : *converted) out.push_back(bf16_to_float(v));
+  }
+  // A damaged value is refused naming the tensor, as damaged scales are: these tensors are
+  // read whole anyway (norms, biases, the router, the weights `quantize` rounds).
+  const auto bad = std::find_if(out.begin(), out.end(), [](float v) { return !std::isfinite(v); });
+  if (bad != out.end()) {
+    int64_t flat = bad - out.begin();
+    std::string at;
+    for (auto d = e->info->shape.rbegin(); d != e->info->shape.rend(); ++d) {
+      at = std::to_string(flat % std::max<int64_t>(*d, 1)) + (at.empty() ? "" : ", ") + at;
+      flat /= std::max<int64_t>(*d, 1);
+    }
+    return invalid_argument(impl_->file_of(*e) + ": tensor '" + e->name +
+                            "' has a non-finite value (" + std::to_string(*bad) + ") at [" + at +
+                            "]");
   }
   impl_->mark_used(*e);
   return out;

@@ -104,8 +104,9 @@ class Checkpoint {
   // Errors: NotFound (file is the checkpoint dir), InvalidArgument on shape mismatch
   // ("<file>: tensor '<name>' has shape [a, b], expected [c, d]"), Unimplemented dtype.
   Result<WeightTensor> get_bf16(std::string_view name, const std::vector<int64_t>& expected_shape);
-  // The tensor converted to float (for norms, biases, router weights): F32 read exactly,
-  // BF16/F16 widened, F8_E4M3 dequantized with its scales (rounded to BF16 on the way).
+  // The tensor converted to float (for norms, biases, router weights, and the weights that
+  // `quantize` rounds): F32 read exactly, BF16 and F16 widened exactly, F8_E4M3 dequantized
+  // with its scales (rounded to BF16 on the way).
   // Marks it used.
   Result<std::vector<float>> get_f32(std::string_view name,
                                      const std::vector<int64_t>& expected_shape);

@@ -31,7 +31,13 @@ CASES = [
     # A plain range (CLI11's PositiveNumber printed DBL_MAX's 300 digits).
     (["serve", "--model", MODEL, "--max-prefill-chunk-tokens", "-1"], "not in range 0 to 1073741824"),
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", MODEL + "/config.json",
-      "--calib-tokens", "0"], "not in range 1 to 2147483648"),
+      "--calib-tokens", "0"], "not in range 1 to 4194304"),
+    # 64 bytes of text per token were read into memory: 2^31 tokens asked for 128 GiB.
+    (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", MODEL + "/config.json",
+      "--calib-tokens", "2147483648"], "not in range 1 to 4194304"),
+    # A calibration text that the pipeline would not read (it was ignored, unopened).
+    (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", "/nonexistent",
+      "--pipeline", "rtn"], "--pipeline rtn does not calibrate: --calib /nonexistent"),
     (["serve", "--model", MODEL, "--speculative", "auto", "--num-speculative-tokens", "2"],
      "--num-speculative-tokens is for --speculative mtp"),
     (["serve", "--model", MODEL, "--max-model-len", "-5"], "--max-model-len"),

@@ -591,5 +591,33 @@ TEST_F(MatmulInt8Test, ZeroRowsOfXGiveZeros) {
   }
 }
 
+// A damaged input (a NaN weight upstream, an overflow) must not come out as plausible
+// numbers: a row holding NaN or inf gives a NaN row of y, as a float product does, at every
+// level, in the vector body and the tail; the other rows keep their bits.
+TEST_F(MatmulInt8Test, NonFiniteRowsOfXGiveNaNRows) {
+  Random rng(19);
+  const int64_t n = 21, k = 37;
+  const PackedInt8Matrix w = random_weights(rng, n, k, k);
+  std::vector<float> x = rng.floats(static_cast<size_t>(4 * k));
+  x[static_cast<size_t>(1 * k + 3)] = std::numeric_limits<float>::quiet_NaN();   // vector body
+  x[static_cast<size_t>(2 * k + 36)] = -std::numeric_limits<float>::infinity();  // tail
+  for (IsaLevel level : levels_to_test()) {
+    SCOPED_TRACE(level_label(level));
+    ScopedIsaLevel isa(level);
+    const std::vector<float> y = run(w, x.data(), 4, nullptr);
+    for (int64_t j = 0; j < n; ++j) {
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(1 * n + j)])) << j;
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(2 * n + j)])) << j;
+    }
+    const std::vector<float> first = run(w, x.data(), 1, nullptr);
+    const std::vector<float> last = run(w, x.data() + 3 * k, 1, nullptr);
+    EXPECT_TRUE(std::equal(first.begin(), first.end(), y.begin()));
+    EXPECT_TRUE(std::equal(last.begin(), last.end(), y.begin() + 3 * n));
+    std::vector<int8_t> q(static_cast<size_t>(k));
+    EXPECT_TRUE(std::isnan(internal::quantize_activation_row(x.data() + k, k, q.data())));
+    EXPECT_EQ(q, std::vector<int8_t>(static_cast<size_t>(k), 0));
+  }
+}
+
 }  // namespace
 }  // namespace peerserve::kernels

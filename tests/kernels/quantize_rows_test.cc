@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -112,6 +114,33 @@ TEST(QuantizeRowsInt8, TinyRowsKeepTheirShape) {
   EXPECT_EQ(q[2], 0);
   EXPECT_EQ(q[3], 32);  // 31.75
   EXPECT_GT(scale, 0.0f);
+}
+
+// A row holding NaN or inf (in the vector body or the tail) dequantizes to NaN at every
+// level; its neighbours keep their bits. It used to end the process (a CHECK), which under
+// --ep took the whole job down over one damaged activation.
+TEST(QuantizeRowsInt8, NonFiniteRowsDequantizeToNaN) {
+  const int64_t cols = 37;
+  std::vector<float> x(3 * cols);
+  for (int64_t c = 0; c < 3 * cols; ++c) x[c] = 0.25f * static_cast<float>(c % 11) - 1.0f;
+  std::vector<int8_t> clean_q(cols);
+  float clean_scale = 0.0f;
+  quantize_rows_int8(x.data() + 2 * cols, 1, cols, cols, clean_q.data(), &clean_scale);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[cols + 36] = std::numeric_limits<float>::infinity();
+  for (IsaLevel level : supported_isa_levels()) {
+    ScopedIsaLevel scoped(level);
+    std::vector<int8_t> q(x.size(), 1);
+    std::vector<float> scales(3);
+    quantize_rows_int8(x.data(), 3, cols, cols, q.data(), scales.data());
+    std::vector<float> back(x.size());
+    dequantize_rows_int8(q.data(), scales.data(), 3, cols, back.data(), cols);
+    for (int64_t c = 0; c < 2 * cols; ++c) {
+      EXPECT_TRUE(std::isnan(back[c])) << isa_level_name(level) << " " << c;
+    }
+    EXPECT_EQ(scales[2], clean_scale) << isa_level_name(level);
+    EXPECT_TRUE(std::equal(clean_q.begin(), clean_q.end(), q.begin() + 2 * cols));
+  }
 }
 
 }  // namespace

@@ -446,5 +446,26 @@ TEST(Int8CheckpointTest, AFailedWriteLeavesNoCheckpointBehind) {
   EXPECT_TRUE(fs::is_empty(parent)) << "a staging directory was left in " << parent;
 }
 
+// Tensors the output keeps as they were (kv_b, the norms) are checked too: a NaN in kv_b used
+// to pass into the INT8 checkpoint, whose activations then hid it as finite values.
+TEST(Int8CheckpointTest, ANonFiniteValueInAKeptTensorIsRefusedByName) {
+  for (const std::string weight :
+       {"model.layers.1.self_attn.kv_b_proj.weight", "model.layers.1.input_layernorm.weight"}) {
+    const std::string source = make_temp_dir("int8_nan_kept");
+    fs::copy(tiny_checkpoint_dir(), source, fs::copy_options::recursive);
+    rewrite(source, [&](std::map<std::string, TensorToWrite>& t) {
+      TensorToWrite& w = t.at(weight);
+      ASSERT_EQ(w.dtype, DType::kBF16);
+      const uint16_t nan = 0x7fc0;
+      std::memcpy(w.bytes.data() + 2 * 3, &nan, 2);
+    });
+    auto written = write_int8_checkpoint(source, make_temp_dir("int8_nan_kept_out"));
+    ASSERT_FALSE(written.ok()) << weight;
+    EXPECT_NE(written.status().message().find("'" + weight + "' has a non-finite value"),
+              std::string::npos)
+        << written.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace peerserve

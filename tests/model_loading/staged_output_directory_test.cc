@@ -64,6 +64,21 @@ TEST(StagedOutputDirectoryTest, AnEmptyOutputIsTakenANonEmptyOneRefusedAndKept) 
   EXPECT_FALSE(StagedOutputDirectory::begin(scratch.path() + "/file").ok());
 }
 
+// An empty output directory made private on purpose stays private: the published folder
+// takes its permissions (it came out 0755, the staging folder's).
+TEST(StagedOutputDirectoryTest, AnEmptyOutputKeepsItsPermissions) {
+  ScratchDir scratch;
+  const fs::path out = fs::path(scratch.path()) / "private";
+  fs::create_directories(out);
+  fs::permissions(out, fs::perms::owner_all);
+  auto staged = StagedOutputDirectory::begin(out.string());
+  ASSERT_TRUE(staged.ok()) << staged.status().to_string();
+  write_file(staged->path() / "a", "new");
+  ASSERT_TRUE(staged->publish().ok());
+  EXPECT_TRUE(fs::exists(out / "a"));
+  EXPECT_EQ(fs::status(out).permissions(), fs::perms::owner_all);
+}
+
 TEST(StagedOutputDirectoryTest, AStagingFolderOfAProcessThatIsGoneIsRemoved) {
   ScratchDir scratch;
   const pid_t child = ::fork();
