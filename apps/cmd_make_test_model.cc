@@ -9,8 +9,8 @@
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
 #include "apps/whole_number_validator.h"
-#include "model/checkpoint/checkpoint.h"
 #include "base/staged_output_directory.h"
+#include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/tensor_layout.h"
 #include "model/checkpoint/test_model.h"
 

@@ -100,7 +100,7 @@ int run_plan(const PlanOptions& o) {
   if (!hw.ok()) return fail(hw.status());
   auto model = plan_inputs::load_model(o.model, o.model_config);
   if (!model.ok()) return fail(model.status());
-  auto decode = o.deployment.decode();
+  auto decode = o.deployment.decode(*model);
   if (!decode.ok()) return fail(decode.status());
   auto prefill = o.deployment.prefill();
   if (!prefill.ok()) return fail(prefill.status());
@@ -229,11 +229,11 @@ int run_plan(const PlanOptions& o) {
   print_layer("MoE layer", d->moe_layer);
   print_layer("dense layer", d->dense_layer);
   fmt::print(
-      "  step {:.2f} ms = {} MoE x {:.1f} us + {} dense x {:.1f} us + MTP {:.1f} us + LM "
+      "  step {:.2f} ms = {} MoE x {:.1f} us + {} dense x {:.1f} us + MTP {} x {:.1f} us + LM "
       "head {:.1f} us + fixed {:.2f} ms\n",
       d->step_s * 1e3, model->num_moe_layers(), d->moe_layer.seconds * 1e6, model->num_dense_layers,
-      d->dense_layer.seconds * 1e6, d->mtp_layer.seconds * 1e6, d->lm_head_s * 1e6,
-      d->fixed_s * 1e3);
+      d->dense_layer.seconds * 1e6, decode->mtp.draft_tokens, d->mtp_layer.seconds * 1e6,
+      d->lm_head_s * 1e6, d->fixed_s * 1e3);
   fmt::print(
       "  TPOT {:.2f} ms ({:.2f} tokens per request per step); output tokens/s: {}; {:.3f} "
       "tokens/s per TFLOPS\n",
@@ -353,7 +353,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
                        "Hugging Face config.json instead of a preset");
   o->deployment.add_to(*plan_cmd);
   plan_cmd->add_option("--batch", o->batch,
-                       "decode requests per device (default: largest under the SLO)");
+                       "decode requests per device (default: the largest under the SLO, or 1 "
+                       "when no batch meets it)");
   plan_cmd->add_option("--tpot-slo-ms", o->tpot_slo_ms, "TPOT SLO in ms")->capture_default_str();
   plan_cmd->add_option("--prompt-tokens", o->prompt_tokens, "mean prompt length")
       ->capture_default_str();
@@ -361,12 +362,17 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   plan_cmd->add_option("--reuse", o->reuse, "fraction of prompt tokens served by the context cache")
       ->capture_default_str();
-  plan_cmd->add_option("--mapping-prefill-tp", o->mapping_prefill_tp,
-                       "prefill TP size for the connection mapping (default: attention TP)");
+  plan_cmd
+      ->add_option("--mapping-prefill-tp", o->mapping_prefill_tp,
+                   "prefill TP size for the connection mapping (default: attention TP)")
+      ->check(CLI::Range(1, plan::kMaxDevices));
   plan_cmd->add_option("--mapping-decode-tp", o->mapping_decode_tp, "decode TP size")
+      ->check(CLI::Range(1, plan::kMaxDevices))
       ->capture_default_str();
-  plan_cmd->add_option("--device-budget", o->device_budget,
-                       "total devices to split into instances");
+  plan_cmd
+      ->add_option("--device-budget", o->device_budget,
+                   "total devices to split into instances (at most 1048576)")
+      ->check(CLI::Range(1, plan::kMaxDevices));
   plan_cmd->add_option("--memory-pool-path", o->memory_pool_path,
                        "caching-pool path for context-cache hits (default: the hardware's first)");
   plan_cmd->add_flag("--json", o->json, "print JSON instead of text");

@@ -63,7 +63,7 @@ int run_simulate(const SimulateOptions& o) {
   auto model = plan_inputs::load_model(o.model, o.model_config);
   if (!model.ok()) return fail(model.status());
   plan::SimulationOptions sim;
-  auto decode = o.deployment.decode();
+  auto decode = o.deployment.decode(*model);
   if (!decode.ok()) return fail(decode.status());
   auto prefill = o.deployment.prefill();
   if (!prefill.ok()) return fail(prefill.status());
@@ -139,7 +139,11 @@ int run_simulate(const SimulateOptions& o) {
       o.prefill_instances, sim.prefill.experts.devices, o.decode_instances,
       sim.decode.experts.devices, hw->device_kind, hw->name, o.seed);
   line("TTFT", result->ttft_s, 1e3, "ms");
-  line("TPOT", result->tpot_s, 1e3, "ms");
+  if (result->tpot_s.count > 0) {
+    line("TPOT", result->tpot_s, 1e3, "ms");
+  } else {
+    fmt::print("  TPOT  (none: no request produced a second token)\n");
+  }
   line("e2e", result->e2e_s, 1.0, "s");
   fmt::print("  makespan {:.2f} s; {} output tokens: {:.0f} tokens/s, {:.1f} per device\n",
              result->makespan_s, result->output_tokens, result->output_tokens_per_s,
@@ -177,11 +181,15 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--max-batch", o->max_batch_per_device, "decode requests per device at most")
       ->capture_default_str();
-  cmd->add_option("--requests", o->requests, "number of requests")->capture_default_str();
+  cmd->add_option("--requests", o->requests, "number of requests (at most 10,000,000)")
+      ->check(CLI::Range(1, 10'000'000))
+      ->capture_default_str();
   cmd->add_option("--arrival-rate", o->arrival_rate, "Poisson requests/s (0: all at once)")
       ->capture_default_str();
   cmd->add_option("--prompt", o->prompt,
-                  "prompt lengths: fixed:N, uniform:A:B, exp:M, lognormal:M:S")
+                  "prompt lengths in tokens: fixed:N, uniform:A:B, exp:M, lognormal:M:S (S in "
+                  "[0, 10]); stated lengths at most 1048576, sampled ones rounded and clamped "
+                  "to [1, 1048576]")
       ->capture_default_str();
   cmd->add_option("--output", o->output, "output lengths (same forms)")->capture_default_str();
   cmd->add_option("--reuse", o->reuse, "fraction of each prompt in the context cache")

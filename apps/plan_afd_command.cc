@@ -244,13 +244,16 @@ void add_plan_afd_command(CLI::App& plan) {
   sub->add_option("--requests-per-instance", options->requests_per_instance,
                   "N, requests per Attention instance over the horizon (0 = N -> infinity); with "
                   "--reproduce, N of the simulated rows")
+      ->check(CLI::Range(0.0, 1e12))
       ->capture_default_str();
   sub->add_option("--convention", options->convention,
                   "steps-from-one: p = 1/mu_D (reproduces the printed values); paper: "
                   "p = 1/(mu_D + 1)")
       ->check(CLI::IsMember({"steps-from-one", "paper"}))
       ->capture_default_str();
-  sub->add_option("--ratios", options->ratios, "A/F ratios to evaluate")->delimiter(',');
+  sub->add_option("--ratios", options->ratios,
+                  "A/F ratios to evaluate, comma-separated (default 1,2,4,8,16,24,32)")
+      ->delimiter(',');
   sub->add_flag("--simulate", options->simulate,
                 "also simulate every (whole-number) ratio with the paper's semantics");
   sub->add_option("--batches-in-flight", options->batches_in_flight, "simulator batches in flight")

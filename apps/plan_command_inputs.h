@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "apps/whole_number_validator.h"
+#include "base/regular_file.h"
 #include "base/status.h"
 #include "plan/analytic/deployment_presets.h"
 #include "plan/analytic/routing_imbalance.h"
@@ -61,12 +62,13 @@ inline std::string joined_names(const std::vector<std::string>& names) {
   return out;
 }
 
+// Profiles, configs and routing traces are small (a published trace is a few MB): a bound
+// keeps a wrong path (/dev/zero, a checkpoint shard) an error instead of an endless read.
+inline constexpr uint64_t kMaxInputFileBytes = uint64_t{256} << 20;
+
 inline Result<nlohmann::json> read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return not_found("cannot open '" + path.string() + "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  PS_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxInputFileBytes));
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return data_loss("'" + path.string() + "' is not valid JSON");
   return json;
 }
@@ -197,7 +199,9 @@ struct DeploymentFlags {
     return ok_status();
   }
 
-  Result<plan::DecodeDeployment> decode() const {
+  // A model without an MTP module drafts nothing: the preset's MTP is dropped for it, and
+  // --mtp-drafts > 0 is refused.
+  Result<plan::DecodeDeployment> decode(const plan::ModelProfile& model) const {
     PS_ASSIGN_OR_RETURN(plan::DecodeDeployment d, plan::decode_preset(decode_preset));
     if (decode_devices) d.experts.devices = *decode_devices;
     if (decode_redundant) d.experts.redundant_experts = *decode_redundant;
@@ -209,6 +213,13 @@ struct DeploymentFlags {
     }
     if (mtp_drafts) d.mtp.draft_tokens = *mtp_drafts;
     if (mtp_acceptance) d.mtp.acceptance = *mtp_acceptance;
+    if (model.num_mtp_layers == 0 && d.mtp.draft_tokens > 0) {
+      if (mtp_drafts) {
+        return invalid_argument("--mtp-drafts " + std::to_string(*mtp_drafts) + ": model '" +
+                                model.name + "' has no MTP module to draft with");
+      }
+      d.mtp.draft_tokens = 0;
+    }
     return d;
   }
 
@@ -252,13 +263,11 @@ inline Status apply_routing(const DeploymentFlags& flags, const plan::ModelProfi
     std::stringstream paths(spec.substr(6));
     std::string path;
     while (std::getline(paths, path, ',')) {
-      std::ifstream in(path);
-      if (!in) return not_found("--routing: cannot open trace '" + path + "'");
-      std::stringstream text;
-      text << in.rdbuf();
+      Result<std::string> text = read_regular_file(path, kMaxInputFileBytes);
+      if (!text.ok()) return text.status().with_context("--routing trace");
       plan::RoutingTraceParseOptions options;
       options.num_experts = model.num_routed_experts;
-      auto request = plan::parse_routing_trace(text.str(), options);
+      auto request = plan::parse_routing_trace(*text, options);
       if (!request.ok()) return request.status().with_context(path);
       requests.push_back(std::move(*request));
     }

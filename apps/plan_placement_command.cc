@@ -4,6 +4,7 @@
 // cmd_*.cc file: apps/cmd_plan.cc mounts it under `plan`.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -144,7 +145,11 @@ int run_placement(PlacementCommandOptions o) {
   } else {
     if (num_experts > 0) o.synthetic.num_experts = num_experts;
     num_experts = o.synthetic.num_experts;
-    if (o.max_over_mean > 0.0) {
+    if (o.max_over_mean != 0.0) {  // 0: not given
+      if (!(o.max_over_mean >= 1.0) || !std::isfinite(o.max_over_mean)) {
+        return fail(invalid_argument("--max-over-mean " + std::to_string(o.max_over_mean) +
+                                     ": expected a finite ratio >= 1"));
+      }
       Result<double> skew =
           zipf_skew_for_max_over_mean(num_experts, o.synthetic.top_k, o.max_over_mean);
       if (!skew.ok()) return fail(skew.status());
@@ -320,8 +325,12 @@ void add_plan_placement_command(CLI::App& plan) {
   sub->add_option("--redundant-per-rank", o->placement.redundant_per_rank,
                   "extra expert slots per rank (eplb, dup)")
       ->capture_default_str();
-  sub->add_option("--groups", o->placement.num_groups, "EPLB expert groups")->capture_default_str();
-  sub->add_option("--nodes", o->placement.num_nodes, "EPLB nodes")->capture_default_str();
+  sub->add_option("--groups", o->placement.num_groups, "EPLB expert groups")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  sub->add_option("--nodes", o->placement.num_nodes, "EPLB nodes")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   sub->add_option("--place-from", o->place_from, "load the placement sees: prefill, decode, all")
       ->capture_default_str();
   sub->add_option("--evaluate-on", o->evaluate_on, "load the result is judged on")

@@ -38,9 +38,9 @@ struct AllToAllTime {
 };
 
 // seconds = fixed_s + max(transfer_s, message_s): packing a message overlaps with sending the
-// previous ones (paper 000 §4.2.1's data-sending pipeline). Without dedup the copies go uniformly to
-// all ranks, (ranks - 1) / ranks of them remote, over the scale-up link when the group fits
-// one scale-up domain and over scale-out otherwise.
+// previous ones (paper 000 §4.2.1's data-sending pipeline). Without dedup the copies go uniformly
+// to all ranks, (ranks - 1) / ranks of them remote, over the scale-up link when the group fits one
+// scale-up domain and over scale-out otherwise.
 AllToAllTime all_to_all_time(const HardwareProfile& hw, const AllToAllCall& call);
 
 // Bytes of one dispatched token copy: hidden x dispatch precision + scale/metadata bytes;

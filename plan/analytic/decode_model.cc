@@ -77,8 +77,8 @@ LayerEstimate estimate_layer(const DecodeContext& cx, double tokens, double requ
                         cx.deployment.microbatching, PipelineKind::kPartitionedCores);
 }
 
-DecodeMemory decode_memory(const DecodeContext& cx, double batch, double tokens, double max_context,
-                           bool microbatched) {
+DecodeMemory decode_memory(const DecodeContext& cx, double batch, double tokens,
+                           double max_context) {
   const ModelProfile& m = cx.model;
   const ExpertPlacement& placement = cx.deployment.experts;
   const ExpertLoad load = expert_load(m, placement, tokens);
@@ -92,8 +92,9 @@ DecodeMemory decode_memory(const DecodeContext& cx, double batch, double tokens,
                                    gate_weights(m) * bytes_per_element(Precision::kBf16));
   mem.kv_bytes = batch * max_context * kv_elements_per_token_per_layer(m) * cx.kv_bytes *
                  (m.num_layers + m.num_mtp_layers);
-  const double tokens_per_call = microbatched ? tokens / 2.0 : tokens;
-  mem.buffers = expert_buffers(placement.devices, std::ceil(tokens_per_call), m.experts_per_token,
+  // Sized by the die's whole local batch, as paper 000 sizes them (96 tokens: 225 MB dispatch):
+  // with two microbatches in flight each has its half, which adds up to the same.
+  mem.buffers = expert_buffers(placement.devices, std::ceil(tokens), m.experts_per_token,
                                static_cast<int>(std::ceil(load.slots_per_routed_device)),
                                cx.dispatch_bytes, cx.combine_bytes);
   mem.buffer_bytes = mem.buffers.total_bytes();
@@ -108,11 +109,18 @@ Result<DecodeEstimate> estimate_decode(const ModelProfile& model, const Hardware
                                        const DecodeDeployment& deployment, double batch_per_device,
                                        double context_tokens, double max_context_tokens) {
   PS_RETURN_IF_ERROR(validate_decode_deployment(deployment, model));
-  if (!(batch_per_device > 0.0)) {
-    return invalid_argument("decode batch per device must be > 0");
+  if (deployment.mtp.draft_tokens > 0 && model.num_mtp_layers == 0) {
+    return invalid_argument("model '" + model.name +
+                            "' has no MTP module: " + std::to_string(deployment.mtp.draft_tokens) +
+                            " MTP drafts per step cannot run");
   }
-  if (!(context_tokens >= 0.0) || !(max_context_tokens >= context_tokens)) {
-    return invalid_argument("decode context must satisfy 0 <= mean context <= max context");
+  if (!(batch_per_device > 0.0) || !(batch_per_device <= kMaxEstimateTokens)) {
+    return invalid_argument("decode batch per device must be > 0 and finite (at most 1e12)");
+  }
+  if (!(context_tokens >= 0.0) || !(max_context_tokens >= context_tokens) ||
+      !(max_context_tokens <= kMaxEstimateTokens)) {
+    return invalid_argument(
+        "decode context must satisfy 0 <= mean context <= max context <= 1e12 tokens");
   }
   PS_ASSIGN_OR_RETURN(DeviceRates rates, device_rates(hw, deployment.precision, false));
   DecodeContext cx{model, hw, deployment, rates};
@@ -131,9 +139,10 @@ Result<DecodeEstimate> estimate_decode(const ModelProfile& model, const Hardware
   double step =
       model.num_moe_layers() * e.moe_layer.seconds + model.num_dense_layers * e.dense_layer.seconds;
   if (drafts > 0) {
-    // Each draft token runs one MTP module on one token per request.
+    // Each draft token runs one MTP module on one token per request (one module drafting
+    // autoregressively, or module i for draft i: one pass per draft either way).
     e.mtp_layer = estimate_layer(cx, batch_per_device, batch_per_device, context_tokens, true);
-    step += drafts * std::max(1, model.num_mtp_layers) * e.mtp_layer.seconds;
+    step += drafts * e.mtp_layer.seconds;
   }
   // LM head: main model on every token, and once per draft for the MTP module.
   e.lm_head_s =
@@ -147,8 +156,12 @@ Result<DecodeEstimate> estimate_decode(const ModelProfile& model, const Hardware
   e.throughput_per_package = e.throughput_per_device * hw.devices_per_package;
   PS_ASSIGN_OR_RETURN(const double peak, hw.peak_flops(deployment.precision.weights));
   e.tokens_per_s_per_tflops = e.throughput_per_device / (peak / 1e12);
-  e.memory = decode_memory(cx, batch_per_device, e.tokens_per_device, max_context_tokens,
-                           e.moe_layer.microbatched);
+  e.memory = decode_memory(cx, batch_per_device, e.tokens_per_device, max_context_tokens);
+  if (!std::isfinite(e.step_s) || !(e.step_s > 0.0) || !std::isfinite(e.throughput_per_device)) {
+    return invalid_argument("decode estimate is not a finite time (step " +
+                            std::to_string(e.step_s) +
+                            " s): a rate of the hardware profile or a size is out of range");
+  }
   return e;
 }
 

@@ -35,13 +35,14 @@ double MtpOptions::tokens_per_step() const {
 }
 
 Status validate_placement(const ExpertPlacement& p, const ModelProfile& model) {
-  if (p.devices < 1) {
+  if (p.devices < 1 || p.devices > kMaxDevices) {
     return invalid_argument("expert placement: devices = " + std::to_string(p.devices) +
-                            ", expected >= 1");
+                            ", expected 1.." + std::to_string(kMaxDevices));
   }
-  if (p.redundant_experts < 0) {
-    return invalid_argument("expert placement: redundant_experts = " +
-                            std::to_string(p.redundant_experts) + ", expected >= 0");
+  if (p.redundant_experts < 0 || p.redundant_experts > kMaxRedundantExperts) {
+    return invalid_argument(
+        "expert placement: redundant_experts = " + std::to_string(p.redundant_experts) +
+        ", expected 0.." + std::to_string(kMaxRedundantExperts));
   }
   if (p.shared_expert_devices < 0 || p.shared_expert_devices >= p.devices) {
     return invalid_argument(
@@ -96,8 +97,8 @@ Status validate_prefill_deployment(const PrefillDeployment& d, const ModelProfil
     return invalid_argument("prefill attention_tp = " + std::to_string(d.attention_tp) +
                             " exceeds the " + std::to_string(model.num_heads) + " attention heads");
   }
-  if (!(d.max_tokens_per_device >= 1.0)) {
-    return invalid_argument("prefill max_tokens_per_device must be >= 1");
+  if (!(d.max_tokens_per_device >= 1.0) || !(d.max_tokens_per_device <= kMaxEstimateTokens)) {
+    return invalid_argument("prefill max_tokens_per_device must be in [1, 1e12]");
   }
   return ok_status();
 }

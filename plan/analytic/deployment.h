@@ -30,6 +30,12 @@ std::string_view microbatching_name(Microbatching mode);
 Result<Microbatching> parse_microbatching(std::string_view name);  // "off", "on", "auto"
 
 // Experts of one MoE layer spread over the `devices` ranks of an EP group.
+// Bounds that keep the device and slot arithmetic far from int overflow.
+inline constexpr int kMaxRedundantExperts = 65536;
+inline constexpr int kMaxDevices = 1 << 20;
+// Batches and contexts the estimates take, in tokens (finite, and far above any deployment).
+inline constexpr double kMaxEstimateTokens = 1e12;
+
 struct ExpertPlacement {
   int devices = 1;
   int redundant_experts = 0;  // extra replicas of hot routed experts (EPLB)

@@ -1,5 +1,8 @@
 #include "plan/analytic/prefill_model.h"
 
+#include <cmath>
+#include <string>
+
 #include "plan/analytic/all_to_all.h"
 #include "plan/analytic/device_rates.h"
 #include "plan/analytic/expert_load.h"
@@ -142,8 +145,10 @@ Result<PrefillEstimate> estimate_prefill(const ModelProfile& model, const Hardwa
                                          const std::string& memory_pool_path) {
   PS_RETURN_IF_ERROR(validate_prefill_deployment(deployment, model));
   if (!(batch.new_tokens >= 0.0) || !(batch.cached_tokens >= 0.0) ||
-      !(batch.attended_context >= 0.0) || batch.new_tokens + batch.cached_tokens <= 0.0) {
-    return invalid_argument("prefill batch needs new_tokens + cached_tokens > 0, all >= 0");
+      !(batch.attended_context >= 0.0) || batch.new_tokens + batch.cached_tokens <= 0.0 ||
+      !(batch.new_tokens + batch.cached_tokens + batch.attended_context <= kMaxEstimateTokens)) {
+    return invalid_argument("prefill batch needs new_tokens + cached_tokens > 0, all >= 0 and " +
+                            std::string("finite (at most 1e12 tokens)"));
   }
   PS_ASSIGN_OR_RETURN(DeviceRates rates, device_rates(hw, deployment.precision, true));
   PrefillContext cx{model, hw, deployment, rates};
@@ -174,6 +179,11 @@ Result<PrefillEstimate> estimate_prefill(const ModelProfile& model, const Hardwa
   e.throughput_per_package = e.throughput_per_device * hw.devices_per_package;
   PS_ASSIGN_OR_RETURN(const double peak, hw.peak_flops(deployment.precision.weights));
   e.tokens_per_s_per_tflops = e.throughput_per_device / (peak / 1e12);
+  if (!std::isfinite(e.batch_s) || !(e.batch_s > 0.0) || !std::isfinite(e.throughput_per_device)) {
+    return invalid_argument("prefill estimate is not a finite time (batch " +
+                            std::to_string(e.batch_s) +
+                            " s): a rate of the hardware profile or a size is out of range");
+  }
   return e;
 }
 

@@ -80,7 +80,7 @@ Result<RequestRouting> parse_routing_trace(std::string_view json_text,
   Json steps;
   try {
     steps = Json::parse(json_text);
-  } catch (const Json::parse_error& error) {
+  } catch (const Json::exception& error) {  // parse_error, and out_of_range for 1e400
     return data_loss(std::string("routing trace: not valid JSON: ") + error.what());
   }
   if (!steps.is_array()) {

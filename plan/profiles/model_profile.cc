@@ -209,7 +209,10 @@ Status validate_model_profile(const ModelProfile& m) {
     require(m.num_kv_heads >= 1 && m.head_dim >= 1, "GQA needs num_kv_heads and head_dim >= 1");
     require(m.num_kv_heads <= m.num_heads, "num_kv_heads must not exceed num_heads");
   }
-  require(m.num_routed_experts >= 1, "num_routed_experts must be >= 1");
+  // 65536: the most a routing trace can name (plan/placement/routing_trace.h); per-expert
+  // tables are sized by it (1e9 asked for 8 GB per layer).
+  require(m.num_routed_experts >= 1 && m.num_routed_experts <= 65536,
+          "num_routed_experts must be in [1, 65536]");
   require(m.experts_per_token >= 1 && m.experts_per_token <= m.num_routed_experts,
           "experts_per_token must be in [1, num_routed_experts]");
   require(m.moe_intermediate_size >= 1, "moe_intermediate_size must be >= 1");

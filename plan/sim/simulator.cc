@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <queue>
 
@@ -168,8 +169,32 @@ class Simulation {
     DecodeInstance& inst = decode_[d];
     const int devices = options_.decode.experts.devices;
     const size_t capacity = static_cast<size_t>(options_.max_batch_per_device) * devices;
+    double longest = 0.0;  // the longest final context among the active requests
+    for (int i : inst.active) {
+      longest = std::max(
+          longest, static_cast<double>(requests_[i].prompt_tokens + requests_[i].output_tokens));
+    }
+    // A request is admitted while the busiest die (ceil(n / devices) requests, each counted at
+    // the longest final context) still fits its KV in the device's memory, as an engine admits
+    // by free KV blocks; otherwise it waits for a request to finish.
     while (!inst.pending.empty() && inst.active.size() < capacity) {
       const int i = inst.pending.front();
+      const double context = std::max(
+          longest, static_cast<double>(requests_[i].prompt_tokens + requests_[i].output_tokens));
+      const double per_die = std::ceil((static_cast<double>(inst.active.size()) + 1.0) / devices);
+      PS_ASSIGN_OR_RETURN(DecodeEstimate probe,
+                          estimate_decode(model_, hw_, options_.decode, per_die, context, context));
+      if (!probe.memory.fits()) {
+        if (!inst.active.empty()) break;
+        char gb[64];
+        std::snprintf(gb, sizeof gb, "%.1f of %.1f GB", probe.memory.total_bytes() / 1e9,
+                      probe.memory.capacity_bytes / 1e9);
+        return invalid_argument(
+            "request " + std::to_string(i) + " (" + std::to_string(requests_[i].prompt_tokens) +
+            " prompt + " + std::to_string(requests_[i].output_tokens) +
+            " output tokens) needs more memory than a decode device has: " + gb);
+      }
+      longest = context;
       inst.pending.pop_front();
       records_[i].decode_start_s = now_;
       inst.active.push_back(i);
@@ -181,13 +206,17 @@ class Simulation {
     double context = 0.0;
     for (int i : inst.active) context += requests_[i].prompt_tokens + generated_[i];
     context /= static_cast<double>(inst.active.size());
-    const double batch = static_cast<double>(inst.active.size()) / devices;
+    // Attention is data-parallel: each request lives on one die, and a step lasts as long as
+    // the busiest die's, which holds ceil(n / devices) of them (a fractional share made one
+    // 128K request on a 320-die instance cost a tenth of its step).
+    const double per_device = static_cast<double>(inst.active.size()) / devices;
+    const double busiest = std::ceil(per_device);
     PS_ASSIGN_OR_RETURN(DecodeEstimate e,
-                        estimate_decode(model_, hw_, options_.decode, batch, context, context));
+                        estimate_decode(model_, hw_, options_.decode, busiest, context, context));
     inst.busy = true;
     decode_busy_s_ += e.step_s;
     ++decode_steps_;
-    decode_batch_sum_ += batch;
+    decode_batch_sum_ += per_device;
     push({now_ + e.step_s, 0, EventKind::kDecodeStepDone, d, 0});
     return ok_status();
   }

@@ -35,6 +35,14 @@ CASES = [
     # 64 bytes of text per token were read into memory: 2^31 tokens asked for 128 GiB.
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", MODEL + "/config.json",
       "--calib-tokens", "2147483648"], "not in range 1 to 4194304"),
+    # The planner and simulator: sizes that overflowed (a budget of 2^31 never finished),
+    # infinities that printed "inf us" and "-nan", unbounded reads and stated lengths.
+    (["plan", "--device-budget", "2147483647"], "not in range 1 to 1048576"),
+    (["plan", "--batch", "inf"], "decode batch per device must be > 0 and finite"),
+    (["plan", "--model-config", "/dev/zero"], "expected a regular file"),
+    (["plan", "--model", "kimi-k2", "--mtp-drafts", "1"], "has no MTP module"),
+    (["simulate", "--prompt", "fixed:1e300"], "lengths must be at most 1048576 tokens"),
+    (["simulate", "--requests", "2147483647"], "not in range 1 to 10000000"),
     # A calibration text that the pipeline would not read (it was ignored, unopened).
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", "/nonexistent",
       "--pipeline", "rtn"], "--pipeline rtn does not calibrate: --calib /nonexistent"),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -60,6 +61,15 @@ TEST(ExpertBuffers, ReproducePaper000Example) {
   ASSERT_TRUE(model.ok() && decode.ok());
   EXPECT_DOUBLE_EQ(dispatch_bytes_per_copy(*model, decode->precision), 7680);
   EXPECT_DOUBLE_EQ(combine_bytes_per_copy(*model, decode->precision), 14336);
+  // The decode estimate sizes them by the die's whole batch (48 requests x 2 tokens with MTP =
+  // the paper's 96), microbatched or not: they were half of it with two microbatches.
+  const HardwareSet hardware = testing::load_hardware_set();
+  auto e = estimate_decode(*model, hardware.at("ascend-910c"), *decode, 48, 4096, 4096);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  ASSERT_TRUE(e->moe_layer.microbatched);
+  EXPECT_DOUBLE_EQ(e->memory.buffers.max_tokens, 96);
+  EXPECT_DOUBLE_EQ(e->memory.buffers.dispatch_bytes / (1 << 20), 225.0);
+  EXPECT_DOUBLE_EQ(e->memory.buffers.combine_bytes / (1 << 20), 420.0);
 }
 
 // §4.3.3 worked by hand: prefill TP 4, decode TP 2, DP 4 -> ratio 2, group size 2.
@@ -289,6 +299,40 @@ TEST_F(DecodeModelTest, BadDeploymentsAreRejectedWithReasons) {
   d = deployment_;
   d.precision.weights = Precision::kFp8;  // the 910C has no FP8
   EXPECT_EQ(estimate_decode(model_, hw, d, 8, 4096, 4096).status().code(), StatusCode::kNotFound);
+  // Infinite sizes printed "inf us" and "-nan" instances.
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(estimate_decode(model_, hw, deployment_, inf, 4096, 4096).ok());
+  EXPECT_FALSE(estimate_decode(model_, hw, deployment_, 8, 4096, inf).ok());
+  // A bandwidth so small that the step is infinite: an error, not "TPOT inf ms".
+  HardwareProfile slow = hw;
+  slow.hbm_bandwidth_gb_s = 1e-320;
+  const auto infinite = estimate_decode(model_, slow, deployment_, 8, 4096, 4096);
+  ASSERT_FALSE(infinite.ok());
+  EXPECT_NE(infinite.status().message().find("not a finite time"), std::string::npos)
+      << infinite.status().message();
+}
+
+// A model without an MTP module cannot draft (kimi-k2 was modelled at 1.7 tokens per step);
+// with several modules each draft is still one pass (two modules and two drafts counted 4).
+TEST_F(DecodeModelTest, MtpPassesFollowTheDraftsAndNeedAModule) {
+  const HardwareProfile& hw = hardware_.at("ascend-910c");
+  ModelProfile no_mtp = model_;
+  no_mtp.num_mtp_layers = 0;
+  const auto refused = estimate_decode(no_mtp, hw, deployment_, 8, 4096, 4096);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no MTP module"), std::string::npos);
+  DecodeDeployment two_drafts = deployment_;
+  two_drafts.mtp.draft_tokens = 2;
+  ModelProfile two_modules = model_;
+  two_modules.num_mtp_layers = 2;
+  auto one = estimate_decode(model_, hw, two_drafts, 8, 4096, 4096);
+  auto two = estimate_decode(two_modules, hw, two_drafts, 8, 4096, 4096);
+  ASSERT_TRUE(one.ok() && two.ok());
+  const double parts = model_.num_moe_layers() * two->moe_layer.seconds +
+                       model_.num_dense_layers * two->dense_layer.seconds +
+                       2 * two->mtp_layer.seconds + two->lm_head_s + two->fixed_s;
+  EXPECT_NEAR(two->step_s, parts, 1e-12);
+  EXPECT_NEAR(one->step_s, two->step_s, 1e-12);
 }
 
 TEST(PrefillModel, CausalContextAndCacheHits) {
@@ -420,6 +464,13 @@ TEST(PdRatio, HandExample) {
   EXPECT_EQ(r->prefill_instances, 37);
   EXPECT_DOUBLE_EQ(r->served_requests_per_s, 37 * 32.0);
   EXPECT_FALSE(recommend_pd_ratio({4096, 256, 0}, prefill, 32, decode, 320, 100).ok());
+  // A budget near 2^31 overflowed d * devices and never ended; now bounded and refused.
+  const auto huge = recommend_pd_ratio({4096, 256, 0}, prefill, 32, decode, 320, 2147483647);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("expected at most"), std::string::npos);
+  const auto largest = recommend_pd_ratio({4096, 256, 0}, prefill, 1, decode, 1, kMaxDevices);
+  ASSERT_TRUE(largest.ok());
+  EXPECT_EQ(largest->prefill_instances + largest->decode_instances, kMaxDevices);
 }
 
 }  // namespace

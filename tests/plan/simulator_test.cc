@@ -195,6 +195,45 @@ TEST_F(SimulatorTest, DecodeMatchesTheClosedFormInSteadyState) {
               0.01 * n * 512 / decode_span);
 }
 
+// Attention is data-parallel: a request lives on one die, so 32 requests on a 320-die
+// instance step as fast as one die with one request, not as a tenth of a request.
+TEST_F(SimulatorTest, AFewLongRequestsStepAsTheirBusiestDie) {
+  options_.prefill_instances = 16;
+  options_.decode.mtp.draft_tokens = 0;
+  const auto requests = workload(32, "fixed:131072", "fixed:1024", 0.0);
+  auto result = simulate(model_, hw(), options_, requests);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  // The step at one request per die, between the mean and the final context.
+  auto low = estimate_decode(model_, hw(), options_.decode, 1, 131072, 131072);
+  auto high = estimate_decode(model_, hw(), options_.decode, 1, 131072 + 1024, 131072 + 1024);
+  ASSERT_TRUE(low.ok() && high.ok());
+  EXPECT_GE(result->tpot_s.mean, low->step_s * 0.999);
+  // TPOT also spreads the KV transfer (9.2 GB at 25 GB/s) over the 1023 later tokens: +0.36 ms.
+  // At a fractional batch (0.1 per die) the mean was 38% below the step.
+  EXPECT_LE(result->tpot_s.mean, high->step_s + 0.37 / 1023 + 1e-4);
+}
+
+// Requests wait for KV room instead of running batches that cannot fit a device (48 requests
+// of 32K per die: 135 GB on a 64 GB die); one that never fits is an error, not a hang.
+TEST_F(SimulatorTest, AdmissionIsBoundedByDeviceMemory) {
+  options_.prefill_instances = 300;
+  options_.max_batch_per_device = 64;
+  options_.decode.mtp.draft_tokens = 0;
+  const auto requests = workload(64 * 320, "fixed:32768", "fixed:32", 0.0);
+  auto result = simulate(model_, hw(), options_, requests);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  auto fits =
+      largest_batch_under_slo(model_, hw(), options_.decode, 1e9, 32768 + 32, 32768 + 32, 64);
+  ASSERT_TRUE(fits.ok() && fits->has_value());
+  EXPECT_LT((*fits)->batch_per_device, 64);  // memory binds before the batch limit
+  EXPECT_LE(result->decode.mean_batch, (*fits)->batch_per_device + 1e-9);
+  const auto huge = simulate(model_, hw(), options_, workload(1, "fixed:1048576", "fixed:8", 0.0));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("needs more memory than a decode device has"),
+            std::string::npos)
+      << huge.status().message();
+}
+
 TEST_F(SimulatorTest, RejectsInvalidInput) {
   auto requests = workload(10, "fixed:100", "fixed:10", 0.0);
   requests[3].cached_tokens = 100;

@@ -75,6 +75,8 @@ struct MalformedCase {
 TEST(RoutingTrace, RejectsMalformedInputWithClearMessages) {
   const MalformedCase cases[] = {
       {R"([{"0": null, "1": [[1, 2]]})", "not valid JSON"},
+      // A number that overflows a double threw out_of_range past the parse_error handler.
+      {R"([{"1": [[1e400, 2]]}])", "not valid JSON"},
       {R"({"0": null})", "top level is a JSON object, expected an array of forward steps"},
       {"[]", "empty array, expected at least the prefill step"},
       {R"([[1, 2]])", "step 0 (prefill): expected an object keyed by decoder layer, got array"},
