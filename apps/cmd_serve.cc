@@ -375,7 +375,8 @@ int run_serve(const ServeCli& cli) {
     return session.fail(s);
   }
   // Per-expert token counts for /metrics (the load expert placement balances). Under
-  // expert parallelism the session counts them for its rebalance instead.
+  // expert parallelism the session counts them for its rebalance instead, and the router
+  // brings every rank's counts to rank 0.
   std::shared_ptr<ExpertLoadRecorder> expert_load;
   if (!session.distributed()) {
     expert_load = std::make_shared<ExpertLoadRecorder>(
@@ -656,7 +657,11 @@ int run_serve(const ServeCli& cli) {
   }
   auto engine = Engine::create(engine_options, std::move(executor).value(), tokenizer.get());
   if (!engine.ok()) return session.fail(engine.status());
-  if (router) router->attach(engine->get());
+  if (router) {
+    router->attach(engine->get());
+    // Every rank's expert load reaches rank 0's /metrics with its engine's metrics.
+    router->set_expert_counts([&session] { return session.expert_load_totals(); });
+  }
   // Structured outputs reach other ranks as their pattern; each rank compiles it against its
   // own copy of the vocabulary (the same tokenizer files).
   std::shared_ptr<StructuredOutputCompiler> rank_constraints;
@@ -704,8 +709,11 @@ int run_serve(const ServeCli& cli) {
     };
   }
   if (router) {
-    server_options.extra_metrics = [r = router.get(), name = server_options.served_model_name] {
-      return render_data_parallel_load(r->outstanding(), r->routed_total(), name);
+    server_options.extra_metrics = [r = router.get(), name = server_options.served_model_name,
+                                    experts = config.n_routed_experts] {
+      const std::vector<int64_t> counts = r->expert_counts();
+      return render_data_parallel_load(r->outstanding(), r->routed_total(), name) +
+             (counts.empty() ? std::string() : render_expert_load(counts, experts, name));
     };
   }
   if (prefill) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,8 +57,12 @@ struct EpSession::Impl {
   std::optional<dist::ExpertPlacement> placement;
   std::unique_ptr<dist::ExpertWeightsStore> store;
   std::shared_ptr<const dist::ExpertWeightsStore::Set> experts;  // this rank's, for placement
-  std::shared_ptr<ExpertLoadRecorder> recorder;                  // wraps the EP backend
-  dist::EpExpertBackend* ep_backend = nullptr;                   // owned by recorder
+  // Wraps the EP backend; replaced by each rebalance, under counts_mutex (expert_load_totals
+  // reads it from other threads).
+  std::shared_ptr<ExpertLoadRecorder> recorder;
+  std::mutex counts_mutex;
+  std::vector<int64_t> banked_counts;           // what earlier rebalances took from their recorders
+  dist::EpExpertBackend* ep_backend = nullptr;  // owned by recorder
   // The last agreement's counts (ExpertExchange::set_step), for each new EP backend.
   int64_t step_ranks_with_work = 0;
   int64_t step_tokens = 0;
@@ -211,9 +216,13 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
   ep_backend->set_step(static_cast<int>(step_ranks_with_work), step_tokens);
   // The shared experts' placement (TensorParallelBackend) needs them in split steps only.
   ep_backend->count_experts_up_to(cli.split_rows);
-  recorder =
+  auto next =
       std::make_shared<ExpertLoadRecorder>(std::move(backend), layers, config.n_routed_experts);
-  model.set_expert_backend(recorder);
+  model.set_expert_backend(next);
+  {
+    std::lock_guard<std::mutex> lock(counts_mutex);
+    recorder = std::move(next);
+  }
   // The old backend is gone with the model's reference; its experts can go too.
   experts = std::move(new_experts);
   store->trim(*experts);
@@ -232,9 +241,15 @@ Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
 
 Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   const auto timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
-  PS_ASSIGN_OR_RETURN(dist::Rebalance rebalance,
-                      dist::rebalance_experts(*comm, recorder->take(), *placement,
-                                              cli.eplb_redundant_experts, timeout));
+  std::vector<int64_t> counts = recorder->take();
+  {
+    std::lock_guard<std::mutex> lock(counts_mutex);
+    if (banked_counts.size() < counts.size()) banked_counts.resize(counts.size(), 0);
+    for (size_t i = 0; i < counts.size(); ++i) banked_counts[i] += counts[i];
+  }
+  PS_ASSIGN_OR_RETURN(
+      dist::Rebalance rebalance,
+      dist::rebalance_experts(*comm, counts, *placement, cli.eplb_redundant_experts, timeout));
   const int64_t read_before = store->experts_read();
   PS_RETURN_IF_ERROR(install_placement(model, std::move(rebalance.placement)));
   if (comm->rank() == 0) {
@@ -247,6 +262,17 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
         static_cast<long long>(store->experts_read() - read_before));
   }
   return ok_status();
+}
+
+std::vector<int64_t> EpSession::expert_load_totals() const {
+  std::lock_guard<std::mutex> lock(impl_->counts_mutex);
+  std::vector<int64_t> total = impl_->banked_counts;
+  if (impl_->recorder) {
+    const std::vector<int64_t> now = impl_->recorder->counts();
+    if (total.size() < now.size()) total.resize(now.size(), 0);
+    for (size_t i = 0; i < now.size(); ++i) total[i] += now[i];
+  }
+  return total;
 }
 
 Status EpSession::install(DeepseekModel& model, int64_t max_rows) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "dist/step_coordinator.h"
@@ -95,6 +96,9 @@ class EpSession {
                                                   bool stop = false,
                                                   std::span<const std::byte> mail = {},
                                                   uint64_t proposal = 0);
+  // This rank's (token, expert) selections per [layer * experts + expert] since start (its own
+  // tokens; rebalances do not reset it); empty in an inert session. Thread-safe.
+  std::vector<int64_t> expert_load_totals() const;
   // Collective, between steps: an expert rebalance now, from the loads counted so far, with
   // --eplb-redundant-experts copies (what --eplb-interval does every N steps).
   Status rebalance_experts(DeepseekModel& model);

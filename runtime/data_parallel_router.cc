@@ -1,17 +1,23 @@
 #include "runtime/data_parallel_router.h"
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "base/byte_io.h"
 #include "base/check.h"
+#include "runtime/engine_metrics_codec.h"
 #include "runtime/request_codec.h"
 
 namespace peerserve {
 namespace {
 
 enum class Command : uint8_t { kSubmit = 1, kAbort = 2 };
+// Opens the metrics report after a rank's outputs.
+constexpr uint8_t kReportTag = 0x52;
 
 }  // namespace
 
@@ -22,7 +28,9 @@ DataParallelRouter::DataParallelRouter(int rank, int size, Agree agree, size_t m
       outstanding_seqs_(static_cast<size_t>(size), 0),
       outstanding_tokens_(static_cast<size_t>(size), 0),
       routed_total_(static_cast<size_t>(size), 0),
-      max_letter_bytes_(max_letter_bytes) {
+      max_letter_bytes_(max_letter_bytes),
+      remote_metrics_(static_cast<size_t>(size)),
+      remote_expert_counts_(static_cast<size_t>(size)) {
   PS_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " of " << size;
 }
 
@@ -84,6 +92,26 @@ void DataParallelRouter::break_group(const Status& why) {
 std::vector<int64_t> DataParallelRouter::outstanding() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return outstanding_seqs_;
+}
+
+EngineMetricsSnapshot DataParallelRouter::metrics() const {
+  EngineMetricsSnapshot total = engine_->metrics();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& remote : remote_metrics_) {
+    if (remote) add_engine_metrics(total, *remote);
+  }
+  return total;
+}
+
+std::vector<int64_t> DataParallelRouter::expert_counts() const {
+  std::vector<int64_t> total = expert_counts_ ? expert_counts_() : std::vector<int64_t>();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const std::vector<int64_t>& remote : remote_expert_counts_) {
+    if (remote.empty()) continue;
+    if (total.empty()) total.assign(remote.size(), 0);
+    for (size_t i = 0; i < std::min(total.size(), remote.size()); ++i) total[i] += remote[i];
+  }
+  return total;
 }
 
 std::vector<int64_t> DataParallelRouter::routed_total() const {
@@ -298,18 +326,40 @@ Result<bool> DataParallelRouter::lead(int64_t rows) {
       if (agreement->mail[r].empty()) continue;
       ByteReader in(agreement->mail[r]);
       const uint64_t count = in.get_count(sizeof(uint64_t));
+      // Decoded first, delivered after the report below is stored: a client that sees its
+      // request finish then reads /metrics counting it.
+      std::vector<std::pair<uint64_t, RequestOutput>> outputs;
       for (uint64_t i = 0; i < count && broken.ok(); ++i) {
         const auto id = in.get<uint64_t>();
         Result<RequestOutput> output = decode_output(in);
         if (!output.ok()) {
           broken = data_loss("rank " + std::to_string(r) + ": " + output.status().message());
-        } else if (Status delivered = deliver(static_cast<int>(r), id, std::move(output).value());
-                   !delivered.ok()) {
-          broken = data_loss("rank " + std::to_string(r) + ": " + delivered.message());
+        } else {
+          outputs.emplace_back(id, std::move(output).value());
+        }
+      }
+      if (broken.ok() && in.ok() && !in.at_end()) {  // that rank's report
+        const auto tag = in.get<uint8_t>();
+        Result<EngineMetricsSnapshot> metrics =
+            tag == kReportTag ? decode_engine_metrics(in) : data_loss("unknown section");
+        std::vector<int64_t> counts = in.get_array<int64_t>();
+        if (metrics.ok() && in.ok()) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          remote_metrics_[r] = std::move(metrics).value();
+          remote_expert_counts_[r] = std::move(counts);
+        } else {
+          broken = data_loss("rank " + std::to_string(r) + " sent a corrupt metrics report");
         }
       }
       if (broken.ok() && (!in.ok() || !in.at_end())) {
         broken = data_loss("rank " + std::to_string(r) + " sent corrupt step mail");
+      }
+      for (auto& [id, output] : outputs) {
+        if (!broken.ok()) break;
+        if (Status delivered = deliver(static_cast<int>(r), id, std::move(output));
+            !delivered.ok()) {
+          broken = data_loss("rank " + std::to_string(r) + ": " + delivered.message());
+        }
       }
     }
   } else {
@@ -326,9 +376,31 @@ Result<bool> DataParallelRouter::lead(int64_t rows) {
 
 Result<bool> DataParallelRouter::follow(int64_t rows) {
   std::vector<std::byte> mail;
+  bool report = false;
+  const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     mail = take_letter(&outputs_);
+    // After a finish, only once its output is in this letter (the counters include it).
+    report = (report_due_ && outputs_.ends.empty()) || now - last_report_ >= kReportInterval;
+    if (report) report_due_ = false;
+  }
+  if (report) {
+    std::vector<std::byte> section;
+    ByteWriter writer(&section);
+    writer.put<uint8_t>(kReportTag);
+    encode_engine_metrics(engine_->metrics(), writer);
+    const std::vector<int64_t> counts = expert_counts_ ? expert_counts_() : std::vector<int64_t>();
+    writer.put_array(std::span<const int64_t>(counts));
+    const size_t head = mail.empty() ? sizeof(uint64_t) : 0;
+    if (mail.size() + head + section.size() <= max_letter_bytes_) {
+      if (head > 0) ByteWriter(&mail).put<uint64_t>(0);  // no outputs this time
+      mail.insert(mail.end(), section.begin(), section.end());
+      last_report_ = now;
+    } else {
+      std::lock_guard<std::mutex> lock(mutex_);
+      report_due_ = true;  // with a later, smaller letter
+    }
   }
   Result<dist::StepAgreement> agreement = agree_(rows, false, mail);
   if (!agreement.ok()) {
@@ -356,6 +428,7 @@ Result<bool> DataParallelRouter::follow(int64_t rows) {
                 : engine_->submit(std::move(request).value(), [this, id](RequestOutput out) {
                     if (out.finished) hosted_.erase(id);
                     std::lock_guard<std::mutex> lock(mutex_);
+                    if (out.finished) report_due_ = true;
                     ByteWriter writer(&outputs_.body);
                     writer.put<uint64_t>(id);
                     encode_output(out, writer);

@@ -20,17 +20,24 @@
 // When the group breaks (a rank lost), every remote request ends with the error, submit()
 // refuses new ones, and wait_until_done() returns the error on every rank.
 //
+// /metrics counts the group: each other rank mails its engine's metrics and its expert load
+// counts (set_expert_counts) along with its outputs, at least every kReportInterval while it
+// steps and on the agreement after one of its requests finished; metrics() and
+// expert_counts() on rank 0 add the latest of every rank to its own.
+//
 // Thread-safety: submit(), abort(), metrics(), running(), outstanding(), wait_until_done()
 // from any thread; lockstep() on the engine thread; finish() once, after this rank's
 // engine stopped (it uses the communicator the engine thread used).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -70,6 +77,17 @@ class DataParallelRouter final : public EngineClient {
       std::function<Result<std::shared_ptr<const grammar::TokenConstraint>>(const std::string&)>;
   void set_constraint_compiler(ConstraintCompiler compile) { compile_ = std::move(compile); }
 
+  // This rank's selections per (layer, expert) since start, for /metrics (an empty vector:
+  // none counted). Before the engine starts; called on the engine thread (other ranks) or
+  // from metrics readers (rank 0), so it must be thread-safe.
+  using ExpertCounts = std::function<std::vector<int64_t>()>;
+  void set_expert_counts(ExpertCounts counts) { expert_counts_ = std::move(counts); }
+  // Rank 0: every rank's expert counts summed (element-wise; empty when none are counted).
+  std::vector<int64_t> expert_counts() const;
+
+  // How often a stepping rank reports its metrics to rank 0 at the least.
+  static constexpr std::chrono::milliseconds kReportInterval{250};
+
   // EngineOptions::lockstep: posts this rank's mail, agrees, delivers what arrived.
   Result<bool> lockstep(int64_t rows);
 
@@ -98,7 +116,8 @@ class DataParallelRouter final : public EngineClient {
   int64_t waiting_capacity() const override {
     return engine_->waiting_capacity() * static_cast<int64_t>(outstanding_seqs_.size());
   }
-  EngineMetricsSnapshot metrics() const override { return engine_->metrics(); }
+  // This rank's engine and the latest report of every other rank, summed.
+  EngineMetricsSnapshot metrics() const override;
   bool running() const override;
 
  private:
@@ -157,9 +176,17 @@ class DataParallelRouter final : public EngineClient {
   std::vector<std::byte> take_letter(Outbox* box) const;
   const size_t max_letter_bytes_;
   Outbox commands_;  // submits and aborts
+  // The latest report of each rank (index 0 unused), under mutex_.
+  std::vector<std::optional<EngineMetricsSnapshot>> remote_metrics_;
+  std::vector<std::vector<int64_t>> remote_expert_counts_;
+  ExpertCounts expert_counts_;
   // Other ranks.
   std::unordered_map<RequestId, Hosted> hosted_;  // by rank 0's id; engine thread only
   Outbox outputs_;
+  // A hosted request finished since the last report (under mutex_), and when that was sent
+  // (engine thread only).
+  bool report_due_ = true;
+  std::chrono::steady_clock::time_point last_report_{};
 };
 
 }  // namespace peerserve

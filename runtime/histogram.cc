@@ -22,6 +22,23 @@ void Histogram::observe(double value) {
   sum_ += value;
 }
 
+bool Histogram::add(const Histogram& other) {
+  if (other.upper_bounds_ != upper_bounds_) return false;
+  for (size_t b = 0; b < bucket_counts_.size(); ++b) bucket_counts_[b] += other.bucket_counts_[b];
+  count_ += other.count_;
+  sum_ += other.sum_;
+  return true;
+}
+
+bool Histogram::assign(const std::vector<uint64_t>& bucket_counts, double sum) {
+  if (bucket_counts.size() != bucket_counts_.size()) return false;
+  bucket_counts_ = bucket_counts;
+  count_ = 0;
+  for (uint64_t c : bucket_counts_) count_ += c;
+  sum_ = sum;
+  return true;
+}
+
 std::vector<uint64_t> Histogram::cumulative_counts() const {
   std::vector<uint64_t> out(upper_bounds_.size());
   uint64_t running = 0;

@@ -21,6 +21,15 @@ class Histogram {
   std::vector<uint64_t> cumulative_counts() const;
   uint64_t count() const { return count_; }
   double sum() const { return sum_; }
+  // Per bucket, not cumulative; the last is +Inf.
+  const std::vector<uint64_t>& bucket_counts() const { return bucket_counts_; }
+
+  // Adds another histogram's observations (another engine's). False, and nothing added, when
+  // its bounds differ.
+  bool add(const Histogram& other);
+  // Replaces the observations by per-bucket counts and their sum (a histogram carried from
+  // another process). False, and nothing changed, when the bucket count differs.
+  bool assign(const std::vector<uint64_t>& bucket_counts, double sum);
 
  private:
   std::vector<double> upper_bounds_;

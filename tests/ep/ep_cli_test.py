@@ -564,6 +564,29 @@ def serve_ep2():
         assert all(after[r] > before[r] for r in (0, 1)), f"requests per rank: {before} {after}"
         assert all(re.fullmatch(pattern, d) for d in dates), dates
         assert all(d == dates[0] for d in dates), f"they differ between ranks: {dates}"
+        # /metrics counts the group: the engines' finished requests (rank 1's arrive with its
+        # outputs) add up to the requests the router handed out, none is left running, and
+        # the expert counters cover every rank's tokens. (They counted rank 0's engine only,
+        # and under --ep had no expert counters at all.)
+        routed = sum(requests_per_rank(port).values())
+        finished = sum(metric(port, "vllm:request_success_total").values())
+        assert finished == routed, f"finished {finished} of {routed} routed requests"
+        assert sum(metric(port, "vllm:num_requests_running").values()) == 0
+        experts = metric(port, "peerserve:moe_expert_tokens_total")
+        per_layer = {}
+        for labels, value in experts.items():
+            layer = re.search(r'layer="(\d+)"', labels).group(1)
+            per_layer[layer] = per_layer.get(layer, 0) + value
+        # Layers 1 and 2 route every forwarded token; the last one skips the prompt rows
+        # whose hidden states nothing reads (skip_unreturned_rows), so it routes fewer.
+        assert sorted(per_layer) == ["1", "2", "3"], per_layer
+        assert per_layer["1"] == per_layer["2"] >= per_layer["3"] > 0, per_layer
+        assert all(v % 4 == 0 for v in per_layer.values()), per_layer  # top 4 per token
+        tokens = sum(metric(port, "vllm:prompt_tokens_total").values()) + \
+            sum(metric(port, "vllm:generation_tokens_total").values())
+        # Every forwarded token routes 4 experts per layer; prefix-cache hits and each
+        # request's last token are not forwarded, so at most that many.
+        assert per_layer["1"] <= 4 * tokens, (per_layer, tokens)
         # SIGTERM to every rank at once (what systemd sends to a unit's processes; mpirun
         # itself turns a signal into a non-zero exit): the followers keep serving, rank 0
         # drains and stops the group, every rank exits 0. (A follower used to end at once.)

@@ -133,6 +133,8 @@ class Group {
       PS_CHECK(engine.ok()) << engine.status().to_string();
       rank.engine = std::move(engine).value();
       rank.router->attach(rank.engine.get());
+      // Stand-in expert load counts: rank r counted {r + 1, 10 (r + 1)}.
+      rank.router->set_expert_counts([r] { return std::vector<int64_t>{r + 1, 10 * (r + 1)}; });
       ranks_.push_back(std::move(rank));
     }
     for (Rank& rank : ranks_) rank.engine->start();
@@ -192,6 +194,18 @@ TEST(DataParallelRouterTest, SpreadsRequestsOverTheRanksWithTheSameTokens) {
                   group.engine(r).metrics().requests_finished_total[1],
               2)
         << "rank " << r;
+  // Rank 0's metrics count the group: the other ranks' reports came with their last outputs.
+  const EngineMetricsSnapshot total = group.front().metrics();
+  int64_t finished = 0;
+  for (int64_t n : total.requests_finished_total) finished += n;
+  EXPECT_EQ(finished, 6);
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 6; ++i) prompt_tokens += static_cast<int64_t>(prompt(i).size());
+  EXPECT_EQ(total.prompt_tokens_total, prompt_tokens);
+  EXPECT_EQ(total.generation_tokens_total, 6 * 12);
+  EXPECT_EQ(total.e2e_request_latency.count(), 6u);
+  EXPECT_EQ(total.scheduler.num_running, 0);
+  EXPECT_EQ(group.front().expert_counts(), (std::vector<int64_t>{1 + 2 + 3, 10 + 20 + 30}));
 }
 
 TEST(DataParallelRouterTest, MailOverOneAgreementsLimitWaitsForTheNext) {
