@@ -195,7 +195,7 @@ Result<RequestId> Engine::submit(EngineRequest request, OutputSink sink) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!running_.load() || stopping_) return unavailable("the engine is not running");
   if (lockstep_lost_.load()) return unavailable(lockstep_error_.message());
-  const int64_t queued = inbox_sequences_ + waiting_sequences_.load();
+  const int64_t queued = inbox_sequences_ + admitting_sequences_ + waiting_sequences_.load();
   if (queued + request.params.n > options_.scheduler.max_waiting_seqs) {
     return resource_exhausted(
         "the waiting queue is full (" + std::to_string(queued) + " sequences waiting, limit " +
@@ -234,10 +234,19 @@ void Engine::run_loop() {
       if (stopping_) break;
       arrivals.swap(inbox_);
       aborts.swap(abort_inbox_);
+      admitting_sequences_ = inbox_sequences_;
       inbox_sequences_ = 0;
       loads_ready_ = false;
     }
     for (Pending& p : arrivals) admit(std::move(p));
+    // The arrivals count as waiting from here on, not as nothing until the step after them
+    // ends: submits during that step took the queue for empty and the scheduler refused the
+    // surplus after they were accepted (a 200 and an error event instead of a 429).
+    publish_waiting_sequences();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      admitting_sequences_ = 0;
+    }
     for (RequestId id : aborts) abort_now(id, FinishReason::kAbort, ok_status());
     if (connector_) finish_loads();
     waiting_for_loads_ = false;  // something changed: plan again
@@ -538,6 +547,7 @@ void Engine::step(StepPlan plan) {
     LiveRequest& request = live_.at(owner->second.first);
     if (!request.first_scheduled_time) request.first_scheduled_time = start;
   }
+  publish_waiting_sequences();  // what the plan took out of the queue is free again
   Result<StepResult> result = executor_->execute(plan);
   if (!result.ok()) {
     scheduler_->abandon(plan);
@@ -800,11 +810,15 @@ void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
   if (sink) sink(std::move(out));
 }
 
-void Engine::publish_scheduler_stats() {
-  SchedulerStats stats = scheduler_->stats();
+void Engine::publish_waiting_sequences() {
   int64_t loading_sequences = 0;  // waiting for their pool lookups: queued all the same
   for (const auto& [id, loading] : loading_) loading_sequences += loading.pending.request.params.n;
-  waiting_sequences_.store(stats.num_waiting + loading_sequences);
+  waiting_sequences_.store(scheduler_->stats().num_waiting + loading_sequences);
+}
+
+void Engine::publish_scheduler_stats() {
+  SchedulerStats stats = scheduler_->stats();
+  publish_waiting_sequences();
   KvPoolCounters pool;
   if (connector_) pool = connector_->counters();
   metrics_.update([&](EngineMetricsSnapshot& m) {

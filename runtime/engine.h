@@ -175,6 +175,8 @@ class Engine final : public EngineClient {
   void finish_choice(LiveRequest& request, int32_t index, FinishReason reason, ChoiceDelta* delta,
                      double now);
   void deliver(std::unordered_map<RequestId, RequestOutput>* outputs, double now);
+  // waiting_sequences_ from the scheduler and the loads in flight (engine thread).
+  void publish_waiting_sequences();
   void publish_scheduler_stats();
   // Says so (log, metrics) when the scheduler's guard turned speculative decoding off.
   void note_speculation_change();
@@ -212,6 +214,7 @@ class Engine final : public EngineClient {
   std::vector<RequestId> abort_inbox_;
   bool loads_ready_ = false;  // the connector finished a lookup
   int64_t inbox_sequences_ = 0;
+  int64_t admitting_sequences_ = 0;  // taken from the inbox, not yet counted as waiting
   bool stopping_ = false;
   RequestId next_request_id_ = 1;
   std::atomic<int64_t> waiting_sequences_{0};

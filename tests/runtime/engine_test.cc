@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "model/checkpoint/test_tokenizer.h"
 #include "tests/runtime/fake_executor.h"
@@ -412,6 +413,44 @@ TEST_F(EngineTest, QueueLimitAndStopped) {
   engine_->stop();
   EXPECT_EQ(engine_->submit({prompt("q"), greedy(3)}, nullptr).status().code(),
             StatusCode::kUnavailable);
+}
+
+// Requests submitted while the engine is inside a step see the sequences it admitted before
+// that step as queued: a request the queue has room for is accepted, the others refused at
+// once, and none accepted is refused later. (The arrivals counted as nothing until the step
+// ended, so the surplus was accepted, then ended with "the waiting queue is full": a stream
+// answered 200 and an error event instead of a 429.)
+TEST_F(EngineTest, AcceptedRequestsAreNeverRefusedByAFullQueueLater) {
+  start(256, 2, /*max_waiting=*/3);
+  executor_->hold(true);
+  // One request of three sequences (arriving together): the engine admits them, runs two and
+  // holds inside the step; one stays queued.
+  GenerationParams three = greedy(3);
+  three.n = 3;
+  std::vector<RequestId> ids = {submit(prompt("first"), three)};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!executor_->holding() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(executor_->holding());
+  int refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto r = engine_->submit({prompt("second"), greedy(3)}, collector_.sink());
+    if (r.ok()) {
+      ids.push_back(*r);
+    } else {
+      EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 2);  // room for two: the queue holds three, one of the first is there
+  executor_->hold(false);
+  for (RequestId id : ids) {
+    const auto outputs = collector_.wait(id);
+    ASSERT_FALSE(outputs.empty());
+    EXPECT_TRUE(outputs.back().error.ok())
+        << "request " << id << ": " << outputs.back().error.to_string();
+  }
 }
 
 TEST_F(EngineTest, ExecutorFailureFailsTheStepsRequestsAndTheEngineGoesOn) {

@@ -84,9 +84,17 @@ class FakeExecutor final : public Executor {
     released_.notify_all();
   }
 
+  // Whether execute() is waiting in hold() now (the engine thread is inside a step).
+  bool holding() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return holding_;
+  }
+
   Result<StepResult> execute(const StepPlan& plan) override {
     std::unique_lock<std::mutex> lock(mutex_);
+    holding_ = hold_;
     released_.wait_for(lock, std::chrono::seconds(30), [&] { return !hold_; });
+    holding_ = false;
     ++num_steps_;
     if (fail_next_ > 0) {
       --fail_next_;
@@ -228,6 +236,7 @@ class FakeExecutor final : public Executor {
   mutable std::mutex mutex_;
   std::condition_variable released_;
   bool hold_ = false;
+  bool holding_ = false;
   int fail_next_ = 0;
   int64_t num_steps_ = 0;
   int64_t max_batched_tokens_seen_ = 0;
