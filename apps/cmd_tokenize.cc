@@ -5,10 +5,9 @@
 //   peerserve tokenize --model DIR --file prompt.txt --no-special
 //   peerserve tokenize --model DIR --decode 0,19923        -> <｜begin▁of▁sentence｜>Hello
 //   peerserve tokenize --model DIR --chat messages.json --generation-prompt [--render]
+#include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/token_id_list.h"
+#include "base/regular_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -39,12 +39,16 @@ int fail(const std::string& message) {
   return 2;
 }
 
+// --file and --chat: a regular file of at most 1 GiB (/dev/zero read until memory ran out, a
+// directory read as empty text).
 Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_regular_file(path, uint64_t{1} << 30);
+}
+
+// The text as it is, NUL bytes included (printf's %s stopped at the first).
+void print_text(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
 }
 
 void print_ids(const Tokenizer& tokenizer, const std::vector<TokenId>& ids, bool show_tokens) {
@@ -72,7 +76,7 @@ int run_tokenize(const TokenizeCli& cli) {
     if (!ids.ok()) return fail(ids.status().message());
     auto text = tokenizer->decode(*ids, {.skip_special_tokens = cli.skip_special});
     if (!text.ok()) return fail(text.status().message());
-    std::printf("%s\n", text->c_str());
+    print_text(*text);
     return 0;
   }
   if (!cli.chat_file.empty()) {
@@ -87,7 +91,7 @@ int run_tokenize(const TokenizeCli& cli) {
     if (cli.render) {
       auto text = tokenizer->apply_chat_template(input);
       if (!text.ok()) return fail(text.status().message());
-      std::printf("%s\n", text->c_str());
+      print_text(*text);
       return 0;
     }
     auto ids = tokenizer->encode_chat(input);

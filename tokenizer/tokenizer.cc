@@ -184,6 +184,9 @@ struct Tokenizer::Impl {
   std::optional<TokenId> eos_id;
   int32_t vocab_size = 0;
   size_t max_token_bytes = 1;  // the longest text one token stands for
+  // An added token with lstrip/rstrip also takes the whitespace beside it, however long: no
+  // bound on the text one token stands for, so no early length check.
+  bool token_text_unbounded = false;
   std::optional<ChatTemplate> chat_template;
   Status chat_template_status = not_found("tokenizer_config.json has no chat_template");
 
@@ -268,6 +271,7 @@ Result<Tokenizer> Tokenizer::from_sources_unchecked(const TokenizerSources& sour
   }
   for (const AddedToken& token : impl->added.tokens()) {
     impl->max_token_bytes = std::max(impl->max_token_bytes, token.content.size());
+    impl->token_text_unbounded = impl->token_text_unbounded || token.lstrip || token.rstrip;
   }
   if (max_id >= ids_below) {
     return invalid_argument(
@@ -371,7 +375,9 @@ Result<std::vector<TokenId>> Tokenizer::encode(std::string_view text,
   auto too_long = [limit] {
     return out_of_range("the text has more than " + std::to_string(limit) + " tokens");
   };
-  if (limit > 0 && text.size() / self.max_token_bytes > limit) return too_long();
+  if (limit > 0 && !self.token_text_unbounded && text.size() / self.max_token_bytes > limit) {
+    return too_long();
+  }
   std::vector<TokenId> ids;
   if (options.add_special_tokens) {
     if (self.config_sets_special) {

@@ -59,7 +59,8 @@ struct EncodeOptions {
   // Stop as soon as the text is known to have more than this many tokens (special tokens
   // included) and return OutOfRange: a server refuses such a prompt anyway, and tokenizing
   // megabytes it will reject costs time and memory. A text longer than max_tokens + 1 times
-  // the longest token's text is refused before any tokenizing. 0 = no limit. Default 0.
+  // the longest token's text is refused before any tokenizing (unless an added token strips
+  // the whitespace beside it, which bounds nothing). 0 = no limit. Default 0.
   size_t max_tokens = 0;
 };
 

@@ -5,7 +5,8 @@
 - the loading bar prints one final line at 100% (it ended at 67% when the MTP layer was
   not read);
 - a tokenizer.json with a hole in its ids (a damaged file: that token, generated, decodes to
-  no text) is named in a warning, where words went missing from the output unseen.
+  no text) is named in a warning, where words went missing from the output unseen;
+- `tokenize --decode` prints a decoded NUL and what follows it (printf's %s stopped there).
 
 usage: cli_output_test.py PEERSERVE_BINARY MODEL_DIR
 """
@@ -55,6 +56,14 @@ with tempfile.TemporaryDirectory() as scratch:
     if "names no token for 1 of the ids below" not in p.stderr or "(the first: 924)" not in \
             p.stderr:
         failures.append(f"no warning about the missing id 924: {p.stderr[-400:]}")
+# "a", NUL, "b" in the shipped model's byte-level vocabulary (ids from its tokenizer.json).
+with open(os.path.join(MODEL, "tokenizer.json")) as f:
+    vocab = json.load(f)["model"]["vocab"]
+ids = ",".join(str(vocab[t]) for t in ("a", "\u0100", "b"))  # U+0100 is byte 0x00
+p = subprocess.run([BIN, "tokenize", "--model", MODEL, "--decode", ids], capture_output=True,
+                   timeout=60)
+if p.returncode != 0 or p.stdout != b"a\x00b\n":
+    failures.append(f"tokenize --decode {ids}: exit {p.returncode}, {p.stdout!r}")
 for f in failures:
     print("FAIL", f)
 if not failures:

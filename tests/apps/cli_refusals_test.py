@@ -43,6 +43,8 @@ CASES = [
     (["plan", "--model", "kimi-k2", "--mtp-drafts", "1"], "has no MTP module"),
     (["simulate", "--prompt", "fixed:1e300"], "lengths must be at most 1048576 tokens"),
     (["simulate", "--requests", "2147483647"], "not in range 1 to 10000000"),
+    # A text file that never ends (it was read until memory ran out).
+    (["tokenize", "--model", MODEL, "--file", "/dev/zero"], "expected a regular file"),
     # A calibration text that the pipeline would not read (it was ignored, unopened).
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", "/nonexistent",
       "--pipeline", "rtn"], "--pipeline rtn does not calibrate: --calib /nonexistent"),

@@ -165,6 +165,12 @@ TEST(TokenizerComponentsTest, AddedTokenFlags) {
   EXPECT_EQ(encode(*t, "x  <L>y"), (std::vector<TokenId>{'x', 300, 'y'}));
   // rstrip: the token takes the whitespace on its right.
   EXPECT_EQ(encode(*t, "x<R>  y"), (std::vector<TokenId>{'x', 301, 'y'}));
+  // However long that whitespace is: 10,000 spaces and <L> are one token, within a limit of
+  // 10 (the early check by byte length refused the text as "more than 10 tokens").
+  const auto absorbed =
+      t->encode(std::string(10000, ' ') + "<L>", {.add_special_tokens = false, .max_tokens = 10});
+  ASSERT_TRUE(absorbed.ok()) << absorbed.status().to_string();
+  EXPECT_EQ(*absorbed, (std::vector<TokenId>{300}));
   // single_word: only between non-word characters.
   EXPECT_EQ(encode(*t, "x<W>"), (std::vector<TokenId>{'x', '<', 'W', '>'}));
   EXPECT_EQ(encode(*t, "x <W>!"), (std::vector<TokenId>{'x', ' ', 302, '!'}));

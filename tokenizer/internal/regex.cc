@@ -112,9 +112,11 @@ Status Regex::find_all(std::string_view subject,
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       matches.resize(first_match);
-      return resource_exhausted("regex /" + impl_->pattern + "/ failed on a " +
-                                std::to_string(subject.size()) +
-                                "-byte text: " + pcre2_error_text(rc));
+      // A property of this text (the same text fails the same way every time), not a passing
+      // overload: InvalidArgument, which a server answers 400, not 429 "retry later".
+      return invalid_argument("regex /" + impl_->pattern + "/ failed on a " +
+                              std::to_string(subject.size()) +
+                              "-byte text: " + pcre2_error_text(rc));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
     const size_t start = ovector[0];
