@@ -16,9 +16,10 @@
 // latent) were dot products over the 576-wide keys, a horizontal reduction per score; here
 // one broadcast key pair feeds 16 heads.
 //
-// Accuracy: that of matmul_packed_bf16 — the fp32 sum, in p order per output, of exact
-// bf16 x bf16 products: |error| <= (k_limit + 2) * 2^-24 * (sum_p |x_p w_p| + |y|) against the
-// exact sum of the same products. Rounding w (and x) to bf16 is the ActivationPrecision::kBf16
+// Accuracy: that of matmul_packed_bf16 (its exception for subnormal inputs included) — the
+// fp32 sum, in p order per output, of exact bf16 x bf16 products:
+// |error| <= (k_limit + 2) * 2^-24 * (sum_p |x_p w_p| + |y|) against the exact sum of the
+// same products. Rounding w (and x) to bf16 is the ActivationPrecision::kBf16
 // rounding every GEMM input gets. Row invariance: y[i, j] depends only on row i of x, column
 // j of w and k_limit — not on m, n_limit or the other rows.
 //

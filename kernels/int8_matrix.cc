@@ -171,7 +171,10 @@ Result<PackedInt8Matrix> PackedInt8Matrix::quantize_rows(std::span<const MatrixV
   std::vector<float> row_f(static_cast<size_t>(cols));
   std::vector<int8_t> row_q(static_cast<size_t>(cols));
   int64_t row = 0;
-  for (const MatrixView<T>& v : parts) {
+  for (size_t part = 0; part < parts.size(); ++part) {
+    const MatrixView<T>& v = parts[part];
+    // Which matrix a bad weight is in, as pack_gate_up says.
+    const std::string of = gate_up ? (part == 0 ? " of gate" : " of up") : "";
     const int64_t stride = v.stride == 0 ? v.cols : v.stride;
     for (int64_t r = 0; r < v.rows; ++r, ++row) {
       // Convert, and find the largest magnitude in the same pass (as max_magnitude_bits):
@@ -188,7 +191,7 @@ Result<PackedInt8Matrix> PackedInt8Matrix::quantize_rows(std::span<const MatrixV
             std::find_if(row_f.begin(), row_f.end(), [](float f) { return !std::isfinite(f); }) -
             row_f.begin();
         return invalid_argument(std::string(what) + ": weight at row " + std::to_string(r) +
-                                ", column " + std::to_string(p) + " is not finite");
+                                ", column " + std::to_string(p) + of + " is not finite");
       }
       const float scale =
           quantize_row(row_f.data(), cols, std::bit_cast<float>(max_bits), row_q.data());

@@ -32,7 +32,9 @@ enum class ActivationPrecision : uint8_t {
   kFp32,
   // x is rounded to bf16 (round to nearest even, as float_to_bf16) at the GEMM input; the
   // bf16 x bf16 products are exact in fp32 and summed in fp32 (vdpbf16ps where available).
-  // What bf16 inference does, and the fast path for prefill.
+  // What bf16 inference does, and the fast path for prefill. Except at the avx512_bf16
+  // level, where vdpbf16ps reads a subnormal bf16 input (|v| < 2^-126) as zero: its
+  // products vanish even when they would be normal numbers.
   kBf16,
 };
 

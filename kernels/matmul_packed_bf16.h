@@ -18,8 +18,9 @@
 //
 // Accuracy: each output is a chain of k fp32 additions (2 per pair), one more with
 // accumulate, so against the exact sum of the same bf16 products (plus y)
-// |error| <= (k + 2) * 2^-24 * (sum_k |x_k w_k| + |y|) (vdpbf16ps may also flush subnormal
-// products to zero; they are below 2^-126).
+// |error| <= (k + 2) * 2^-24 * (sum_k |x_k w_k| + |y|), except that vdpbf16ps (the
+// avx512_bf16 level) flushes subnormal products to zero and reads subnormal bf16 inputs
+// (|v| < 2^-126) as zero, so the products of such inputs are lost even when normal.
 //
 // Threads: output columns are split over `pool`'s threads in 16-column panels, in proportion
 // to cost; k is never split; pool == nullptr runs on the calling thread. One call at a time

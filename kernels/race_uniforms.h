@@ -18,10 +18,16 @@ namespace peerserve::kernels {
 
 inline constexpr uint64_t kRaceGolden = kSplitMix64Gamma;
 
-// U in (0, 1), never 0 or 1: ((hash >> 11) + 0.5) / 2^53.
+// The largest double below 1.
+inline constexpr double kRaceBelowOne = 0x1.fffffffffffffp-1;
+
+// U in (0, 1), never 0 or 1: ((hash >> 11) + 0.5) / 2^53, at most kRaceBelowOne (for the
+// largest hash, 2^53 - 0.5 is a tie that rounds to 2^53: U was 1 and -ln U = -0).
 inline double race_uniform(uint64_t base, uint64_t token) {
-  return (static_cast<double>(splitmix64_mix(base + kRaceGolden * (token + 1)) >> 11) + 0.5) *
-         0x1.0p-53;
+  const double u =
+      (static_cast<double>(splitmix64_mix(base + kRaceGolden * (token + 1)) >> 11) + 0.5) *
+      0x1.0p-53;
+  return u < kRaceBelowOne ? u : kRaceBelowOne;
 }
 
 // Writes to `out` (room for n) the tokens i in [0, n), ascending, with weight[i] > 0 and

@@ -1,6 +1,7 @@
 // Numerically stable softmax of one row, in place: x[i] = exp(x[i] - max) / sum.
-// A row of all -inf (fully masked) becomes all zeros rather than NaN. And its unnormalised
-// weights, exp_offset.
+// A row of all -inf (fully masked) becomes all zeros rather than NaN; a row holding NaN
+// becomes NaN (all of it when its other values are -inf). And its unnormalised weights,
+// exp_offset.
 #pragma once
 
 #include <cstdint>

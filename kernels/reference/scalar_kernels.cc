@@ -94,7 +94,11 @@ void softmax(float* x, int64_t n) {
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) max = std::fmax(max, x[i]);
   if (max == -std::numeric_limits<float>::infinity()) {
-    for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+    // Fully masked: zeros. fmax skipped NaN, so a row of NaN and -inf lands here too: NaN.
+    bool nan = false;
+    for (int64_t i = 0; i < n; ++i) nan = nan || x[i] != x[i];
+    const float fill = nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    for (int64_t i = 0; i < n; ++i) x[i] = fill;
     return;
   }
   float sum = 0.0f;

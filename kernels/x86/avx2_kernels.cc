@@ -366,7 +366,11 @@ void softmax(float* x, int64_t n) {
   for (float v : lanes) max = v > max ? v : max;
   for (; i < n; ++i) max = x[i] > max ? x[i] : max;
   if (max == neg_inf) {
-    for (i = 0; i < n; ++i) x[i] = 0.0f;
+    // Fully masked: zeros; a row of NaN and -inf (max_ps skipped the NaN) gives NaN, as the
+    // scalar reference. A plain loop: no shared inline helper in this ISA's unit.
+    bool nan = false;
+    for (i = 0; i < n; ++i) nan = nan || x[i] != x[i];
+    for (i = 0; i < n; ++i) x[i] = nan ? __builtin_nanf("") : 0.0f;
     return;
   }
   const __m256 m = _mm256_set1_ps(max);

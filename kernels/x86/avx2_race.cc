@@ -39,6 +39,7 @@ size_t race_candidates_avx2(const float* weight, size_t n, uint64_t base, double
   const __m256i step = _mm256_set1_epi64x(static_cast<long long>(kRaceGolden * 4));
   const __m256d half = _mm256_set1_pd(0.5), scale = _mm256_set1_pd(0x1.0p-53);
   const __m256d one = _mm256_set1_pd(1.0), bars = _mm256_set1_pd(bar);
+  const __m256d below_one = _mm256_set1_pd(kRaceBelowOne);
   const __m256d zero = _mm256_setzero_pd();
   size_t count = 0;
   for (size_t i = 0; i + 4 <= n; i += 4) {
@@ -47,8 +48,8 @@ size_t race_candidates_avx2(const float* weight, size_t n, uint64_t base, double
     h = _mm256_xor_si256(h, _mm256_srli_epi64(h, 27));
     h = mul64(h, 0x94D049BB133111EBULL);
     h = _mm256_xor_si256(h, _mm256_srli_epi64(h, 31));
-    const __m256d u =
-        _mm256_mul_pd(_mm256_add_pd(to_double(_mm256_srli_epi64(h, 11)), half), scale);
+    const __m256d u = _mm256_min_pd(
+        _mm256_mul_pd(_mm256_add_pd(to_double(_mm256_srli_epi64(h, 11)), half), scale), below_one);
     const __m256d w = _mm256_cvtps_pd(_mm_loadu_ps(weight + i));
     const __m256d keep =
         _mm256_and_pd(_mm256_cmp_pd(w, zero, _CMP_GT_OQ),

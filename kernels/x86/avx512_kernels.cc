@@ -356,7 +356,11 @@ void softmax(float* x, int64_t n) {
   }
   const float max = _mm512_reduce_max_ps(vmax);
   if (max == -__builtin_inff()) {
-    for (i = 0; i < n; ++i) x[i] = 0.0f;
+    // Fully masked: zeros; a row of NaN and -inf (max_ps skipped the NaN) gives NaN, as the
+    // scalar reference. A plain loop: no shared inline helper in this ISA's unit.
+    bool nan = false;
+    for (i = 0; i < n; ++i) nan = nan || x[i] != x[i];
+    for (i = 0; i < n; ++i) x[i] = nan ? __builtin_nanf("") : 0.0f;
     return;
   }
   const __m512 m = _mm512_set1_ps(max);

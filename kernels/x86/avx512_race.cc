@@ -18,6 +18,7 @@ size_t race_candidates_avx512(const float* weight, size_t n, uint64_t base, doub
                                           _mm512_setr_epi64(1, 2, 3, 4, 5, 6, 7, 8)));
   const __m512d half = _mm512_set1_pd(0.5), scale = _mm512_set1_pd(0x1.0p-53);
   const __m512d one = _mm512_set1_pd(1.0), bars = _mm512_set1_pd(bar);
+  const __m512d below_one = _mm512_set1_pd(kRaceBelowOne);
   const __m512d zero = _mm512_setzero_pd();
   __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i eight = _mm256_set1_epi32(8);
@@ -28,8 +29,9 @@ size_t race_candidates_avx512(const float* weight, size_t n, uint64_t base, doub
     h = _mm512_xor_si512(h, _mm512_srli_epi64(h, 27));
     h = _mm512_mullo_epi64(h, c2);
     h = _mm512_xor_si512(h, _mm512_srli_epi64(h, 31));
-    const __m512d u =
-        _mm512_mul_pd(_mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(h, 11)), half), scale);
+    const __m512d u = _mm512_min_pd(
+        _mm512_mul_pd(_mm512_add_pd(_mm512_cvtepu64_pd(_mm512_srli_epi64(h, 11)), half), scale),
+        below_one);
     const __m512d w = _mm512_cvtps_pd(_mm256_loadu_ps(weight + i));
     const __mmask8 keep =
         _mm512_cmp_pd_mask(w, zero, _CMP_GT_OQ) &

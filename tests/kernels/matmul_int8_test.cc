@@ -231,6 +231,20 @@ TEST_F(MatmulInt8Test, RejectsBadWeightsWithAClearError) {
   ASSERT_FALSE(inf.ok());
   EXPECT_NE(inf.status().message().find("row 1, column 77 is not finite"), std::string::npos)
       << inf.status().message();
+  // The gate/up form says which of the two holds it.
+  std::vector<float> fine = {1, 2, 3, 4};
+  auto nan_up = PackedInt8Matrix::quantize_gate_up(MatrixView<float>{fine.data(), 2, 2, 0},
+                                                   MatrixView<float>{w.data(), 2, 2, 0});
+  ASSERT_FALSE(nan_up.ok());
+  EXPECT_NE(nan_up.status().message().find("row 1, column 0 of up is not finite"),
+            std::string::npos)
+      << nan_up.status().message();
+  auto nan_gate = PackedInt8Matrix::quantize_gate_up(MatrixView<float>{w.data(), 2, 2, 0},
+                                                     MatrixView<float>{fine.data(), 2, 2, 0});
+  ASSERT_FALSE(nan_gate.ok());
+  EXPECT_NE(nan_gate.status().message().find("row 1, column 0 of gate is not finite"),
+            std::string::npos)
+      << nan_gate.status().message();
   auto stride = PackedInt8Matrix::quantize(MatrixView<float>{w.data(), 2, 2, 1});
   EXPECT_EQ(stride.status().code(), StatusCode::kInvalidArgument);
   auto null = PackedInt8Matrix::quantize(MatrixView<float>{nullptr, 2, 2, 0});

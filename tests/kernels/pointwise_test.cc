@@ -399,6 +399,16 @@ TEST(Softmax, MatchesDoubleReferenceAndHandlesMasks) {
     std::vector<float> single = {3.5f};
     softmax(single.data(), 1);
     EXPECT_EQ(single[0], 1.0f);
+    // A NaN is never taken for a masked row: [NaN], all NaN, NaN among -inf (body and tail)
+    // and NaN among numbers all give NaN (the first three gave zeros).
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::vector<float>> rows = {{nan}, std::vector<float>(19, nan), {1.0f, nan, 2.0f}};
+    rows.push_back(std::vector<float>(19, -inf));
+    rows.back()[17] = nan;
+    for (std::vector<float>& row : rows) {
+      softmax(row.data(), static_cast<int64_t>(row.size()));
+      for (float v : row) EXPECT_TRUE(std::isnan(v)) << row.size();
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -72,6 +73,25 @@ TEST(RaceUniforms, CandidatesAtEveryIsaLevelMatchAPlainLoop) {
         }
       }
     }
+  }
+}
+
+// The largest hash: (2^53 - 1) + 0.5 is a tie that rounds to 2^53, so U came out 1 and
+// -ln U = -0 (weight / E = -inf in the race), and the filter kept the token for any bar. Now
+// U is the largest double below 1 there, at every level; the base is the one whose token 5
+// hashes to the top (found by inverting SplitMix64's finalizer).
+TEST(RaceUniforms, TheLargestHashStaysBelowOne) {
+  constexpr uint64_t kBase = 0xde58cfff1a2bdaceULL;
+  ASSERT_EQ(plain_splitmix(kBase + 0x9E3779B97F4A7C15ULL * 6) >> 11, (uint64_t{1} << 53) - 1);
+  EXPECT_EQ(plain_uniform(kBase, 5), 1.0);  // the unclamped formula
+  EXPECT_EQ(race_uniform(kBase, 5), 0x1.fffffffffffffp-1);
+  EXPECT_GT(-std::log(race_uniform(kBase, 5)), 0.0);
+  std::vector<float> weight(16, 1e-30f);
+  for (IsaLevel level : supported_isa_levels()) {
+    ScopedIsaLevel scoped(level);
+    std::vector<uint32_t> got(weight.size());
+    got.resize(race_candidates(weight.data(), weight.size(), kBase, 1e300, got.data()));
+    EXPECT_TRUE(got.empty()) << isa_level_name(level) << ": " << got.size() << " candidates";
   }
 }
 
