@@ -21,9 +21,10 @@
 // refuses new ones, and wait_until_done() returns the error on every rank.
 //
 // /metrics counts the group: each other rank mails its engine's metrics and its expert load
-// counts (set_expert_counts) along with its outputs, at least every kReportInterval while it
-// steps and on the agreement after one of its requests finished; metrics() and
-// expert_counts() on rank 0 add the latest of every rank to its own.
+// counts (set_expert_counts) along with its outputs, at least every kReportInterval (idle
+// ranks keep agreeing every few ms, so also when idle) and on the agreement after one of its
+// requests finished; metrics() and expert_counts() on rank 0 add the latest of every rank to
+// its own.
 //
 // Thread-safety: submit(), abort(), metrics(), running(), outstanding(), wait_until_done()
 // from any thread; lockstep() on the engine thread; finish() once, after this rank's
