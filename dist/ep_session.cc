@@ -244,8 +244,7 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   std::vector<int64_t> counts = recorder->take();
   {
     std::lock_guard<std::mutex> lock(counts_mutex);
-    if (banked_counts.size() < counts.size()) banked_counts.resize(counts.size(), 0);
-    for (size_t i = 0; i < counts.size(); ++i) banked_counts[i] += counts[i];
+    add_expert_counts(banked_counts, counts);
   }
   PS_ASSIGN_OR_RETURN(
       dist::Rebalance rebalance,
@@ -267,11 +266,7 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
 std::vector<int64_t> EpSession::expert_load_totals() const {
   std::lock_guard<std::mutex> lock(impl_->counts_mutex);
   std::vector<int64_t> total = impl_->banked_counts;
-  if (impl_->recorder) {
-    const std::vector<int64_t> now = impl_->recorder->counts();
-    if (total.size() < now.size()) total.resize(now.size(), 0);
-    for (size_t i = 0; i < now.size(); ++i) total[i] += now[i];
-  }
+  if (impl_->recorder) add_expert_counts(total, impl_->recorder->counts());
   return total;
 }
 

@@ -44,4 +44,11 @@ class ExpertLoadRecorder final : public ExpertBackend {
   std::unique_ptr<std::atomic<int64_t>[]> counts_;
 };
 
+// total[i] += part[i], growing total to part's size: counts of several recorders (across
+// rebalances, or the ranks of an expert-parallel group) added up.
+inline void add_expert_counts(std::vector<int64_t>& total, std::span<const int64_t> part) {
+  if (total.size() < part.size()) total.resize(part.size(), 0);
+  for (size_t i = 0; i < part.size(); ++i) total[i] += part[i];
+}
+
 }  // namespace peerserve

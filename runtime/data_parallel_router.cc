@@ -9,6 +9,7 @@
 
 #include "base/byte_io.h"
 #include "base/check.h"
+#include "model/expert_load_recorder.h"
 #include "runtime/engine_metrics_codec.h"
 #include "runtime/request_codec.h"
 
@@ -106,11 +107,7 @@ EngineMetricsSnapshot DataParallelRouter::metrics() const {
 std::vector<int64_t> DataParallelRouter::expert_counts() const {
   std::vector<int64_t> total = expert_counts_ ? expert_counts_() : std::vector<int64_t>();
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const std::vector<int64_t>& remote : remote_expert_counts_) {
-    if (remote.empty()) continue;
-    if (total.empty()) total.assign(remote.size(), 0);
-    for (size_t i = 0; i < std::min(total.size(), remote.size()); ++i) total[i] += remote[i];
-  }
+  for (const std::vector<int64_t>& remote : remote_expert_counts_) add_expert_counts(total, remote);
   return total;
 }
 

@@ -813,7 +813,7 @@ void Engine::abort_now(RequestId id, FinishReason reason, const Status& error) {
 void Engine::publish_waiting_sequences() {
   int64_t loading_sequences = 0;  // waiting for their pool lookups: queued all the same
   for (const auto& [id, loading] : loading_) loading_sequences += loading.pending.request.params.n;
-  waiting_sequences_.store(scheduler_->stats().num_waiting + loading_sequences);
+  waiting_sequences_.store(scheduler_->num_waiting() + loading_sequences);
 }
 
 void Engine::publish_scheduler_stats() {

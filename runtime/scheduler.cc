@@ -178,7 +178,7 @@ void Scheduler::finish(SequenceId id, FinishReason reason) {
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.num_running = static_cast<int32_t>(running_.size());
-  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_waiting = num_waiting();
   s.num_blocks = pool_.num_blocks();
   s.num_used_blocks = pool_.num_used_blocks();
   s.num_free_blocks = pool_.num_free_blocks();

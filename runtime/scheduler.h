@@ -145,6 +145,8 @@ class Scheduler {
   int64_t drafts_accepted() const { return guard_.accepted(); }
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // Sequences queued, not running (stats().num_waiting without the rest of stats()).
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   // nullptr for unknown or finished ids.
   const Sequence* find(SequenceId id) const;
   SchedulerStats stats() const;

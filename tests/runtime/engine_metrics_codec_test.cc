@@ -100,15 +100,15 @@ TEST(EngineMetricsCodecTest, DamagedBytesAreRefused) {
     ByteReader in(std::span<const std::byte>(bytes.data(), cut));
     EXPECT_FALSE(decode_engine_metrics(in).ok()) << "cut at " << cut;
   }
-  // A histogram with another number of buckets (another binary's bounds).
-  std::vector<std::byte> other;
-  ByteWriter writer(&other);
-  writer.put_bool(false);
-  writer.put<int32_t>(0);
-  writer.put_bool(false);
-  for (int i = 0; i < 10; ++i) writer.put<int32_t>(0);  // the scheduler's int32/int64 fields
-  ByteReader in(other);
-  EXPECT_FALSE(decode_engine_metrics(in).ok());
+  // A histogram with another number of buckets (another binary's bounds), whole bytes
+  // otherwise: refused as misshaped, not read into the wrong buckets.
+  EngineMetricsSnapshot other = sample(2);
+  other.queue_time = Histogram({1.0, 2.0});
+  const std::vector<std::byte> other_bytes = encoded(other);
+  ByteReader in(other_bytes);
+  const Result<EngineMetricsSnapshot> misshaped = decode_engine_metrics(in);
+  EXPECT_FALSE(misshaped.ok());
+  EXPECT_TRUE(in.ok());  // every field was there: the refusal is the bucket count
 }
 
 }  // namespace
