@@ -136,10 +136,17 @@ Result<RequestId> DataParallelRouter::submit(EngineRequest request, OutputSink s
       return unavailable(done_status_.ok() ? std::string("the server is stopping")
                                            : done_status_.message());
     }
+    // Another rank's engine would refuse a request over its waiting-queue limit after the
+    // client was told it was accepted. Its waiting sequences are among its unfinished ones,
+    // which this count bounds (it drops only when the finish reaches rank 0), so a rank is a
+    // candidate while that count stays within the limit. Rank 0's own engine always is: it
+    // answers for its queue at once, with the 429 a full group gives.
+    const int64_t limit = engine_->options().scheduler.max_waiting_seqs;
     for (int r = 1; r < size_ && mailable; ++r) {
       const auto key = [&](int k) {
         return std::tuple(outstanding_seqs_[k], outstanding_tokens_[k], k);
       };
+      if (outstanding_seqs_[r] + request.params.n > limit) continue;
       if (key(r) < key(target)) target = r;
     }
     id = next_id_++;

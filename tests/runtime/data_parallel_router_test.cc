@@ -92,8 +92,10 @@ class Group {
   // `mail_limit` (when not 0): the most mail an agreement takes from a rank, as the step
   // coordinator's own limit but small; the routers are told it.
   // `tamper` (when set) edits rank 0's copy of each agreement, as a corrupt rank would.
+  // `max_waiting_seqs`: every engine's waiting-queue limit.
   explicit Group(int size, milliseconds timeout = milliseconds(5000), size_t mail_limit = 0,
-                 std::function<void(dist::StepAgreement*)> tamper = {})
+                 std::function<void(dist::StepAgreement*)> tamper = {},
+                 int32_t max_waiting_seqs = 100)
       : group_(size) {
     for (int r = 0; r < size; ++r) {
       Rank rank;
@@ -117,7 +119,7 @@ class Group {
       options.scheduler.max_num_seqs = 8;
       options.scheduler.max_num_batched_tokens = 64;
       options.scheduler.max_model_len = 256;
-      options.scheduler.max_waiting_seqs = 100;
+      options.scheduler.max_waiting_seqs = max_waiting_seqs;
       options.scheduler.block_pool = {
           .num_blocks = 128, .block_size = 4, .enable_prefix_caching = true};
       options.vocab_size = kVocab;
@@ -258,6 +260,51 @@ TEST(DataParallelRouterTest, LeastLoadedCountsChoicesAndFinishedRequests) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(group.front().routed_total(), (std::vector<int64_t>{2, 2}));
   ASSERT_FALSE(collector.wait(*d).empty());
+}
+
+TEST(DataParallelRouterTest, NoRankRefusesARequestRankZeroAccepted) {
+  // Queues of 2. Rank 0 runs a request of 2 sequences, so rank 1 is the least loaded for
+  // the next 2; while rank 0's engine is inside a step, a burst of 8 requests reaches rank 1
+  // as one letter. Before ranks counted their room, rank 1 got 4 of them (2, then one after
+  // each that rank 0's queue took) and its engine refused 2 after rank 0 had accepted them.
+  // Now each request of the burst is refused at once (429) or runs to its end.
+  Group group(2, milliseconds(5000), 0, {}, 2);
+  Collector collector;
+  GenerationParams two = greedy(40);
+  two.ignore_eos = true;
+  two.n = 2;
+  auto busy = group.front().submit({prompt(0), two}, collector.sink());
+  ASSERT_TRUE(busy.ok()) << busy.status().to_string();
+  ASSERT_TRUE(collector.wait_first(*busy));
+  group.executor(0).hold(true);
+  for (int i = 0; i < 2000 && !group.executor(0).holding(); ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_TRUE(group.executor(0).holding());
+  std::vector<RequestId> accepted;
+  std::vector<int> accepted_index;
+  for (int i = 1; i <= 8; ++i) {
+    auto id = group.front().submit({prompt(i), greedy(8)}, collector.sink());
+    if (!id.ok()) {
+      EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted) << id.status().to_string();
+      continue;
+    }
+    accepted.push_back(*id);
+    accepted_index.push_back(i);
+  }
+  group.executor(0).hold(false);
+  EXPECT_GE(group.front().routed_total()[1], 2);
+  for (size_t a = 0; a < accepted.size(); ++a) {
+    auto outputs = collector.wait(accepted[a]);
+    ASSERT_FALSE(outputs.empty()) << "request " << accepted_index[a] << " never finished";
+    EXPECT_TRUE(outputs.back().error.ok())
+        << "request " << accepted_index[a] << ": " << outputs.back().error.to_string();
+    EXPECT_EQ(tokens_of(outputs),
+              reference_generate(prompt(accepted_index[a]), 8, kVocab, std::nullopt))
+        << "request " << accepted_index[a];
+  }
+  ASSERT_FALSE(collector.wait(*busy).empty());
+  EXPECT_EQ(group.front().outstanding(), (std::vector<int64_t>{0, 0}));
 }
 
 TEST(DataParallelRouterTest, BadRequestsAreRefusedAtOnce) {
