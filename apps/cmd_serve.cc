@@ -534,6 +534,14 @@ int run_serve(const ServeCli& cli) {
     if (speculative->num_tokens > 0 && (*model)->draft_layer_requantized()) {
       compute += "+draft-w8a8";
     }
+    // INT8 or BF16 expert dispatch rounds what the experts get and return, so the later
+    // layers' KV differ from one process's (FP32 dispatch gives its bits).
+    if (session.distributed() && cli.ep.dispatch_dtype != "fp32") {
+      compute += "+ep-" + cli.ep.dispatch_dtype;
+    }
+    // A fixed attention form promises logits that do not depend on how a prompt was cut
+    // into chunks, so its blocks must come from that form (auto mixes both).
+    if (cli.attention_form != "auto") compute += "+attn-" + cli.attention_form;
     KvPoolCli pool_flags = cli.kv_pool;
     if (session.distributed() && pool_flags.members == "local" && !pool_flags.ssd_dir.empty()) {
       // Each rank has its own in-process pool; an SSD tier's folder serves one at a time.

@@ -103,6 +103,9 @@ bool BlockPool::publish(BlockId block, BlockHash hash) {
 }
 
 void BlockPool::record_lookup(int64_t query_tokens, int64_t hit_tokens) {
+  // Without caching nothing was looked up (vLLM records no query either): a 0% hit rate
+  // over every prompt would read as a cache that misses.
+  if (!options_.enable_prefix_caching) return;
   counters_.prefix_query_tokens += query_tokens;
   counters_.prefix_hit_tokens += hit_tokens;
 }

@@ -83,7 +83,7 @@ class BlockPool {
   // another block holds that hash.
   bool publish(BlockId block, BlockHash hash);
 
-  // Counts a prefix-cache lookup (for the hit-rate metric).
+  // Counts a prefix-cache lookup (for the hit-rate metric); nothing when caching is off.
   void record_lookup(int64_t query_tokens, int64_t hit_tokens);
 
   // Forgets every cached hash of free blocks (e.g. after the KV contents were lost).

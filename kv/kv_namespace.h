@@ -40,7 +40,9 @@ struct KvNamespace {
   // How the engine computes beyond the checkpoint's weights when that changes the KV: "w8a8"
   // for INT8 weights quantized at load (--quantize int8 quantizes kv_a, which writes the
   // latent), "+fp32" added for fp32 GEMM activations, "+draft-w8a8" for an MTP layer (whose KV
-  // is stored with mtp_kv) given INT8 forms the loaded weights lacked by the INT8 drafter.
+  // is stored with mtp_kv) given INT8 forms the loaded weights lacked by the INT8 drafter,
+  // "+ep-int8" / "+ep-bf16" for expert parallelism with that dispatch dtype, "+attn-plain" /
+  // "+attn-absorbed" for a fixed attention form.
   // Empty (the default, BF16 products on the stored weights) adds nothing to the identity, so
   // default identities stay as they were.
   std::string compute;

@@ -607,17 +607,22 @@ case("serve --ep 2: rank 0 spreads requests over both ranks, same tokens", serve
 
 def serve_lost_rank():
     """serve --ep 2 with rank 1 killed mid-generation: the streaming client gets an end (not
-    a hang) and the job exits non-zero naming the lost rank, within the peer timeout."""
+    a hang) and the job exits non-zero naming the lost rank, within the peer timeout. (With
+    a pool: int8 dispatch computes other KV than one process, so its namespace says so.)"""
     import threading
+    import urllib.request
     port = free_port()
     args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
             str(port), "--ep", "2", "--threads", "1", "--kv-cache-memory", "64MiB",
-            "--ep-timeout-ms", "3000"]
+            "--ep-timeout-ms", "3000", "--kv-pool", "local"]
     p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     ranks = {}
     try:
         wait_ready(port, p)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            identity = json.load(r)["data"][0]["peerserve"]["kv_namespace"]
+        assert "+ep-int8" in identity, identity
         ranks = rank_pids(p)
         assert len(ranks) == 2, f"expected 2 ranks, found {ranks}"
         results = []

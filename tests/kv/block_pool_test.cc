@@ -195,6 +195,11 @@ TEST(BlockPoolTest, CachingOffNeverPublishes) {
   EXPECT_FALSE(pool.publish(blocks[0], 5));
   std::vector<BlockHash> chain = {5};
   EXPECT_TRUE(pool.match_prefix(chain).empty());
+  // Nothing was looked up, so the hit-rate counters stay at zero (a 0% rate over every
+  // prompt would read as a cache that misses; vLLM records nothing either).
+  pool.record_lookup(32, 0);
+  EXPECT_EQ(pool.counters().prefix_query_tokens, 0);
+  EXPECT_EQ(pool.counters().prefix_hit_tokens, 0);
 }
 
 TEST(BlockPoolTest, DoubleReleaseIsABug) {

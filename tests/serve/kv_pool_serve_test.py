@@ -4,7 +4,7 @@
 Cases (all run; exit 1 if any failed):
 - a long prompt served by engine A is a pool hit on engine B (cached_tokens, /metrics), and
   greedy outputs are identical with and without the hit;
-- another namespace on the same pool never hits;
+- another namespace on the same pool never hits, nor an engine with a fixed attention form;
 - the cache server killed with SIGKILL: requests still succeed (recomputed, no hang); the
   server restarted on the same SSD directory serves the blocks again.
 Usage: kv_pool_serve_test.py PEERSERVE_BINARY SOURCE_DIR SCRATCH_DIR
@@ -67,10 +67,11 @@ def cache_server(port, ssd_dir):
                   "--ssd-dir", ssd_dir, "--ssd", "256MiB"], "listening on")
 
 
-def engine(port, pool_port, namespace="default"):
+def engine(port, pool_port, namespace="default", extra=()):
     return start([BIN, "serve", "--model", MODEL, "--port", str(port), "--threads", "1",
                   "--kv-cache-memory", "64MiB", "--kv-pool", f"127.0.0.1:{pool_port}",
-                  "--kv-namespace", namespace, "--kv-pool-timeout-ms", "1000"], "serving model")
+                  "--kv-namespace", namespace, "--kv-pool-timeout-ms", "1000", *extra],
+                 "serving model")
 
 
 def complete(port, prompt, max_tokens=8, timeout=60):
@@ -134,6 +135,19 @@ def hit_on_another_engine():
     assert text_c == text_a, f"{text_c!r} != {text_a!r}"
 
 
+def fixed_attention_form_keeps_its_own_blocks():
+    """A fixed --attention-form promises logits that do not depend on chunking, so it must
+    not read blocks an `auto` engine computed (it did: same namespace, logprobs moved by up
+    to 0.017); its namespace names the form."""
+    port_f = free_port()
+    engine(port_f, pool_port, extra=["--attention-form", "plain"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port_f}/v1/models", timeout=10) as r:
+        identity = json.load(r)["data"][0]["peerserve"]["kv_namespace"]
+    assert "+attn-plain" in identity, identity
+    _, cached, _ = complete(port_f, PROMPT_A)  # engine A (auto) stored it
+    assert cached == 0, f"{cached} tokens of an auto engine's blocks were hits"
+
+
 def killed_pool_then_restarted():
     global pool
     complete(port_a, PROMPT_B)  # stored in the pool (and its SSD tier)
@@ -195,6 +209,8 @@ def model_cache():
 try:
     case("a prompt computed by engine A is a pool hit on engine B, same tokens",
          hit_on_another_engine)
+    case("a fixed attention form does not read an auto engine's blocks",
+         fixed_attention_form_keeps_its_own_blocks)
     case("cache server killed: requests recompute, no hang; restarted: hits return",
          killed_pool_then_restarted)
     case("model caching: an engine without the checkpoint loads it from the pool",
