@@ -241,14 +241,26 @@ Status EpSession::Impl::maybe_rebalance(DeepseekModel& model,
 
 Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   const auto timeout = std::chrono::milliseconds(cli.peer_timeout_ms);
-  std::vector<int64_t> counts = recorder->take();
+  std::vector<int64_t> counts;
   {
+    // Taken and banked under one lock: a /metrics read between the two would miss them.
     std::lock_guard<std::mutex> lock(counts_mutex);
+    counts = recorder->take();
     add_expert_counts(banked_counts, counts);
   }
   PS_ASSIGN_OR_RETURN(
       dist::Rebalance rebalance,
       dist::rebalance_experts(*comm, counts, *placement, cli.eplb_redundant_experts, timeout));
+  if (!rebalance.changed) {
+    if (comm->rank() == 0) {
+      std::fprintf(stderr,
+                   "eplb: step %lld: kept the placement: max/mean expert pairs per rank (EPLB "
+                   "model) %.3f over %lld pairs, which a new one would not lower\n",
+                   static_cast<long long>(step), rebalance.before_max_over_mean,
+                   static_cast<long long>(rebalance.pairs));
+    }
+    return ok_status();
+  }
   const int64_t read_before = store->experts_read();
   PS_RETURN_IF_ERROR(install_placement(model, std::move(rebalance.placement)));
   if (comm->rank() == 0) {

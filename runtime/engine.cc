@@ -524,15 +524,18 @@ void Engine::lockstep_step() {
 
 void Engine::lose_group(const Status& why) {
   // Nothing can run any more: every live request ends with the error, new ones are refused.
+  // Unavailable whatever the cause (a failed swap's InvalidArgument would read as the
+  // client's fault: 400 on this rank's requests, 503 on the others').
+  const Status error = unavailable("expert-parallel group lost: " + why.message());
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    lockstep_error_ = unavailable("expert-parallel group lost: " + why.message());
+    lockstep_error_ = error;
   }
   lockstep_lost_ = true;
   std::vector<RequestId> ids;
   for (const auto& [id, request] : live_) ids.push_back(id);
   for (const auto& [id, request] : loading_) ids.push_back(id);  // still fetching KV
-  for (RequestId id : ids) abort_now(id, FinishReason::kError, why);
+  for (RequestId id : ids) abort_now(id, FinishReason::kError, error);
 }
 
 void Engine::step(StepPlan plan) {

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -110,6 +112,7 @@ class EngineTest : public ::testing::Test {
         .num_blocks = num_blocks, .block_size = 4, .enable_prefix_caching = true};
     if (eos) options.eos_token_ids = {*eos};
     options.vocab_size = tokenizer_->vocab_size();
+    options.lockstep = lockstep_;
     auto executor = std::make_unique<FakeExecutor>(num_blocks, 4, alphabet_);
     executor_ = executor.get();
     auto engine = Engine::create(options, std::move(executor), tokenizer_.get());
@@ -139,6 +142,8 @@ class EngineTest : public ::testing::Test {
     return false;
   }
 
+  // EngineOptions::lockstep for the next start() (none: no group).
+  std::function<Result<bool>(int64_t rows)> lockstep_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<TokenId> alphabet_;
   FakeExecutor* executor_ = nullptr;
@@ -469,6 +474,30 @@ TEST_F(EngineTest, ExecutorFailureFailsTheStepsRequestsAndTheEngineGoesOn) {
   ASSERT_FALSE(ok.empty());
   EXPECT_TRUE(ok.back().error.ok());
   EXPECT_EQ(assemble(ok)[0].tokens.size(), 5u);
+}
+
+TEST_F(EngineTest, AGroupThatCannotStepOnEndsRequestsAsUnavailable) {
+  // The group's agreement fails with the client-looking error a failed expert swap gives
+  // (InvalidArgument for a NaN weight): the live request ends Unavailable, not with that code
+  // (which the server turned into a 400 on this rank's requests), and new ones are refused.
+  std::atomic<int> steps{0};
+  lockstep_ = [&steps](int64_t rows) -> Result<bool> {
+    if (rows > 0 && ++steps > 2) return invalid_argument("expert swap: a weight is not finite");
+    return true;
+  };
+  start();
+  GenerationParams long_run = greedy(50);
+  long_run.ignore_eos = true;
+  RequestId a = submit(prompt("first"), long_run);
+  auto outputs = collector_.wait(a);
+  ASSERT_FALSE(outputs.empty());
+  EXPECT_EQ(assemble(outputs)[0].finish, FinishReason::kError);
+  EXPECT_EQ(outputs.back().error.code(), StatusCode::kUnavailable)
+      << outputs.back().error.to_string();
+  EXPECT_NE(outputs.back().error.message().find("a weight is not finite"), std::string::npos)
+      << outputs.back().error.to_string();
+  EXPECT_EQ(engine_->submit({prompt("second"), greedy(2)}, collector_.sink()).status().code(),
+            StatusCode::kUnavailable);
 }
 
 TEST_F(EngineTest, StopAbortsUnfinishedRequests) {
