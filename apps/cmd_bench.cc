@@ -13,6 +13,7 @@
 
 #include "apps/command_registry.h"
 #include "apps/whole_number_validator.h"
+#include "base/output_file_check.h"
 #include "serve/bench_client.h"
 
 namespace peerserve {
@@ -66,6 +67,9 @@ int run_bench_command(BenchCli cli) {
     o.token_high = static_cast<int>(high);
   }
   if (Status s = o.validate(); !s.ok()) return fail(s.message());
+  if (!cli.json_path.empty()) {  // before the benchmark, not after it
+    if (Status s = check_output_file("--json", cli.json_path); !s.ok()) return fail(s.message());
+  }
 
   BenchProgress progress;
   // A bar redraws in place on a terminal only; elsewhere one line at the end.

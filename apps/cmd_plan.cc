@@ -391,6 +391,14 @@ const bool kRegistered = register_command([](CLI::App& root) {
 
   plan::add_plan_afd_command(*plan_cmd);        // plan/afd/afd_cli.h
   plan::add_plan_placement_command(*plan_cmd);  // plan/placement/placement_cli.h
+  // plan's own options mean nothing to a subcommand (`plan --hardware x afd` ran afd and
+  // ignored them); --data-dir is reproduce's too.
+  for (CLI::App* sub : plan_cmd->get_subcommands({})) {
+    for (CLI::Option* option : plan_cmd->get_options()) {
+      const std::string name = option->get_name();
+      if (name != "--help" && name != "--data-dir") sub->excludes(option);
+    }
+  }
 
   plan_cmd->callback([plan_cmd, o] {
     if (!plan_cmd->get_subcommands().empty()) return;  // a subcommand ran instead

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -34,6 +35,16 @@ struct QuantizeCli {
 // Tokenizes the calibration text and runs the calibration (model/int8_calibration.h).
 Result<Int8Transforms> calibrate(const QuantizeCli& cli, const Int8PipelineOptions& pipeline) {
   PS_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load_from_dir(cli.model_dir));
+  // A text file or a pipe (a corpus piped in: only the prefix needed is read). A device
+  // is no text (/dev/zero calibrated on NUL bytes) and a directory reads as nothing.
+  std::error_code error;
+  const std::filesystem::file_type type = std::filesystem::status(cli.calib, error).type();
+  if (type == std::filesystem::file_type::not_found) return not_found(cli.calib + ": no such file");
+  if (type != std::filesystem::file_type::regular && type != std::filesystem::file_type::fifo) {
+    return invalid_argument(cli.calib +
+                            ": expected a text file or a pipe (a device or a "
+                            "directory is neither)");
+  }
   std::ifstream file(cli.calib, std::ios::binary);
   if (!file.is_open()) return io_error(cli.calib + ": cannot open");
   // Only a prefix is read and tokenized: 64 bytes per requested token (far more than any

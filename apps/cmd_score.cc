@@ -21,6 +21,7 @@
 #include "apps/quantize_options.h"
 #include "apps/threads_option.h"
 #include "apps/token_id_list.h"
+#include "base/output_file_check.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 
@@ -49,6 +50,8 @@ int run_score(const ScoreCli& cli) {
   }
   auto ids = parse_token_id_list("--prompt-ids", cli.prompt_ids);
   if (!ids.ok()) return fail(ids.status());
+  // Before the model loads, not after the forward pass.
+  if (Status s = check_output_file("--out", cli.out_path); !s.ok()) return fail(s);
   const bool fp32 = cli.precision == "fp32";
 
   ModelOptions options;

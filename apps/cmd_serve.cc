@@ -11,13 +11,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "apps/attention_form_option.h"
 #include "apps/byte_size.h"
@@ -25,6 +25,7 @@
 #include "apps/ep_options.h"
 #include "apps/kv_pool_options.h"
 #include "apps/load_progress_bar.h"
+#include "apps/non_empty_validator.h"
 #include "apps/quantize_options.h"
 #include "apps/serve_router_role.h"
 #include "apps/server_signals.h"
@@ -32,6 +33,7 @@
 #include "apps/threads_option.h"
 #include "apps/tokenizer_gaps.h"
 #include "apps/whole_number_validator.h"
+#include "base/regular_file.h"
 #include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
 #include "cache/pool_client.h"
@@ -128,16 +130,11 @@ bool is_one_of(const std::string& name, std::initializer_list<const char*> names
 // fast.
 Result<std::optional<ChatTemplate>> load_chat_template_file(const std::string& path) {
   if (path.empty()) return std::optional<ChatTemplate>();
-  constexpr std::streamsize kMaxBytes = 1 << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("--chat-template " + path + ": cannot open the file");
-  std::string source(static_cast<size_t>(kMaxBytes) + 1, '\0');
-  in.read(source.data(), kMaxBytes + 1);
-  source.resize(static_cast<size_t>(in.gcount()));
-  if (static_cast<std::streamsize>(source.size()) > kMaxBytes) {
-    return invalid_argument("--chat-template " + path + ": larger than 1 MiB");
-  }
-  Result<ChatTemplate> parsed = ChatTemplate::parse(source);
+  // A regular file only: a directory opened as a stream reads as an empty template, which
+  // every chat request then failed on.
+  Result<std::string> source = read_regular_file(path, 1 << 20);
+  if (!source.ok()) return source.status().with_context("--chat-template");
+  Result<ChatTemplate> parsed = ChatTemplate::parse(*source);
   if (!parsed.ok()) return parsed.status().with_context("--chat-template " + path);
   return std::optional<ChatTemplate>(std::move(parsed).value());
 }
@@ -252,6 +249,14 @@ int run_serve(const ServeCli& cli) {
 
   const Result<uint64_t> kv_bytes = parse_byte_size("--kv-cache-memory", cli.kv_cache_memory);
   if (!kv_bytes.ok()) return fail(kv_bytes.status());
+  // The other sizes too (read again where they are used, after the load).
+  for (const auto& [flag, value] :
+       {std::pair{"--max-unsent-bytes", &cli.max_unsent},
+        std::pair{"--max-inflight-request-bytes", &cli.max_inflight_request}}) {
+    if (Result<uint64_t> bytes = parse_byte_size(flag, *value); !bytes.ok()) {
+      return session.fail(bytes.status(), true);
+    }
+  }
   if (cli.port < 0 || cli.port > 65535) {
     return session.fail(
         invalid_argument("--port " + std::to_string(cli.port) + ": expected 0..65535"), true);
@@ -900,7 +905,10 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--model", cli->model_dir,
                   "Checkpoint directory (config.json, safetensors, "
                   "tokenizer.json); required except with --role router");
-  sub->add_option("--host", cli->host, "Address to listen on: an IP address or a host name")
+  sub->add_option("--host", cli->host,
+                  "Address to listen on: an IP address or a host name (0.0.0.0 for every "
+                  "interface; not empty)")
+      ->check(non_empty_text())
       ->capture_default_str();
   sub->add_option("--port", cli->port, "Port (0 = any free port)")->capture_default_str();
   sub->add_option("--served-model-name", cli->served_model_name,
@@ -925,7 +933,9 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--kv-cache-memory", cli->kv_cache_memory,
                   "Bytes for the paged KV cache (K/M/G suffixes)")
       ->capture_default_str();
-  sub->add_option("--api-key", cli->api_key, "Require 'Authorization: Bearer KEY' on /v1/ routes");
+  sub->add_option("--api-key", cli->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/ routes (not empty)")
+      ->check(non_empty_text());
   sub->add_option("--max-model-len", cli->max_model_len,
                   "Context length (prompt + output) limit (default: the model's, lowered to what "
                   "the KV cache holds; a larger explicit value is refused)")

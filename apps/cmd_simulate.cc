@@ -13,6 +13,8 @@
 #include "apps/command_registry.h"
 #include "apps/plan_command_inputs.h"
 #include "apps/whole_number_validator.h"
+#include "base/output_file_check.h"
+#include "plan/analytic/deployment.h"
 #include "plan/sim/simulator.h"
 #include "plan/sim/workload.h"
 
@@ -56,6 +58,10 @@ int run_simulate(const SimulateOptions& o) {
     std::fprintf(stderr, "peerserve simulate: %s\n", status.to_string().c_str());
     return 1;
   };
+  // Before the simulation (minutes for 10^7 requests), not after it.
+  if (!o.requests_csv.empty()) {
+    if (Status s = check_output_file("--requests-csv", o.requests_csv); !s.ok()) return fail(s);
+  }
   auto data_dir = plan_inputs::resolve_data_dir(o.data_dir);
   if (!data_dir.ok()) return fail(data_dir.status());
   auto hw = plan_inputs::load_hardware(*data_dir, o.hardware);
@@ -175,11 +181,17 @@ const bool kRegistered = register_command([](CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--model-config", o->model_config, "Hugging Face config.json instead");
   o->deployment.add_to(*cmd);
-  cmd->add_option("--prefill-instances", o->prefill_instances, "prefill instances")
+  // Devices in all are bounded as the planner's (plan::kMaxDevices); the simulator checks the
+  // product with each instance's devices.
+  cmd->add_option("--prefill-instances", o->prefill_instances, "prefill instances (1 to 1048576)")
+      ->check(CLI::Range(1, plan::kMaxDevices))
       ->capture_default_str();
-  cmd->add_option("--decode-instances", o->decode_instances, "decode instances")
+  cmd->add_option("--decode-instances", o->decode_instances, "decode instances (1 to 1048576)")
+      ->check(CLI::Range(1, plan::kMaxDevices))
       ->capture_default_str();
-  cmd->add_option("--max-batch", o->max_batch_per_device, "decode requests per device at most")
+  cmd->add_option("--max-batch", o->max_batch_per_device,
+                  "decode requests per device at most (1 to 1048576)")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--requests", o->requests, "number of requests (at most 10,000,000)")
       ->check(CLI::Range(1, 10'000'000))

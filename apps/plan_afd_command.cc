@@ -68,7 +68,11 @@ int fail(const Status& status) {
 }
 
 int run_reproduce(const AfdReproductionOptions& options, bool json) {
-  const AfdReproduction reproduction = afd_reproduction(options);
+  Result<AfdReproduction> computed = afd_reproduction(options);
+  if (!computed.ok()) {
+    return fail(computed.status().with_context("--requests-per-instance"));
+  }
+  const AfdReproduction& reproduction = *computed;
   if (json) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& row : reproduction.rows) {

@@ -10,11 +10,11 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "apps/command_registry.h"
+#include "apps/plan_command_inputs.h"
 #include "apps/whole_number_validator.h"
 #include "plan/placement/placement_cli.h"
 #include "plan/placement/placement_study.h"
@@ -71,7 +71,9 @@ Result<std::vector<fs::path>> trace_files(const std::vector<std::string>& inputs
     } else if (fs::is_regular_file(input, error)) {
       files.emplace_back(input);
     } else {
-      return not_found(input + ": no such trace file or directory");
+      return not_found(input + (fs::exists(input, error)
+                                    ? ": neither a regular file nor a directory"
+                                    : ": no such trace file or directory"));
     }
   }
   return files;
@@ -82,11 +84,10 @@ Result<std::vector<RequestRouting>> read_traces(const std::vector<std::string>& 
   PS_ASSIGN_OR_RETURN(std::vector<fs::path> files, trace_files(inputs));
   std::vector<RequestRouting> requests;
   for (const fs::path& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) return io_error(file.string() + ": cannot open");
-    std::stringstream text;
-    text << in.rdbuf();
-    Result<RequestRouting> request = parse_routing_trace(text.str(), {.num_experts = num_experts});
+    // Bounded as plan's --routing trace: files (it read an 8 GB file whole).
+    PS_ASSIGN_OR_RETURN(const std::string text,
+                        read_regular_file(file, plan_inputs::kMaxInputFileBytes));
+    Result<RequestRouting> request = parse_routing_trace(text, {.num_experts = num_experts});
     if (!request.ok()) return request.status().with_context(file.string());
     requests.push_back(std::move(request).value());
   }

@@ -25,6 +25,16 @@ Status BenchOptions::validate() const {
   if (max_concurrency < 0) return invalid_argument("--max-concurrency must be >= 0");
   if (input_len < 1) return invalid_argument("--input-len must be >= 1");
   if (output_len < 1) return invalid_argument("--output-len must be >= 1");
+  // The prompts are built before the first request: bound what they take (4 bytes a token).
+  constexpr int64_t kMaxPromptTokens = int64_t{1} << 28;  // 1 GiB of token ids
+  if (input_len > (int64_t{1} << 24) || output_len > (int64_t{1} << 24)) {
+    return invalid_argument("--input-len and --output-len must be at most 16777216");
+  }
+  if (int64_t{num_prompts} * input_len > kMaxPromptTokens) {
+    return invalid_argument(
+        "--num-prompts x --input-len = " + std::to_string(int64_t{num_prompts} * input_len) +
+        " prompt tokens, more than " + std::to_string(kMaxPromptTokens) + " (1 GiB of token ids)");
+  }
   if (!(prefix_share >= 0.0 && prefix_share <= 1.0)) {
     return invalid_argument("--prefix-share must be in [0, 1]");
   }

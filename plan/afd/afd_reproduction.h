@@ -26,8 +26,9 @@ struct AfdReproductionOptions {
 // Conventions behind every predicted value: Table 2 coefficients, the finite-N horizon
 // average with N = 10,000 per Attention instance and p = 1/mu_D (DecodeLengthConvention::
 // kStepsFromOne), the only reading under which the printed 9.30 and 17.25 come out exactly.
-// Deterministic; runs the simulator (a fraction of a second).
-AfdReproduction afd_reproduction(const AfdReproductionOptions& options = {});
+// Deterministic; runs the simulator (a fraction of a second at the paper's N). An N whose
+// sweep (r up to 32, mu_D = 500) is beyond the simulator's limits is an InvalidArgument.
+Result<AfdReproduction> afd_reproduction(const AfdReproductionOptions& options = {});
 
 // afd_reproduction().rows with the paper's N.
 std::vector<ReproductionRow> afd_reproduction_rows();

@@ -379,7 +379,7 @@ Result<ReproductionReport> build_reproduction_report(const HardwareSet& hardware
   // Paper 003 (plan/afd): its rows and the A/F ratio sweep.
   AfdReproductionOptions afd_options;
   afd_options.simulated_requests_per_instance = options.afd_simulated_requests_per_instance;
-  AfdReproduction afd = afd_reproduction(afd_options);
+  PS_ASSIGN_OR_RETURN(AfdReproduction afd, afd_reproduction(afd_options));
   // Its rows flag the paper's own inconsistencies in their notes; list each once (a note
   // that extends an earlier one replaces it).
   std::vector<std::string> flagged;

@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "plan/analytic/decode_model.h"
+#include "plan/analytic/deployment.h"
 #include "plan/analytic/prefill_model.h"
 
 namespace peerserve::plan {
@@ -325,6 +326,15 @@ Status validate(const ModelProfile& model, const SimulationOptions& o,
   }
   if (o.max_batch_per_device < 1) {
     return invalid_argument("simulate: max_batch_per_device must be >= 1");
+  }
+  // Devices are summed in int: bounded as the planner's deployments.
+  const int64_t devices = int64_t{o.prefill_instances} * std::max(o.prefill.experts.devices, 1) +
+                          int64_t{o.decode_instances} * std::max(o.decode.experts.devices, 1);
+  if (devices > kMaxDevices) {
+    return invalid_argument("simulate: " + std::to_string(o.prefill_instances) + " prefill and " +
+                            std::to_string(o.decode_instances) + " decode instances are " +
+                            std::to_string(devices) + " devices, more than " +
+                            std::to_string(kMaxDevices));
   }
   PS_RETURN_IF_ERROR(validate_prefill_deployment(o.prefill, model));
   PS_RETURN_IF_ERROR(validate_decode_deployment(o.decode, model));

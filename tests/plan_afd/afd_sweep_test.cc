@@ -67,9 +67,22 @@ TEST(AfdRatioSweep, TheoryAndSimulationSideBySide) {
   EXPECT_TRUE(afd_ratio_sweep(paper003_latency_model(), w, {2.5}, std::nullopt).ok());
 }
 
+TEST(AfdReproduction, AnNBeyondTheSimulatorsLimitsIsAnError) {
+  // `plan afd --reproduce --requests-per-instance 1e12` aborted on a check here.
+  const Result<AfdReproduction> computed =
+      afd_reproduction({.simulated_requests_per_instance = 1e12});
+  ASSERT_FALSE(computed.ok());
+  EXPECT_EQ(computed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(computed.status().message().find("N = 1e+12"), std::string::npos)
+      << computed.status().to_string();
+}
+
 TEST(AfdReproduction, RowsCarryThePrintedValuesAndTheirInconsistencies) {
   // A shorter simulated horizon keeps the test fast; the closed-form rows do not depend on it.
-  const AfdReproduction reproduction = afd_reproduction({.simulated_requests_per_instance = 1000});
+  const Result<AfdReproduction> computed =
+      afd_reproduction({.simulated_requests_per_instance = 1000});
+  ASSERT_TRUE(computed.ok()) << computed.status().to_string();
+  const AfdReproduction& reproduction = *computed;
   ASSERT_GE(reproduction.rows.size(), 7u);
   int closed_form_rows = 0;
   for (const auto& row : reproduction.rows) {

@@ -1,0 +1,28 @@
+#include "base/output_file_check.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+namespace peerserve {
+
+Status check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return invalid_argument(flag + ": an empty path");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return invalid_argument(flag + " " + path + ": a directory, expected a file to write");
+  }
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, ec)) {
+    return not_found(flag + " " + path + ": no folder " + parent.string() + " to write it in");
+  }
+  if (::access(parent.c_str(), W_OK) != 0) {
+    return invalid_argument(flag + " " + path + ": folder " + parent.string() + " is not writable");
+  }
+  return ok_status();
+}
+
+}  // namespace peerserve
