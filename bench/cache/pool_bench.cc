@@ -261,10 +261,18 @@ int run(const BenchOptions& o) {
   PoolClientOptions grpc_only;
   grpc_only.use_block_stream = false;
   auto remote = PoolClient::connect(address, grpc_only);
-  if (!remote.ok()) return 1;
+  if (!remote.ok()) {
+    std::fprintf(stderr, "error: --server %s: %s\n", address.c_str(),
+                 remote.status().to_string().c_str());
+    return 1;
+  }
   const PoolFigures grpc = measure_pool(o, **remote, block_bytes, "bench", probe);
   auto streamed = PoolClient::connect(address, {});
-  if (!streamed.ok()) return 1;
+  if (!streamed.ok()) {
+    std::fprintf(stderr, "error: --server %s: %s\n", address.c_str(),
+                 streamed.status().to_string().c_str());
+    return 1;
+  }
   const PoolFigures stream = measure_pool(o, **streamed, block_bytes, "bench-stream");
   const double probe_one = grpc.ceiling_one;
   const double probe_batch = grpc.ceiling_batch;

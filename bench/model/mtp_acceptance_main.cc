@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -63,6 +64,11 @@ int32_t argmax(std::span<const float> row) {
 // [BOS] text [EOS] per document, special-token strings read as plain text.
 Result<std::vector<int32_t>> heldout_stream(const Tokenizer& tokenizer, const std::string& path,
                                             size_t wanted_tokens) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {  // a device's first line never ends
+    return std::filesystem::exists(path, error) ? invalid_argument(path + ": not a regular file")
+                                                : not_found(path + ": no such file");
+  }
   std::ifstream file(path);
   if (!file) return not_found(path + ": cannot open");
   std::vector<int32_t> stream;

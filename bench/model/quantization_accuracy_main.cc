@@ -14,13 +14,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "base/regular_file.h"
 #include "bench/flag_value.h"
 #include "kernels/cpu_features.h"
 #include "model/deepseek_model.h"
@@ -57,23 +56,27 @@ int run(const Args& args) {
     std::fprintf(stderr, "error: %s\n", tokenizer.status().message().c_str());
     return 1;
   }
-  std::ifstream file(args.text);
-  std::stringstream text;
-  text << file.rdbuf();
-  if (!file) {
-    std::fprintf(stderr, "error: cannot read %s\n", args.text.c_str());
+  // A regular file (a device never ends; a directory read as no text and gave a NaN table).
+  Result<std::string> text = read_regular_file(args.text, uint64_t{1} << 30);
+  if (!text.ok()) {
+    std::fprintf(stderr, "error: --text: %s\n", text.status().message().c_str());
     return 1;
   }
   EncodeOptions plain;
   plain.add_special_tokens = false;
   plain.match_added_tokens = false;
-  auto ids = tokenizer->encode(text.str(), plain);
+  auto ids = tokenizer->encode(*text, plain);
   if (!ids.ok()) {
     std::fprintf(stderr, "error: %s\n", ids.status().message().c_str());
     return 1;
   }
   std::vector<int32_t> stream = std::move(ids).value();
   if (static_cast<int64_t>(stream.size()) > args.max_tokens) stream.resize(args.max_tokens);
+  if (stream.size() < 2) {
+    std::fprintf(stderr, "error: --text %s: %zu tokens, at least 2 needed to score one\n",
+                 args.text.c_str(), stream.size());
+    return 1;
+  }
 
   std::vector<Variant> variants;
   variants.push_back({"bf16", WeightQuantization::kNone, false, nullptr, ""});

@@ -17,11 +17,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "base/regular_file.h"
 #include "bench/ceilings/machine_ceilings.h"
 #include "bench/flag_value.h"
 #include "bench/model/mini_model.h"
@@ -202,12 +202,23 @@ int run(const Args& args) {
   std::vector<std::vector<int32_t>> prompts;
   std::string source = "pseudo-random token ids";
   if (auto tokenizer = Tokenizer::load_from_dir(dir); tokenizer.ok()) {
-    std::ifstream file(args.text);
-    std::stringstream text;
-    text << file.rdbuf();
+    // A --text named on the command line must serve: it was replaced by pseudo-random ids
+    // without a word when missing. The default text may be absent (not every system ships
+    // it): then the pseudo-random prompts, and the line below says so.
+    const bool default_text = args.text == Args().text;
+    Result<std::string> text = read_regular_file(args.text, uint64_t{1} << 30);
+    if (!text.ok() && !default_text) {
+      std::fprintf(stderr, "error: --text: %s\n", text.status().message().c_str());
+      return 1;
+    }
     EncodeOptions plain;
     plain.add_special_tokens = false;
-    auto ids = tokenizer->encode(text.str(), plain);
+    auto ids = tokenizer->encode(text.ok() ? *text : std::string(), plain);
+    if (!default_text && (!ids.ok() || ids->size() < static_cast<size_t>(args.prompt) * 2)) {
+      std::fprintf(stderr, "error: --text %s: fewer than %d tokens (twice --prompt)\n",
+                   args.text.c_str(), args.prompt * 2);
+      return 1;
+    }
     if (ids.ok() && ids->size() >= static_cast<size_t>(args.prompt) * 2) {
       source = args.text;
       const size_t stride = (ids->size() - args.prompt) / max_batch;

@@ -27,6 +27,8 @@ import time
 import urllib.error
 import urllib.request
 
+if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+    sys.exit("usage: production_limits_bench.py PEERSERVE_BINARY MODEL_DIR\n" + __doc__)
 BIN, MODEL = sys.argv[1], sys.argv[2]
 NAME = os.path.basename(os.path.normpath(MODEL))
 

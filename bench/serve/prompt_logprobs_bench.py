@@ -23,6 +23,8 @@ import urllib.request
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0] + "/tests/serve")
 from serve_harness import free_port, launch, stop_all  # noqa: E402
 
+if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+    sys.exit("usage: prompt_logprobs_bench.py PEERSERVE_BINARY MODEL_DIR [PROMPT_TOKENS] [RUNS]\n" + __doc__)
 BIN, MODEL = sys.argv[1], sys.argv[2]
 PROMPT_TOKENS = int(sys.argv[3]) if len(sys.argv) > 3 else 512
 RUNS = int(sys.argv[4]) if len(sys.argv) > 4 else 7
