@@ -152,13 +152,15 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_option("--dram", cli->dram,
                   "capacity of the DRAM tier in bytes (suffixes k, M, G, T: binary multiples)")
       ->required();
-  sub->add_option("--ssd-dir", cli->ssd_dir,
-                  "folder of the SSD tier (created if missing; blocks in it are recovered and "
-                  "served again); every write is persisted there before it is acknowledged");
+  auto* ssd_dir =
+      sub->add_option("--ssd-dir", cli->ssd_dir,
+                      "folder of the SSD tier (created if missing; blocks in it are recovered and "
+                      "served again); every write is persisted there before it is acknowledged");
   sub->add_option("--ssd", cli->ssd, "capacity of the SSD tier in bytes (with --ssd-dir)");
   sub->add_flag("--ssd-sync", cli->ssd_sync,
                 "fdatasync every block file before it is acknowledged (survives power loss, "
-                "not only a crash of the server; slower)");
+                "not only a crash of the server; slower; with --ssd-dir)")
+      ->needs(ssd_dir);
   sub->add_option("--namespace-capacity", cli->namespace_capacity,
                   "NAME=BYTES: cap what namespace NAME may hold in each tier (repeatable); a "
                   "namespace over its cap evicts its own least recently used blocks");

@@ -250,6 +250,22 @@ int run_generate(const GenerateCli& cli) {
   const Result<SpeculativeSetting> speculative =
       resolve_speculative_options(cli.speculative, model.has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
+  // The context bounds what can be generated: a prompt that fills it is an error (the
+  // speculative path said "max_tokens = -2"), and a shorter budget is said, not silent.
+  const int64_t context = model.config().max_position_embeddings;
+  if (static_cast<int64_t>(prompt.size()) >= context) {
+    return fail(out_of_range("the prompt's " + std::to_string(prompt.size()) +
+                             " tokens leave no room in the model's context of " +
+                             std::to_string(context) + " positions (max_position_embeddings)"));
+  }
+  if (static_cast<int64_t>(prompt.size()) + cli.max_tokens > context && session.leader()) {
+    std::fprintf(stderr,
+                 "note: at most %lld tokens: the prompt's %zu and --max-tokens %lld exceed the "
+                 "model's context of %lld positions\n",
+                 static_cast<long long>(context - static_cast<int64_t>(prompt.size())),
+                 prompt.size(), static_cast<long long>(cli.max_tokens),
+                 static_cast<long long>(context));
+  }
   if (speculative->num_tokens > 0) {
     return generate_speculative(cli, model, *speculative, prompt, sampling, tokenizer.get());
   }

@@ -132,11 +132,13 @@ const bool kRegistered = register_command([](CLI::App& root) {
   sub->add_flag("--generation-prompt", cli->generation_prompt,
                 "With --chat: end with the assistant prompt (add_generation_prompt)")
       ->needs(chat);
-  sub->add_flag("--render", cli->render, "With --chat: print the rendered text, not ids")
-      ->needs(chat);
+  auto* render =
+      sub->add_flag("--render", cli->render, "With --chat: print the rendered text, not ids")
+          ->needs(chat);
   sub->add_flag("--show-tokens", cli->show_tokens,
                 "When encoding: print one 'id<TAB>token' line per token")
-      ->excludes(decode);
+      ->excludes(decode)
+      ->excludes(render);  // the rendered text has no ids to show
   sub->callback([cli] { set_command_exit_code(run_tokenize(*cli)); });
 });
 

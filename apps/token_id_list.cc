@@ -28,6 +28,10 @@ Result<std::vector<int32_t>> parse_token_id_list(std::string_view flag, const st
     }
     ids.push_back(static_cast<int32_t>(value));
   }
+  // getline drops an empty last item: "1,2," would pass as "1,2".
+  if (!list.empty() && list.back() == ',') {
+    return invalid_argument(name + ": '' is not a token id (expected e.g. 0,17,523)");
+  }
   if (ids.empty()) return invalid_argument(name + ": expected at least one token id");
   return ids;
 }

@@ -123,6 +123,11 @@ CASES = [
      "neither a regular file nor a directory"),
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", "/dev/zero"],
      "expected a text file or a pipe"),
+    (["generate", "--model", MODEL, "--prompt-ids", "1,2,"], "'' is not a token id"),
+    (["cache-server", "--listen", "127.0.0.1:0", "--dram", "1M", "--ssd-sync"],
+     "--ssd-sync requires --ssd-dir"),
+    (["tokenize", "--model", MODEL, "--chat", "/dev/null", "--render", "--show-tokens"],
+     "--render excludes --show-tokens"),
 ]
 
 # A port in use and a host that does not resolve: refused before the model loads (they were
