@@ -106,7 +106,7 @@ CASES = [
      "1 GiB of token ids"),
     (["serve", "--model", MODEL, "--host", ""], "--host"),
     (["serve", "--model", MODEL, "--api-key", ""], "--api-key"),
-    (["serve", "--model", MODEL, "--chat-template", "/tmp"], "a directory"),
+    (["serve", "--model", MODEL, "--chat-template", "/tmp"], "a directory or a device"),
     (["serve", "--model", MODEL, "--max-unsent-bytes", "5x"], "--max-unsent-bytes"),
     (["generate", "--model", MODEL, "--prompt-ids", "1,2", "--max-tokens", "010"],
      "'010' is not a decimal integer"),
