@@ -51,7 +51,11 @@ int run_bench_command(BenchCli cli) {
     if (!number || value <= 0 || (name != "ttft" && name != "tpot" && name != "e2el")) {
       return fail("--goodput '" + slo + "': expected ttft:MS, tpot:MS or e2el:MS (milliseconds)");
     }
-    (name == "ttft" ? o.slo_ttft_ms : name == "tpot" ? o.slo_tpot_ms : o.slo_e2el_ms) = value;
+    std::optional<double>& target = name == "ttft"   ? o.slo_ttft_ms
+                                    : name == "tpot" ? o.slo_tpot_ms
+                                                     : o.slo_e2el_ms;
+    if (target) return fail("--goodput: " + name + " given twice");  // the last one won
+    target = value;
   }
   if (!cli.token_range.empty()) {
     const size_t colon = cli.token_range.find(':');

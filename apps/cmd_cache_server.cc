@@ -69,6 +69,9 @@ int run_cache_server(const CacheServerCli& cli) {
     }
     const std::string name = entry.substr(0, eq);
     if (Status s = validate_tenant_name(name); !s.ok()) return fail(s);
+    if (store_options.tenant_capacity.count(name) > 0) {  // the last one won, silently
+      return fail(invalid_argument("--namespace-capacity: namespace '" + name + "' given twice"));
+    }
     Result<uint64_t> bytes = parse_byte_size("--namespace-capacity " + name, entry.substr(eq + 1));
     if (!bytes.ok()) return fail(bytes.status());
     store_options.tenant_capacity[name] = *bytes;

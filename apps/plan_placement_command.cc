@@ -281,7 +281,9 @@ void add_plan_placement_command(CLI::App& plan) {
                   "trace file or directory of per-request JSON files (published format); "
                   "repeatable. Without it, synthetic routing is generated");
   sub->add_option("--experts", o->num_experts,
-                  "routed experts per MoE layer (required with --trace; synthetic default 256)");
+                  "routed experts per MoE layer, 1 to 65536 (required with --trace; synthetic "
+                  "default 256)")
+      ->check(CLI::Range(1, 65536));  // 0 and -1 were taken as 'not given'
   sub->add_option("--top-k", o->synthetic.top_k, "synthetic: experts per token")
       ->capture_default_str();
   sub->add_option("--dense-layers", o->synthetic.num_dense_layers,

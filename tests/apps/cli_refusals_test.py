@@ -128,6 +128,11 @@ CASES = [
      "--ssd-sync requires --ssd-dir"),
     (["tokenize", "--model", MODEL, "--chat", "/dev/null", "--render", "--show-tokens"],
      "--render excludes --show-tokens"),
+    (["plan", "placement", "--experts", "0"], "--experts"),
+    (["bench", "--url", "http://127.0.0.1:1", "--goodput", "ttft:5", "--goodput", "ttft:50"],
+     "ttft given twice"),
+    (["cache-server", "--listen", "127.0.0.1:0", "--dram", "1M", "--namespace-capacity", "a=1M",
+      "--namespace-capacity", "a=2M"], "namespace 'a' given twice"),
 ]
 
 # A port in use and a host that does not resolve: refused before the model loads (they were
