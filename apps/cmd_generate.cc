@@ -186,7 +186,8 @@ int run_generate(const GenerateCli& cli) {
 
   if (Status s = check_speculative_flags(cli.speculative); !s.ok()) return fail(s);
   if (cli.prompt.empty() == cli.prompt_ids.empty()) {
-    return fail(invalid_argument("give exactly one of --prompt and --prompt-ids"));
+    return fail(invalid_argument(
+        "give exactly one of --prompt and --prompt-ids (an empty value counts as none)"));
   }
   if (cli.max_tokens < 1) return fail(invalid_argument("--max-tokens must be >= 1"));
   if (cli.precision != "bf16" && cli.precision != "fp32") {

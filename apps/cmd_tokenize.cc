@@ -67,7 +67,11 @@ void print_ids(const Tokenizer& tokenizer, const std::vector<TokenId>& ids, bool
 int run_tokenize(const TokenizeCli& cli) {
   const int inputs =
       !cli.text.empty() + !cli.file.empty() + !cli.decode.empty() + !cli.chat_file.empty();
-  if (inputs != 1) return fail("give exactly one of --text, --file, --decode, --chat");
+  if (inputs != 1) {
+    return fail(
+        "give exactly one of --text, --file, --decode, --chat (an empty value counts as "
+        "none)");
+  }
   auto tokenizer = Tokenizer::load_from_dir(cli.model_dir);
   if (!tokenizer.ok()) return fail(tokenizer.status().to_string());
 

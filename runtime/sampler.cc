@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -317,8 +318,11 @@ bool is_greedy(const SamplingParams& params) {
 
 Status SamplingParams::validate() const {
   const auto out_of = [](const char* field, double value, const char* range) {
-    return invalid_argument(std::string("sampling: ") + field + " = " + std::to_string(value) +
-                            ", expected " + range);
+    // %g: integers print as integers (top_k = -5, not -5.000000), 1e40 as 1e+40.
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", value);
+    return invalid_argument(std::string("sampling: ") + field + " = " + text + ", expected " +
+                            range);
   };
   if (min_tokens < 0) return out_of("min_tokens", min_tokens, ">= 0");
   if (!std::isfinite(temperature) || temperature < 0.0f) {
