@@ -16,8 +16,9 @@
 // the engine's own validation (every rank runs the same options), so bad requests are
 // answered at once. A rank gets a request only while its unfinished sequences (running
 // included) stay within the waiting-queue limit, so its engine never refuses one rank 0
-// accepted; when no other rank has room, rank 0's own engine takes or refuses it (429). When rank 0 is done it calls finish(): remote requests end with kAbort and the
-// group stops; the other ranks learn it in lockstep() and wait_until_done() returns.
+// accepted; when no other rank has room, rank 0's own engine takes or refuses it (429).
+// When rank 0 is done it calls finish(): remote requests end with kAbort and the group
+// stops; the other ranks learn it in lockstep() and wait_until_done() returns.
 // When the group breaks (a rank lost), every remote request ends with the error, submit()
 // refuses new ones, and wait_until_done() returns the error on every rank.
 //
