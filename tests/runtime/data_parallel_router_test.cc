@@ -270,7 +270,7 @@ TEST(DataParallelRouterTest, NoRankRefusesARequestRankZeroAccepted) {
   // Now each request of the burst is refused at once (429) or runs to its end.
   Group group(2, milliseconds(5000), 0, {}, 2);
   Collector collector;
-  GenerationParams two = greedy(40);
+  GenerationParams two = greedy(200);  // still running when rank 0 is held below
   two.ignore_eos = true;
   two.n = 2;
   auto busy = group.front().submit({prompt(0), two}, collector.sink());
