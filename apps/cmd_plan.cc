@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -115,6 +116,9 @@ int run_plan(const PlanOptions& o) {
   const double mean_context = o.prompt_tokens + o.output_tokens / 2.0;
   const double max_context = o.prompt_tokens + o.output_tokens;
 
+  if (!(o.tpot_slo_ms > 0.0) || !std::isfinite(o.tpot_slo_ms) || o.tpot_slo_ms > 1e9) {
+    return fail(invalid_argument("--tpot-slo-ms must be a finite number of ms in (0, 1e9]"));
+  }
   // Decode: at --batch, or at the largest batch meeting the SLO.
   auto slo = plan::largest_batch_under_slo(*model, *hw, *decode, o.tpot_slo_ms * 1e-3, mean_context,
                                            max_context);

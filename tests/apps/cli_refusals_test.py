@@ -129,6 +129,7 @@ CASES = [
     (["tokenize", "--model", MODEL, "--chat", "/dev/null", "--render", "--show-tokens"],
      "--render excludes --show-tokens"),
     (["plan", "placement", "--experts", "0"], "--experts"),
+    (["plan", "--tpot-slo-ms", "inf"], "--tpot-slo-ms"),
     (["bench", "--url", "http://127.0.0.1:1", "--goodput", "ttft:5", "--goodput", "ttft:50"],
      "ttft given twice"),
     (["cache-server", "--listen", "127.0.0.1:0", "--dram", "1M", "--namespace-capacity", "a=1M",
