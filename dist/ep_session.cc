@@ -251,7 +251,7 @@ Status EpSession::Impl::rebalance(DeepseekModel& model, int64_t step) {
   PS_ASSIGN_OR_RETURN(
       dist::Rebalance rebalance,
       dist::rebalance_experts(*comm, counts, *placement, cli.eplb_redundant_experts, timeout));
-  if (!rebalance.changed) {
+  if (!rebalance.changed()) {
     if (comm->rank() == 0) {
       std::fprintf(stderr,
                    "eplb: step %lld: kept the placement: max/mean expert pairs per rank (EPLB "

@@ -53,8 +53,7 @@ Result<Rebalance> rebalance_experts(Communicator& comm, std::span<const int64_t>
   // EPLB's greedy packing does not always beat the placement in use (1 in ~75 random
   // histograms over 4 ranks did worse): then swapping would read experts to lose balance.
   // Every rank compares the same sums, so all keep or all swap.
-  result.changed = result.after_max_over_mean < result.before_max_over_mean;
-  if (!result.changed) {
+  if (!result.changed()) {
     result.after_max_over_mean = result.before_max_over_mean;
     result.placement = current;
     return result;

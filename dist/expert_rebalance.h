@@ -30,8 +30,8 @@ struct Rebalance {
   double after_max_over_mean = 1.0;
   int64_t pairs = 0;  // token-expert pairs counted, all ranks
   // False when EPLB's placement would not lower the imbalance: `placement` is then the
-  // current one, and there is nothing to swap.
-  bool changed = true;
+  // current one (after = before), and there is nothing to swap.
+  bool changed() const { return after_max_over_mean < before_max_over_mean; }
 };
 
 // Collective. local_counts is [layer * num_experts + expert] over decoder layers

@@ -242,7 +242,7 @@ TEST(ExpertRebalanceTest, APlacementThatWouldNotLowerTheImbalanceIsKept) {
   ASSERT_TRUE(current.ok());
   for (int r = 0; r < kRanksHere; ++r) {
     ASSERT_TRUE(results[r].ok()) << results[r].status().to_string();
-    EXPECT_FALSE(results[r]->changed) << "rank " << r;
+    EXPECT_FALSE(results[r]->changed()) << "rank " << r;
     EXPECT_EQ(results[r]->placement.layout().physical_to_logical,
               current->layout().physical_to_logical)
         << "rank " << r;
