@@ -30,7 +30,7 @@ struct BenchCli {
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "error: %s\n", message.c_str());
-  return 2;
+  return kExitFailure;
 }
 
 int run_bench_command(BenchCli cli) {

@@ -40,7 +40,7 @@ struct CacheServerCli {
 
 int fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.message().c_str());
-  return 2;
+  return kExitFailure;
 }
 
 // "1073741824", "512MiB", "512M", "2G", "64k" (binary multiples), checked for overflow.

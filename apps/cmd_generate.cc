@@ -96,7 +96,7 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
   int32_t num_speculative = setting.num_tokens;
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
-    return 1;
+    return kExitFailure;
   };
   const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
   const int64_t max_len = std::min(total, model.config().max_position_embeddings);

@@ -44,7 +44,7 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   Result<TestModelPreset> preset = parse_test_model_preset(cli.preset);
   if (!preset.ok()) {
     std::fprintf(stderr, "error: %s\n", preset.status().message().c_str());
-    return 2;
+    return kExitFailure;
   }
   TestModelOptions options;
   options.preset = *preset;
@@ -54,11 +54,11 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   Result<ModelConfig> config = test_model_config(options);
   if (!config.ok()) {
     std::fprintf(stderr, "error: --num-layers: %s\n", config.status().message().c_str());
-    return 2;
+    return kExitFailure;
   }
   if (Status status = check_output_directory(cli.out_dir); !status.ok()) {
     std::fprintf(stderr, "error: --out: %s\n", status.message().c_str());
-    return 2;
+    return kExitFailure;
   }
   LoadProgressBar progress("writing");
   options.progress = progress.callback();
@@ -71,7 +71,7 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   const auto start = std::chrono::steady_clock::now();
   if (Status status = write_test_model(cli.out_dir, options); !status.ok()) {
     std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
-    return 1;
+    return kExitFailure;
   }
   progress.finish();
   std::printf("written in %.1f s\n",
@@ -80,7 +80,7 @@ int run_make_test_model(const MakeTestModelOptions& cli) {
   if (cli.verify) {
     if (Status status = verify_checkpoint(cli.out_dir); !status.ok()) {
       std::fprintf(stderr, "error: verification failed: %s\n", status.to_string().c_str());
-      return 1;
+      return kExitFailure;
     }
     std::printf("verified: every tensor loads and matches the layout\n");
   }

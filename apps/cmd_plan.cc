@@ -93,7 +93,7 @@ int run_plan(const PlanOptions& o) {
   const plan_inputs::DeploymentFlags& flags = o.deployment;
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "peerserve plan: %s\n", status.to_string().c_str());
-    return 1;
+    return kExitFailure;
   };
   auto data_dir = plan_inputs::resolve_data_dir(o.data_dir);
   if (!data_dir.ok()) return fail(data_dir.status());
@@ -303,7 +303,7 @@ int run_plan(const PlanOptions& o) {
 int run_reproduce(const std::string& data_dir_flag, const std::string& out_dir) {
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "peerserve plan reproduce: %s\n", status.to_string().c_str());
-    return 1;
+    return kExitFailure;
   };
   auto data_dir = plan_inputs::resolve_data_dir(data_dir_flag);
   if (!data_dir.ok()) return fail(data_dir.status());

@@ -97,31 +97,31 @@ int run_quantize(const QuantizeCli& cli) {
   Result<Int8PipelineOptions> pipeline = parse_int8_pipeline(pipeline_name);
   if (!pipeline.ok()) {
     std::fprintf(stderr, "error: %s\n", pipeline.status().message().c_str());
-    return 2;
+    return kExitFailure;
   }
   if (!pipeline->any() && !cli.calib.empty()) {
     std::fprintf(stderr,
                  "error: --pipeline %s does not calibrate: --calib %s would not be read (drop "
                  "it, or choose calibration steps: --pipeline full, smooth, ...)\n",
                  pipeline_name.c_str(), cli.calib.c_str());
-    return 2;
+    return kExitFailure;
   }
   if (pipeline->any() && cli.calib.empty()) {
     std::fprintf(stderr, "error: --pipeline %s needs a calibration text (--calib FILE)\n",
                  pipeline_name.c_str());
-    return 2;
+    return kExitFailure;
   }
   // Before the calibration, which can take long: nothing is overwritten.
   if (Status s = check_int8_output_dir(cli.model_dir, cli.out_dir); !s.ok()) {
     std::fprintf(stderr, "error: --out: %s\n", s.message().c_str());
-    return 2;
+    return kExitFailure;
   }
   Int8Transforms transforms;
   if (pipeline->any()) {
     Result<Int8Transforms> calibrated = calibrate(cli, *pipeline);
     if (!calibrated.ok()) {
       std::fprintf(stderr, "error: %s\n", calibrated.status().message().c_str());
-      return 1;
+      return kExitFailure;
     }
     transforms = std::move(calibrated).value();
     double rtn = 0, smoothed = 0, final_error = 0, reference = 0;
@@ -181,7 +181,7 @@ int run_quantize(const QuantizeCli& cli) {
   if (!summary.ok()) {
     progress.abandon();
     std::fprintf(stderr, "error: %s\n", summary.status().message().c_str());
-    return 1;
+    return kExitFailure;
   }
   progress.finish();
   const double seconds =

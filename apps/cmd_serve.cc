@@ -164,7 +164,7 @@ std::string default_model_name(std::string path) {
 
 int fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.message().c_str());
-  return 1;
+  return kExitFailure;
 }
 
 // Ranks other than 0 of `serve --ep N`: no HTTP; the engine runs the requests rank 0 hands

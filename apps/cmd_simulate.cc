@@ -56,7 +56,7 @@ nlohmann::json pool_json(const plan::PoolMetrics& p) {
 int run_simulate(const SimulateOptions& o) {
   auto fail = [](const Status& status) {
     std::fprintf(stderr, "peerserve simulate: %s\n", status.to_string().c_str());
-    return 1;
+    return kExitFailure;
   };
   // Before the simulation (minutes for 10^7 requests), not after it.
   if (!o.requests_csv.empty()) {

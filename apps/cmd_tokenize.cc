@@ -36,7 +36,7 @@ struct TokenizeCli {
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "error: %s\n", message.c_str());
-  return 2;
+  return kExitFailure;
 }
 
 // --file and --chat: a regular file of at most 1 GiB (/dev/zero read until memory ran out, a

@@ -22,6 +22,12 @@ using CommandSetup = std::function<void(CLI::App& root)>;
 bool register_command(CommandSetup setup);
 void setup_registered_commands(CLI::App& root);
 
+// Exit statuses: 0 success; kExitFailure for every error a command reports once it runs
+// (its own option checks included); kExitUsage when the parser refuses the command line
+// (an unknown option, a malformed or out-of-range value, a missing or excluded option).
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
 // The process exit code of the command that ran (default 0).
 void set_command_exit_code(int code);
 int command_exit_code();

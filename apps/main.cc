@@ -10,6 +10,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   peerserve::setup_registered_commands(app);
   peerserve::require_decimal_integers(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version end parsing with status 0. Any other parse error is a command
+    // line the parser refused: status 2, as argparse programs exit (CLI11's own codes are
+    // 104-114), while a command that starts and fails exits 1 (command_registry.h).
+    return app.exit(error) == 0 ? 0 : peerserve::kExitUsage;
+  }
   return peerserve::command_exit_code();
 }

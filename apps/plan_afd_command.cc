@@ -64,7 +64,7 @@ nlohmann::json simulation_json(const AfdSimulationResult& s) {
 
 int fail(const Status& status) {
   std::fprintf(stderr, "peerserve plan afd: %s\n", status.to_string().c_str());
-  return 2;
+  return kExitFailure;
 }
 
 int run_reproduce(const AfdReproductionOptions& options, bool json) {

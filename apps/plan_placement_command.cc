@@ -50,7 +50,7 @@ struct PlacementCommandOptions {
 
 int fail(const Status& status) {
   std::fprintf(stderr, "peerserve plan placement: %s\n", status.to_string().c_str());
-  return 2;
+  return kExitFailure;
 }
 
 Result<std::vector<fs::path>> trace_files(const std::vector<std::string>& inputs) {

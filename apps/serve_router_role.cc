@@ -9,6 +9,7 @@
 #include <memory>
 #include <thread>
 
+#include "apps/command_registry.h"
 #include "apps/server_signals.h"
 #include "serve/openai_router.h"
 #include "serve/router_backends.h"
@@ -20,7 +21,7 @@ int run_router_role(const RouterRoleOptions& options) {
   StartupSignalExit startup_exit(signals);  // until it serves, a signal ends it at once
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
-    return 1;
+    return kExitFailure;
   };
   if (options.decode_instances.empty()) {
     return fail(invalid_argument("--role router needs --decode HOST:PORT,..."));

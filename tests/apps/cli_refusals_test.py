@@ -159,14 +159,36 @@ CASES += [
     (["serve", "--model", MODEL, "--generation-config", "hf"], "--generation-config"),
 ]
 
+# Exit statuses (README): 2 when the parser refuses the command line, 1 for an error a
+# command reports once it runs. CLI11's own codes (104-114) leaked out before.
+EXIT_CASES = [
+    (["generate", "--model", MODEL, "--no-such-flag"], 2),
+    (["serve", "--model", MODEL, "--max-num-seqs", "abc"], 2),
+    (["serve", "--model", MODEL, "--max-num-seqs", "0"], 2),
+    (["plan", "afd", "--convention", "other"], 2),
+    (["tokenize"], 2),
+    (["generate", "--model", MODEL, "--prompt-ids", "1,2", "--prompt", "x"], 1),
+    (["tokenize", "--model", "/nonexistent", "--text", "hi"], 1),
+    (["plan", "afd", "--batch", "0"], 1),
+    (["quantize", "--model", MODEL, "--out", "/tmp/x", "--pipeline", "full"], 1),
+    (["generate", "--help"], 0),
+    (["--version"], 0),
+]
+
 failures = []
 for args, expected in CASES:
     p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=60)
     out = p.stdout + p.stderr
-    if p.returncode == 0 or expected not in out or "loading" in out.lower():
+    if p.returncode not in (1, 2) or expected not in out or "loading" in out.lower():
         failures.append(f"{' '.join(args)}: exit {p.returncode}, output {out[-300:]!r}")
+for args, status in EXIT_CASES:
+    p = subprocess.run([BIN] + args, capture_output=True, text=True, timeout=60)
+    if p.returncode != status:
+        failures.append(f"{' '.join(args)}: exit {p.returncode}, expected {status}, "
+                        f"output {(p.stdout + p.stderr)[-300:]!r}")
 shutil.rmtree(bad_generation, ignore_errors=True)
 for f in failures:
     print("FAIL", f)
-print(f"{len(CASES) - len(failures)} of {len(CASES)} refused as expected")
+print(f"{len(CASES) + len(EXIT_CASES) - len(failures)} of {len(CASES) + len(EXIT_CASES)} "
+      "ended as expected")
 sys.exit(1 if failures else 0)

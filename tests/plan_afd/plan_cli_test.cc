@@ -74,16 +74,16 @@ TEST(PlanAfdCommand, SweepsAndSimulates) {
 
 TEST(PlanAfdCommand, ExplainsBadInput) {
   CommandRun r = run({"plan", "afd", "--batch", "0"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("microbatch B"), std::string::npos) << r.err;
   r = run({"plan", "afd", "--simulate", "--ratios", "2.5"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("whole number"), std::string::npos) << r.err;
   r = run({"plan", "afd", "--sweep", "B"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("needs --values"), std::string::npos) << r.err;
   r = run({"plan", "afd", "--convention", "other"});
-  EXPECT_GE(r.exit_code, 100);  // rejected by the flag parser
+  EXPECT_GE(r.exit_code, 100);  // rejected by the flag parser (100 + its code here)
 }
 
 TEST(PlanAfdCommand, ReproducesThePaper) {
@@ -93,7 +93,7 @@ TEST(PlanAfdCommand, ReproducesThePaper) {
   EXPECT_NE(r.out.find("[INCONSISTENT]"), std::string::npos);
   // N -> infinity cannot be simulated: refused (it aborted the process).
   const CommandRun infinite = run({"plan", "afd", "--reproduce", "--requests-per-instance", "0"});
-  EXPECT_EQ(infinite.exit_code, 2);
+  EXPECT_EQ(infinite.exit_code, kExitFailure);
   EXPECT_NE(infinite.err.find("finite N >= 1"), std::string::npos) << infinite.err;
 }
 
@@ -180,7 +180,7 @@ TEST(PlanPlacementCommand, RooflineCostIsPerStep) {
     }
     const CommandRun r = run(args);
     if (!with_batch) {
-      EXPECT_EQ(r.exit_code, 2);
+      EXPECT_EQ(r.exit_code, kExitFailure);
       EXPECT_NE(r.err.find("--batch-tokens"), std::string::npos) << r.err;
       return 0.0;
     }
@@ -201,19 +201,19 @@ TEST(PlanPlacementCommand, ReadsTheCommittedSampleAndReportsFileErrors) {
            "--experts", "8", "--ranks", "2", "--algorithm", "dup", "--redundant-per-rank", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run({"plan", "placement", "--trace", "/nonexistent/trace.json", "--experts", "8"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("no such trace file or directory"), std::string::npos) << r.err;
   r = run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json"),
            "--experts", "4"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("tiny_request.json: routing trace: step 0 (prefill)"), std::string::npos)
       << r.err;
   r = run({"plan", "placement", "--trace", source_path("data/traces/tiny_request.json")});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("--experts is required"), std::string::npos) << r.err;
   r = run({"plan", "placement", "--algorithm", "remap", "--redundant-per-rank", "1", "--moe-layers",
            "1", "--requests", "1", "--decode-steps", "1"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, kExitFailure);
   EXPECT_NE(r.err.find("Remap keeps E/G"), std::string::npos) << r.err;
 }
 
