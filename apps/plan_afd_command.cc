@@ -269,8 +269,11 @@ void add_plan_afd_command(CLI::App& plan) {
   sub->add_option("--seed", options->seed, "simulator seed")
       ->check(whole_number_at_most())
       ->capture_default_str();
-  sub->add_option("--sweep", options->sweep, "parameter to sweep r* over: B, mu_P or mu_D");
-  sub->add_option("--values", options->sweep_values, "values for --sweep")->delimiter(',');
+  CLI::Option* sweep =
+      sub->add_option("--sweep", options->sweep, "parameter to sweep r* over: B, mu_P or mu_D");
+  sub->add_option("--values", options->sweep_values, "values for --sweep")
+      ->delimiter(',')
+      ->needs(sweep);  // alone they were ignored, silently
   sub->add_option("--max-ffn", options->max_ffn, "largest FFN count for the integer bundle")
       ->capture_default_str();
   sub->add_flag("--reproduce", options->reproduce,

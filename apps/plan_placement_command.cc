@@ -341,18 +341,29 @@ void add_plan_placement_command(CLI::App& plan) {
   sub->add_option("--cost", o->cost, "per-replica cost: linear (token count) or roofline")
       ->check(CLI::IsMember({"linear", "roofline"}))
       ->capture_default_str();
-  sub->add_option("--hidden", o->hidden, "roofline: hidden size")->capture_default_str();
-  sub->add_option("--intermediate", o->intermediate, "roofline: expert intermediate size")
-      ->capture_default_str();
-  sub->add_option("--weight-bytes", o->weight_bytes, "roofline: bytes per weight")
-      ->capture_default_str();
-  sub->add_option("--peak-tflops", o->peak_tflops, "roofline: achieved dense TFLOP/s")
-      ->capture_default_str();
-  sub->add_option("--hbm-tbps", o->hbm_tbps, "roofline: achieved HBM TB/s")->capture_default_str();
-  sub->add_option("--batch-tokens", o->batch_tokens,
-                  "roofline (required): tokens in one step, e.g. the decode batch; the loads "
-                  "keep their shares and are scaled to this many tokens × top-k per layer")
-      ->check(CLI::Range(1, 100000000));
+  const std::vector<CLI::Option*> roofline_options = {
+      sub->add_option("--hidden", o->hidden, "roofline: hidden size")->capture_default_str(),
+      sub->add_option("--intermediate", o->intermediate, "roofline: expert intermediate size")
+          ->capture_default_str(),
+      sub->add_option("--weight-bytes", o->weight_bytes, "roofline: bytes per weight")
+          ->capture_default_str(),
+      sub->add_option("--peak-tflops", o->peak_tflops, "roofline: achieved dense TFLOP/s")
+          ->capture_default_str(),
+      sub->add_option("--hbm-tbps", o->hbm_tbps, "roofline: achieved HBM TB/s")
+          ->capture_default_str(),
+      sub->add_option("--batch-tokens", o->batch_tokens,
+                      "roofline (required): tokens in one step, e.g. the decode batch; the loads "
+                      "keep their shares and are scaled to this many tokens × top-k per layer")
+          ->check(CLI::Range(1, 100000000))};
+  sub->parse_complete_callback([o, roofline_options] {
+    // Under the linear cost they were ignored, silently.
+    for (const CLI::Option* option : roofline_options) {
+      if (o->cost != "roofline" && option->count() > 0) {
+        throw CLI::ValidationError(option->get_name() +
+                                   ": applies to --cost roofline (the cost is " + o->cost + ")");
+      }
+    }
+  });
   sub->add_flag("--stats", o->stats, "print routing statistics (skew, token overlap, P/D overlap)");
   sub->add_flag("--json", o->json, "machine-readable output");
   sub->callback([o] { set_command_exit_code(run_placement(*o)); });

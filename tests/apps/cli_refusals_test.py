@@ -159,6 +159,15 @@ CASES += [
     (["serve", "--model", MODEL, "--generation-config", "hf"], "--generation-config"),
 ]
 
+# Flags that only apply with another option or value (they were ignored, silently).
+CASES += [
+    (["generate", "--model", MODEL, "--prompt-ids", "1,2", "--ep", "1", "--ep-dispatch-dtype",
+      "int8"], "--ep-dispatch-dtype: applies to the exchange between expert-parallel ranks"),
+    (["plan", "afd", "--values", "1,2"], "--values requires --sweep"),
+    (["plan", "placement", "--experts", "8", "--hidden", "512"],
+     "--hidden: applies to --cost roofline"),
+]
+
 # Exit statuses (README): 2 when the parser refuses the command line, 1 for an error a
 # command reports once it runs. CLI11's own codes (104-114) leaked out before.
 EXIT_CASES = [
@@ -167,6 +176,7 @@ EXIT_CASES = [
     (["serve", "--model", MODEL, "--max-num-seqs", "0"], 2),
     (["plan", "afd", "--convention", "other"], 2),
     (["tokenize"], 2),
+    (["plan", "afd", "--values", "1,2"], 2),
     (["generate", "--model", MODEL, "--prompt-ids", "1,2", "--prompt", "x"], 1),
     (["tokenize", "--model", "/nonexistent", "--text", "hi"], 1),
     (["plan", "afd", "--batch", "0"], 1),
