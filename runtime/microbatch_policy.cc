@@ -10,12 +10,37 @@ int MicrobatchPolicy::bucket_of(int64_t tokens) {
   return std::min(kBuckets - 1, static_cast<int>(std::bit_width(static_cast<uint64_t>(tokens))));
 }
 
+double MicrobatchPolicy::Bucket::slope() const {
+  double spread = 0, covariance = 0;
+  for (const Mode* m : {&whole, &split}) {
+    if (m->weight <= 0) continue;
+    spread += m->row_spread();
+    covariance += m->covariance();
+  }
+  // A spread below one row (in squared rows per unit weight) is rounding, not a spread.
+  if (spread > 0.5 * (whole.weight + split.weight)) return std::max(0.0, covariance / spread);
+  // No sizes to fit from: time proportional to rows, from the mode with more weight.
+  const Mode& m = whole.weight >= split.weight ? whole : split;
+  return m.weight > 0 ? m.mean_seconds() / m.mean_rows() : 0.0;
+}
+
+double MicrobatchPolicy::predicted_seconds(int64_t tokens, bool split) const {
+  const Bucket& b = bucket(bucket_of(tokens));
+  const Mode& m = split ? b.split : b.whole;
+  if (tokens <= 0 || m.weight <= 0) return 0;
+  return m.mean_seconds() + b.slope() * (static_cast<double>(tokens) - m.mean_rows());
+}
+
 bool MicrobatchPolicy::choose(const Bucket& b) {
   // Warm-up: the mode with fewer samples (one whole step first).
   if (b.whole.samples < kWarmupSamples || b.split.samples < kWarmupSamples) {
     return b.split.samples < b.whole.samples;
   }
-  const bool faster_is_split = b.split.average < b.whole.average;
+  // Both predicted at one size: the intercepts t - slope n compare.
+  const double slope = b.slope();
+  const double split_time = b.split.mean_seconds() - slope * b.split.mean_rows();
+  const double whole_time = b.whole.mean_seconds() - slope * b.whole.mean_rows();
+  const bool faster_is_split = split_time < whole_time;
   const bool explore = b.steps() % kExploreEvery == kExploreEvery - 1;
   return explore ? !faster_is_split : faster_is_split;
 }
@@ -26,7 +51,7 @@ uint64_t MicrobatchPolicy::plan() const {
   // so there is nothing to overlap and the split only costs (under --ep it also gives up
   // the tensor-parallel products, which run in whole steps).
   for (int b = 2; b < kBuckets; ++b) {
-    if (choose(buckets_[static_cast<size_t>(b)])) bits |= uint64_t{1} << b;
+    if (choose(bucket(b))) bits |= uint64_t{1} << b;
   }
   return bits;
 }
@@ -35,16 +60,23 @@ void MicrobatchPolicy::record(int64_t tokens, bool split, double seconds) {
   if (tokens <= 0 || !(seconds >= 0)) return;
   Bucket& b = buckets_[static_cast<size_t>(bucket_of(tokens))];
   Mode& m = split ? b.split : b.whole;
-  const double per_token = seconds / static_cast<double>(tokens);
-  if (m.samples < kWarmupSamples) {
-    // Warm-up keeps the lowest time: a mode's first steps can pay one-time costs (the first
-    // touch of buffers and weight slices) that an average started from them would carry
-    // for many steps, e.g. choosing the slower mode for a whole short run.
-    m.average = m.samples == 0 ? per_token : std::min(m.average, per_token);
-  } else {
-    m.average += kSmoothing * (per_token - m.average);
-  }
   ++m.samples;
+  if (m.samples == 1) return;  // the first step of a mode in a bucket: one-time costs
+  // Plain means through the warm-up, then a moving fit (older samples decay).
+  if (m.samples > kWarmupSamples) {
+    const double keep = 1.0 - kSmoothing;
+    m.weight *= keep;
+    m.rows *= keep;
+    m.seconds *= keep;
+    m.rows_rows *= keep;
+    m.rows_seconds *= keep;
+  }
+  const double n = static_cast<double>(tokens);
+  m.weight += 1;
+  m.rows += n;
+  m.seconds += seconds;
+  m.rows_rows += n * n;
+  m.rows_seconds += n * seconds;
 }
 
 }  // namespace peerserve
