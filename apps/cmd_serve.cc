@@ -299,6 +299,15 @@ int run_serve(const ServeCli& cli) {
                                          "parallelism yet (use --speculative off)"),
                         true);
   }
+  // Found only after loading before (the executor refuses it), naming a setting auto chose.
+  if (cli.microbatches != 1 && cli.speculative.method != "off") {
+    return session.fail(
+        invalid_argument("--speculative " + cli.speculative.method +
+                         " drafts with one microbatch: it cannot be combined "
+                         "with --microbatches " +
+                         std::to_string(cli.microbatches) + " (use --speculative off)"),
+        true);
+  }
 
   // Model caching (paper 000 §4.4.1): without the checkpoint here, fetch it from the pool;
   // with it, publish it there after loading (below) for the engines that come later.

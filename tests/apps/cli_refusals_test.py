@@ -168,6 +168,11 @@ CASES += [
      "--hidden: applies to --cost roofline"),
 ]
 
+CASES += [
+    (["serve", "--model", MODEL, "--speculative", "auto", "--microbatches", "2"],
+     "--speculative auto drafts with one microbatch"),
+]
+
 # Exit statuses (README): 2 when the parser refuses the command line, 1 for an error a
 # command reports once it runs. CLI11's own codes (104-114) leaked out before.
 EXIT_CASES = [
