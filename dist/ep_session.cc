@@ -1,5 +1,7 @@
 #include "dist/ep_session.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -315,7 +317,20 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   split.hidden_size = config.hidden_size;
   split.max_rows_per_rank = impl_->cli.split_rows;
   split.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
-  PS_ASSIGN_OR_RETURN(auto tensor_parallel, dist::TensorParallelBackend::create(std::move(split)));
+  // A quarter of the host's memory: the option allows 65,536 rows, for which V3's LM head
+  // slices alone would want tens of GiB per rank (allocated at start, then killed or thrown).
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_bytes > 0) {
+    split.max_buffer_bytes = 0.25 * static_cast<double>(pages) * static_cast<double>(page_bytes);
+  }
+  auto created = dist::TensorParallelBackend::create(std::move(split));
+  if (!created.ok()) {
+    if (created.status().code() != StatusCode::kResourceExhausted) return created.status();
+    return resource_exhausted("--ep-split-rows " + std::to_string(impl_->cli.split_rows) + ": " +
+                              created.status().message() +
+                              " (a quarter of this host's memory); lower it, or 0 to never split");
+  }
+  auto tensor_parallel = std::move(created).value();
   if (impl_->comm->rank() == 0 && impl_->cli.split_rows > 0) {
     std::fprintf(stderr,
                  "ep: the attention projections, dense MLPs and shared experts of %d of %lld "

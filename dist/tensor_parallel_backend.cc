@@ -1,6 +1,7 @@
 #include "dist/tensor_parallel_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -114,8 +115,18 @@ Result<std::unique_ptr<TensorParallelBackend>> TensorParallelBackend::create(
   if (options.lm_head != nullptr && options.max_rows_per_rank > 0) {
     PS_ASSIGN_OR_RETURN(head, projection_slice({options.lm_head}, rank, ranks));
   }
+  const double max_bytes = options.max_buffer_bytes;
   auto backend = std::make_unique<TensorParallelBackend>(std::move(options), std::move(slices),
                                                          std::move(head));
+  if (const double bytes = backend->buffer_bytes(); max_bytes > 0 && bytes > max_bytes) {
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "tensor parallel: splitting steps of up to %d rows per rank needs %.0f MiB of "
+                  "buffers per rank, over the %.0f MiB allowed",
+                  backend->options_.max_rows_per_rank, bytes / 1048576.0, max_bytes / 1048576.0);
+    return resource_exhausted(message);
+  }
+  backend->allocate();
   if (backend->split_layers() > 0 || backend->splits_lm_head()) {
     PS_RETURN_IF_ERROR(backend->init_window());
   }
@@ -156,6 +167,21 @@ TensorParallelBackend::TensorParallelBackend(TensorParallelOptions options,
       max_local_ = std::max(max_local_, width);
     }
   }
+  max_up_ = max_up;
+}
+
+double TensorParallelBackend::buffer_bytes() const {
+  if (max_input_ == 0) return 0;  // nothing split: no buffers
+  const double cap = options_.max_rows_per_rank, most_rows = cap * ranks_;
+  const double row_gather = kLine + 4.0 * cap * max_input_;   // per source, twice
+  const double column_gather = 4.0 * most_rows * max_local_;  // per source, twice
+  const double window = kBuffers * ranks_ * kLine + 2 * ranks_ * (row_gather + column_gather);
+  const double scratch =
+      row_gather + 4.0 * most_rows * (max_input_ + max_local_ + max_up_ + max_inter_);
+  return window + scratch;
+}
+
+void TensorParallelBackend::allocate() {
   if (max_input_ == 0) return;  // nothing split: no buffers
   const int64_t cap = options_.max_rows_per_rank, most_rows = cap * ranks_;
   const size_t rows_bytes = kLine + float_bytes(cap * max_input_);
@@ -172,7 +198,7 @@ TensorParallelBackend::TensorParallelBackend(TensorParallelOptions options,
   routed_total_.resize(ranks_);
   x_all_.resize(most_rows * max_input_);
   local_.resize(most_rows * max_local_);
-  up_.resize(most_rows * max_up);
+  up_.resize(most_rows * max_up_);
   inter_.resize(most_rows * max_inter_);
 }
 

@@ -90,6 +90,10 @@ struct TensorParallelOptions {
   // many routed experts (0: shared experts always split evenly).
   int64_t routed_intermediate = 0;
   std::chrono::milliseconds peer_timeout{60000};
+  // create() refuses buffers (this rank's scratch and its share of the window) larger than
+  // this, ResourceExhausted with the size: they grow with max_rows_per_rank x ranks x the
+  // widest output slice (the LM head's vocab / ranks). 0: no bound.
+  double max_buffer_bytes = 0;
 };
 
 class TensorParallelBackend final : public ReplicatedWeightsBackend {
@@ -133,9 +137,12 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
     std::array<std::optional<ProjectionSlice>, 3> projections;  // by ReplicatedProjection
   };
 
-  // Use create().
+  // Use create(). The constructor sizes the buffers; allocate() makes them.
   TensorParallelBackend(TensorParallelOptions options, std::vector<LayerSlices> slices,
                         std::optional<ProjectionSlice> head);
+  // Bytes of the buffers allocate() makes (in double: a huge max_rows_per_rank must not wrap).
+  double buffer_bytes() const;
+  void allocate();
   Status init_window();
 
  private:
@@ -175,7 +182,7 @@ class TensorParallelBackend final : public ReplicatedWeightsBackend {
   std::vector<LayerSlices> slices_;  // [decoder layer]
   std::optional<ProjectionSlice> head_;
   int ranks_ = 1;
-  int64_t max_input_ = 0, max_local_ = 0, max_inter_ = 0;  // widths the buffers hold
+  int64_t max_input_ = 0, max_local_ = 0, max_inter_ = 0, max_up_ = 0;  // widths the buffers hold
   std::unique_ptr<Window> window_;
   std::vector<std::byte*> direct_;                 // each rank's window memory, or nullptr
   size_t buffer_bytes_[kBuffers] = {};             // per source

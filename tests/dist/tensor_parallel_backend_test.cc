@@ -472,6 +472,26 @@ TEST(TensorParallelBackendTest, ALostPeerIsNamedNotAHang) {
   EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status.to_string();
 }
 
+TEST(TensorParallelBackendTest, BuffersOverTheBoundAreRefusedBeforeAllocating) {
+  // The most rows the option allows, against a bound this small model's buffers exceed (V3's
+  // would want tens of GiB per rank: bad_alloc or the OOM killer at creation, before).
+  // Refused before allocating or creating the window (one rank of two: a collective would
+  // wait for the absent peer).
+  const Weights weights(false);
+  InProcessGroup group(2);
+  auto comm = group.communicator(0);
+  TensorParallelOptions options = weights.options(comm.get(), 1 << 16);
+  options.max_buffer_bytes = 1 << 20;
+  options.peer_timeout = std::chrono::milliseconds(500);
+  auto backend = TensorParallelBackend::create(std::move(options));
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(backend.status().message().find("65536 rows per rank needs"), std::string::npos)
+      << backend.status().message();
+  EXPECT_NE(backend.status().message().find("over the 1 MiB allowed"), std::string::npos)
+      << backend.status().message();
+}
+
 TEST(TensorParallelBackendTest, MisshapedMlpIsNamed) {
   const Weights weights(false);
   InProcessGroup group(1);
