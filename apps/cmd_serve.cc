@@ -808,11 +808,6 @@ int run_serve(const ServeCli& cli) {
                   .c_str()
             : "");
   }
-  std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
-               server_options.served_model_name.c_str(), cli.host.c_str(),
-               static_cast<unsigned>((*server)->port()));
-  std::fflush(stderr);
-
   Engine* engine_ptr = engine->get();
   OpenAiServer* server_ptr = server->get();
   DataParallelRouter* router_ptr = router.get();
@@ -825,6 +820,12 @@ int run_serve(const ServeCli& cli) {
   auto state = std::make_shared<ShutdownState>();
   const auto shutdown_timeout = std::chrono::seconds(cli.shutdown_timeout);
   startup_exit.done();
+  // Said only now: a signal sent on seeing it gets the graceful shutdown below (before
+  // done() it ended the process at once, status 143).
+  std::fprintf(stderr, "serving model '%s' on http://%s:%u (Ctrl-C to stop)\n",
+               server_options.served_model_name.c_str(), cli.host.c_str(),
+               static_cast<unsigned>((*server)->port()));
+  std::fflush(stderr);
   std::thread signal_waiter([signals, engine_ptr, server_ptr, router_ptr, state, shutdown_timeout] {
     auto poll_signal = [&] {
       timespec poll{0, 50'000'000};

@@ -73,6 +73,8 @@ int run_router_role(const RouterRoleOptions& options) {
   router_options.timeouts.read = std::chrono::seconds(options.read_timeout_s);
   auto router = OpenAiRouter::create(router_options, shared, prefill);
   if (!router.ok()) return fail(router.status());
+  // Before the lines that say it serves: a signal sent on seeing them drains (below).
+  startup_exit.done();
   std::fprintf(stderr,
                "role router: OpenAI API on http://%s:%u over %d decode instance%s (%s), health "
                "checks every %d ms (Ctrl-C to stop)\n",
@@ -90,7 +92,6 @@ int run_router_role(const RouterRoleOptions& options) {
 
   OpenAiRouter* raw = router->get();
   const auto shutdown_timeout = std::chrono::seconds(options.shutdown_timeout_s);
-  startup_exit.done();
   std::thread signal_waiter([signals, raw, shutdown_timeout] {
     int sig = 0;
     sigwait(&signals, &sig);

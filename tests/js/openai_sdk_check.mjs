@@ -48,7 +48,8 @@ const chat = await client.chat.completions.create({
 });
 check(chat.object === 'chat.completion', 'chat: object');
 check(chat.choices.length === 1 && chat.choices[0].message.role === 'assistant', 'chat: one assistant choice');
-check(typeof chat.choices[0].message.content === 'string', 'chat: content is a string');
+check(typeof chat.choices[0].message.content === 'string' && chat.choices[0].message.content.length > 0,
+      'chat: content is a non-empty string (6 tokens were generated)');
 check(chat.choices[0].finish_reason === 'length', 'chat: finish_reason length', chat.choices[0].finish_reason);
 check(chat.usage.completion_tokens === 6, 'chat: usage.completion_tokens', JSON.stringify(chat.usage));
 const chatPromptTokens = await tokenCount({ model, messages, add_generation_prompt: true });
@@ -95,6 +96,7 @@ const completionPromptTokens = await tokenCount({ model, prompt });
 check(completion.usage.prompt_tokens === completionPromptTokens, 'completion: usage.prompt_tokens',
       `${completion.usage.prompt_tokens} vs ${completionPromptTokens}`);
 const text = completion.choices[0].text;
+check(typeof text === 'string' && text.length > 0, 'completion: non-empty text (12 tokens were generated)');
 const cstream = await client.completions.create({
   model, prompt, max_tokens: 12, temperature: 0, ignore_eos: true, stream: true,
   stream_options: { include_usage: true },
@@ -124,7 +126,8 @@ if (stop) {
   check(stopped.choices[0].text === text.slice(0, text.indexOf(stop)), 'stop string: text cut before it',
         JSON.stringify([stopped.choices[0].text, text, stop]));
 } else {
-  console.log('skip stop string: no clean 2-character substring in the sample output');
+  // 12 tokens of the trained model's text always have one: empty or garbled output.
+  check(false, 'stop string: a clean 2-character substring in the sample output', JSON.stringify(text));
 }
 
 // 5. n > 1 with a seed: n choices, usage summed over choices.

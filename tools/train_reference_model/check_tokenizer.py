@@ -6,8 +6,8 @@
 - tokenizer.json has DeepSeek-V3's normalizer, pre-tokenizer, post-processor and decoder
   (compared with the DeepSeek-V3 tokenizer.json of tests/js/node_modules, when installed);
 - @lenml/tokenizers (transformers.js) loading the same files produces the same
-  pre-tokenizer pieces and token ids as this package's Python encoder, and decodes back to
-  the input, on fixed edge-case strings and (with --data) the documents of a split;
+  pre-tokenizer pieces and token ids as this package's Python encoder, and decodes them to
+  the same text as the Python decoder, on fixed edge-case strings and (with --data) the documents of a split;
 - the chat template renders the same in jinja2 (python3-jinja2), in transformers.js and in
   bpe_tokenizer.render_chat().
 Exit status: 0 pass, 1 mismatch, 77 when node or the npm packages are missing.

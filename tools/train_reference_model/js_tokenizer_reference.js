@@ -1,6 +1,7 @@
 // Independent reference for the trained tokenizer: loads tokenizer.json and
 // tokenizer_config.json with @lenml/tokenizers (a port of transformers.js, installed by
-// scripts/install-test-js.sh) and writes, for each input text, the token ids (with BOS),
+// scripts/install-test-js.sh) and writes, for each input text, the token ids (without BOS:
+// transformers.js adds none here, so add_bos_token is not checked against it),
 // the pre-tokenizer pieces, the decoded text, and the chat template rendering.
 //
 //   node js_tokenizer_reference.js MODEL_DIR INPUT.json OUTPUT.json

@@ -192,10 +192,11 @@ def main():
         logits, _, mtp = ref.run(ids)
         e_main = relative_error(fixture[f"prompts.{p}.logits"], logits)
         e_mtp = relative_error(fixture[f"prompts.{p}.mtp_logits"], mtp)
-        worst = max(worst, e_main, e_mtp)
+        # A NaN error is the worst (Python's max(0.0, nan) is 0.0: NaN logits passed).
+        worst = max(worst, e_main, e_mtp, key=lambda e: math.inf if math.isnan(e) else e)
         print(f"prompt {p} ({len(ids)} tokens): max relative error logits {e_main:.2e}, "
               f"MTP logits {e_mtp:.2e}")
-    ok = worst <= args.tolerance
+    ok = worst <= args.tolerance  # False for NaN
     print(f"{'OK' if ok else 'FAIL'}: worst {worst:.2e}, tolerance {args.tolerance:.0e}")
     sys.exit(0 if ok else 1)
 

@@ -96,6 +96,14 @@ def parameter_counts(model):
     return {"trained": trained, "exported": exported, "active_per_token_main_model": active}
 
 
+def vocab_size_arg(text):
+    """--vocab-size: ids are kept as uint16 (numpy wrapped larger ones without an error)."""
+    value = int(text)
+    if not 256 <= value <= 65536:
+        raise argparse.ArgumentTypeError(f"{value}: expected 256 .. 65536 (ids are stored as uint16)")
+    return value
+
+
 def model_config(preset, vocab_size):
     return deepseek_v3.Config(vocab_size=vocab_size, **PRESETS[preset])
 
@@ -302,7 +310,8 @@ def main():
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--batch-size", type=int, default=8)
         p.add_argument("--seq-len", type=int, default=256)
-        p.add_argument("--vocab-size", type=int, default=4096)
+        p.add_argument("--vocab-size", type=vocab_size_arg, default=4096,
+                       help="256 .. 65536: the token streams are stored as uint16")
         p.add_argument("--threads", type=int, default=0,
                        help="torch CPU threads (0: torch's default)")
 
@@ -317,7 +326,8 @@ def main():
     p.add_argument("--bias-update-speed", type=float, default=0.001)
     p.add_argument("--tokenizer-sample-bytes", type=int, default=8_000_000)
     p.add_argument("--max-train-bytes", type=int, default=0,
-                   help="use only the first N bytes of training text (0: all)")
+                   help="use only the training documents within the first N characters "
+                        "(code points, not UTF-8 bytes, despite the name; 0: all)")
     p.add_argument("--eval-tokens", type=int, default=65536)
     p.add_argument("--accept-windows", type=int, default=64)
     p.add_argument("--replay-prompts", type=int, default=16)
