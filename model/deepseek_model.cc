@@ -229,9 +229,9 @@ void DeepseekModel::Impl::begin(ForwardState& state, LatentKvCache& cache) {
 }
 
 ExpertBackend::Call& DeepseekModel::Impl::expert_call(ForwardState& state) {
-  if (state.expert_call == nullptr || state.expert_call_owner != experts.get()) {
+  if (state.expert_call == nullptr || state.expert_call_owner.lock() != experts) {
     state.expert_call = experts->new_call(state.slot);
-    state.expert_call_owner = experts.get();
+    state.expert_call_owner = experts;
   }
   return *state.expert_call;
 }
@@ -665,7 +665,7 @@ void DeepseekModel::abandon(ForwardState& state) {
   // A call interrupted between its stages is not reused.
   if (state.expert_call != nullptr) {
     state.expert_call.reset();
-    state.expert_call_owner = nullptr;
+    state.expert_call_owner.reset();
   }
 }
 

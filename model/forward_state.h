@@ -119,9 +119,11 @@ struct ForwardState {
   std::vector<ChunkView> kv_only_views, kept_views;
   std::vector<bool> kept_absorbed;
   MlaScratch attention;
-  // The expert backend's state of this microbatch, and which backend made it.
+  // The expert backend's state of this microbatch, and which backend made it (weak: a
+  // backend replaced by a rebalance is not kept alive, and a later one allocated at its
+  // address is not mistaken for it, as a raw pointer could be).
   std::unique_ptr<ExpertBackend::Call> expert_call;
-  const ExpertBackend* expert_call_owner = nullptr;
+  std::weak_ptr<const ExpertBackend> expert_call_owner;
 
   ForwardOutput output;
 };
