@@ -7,6 +7,14 @@
 // Exits 0 when every check passes; prints one line per check and "ALL OK" at the end.
 import OpenAI from 'openai';
 
+// The whole check's deadline: the SDK's timeout stops at the response headers, so a server
+// that stalls mid-body was cut off only by the socket's 5-minute timeout, as long as the
+// caller's own limit (ctest's), which then reported a bare timeout without this output.
+setTimeout(() => {
+  console.log('FAIL deadline: the check did not finish within 180 s');
+  process.exit(1);
+}, 180_000).unref();
+
 const [baseURL, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 let failures = 0;

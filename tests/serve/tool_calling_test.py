@@ -281,7 +281,7 @@ def sdk_check(a):
         return False
     out = subprocess.run(["node", os.path.join(js, "openai_tool_calls_check.mjs"),
                           f"http://127.0.0.1:{a.port}", "peerserve-dsv3-tiny"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=240)
     print(out.stdout, end="")
     assert out.returncode == 0 and "ALL OK" in out.stdout, out.stdout + out.stderr
     return True
