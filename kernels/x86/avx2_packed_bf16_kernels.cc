@@ -14,9 +14,9 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/internal/kernel_table.h"
+#include "kernels/internal/thread_scratch.h"
 #include "kernels/x86/row_blocks.h"
 
 namespace peerserve::kernels::internal {
@@ -145,17 +145,16 @@ void block_rows(int rows, const PackedBf16Tile& t, const float* x, int64_t xs, i
 void avx2_matmul_packed_bf16(const PackedBf16Tile& t) {
   // The activations widened once (bf16 bits are the high half of the fp32 value).
   const int64_t xs = 2 * t.k_pairs;
-  thread_local std::vector<float> widened;
-  if (widened.size() < static_cast<size_t>(t.m * xs)) widened.resize(static_cast<size_t>(t.m * xs));
+  float* const widened = thread_scratch_floats(static_cast<size_t>(t.m * xs));
   for (int64_t i = 0; i < t.m; ++i) {
     const uint16_t* src = t.x + i * t.x_stride;
-    float* dst = widened.data() + i * xs;
+    float* dst = widened + i * xs;
     for (int64_t q = 0; q < xs; ++q) {
       const uint32_t bits = static_cast<uint32_t>(src[q]) << 16;
       std::memcpy(dst + q, &bits, 4);
     }
   }
-  const float* x = widened.data();
+  const float* x = widened;
   if (t.m == 1) {
     // GEMV: 4 panels per block, so that 8 independent chains hide the FMA latency.
     int64_t p = t.panel_begin;
