@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "apps/command_registry.h"
 #include "apps/load_progress_bar.h"
 #include "apps/threads_option.h"
+#include "base/regular_file.h"
 #include "model/int8_calibration.h"
 #include "model/int8_checkpoint.h"
 #include "tokenizer/tokenizer.h"
@@ -35,33 +35,15 @@ struct QuantizeCli {
 // Tokenizes the calibration text and runs the calibration (model/int8_calibration.h).
 Result<Int8Transforms> calibrate(const QuantizeCli& cli, const Int8PipelineOptions& pipeline) {
   PS_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load_from_dir(cli.model_dir));
-  // A text file or a pipe (a corpus piped in: only the prefix needed is read). A device
-  // is no text (/dev/zero calibrated on NUL bytes) and a directory reads as nothing.
-  std::error_code error;
-  const std::filesystem::file_type type = std::filesystem::status(cli.calib, error).type();
-  if (type == std::filesystem::file_type::not_found) return not_found(cli.calib + ": no such file");
-  if (type != std::filesystem::file_type::regular && type != std::filesystem::file_type::fifo) {
-    return invalid_argument(cli.calib +
-                            ": expected a text file or a pipe (a device or a "
-                            "directory is neither)");
-  }
-  std::ifstream file(cli.calib, std::ios::binary);
-  if (!file.is_open()) return io_error(cli.calib + ": cannot open");
-  // Only a prefix is read and tokenized: 64 bytes per requested token (far more than any
-  // tokenizer needs; at least 1 MiB), so that a large corpus or an endless stream costs that
-  // much and no more (the whole file took ~11x its size). Read in pieces: the buffer grows
-  // with the text, not with --calib-tokens.
+  // A text file or a pipe (a corpus piped in). Only a prefix is read and tokenized: 64 bytes
+  // per requested token (far more than any tokenizer needs; at least 1 MiB), so that a large
+  // corpus or an endless stream costs that much and no more (the whole file took ~11x its
+  // size).
   const int64_t budget = std::max<int64_t>(int64_t{1} << 20, cli.calib_tokens * 64);
-  std::string text;
-  std::string piece(size_t{1} << 16, '\0');
-  while (static_cast<int64_t>(text.size()) < budget && file) {
-    const int64_t want = std::min<int64_t>(static_cast<int64_t>(piece.size()),
-                                           budget - static_cast<int64_t>(text.size()));
-    file.read(piece.data(), want);
-    text.append(piece.data(), static_cast<size_t>(file.gcount()));
-  }
-  if (file.bad()) return io_error(cli.calib + ": cannot read");
-  if (static_cast<int64_t>(text.size()) == budget && file.peek() != EOF) {
+  PS_ASSIGN_OR_RETURN(TextPrefix prefix, read_text_file_or_pipe(cli.calib, "--calib " + cli.calib,
+                                                                static_cast<uint64_t>(budget)));
+  std::string& text = prefix.text;
+  if (prefix.more) {
     // Cut where the text was: after the last newline in its second half, else at the last
     // whole UTF-8 character (never most of the text for want of a newline).
     const size_t newline = text.rfind('\n');

@@ -34,6 +34,7 @@
 #include "apps/threads_option.h"
 #include "apps/tokenizer_gaps.h"
 #include "apps/whole_number_validator.h"
+#include "base/regular_file.h"
 #include "cache/block_stream_server.h"
 #include "cache/model_cache.h"
 #include "cache/pool_client.h"
@@ -130,27 +131,12 @@ bool is_one_of(const std::string& name, std::initializer_list<const char*> names
 // fast.
 Result<std::optional<ChatTemplate>> load_chat_template_file(const std::string& path) {
   if (path.empty()) return std::optional<ChatTemplate>();
-  // A file or a pipe (as with <(...)). A directory opened as a stream reads as an empty
-  // template, which every chat request then failed on; a device is no template.
-  std::error_code error;
-  const std::filesystem::file_type type = std::filesystem::status(path, error).type();
-  if (type == std::filesystem::file_type::not_found) {
-    return not_found("--chat-template " + path + ": no such file");
-  }
-  if (type != std::filesystem::file_type::regular && type != std::filesystem::file_type::fifo) {
-    return invalid_argument("--chat-template " + path +
-                            ": expected a file or a pipe (a directory or a device is neither)");
-  }
-  constexpr std::streamsize kMaxBytes = 1 << 20;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("--chat-template " + path + ": cannot open the file");
-  std::string source(static_cast<size_t>(kMaxBytes) + 1, '\0');
-  in.read(source.data(), kMaxBytes + 1);
-  source.resize(static_cast<size_t>(in.gcount()));
-  if (static_cast<std::streamsize>(source.size()) > kMaxBytes) {
-    return invalid_argument("--chat-template " + path + ": larger than 1 MiB");
-  }
-  Result<ChatTemplate> parsed = ChatTemplate::parse(source);
+  // A file or a pipe (as with <(...)). A directory read as an empty template, which every
+  // chat request then failed on; a device is no template.
+  PS_ASSIGN_OR_RETURN(TextPrefix source,
+                      read_text_file_or_pipe(path, "--chat-template " + path, 1 << 20));
+  if (source.more) return invalid_argument("--chat-template " + path + ": larger than 1 MiB");
+  Result<ChatTemplate> parsed = ChatTemplate::parse(source.text);
   if (!parsed.ok()) return parsed.status().with_context("--chat-template " + path);
   return std::optional<ChatTemplate>(std::move(parsed).value());
 }

@@ -60,7 +60,9 @@ inline void require_decimal_integers(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
     if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) {
-      option->check(decimal_integer_text());
+      // First (transform() puts it before the option's checks): "5x" was said to be "not in
+      // range 1 to ..." by a range check that could not read it.
+      option->transform(decimal_integer_text());
     }
   }
   for (CLI::App* sub : app.get_subcommands({})) require_decimal_integers(*sub);

@@ -57,4 +57,41 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
   return text;
 }
 
+Result<TextPrefix> read_text_file_or_pipe(const std::filesystem::path& path,
+                                          const std::string& what, uint64_t max_bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    const std::string message = what + ": " + std::strerror(err);
+    return err == ENOENT ? not_found(message) : io_error(message);
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    return invalid_argument(what +
+                            ": expected a file or a pipe (a directory or a device is "
+                            "neither)");
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // a pipe waits for its writer
+  if (fd < 0) return io_error(what + ": cannot open: " + std::strerror(errno));
+  const FileDescriptor file(fd);
+  // In pieces: the buffer grows with the text, not with max_bytes.
+  TextPrefix prefix;
+  char piece[1 << 16];
+  for (;;) {
+    const uint64_t room = max_bytes - prefix.text.size();
+    const size_t want = room < sizeof piece ? static_cast<size_t>(room) + 1 : sizeof piece;
+    const ssize_t got = ::read(file.get(), piece, want);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return io_error(what + ": read failed: " + std::strerror(errno));
+    if (got == 0) break;
+    const size_t n = static_cast<size_t>(got);
+    if (n > room) {  // one byte past the limit: the text goes on
+      prefix.text.append(piece, static_cast<size_t>(room));
+      prefix.more = true;
+      break;
+    }
+    prefix.text.append(piece, n);
+  }
+  return prefix;
+}
+
 }  // namespace peerserve

@@ -16,4 +16,15 @@ namespace peerserve {
 // regular file or holds more than `max_bytes`; IoError when it cannot be read.
 Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_t max_bytes);
 
+// The first bytes of a file or a pipe a user names for text (a shell's <(...) is a pipe), at
+// most `max_bytes` of them; `more` says whether the text went on. A directory (it reads as
+// nothing) and a device (/dev/zero never ends) are refused: InvalidArgument naming `what`,
+// e.g. "--chat-template t.jinja". NotFound when it does not exist, IoError when unreadable.
+struct TextPrefix {
+  std::string text;
+  bool more = false;
+};
+Result<TextPrefix> read_text_file_or_pipe(const std::filesystem::path& path,
+                                          const std::string& what, uint64_t max_bytes);
+
 }  // namespace peerserve

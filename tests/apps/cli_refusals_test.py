@@ -122,7 +122,7 @@ CASES = [
     (["plan", "placement", "--trace", "/dev/zero", "--experts", "256"],
      "neither a regular file nor a directory"),
     (["quantize", "--model", MODEL, "--out", "/tmp/x", "--calib", "/dev/zero"],
-     "expected a text file or a pipe"),
+     "--calib /dev/zero: expected a file or a pipe"),
     (["generate", "--model", MODEL, "--prompt-ids", "1,2,"], "'' is not a token id"),
     (["cache-server", "--listen", "127.0.0.1:0", "--dram", "1M", "--ssd-sync"],
      "--ssd-sync requires --ssd-dir"),
@@ -171,6 +171,11 @@ CASES += [
 CASES += [
     (["serve", "--model", MODEL, "--speculative", "auto", "--microbatches", "2"],
      "--speculative auto drafts with one microbatch"),
+]
+
+CASES += [
+    (["generate", "--model", MODEL, "--prompt-ids", "1", "--max-tokens", "5x"],
+     "'5x' is not a decimal integer"),
 ]
 
 # Exit statuses (README): 2 when the parser refuses the command line, 1 for an error a

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tests/model_loading/fifo_in_place.h"
 
@@ -68,6 +69,44 @@ TEST_F(RegularFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
       testing::load_beside_fifo(fifo, [&] { return read_regular_file(fifo, 100).status(); });
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_TRUE(contains(s.message(), ": a FIFO, expected a regular file")) << s.message();
+}
+
+TEST_F(RegularFileTest, TextFromAFileOrAPipeUpToALimit) {
+  const std::string path = write("t.txt", std::string(70000, 'a') + "tail");
+  Result<TextPrefix> whole = read_text_file_or_pipe(path, "--text t.txt", 70004);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_EQ(whole->text.size(), 70004u);
+  EXPECT_FALSE(whole->more);
+  Result<TextPrefix> cut = read_text_file_or_pipe(path, "--text t.txt", 70003);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->text, std::string(70000, 'a') + "tai");
+  EXPECT_TRUE(cut->more);
+  Result<TextPrefix> none = read_text_file_or_pipe(path, "--text t.txt", 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->text, "");
+  EXPECT_TRUE(none->more);
+
+  // A pipe, as a shell's <(...) gives: read while its writer writes.
+  const std::string fifo = (dir_ / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << std::string(100000, 'p'); });
+  Result<TextPrefix> piped = read_text_file_or_pipe(fifo, "--text pipe", 1 << 20);
+  writer.join();
+  ASSERT_TRUE(piped.ok()) << piped.status().to_string();
+  EXPECT_EQ(piped->text, std::string(100000, 'p'));
+  EXPECT_FALSE(piped->more);
+}
+
+TEST_F(RegularFileTest, TextFromADirectoryOrADeviceIsRefused) {
+  const Status directory = read_text_file_or_pipe(dir_, "--chat-template d", 100).status();
+  EXPECT_EQ(directory.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(directory.message(),
+            "--chat-template d: expected a file or a pipe (a directory or a device is neither)");
+  const Status device = read_text_file_or_pipe("/dev/zero", "--calib /dev/zero", 100).status();
+  EXPECT_EQ(device.code(), StatusCode::kInvalidArgument);
+  const Status missing = read_text_file_or_pipe(dir_ / "missing", "--calib m", 100).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(contains(missing.message(), "--calib m: No such file")) << missing.message();
 }
 
 }  // namespace
