@@ -1077,9 +1077,11 @@ ordered_json chat_logprobs_json(const std::vector<SampledToken>& tokens, const T
   return {{"content", std::move(content)}};
 }
 
-ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
+namespace {
+
+ordered_json completion_logprobs_from(const std::vector<SampledToken>& tokens,
                                       const Tokenizer* tokenizer, int32_t top_logprobs,
-                                      int64_t text_offset) {
+                                      int64_t text_offset, size_t skip_specials_from) {
   ordered_json toks = ordered_json::array(), lps = ordered_json::array(),
                tops = ordered_json::array(), offsets = ordered_json::array();
   int64_t offset = text_offset;
@@ -1097,7 +1099,11 @@ ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
     }
     tops.push_back(std::move(top));
     offsets.push_back(offset);
-    offset += static_cast<int64_t>(utf8::count_code_points(text));  // characters, as OpenAI
+    const size_t index = static_cast<size_t>(&t - tokens.data());
+    const bool left_out = index >= skip_specials_from && tokenizer != nullptr &&
+                          tokenizer->has_token(t.token) && tokenizer->is_special(t.token);
+    // Characters, as OpenAI counts them; none for a token the text leaves out.
+    if (!left_out) offset += static_cast<int64_t>(utf8::count_code_points(text));
   }
   return {{"tokens", std::move(toks)},
           {"token_logprobs", std::move(lps)},
@@ -1105,19 +1111,33 @@ ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
           {"text_offset", std::move(offsets)}};
 }
 
+}  // namespace
+
+ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
+                                      const Tokenizer* tokenizer, int32_t top_logprobs,
+                                      int64_t text_offset, bool skip_special_tokens) {
+  return completion_logprobs_from(tokens, tokenizer, top_logprobs, text_offset,
+                                  skip_special_tokens ? 0 : tokens.size());
+}
+
 ordered_json completion_echo_logprobs_json(TokenId first_prompt_token,
                                            const std::vector<PromptTokenLogprob>& prompt,
                                            const std::vector<SampledToken>& generated,
                                            const Tokenizer* tokenizer, int32_t top_logprobs,
-                                           int64_t text_offset) {
+                                           int64_t text_offset, bool first_in_text,
+                                           bool skip_special_tokens) {
   std::vector<SampledToken> tokens;
   tokens.reserve(prompt.size() + generated.size());
   for (const PromptTokenLogprob& t : prompt) tokens.push_back({t.token, t.logprob, t.top_logprobs});
   tokens.insert(tokens.end(), generated.begin(), generated.end());
   const std::string first = token_display(tokenizer, first_prompt_token);
+  const int64_t first_chars =
+      first_in_text ? static_cast<int64_t>(utf8::count_code_points(first)) : 0;
+  // The echoed prompt's tokens are all in its text (special ones too); the generated ones as
+  // the request decodes them.
   ordered_json out =
-      completion_logprobs_json(tokens, tokenizer, top_logprobs,
-                               text_offset + static_cast<int64_t>(utf8::count_code_points(first)));
+      completion_logprobs_from(tokens, tokenizer, top_logprobs, text_offset + first_chars,
+                               skip_special_tokens ? prompt.size() : tokens.size());
   out["tokens"].insert(out["tokens"].begin(), first);
   out["token_logprobs"].insert(out["token_logprobs"].begin(), nullptr);
   out["top_logprobs"].insert(out["top_logprobs"].begin(), nullptr);

@@ -203,19 +203,23 @@ nlohmann::ordered_json chat_logprobs_json(const std::vector<SampledToken>& token
                                           const Tokenizer* names, int32_t top_logprobs,
                                           const Tokenizer* sampled_bytes);
 // Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-// `text_offset` is the length of the text before the first token.
+// `text_offset` is the length of the text before the first token. Offsets index the text
+// the response carries: with `skip_special_tokens` (the request's, true by default) a special
+// token is left out of that text, so it takes no characters there.
 nlohmann::ordered_json completion_logprobs_json(const std::vector<SampledToken>& tokens,
                                                 const Tokenizer* tokenizer, int32_t top_logprobs,
-                                                int64_t text_offset);
+                                                int64_t text_offset,
+                                                bool skip_special_tokens = false);
 
 // Completions logprobs of an echoed prompt and what follows it: the prompt's first token
 // with null logprob and top_logprobs (nothing comes before it), the others with their prompt
-// logprobs, then `generated`.
-nlohmann::ordered_json completion_echo_logprobs_json(TokenId first_prompt_token,
-                                                     const std::vector<PromptTokenLogprob>& prompt,
-                                                     const std::vector<SampledToken>& generated,
-                                                     const Tokenizer* tokenizer,
-                                                     int32_t top_logprobs, int64_t text_offset);
+// logprobs, then `generated`. `first_in_text`: whether the echoed text holds the first token
+// (a BOS the tokenizer added to a text prompt is not in it: offset 0, no characters);
+// `skip_special_tokens` as above, for `generated`.
+nlohmann::ordered_json completion_echo_logprobs_json(
+    TokenId first_prompt_token, const std::vector<PromptTokenLogprob>& prompt,
+    const std::vector<SampledToken>& generated, const Tokenizer* tokenizer, int32_t top_logprobs,
+    int64_t text_offset, bool first_in_text = true, bool skip_special_tokens = false);
 // vLLM's prompt_logprobs: [null, {"<token id>": {"logprob", "rank", "decoded_token"}, ...}, ...],
 // one object per prompt token after the first, holding the token and its top alternatives.
 nlohmann::ordered_json prompt_logprobs_json(const std::vector<PromptTokenLogprob>& prompt,

@@ -145,7 +145,8 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
         echo_(std::move(echo)),
         prompt_logprobs_field_(fields.prompt_logprobs),
         return_token_ids_(fields.return_token_ids),
-        logprob_names_(fields.tokens_as_ids ? nullptr : ctx->tokenizer) {
+        logprob_names_(fields.tokens_as_ids ? nullptr : ctx->tokenizer),
+        skip_special_tokens_(fields.params.skip_special_tokens) {
     ++ctx_->active_calls;
   }
   ~GenerationCall() { --ctx_->active_calls; }
@@ -178,6 +179,11 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       // An empty prompt is refused by the engine below, before anything reads this.
       const std::vector<TokenId>& tokens = requests[p].prompt_tokens;
       if (!tokens.empty()) prompts_[p].first_token = tokens.front();
+      // A BOS that tokenizing a text prompt added is not in the echoed text.
+      if (echo_.enabled && !tokens.empty() && logprob_names_ != nullptr) {
+        const std::string first = token_display(logprob_names_, tokens.front());
+        prompts_[p].first_token_in_text = echo_.texts[static_cast<size_t>(p)].starts_with(first);
+      }
       if (return_token_ids_) prompts_[p].tokens = tokens;
     }
     // A forced call's start is part of the answer: a named call's header goes out at once.
@@ -262,6 +268,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   // Per prompt: what echo and prompt_logprobs answer with.
   struct PromptState {
     TokenId first_token = 0;
+    bool first_token_in_text = true;           // in the echoed text (completion_echo_logprobs_json)
     std::vector<PromptTokenLogprob> logprobs;  // RequestOutput::prompt_logprobs
     std::vector<TokenId> tokens;               // return_token_ids
   };
@@ -338,10 +345,12 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
     if (!want_logprobs_) return nullptr;
     if (with_prompt != nullptr) {
       return completion_echo_logprobs_json(with_prompt->first_token, with_prompt->logprobs, tokens,
-                                           logprob_names_, top_logprobs_, text_offset);
+                                           logprob_names_, top_logprobs_, text_offset,
+                                           with_prompt->first_token_in_text, skip_special_tokens_);
     }
     return chat_ ? chat_logprobs_json(tokens, logprob_names_, top_logprobs_, ctx_->tokenizer)
-                 : completion_logprobs_json(tokens, logprob_names_, top_logprobs_, text_offset);
+                 : completion_logprobs_json(tokens, logprob_names_, top_logprobs_, text_offset,
+                                            skip_special_tokens_);
   }
 
   // `delta` as echo answers it: with max_tokens 0 the one token computed is not part of the
@@ -564,6 +573,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
   const bool return_token_ids_;
   // Names the logprobs' tokens; null with return_tokens_as_token_ids ("token_id:N").
   const Tokenizer* const logprob_names_;
+  const bool skip_special_tokens_;  // the request's: text_offset counts what the text holds
   std::vector<PromptState> prompts_;
   std::vector<RequestId> request_ids_;
   std::vector<ChoiceState> choices_;

@@ -209,6 +209,26 @@ def main():
             for c in [t for c in content for t in c["top_logprobs"]]:
                 assert c["bytes"] == list(c["token"].encode()), c
 
+        def offsets_index_the_text():
+            # text_offset[i] is where token i starts in the returned text (OpenAI's meaning).
+            # The BOS that tokenizing a text prompt adds is not in the echoed text: offset 0 and
+            # no characters (the offsets counted its 21-character name). A prompt given as ids
+            # echoes their decoded text, BOS included.
+            for prompt in ["The kernel", None]:
+                body = {"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 0,
+                        "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+                if prompt is None:
+                    _, by_text = exact.post("/v1/completions", dict(body, prompt="The kernel"))
+                    body["prompt"] = by_text["choices"][0]["prompt_token_ids"]
+                _, r = exact.post("/v1/completions", body)
+                c = r["choices"][0]
+                text, lp = c["text"], c["logprobs"]
+                offsets, tokens = lp["text_offset"], lp["tokens"]
+                assert offsets == sorted(offsets) and offsets[-1] < len(text), (text, offsets)
+                for i in range(1, len(tokens)):  # tokens[0] is BOS
+                    assert text[offsets[i]:].startswith(tokens[i]), (i, text, tokens, offsets)
+                assert offsets[1] == (0 if prompt else len(tokens[0])), (text, offsets)
+
         def refused():
             for path, body, param in [
                     ("/v1/completions", {"prompt": "x", "stream": True, "prompt_logprobs": 1},
@@ -226,6 +246,7 @@ def main():
         case("n = 2 echoes the prompt in both choices", two_choices)
         case("a streamed echo sends the same text and token ids", streamed)
         case("return_tokens_as_token_ids names the same tokens by id", tokens_as_ids)
+        case("text_offset indexes the echoed text", offsets_index_the_text)
         case("bad input is refused by name", refused)
     finally:
         exact.stop()
