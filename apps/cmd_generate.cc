@@ -26,6 +26,7 @@
 #include "apps/token_id_list.h"
 #include "apps/tokenizer_gaps.h"
 #include "apps/whole_number_validator.h"
+#include "base/regular_file.h"
 #include "kv/latent_kv_cache.h"
 #include "model/deepseek_model.h"
 #include "runtime/model_executor.h"
@@ -199,7 +200,9 @@ int run_generate(const GenerateCli& cli) {
   sampling.top_k = cli.top_k;
   if (Status s = sampling.validate(); !s.ok()) return fail(s);
 
-  // The tokenizer is optional with --prompt-ids (then ids are printed).
+  // The tokenizer is optional with --prompt-ids (then ids are printed), so a missing model
+  // folder is said first (it was "tokenizer.json: needed for --prompt (use --prompt-ids)").
+  if (Status s = require_directory(cli.model_dir, "the model folder"); !s.ok()) return fail(s);
   std::unique_ptr<Tokenizer> tokenizer;
   if (std::filesystem::exists(std::filesystem::path(cli.model_dir) / "tokenizer.json")) {
     auto loaded = Tokenizer::load_from_dir(cli.model_dir);

@@ -324,6 +324,10 @@ int run_serve(const ServeCli& cli) {
       fetched_from_cache = true;
     }
   }
+  // After a fetch from the model cache, which may create it; said before "loading".
+  if (Status s = require_directory(cli.model_dir, "the model folder"); !s.ok()) {
+    return session.fail(s, true);
+  }
   // The checkpoint's recommended sampling, as vLLM's --generation-config auto: read (and
   // checked) before the minutes of loading.
   GenerationDefaults generation_defaults;
@@ -333,8 +337,8 @@ int run_serve(const ServeCli& cli) {
     generation_defaults = *defaults;
     if (!generation_defaults.empty()) {
       std::fprintf(stderr,
-                   "from the checkpoint's generation_config.json (--generation-config vllm: "
-                   "OpenAI's defaults): %s\n",
+                   "sampling defaults from the checkpoint's generation_config.json: %s (for "
+                   "OpenAI's defaults instead: --generation-config vllm)\n",
                    generation_defaults.describe().c_str());
     }
   }
@@ -949,8 +953,8 @@ const bool kRegistered = register_command([](CLI::App& root) {
                   "Require 'Authorization: Bearer KEY' on /v1/ routes (not empty)")
       ->check(non_empty_text());
   sub->add_option("--max-model-len", cli->max_model_len,
-                  "Context length (prompt + output) limit (default: the model's, lowered to what "
-                  "the KV cache holds; a larger explicit value is refused)")
+                  "Context length (prompt + output) limit (0, the default: the model's, "
+                  "lowered to what the KV cache holds; a larger explicit value is refused)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   sub->add_option("--block-size", cli->block_size, "Tokens per KV block")
       ->check(CLI::Range(1, 1 << 16))

@@ -73,7 +73,7 @@ int run_tokenize(const TokenizeCli& cli) {
         "none)");
   }
   auto tokenizer = Tokenizer::load_from_dir(cli.model_dir);
-  if (!tokenizer.ok()) return fail(tokenizer.status().to_string());
+  if (!tokenizer.ok()) return fail(tokenizer.status().message());
 
   if (!cli.decode.empty()) {
     auto ids = parse_token_id_list("--decode", cli.decode);

@@ -57,6 +57,14 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
   return text;
 }
 
+Status require_directory(const std::filesystem::path& dir, const std::string& what) {
+  std::error_code error;
+  if (std::filesystem::is_directory(dir, error)) return ok_status();
+  const bool exists = std::filesystem::exists(dir, error);
+  return not_found(dir.string() + (exists ? ": not a directory (" : ": no such directory (") +
+                   what + ")");
+}
+
 Result<TextPrefix> read_text_file_or_pipe(const std::filesystem::path& path,
                                           const std::string& what, uint64_t max_bytes) {
   struct stat st {};

@@ -16,6 +16,10 @@ namespace peerserve {
 // regular file or holds more than `max_bytes`; IoError when it cannot be read.
 Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_t max_bytes);
 
+// OK when `dir` is a directory; else NotFound "DIR: no such directory (WHAT)" or
+// "DIR: not a directory (WHAT)", `what` saying what it should hold, e.g. "the model folder".
+Status require_directory(const std::filesystem::path& dir, const std::string& what);
+
 // The first bytes of a file or a pipe a user names for text (a shell's <(...) is a pipe), at
 // most `max_bytes` of them; `more` says whether the text went on. A directory (it reads as
 // nothing) and a device (/dev/zero never ends) are refused: InvalidArgument naming `what`,

@@ -200,6 +200,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Result<Tokenizer> Tokenizer::load_from_dir(const std::filesystem::path& dir) {
+  PS_RETURN_IF_ERROR(require_directory(dir, "the model folder"));
   TokenizerSources sources;
   PS_ASSIGN_OR_RETURN(sources.tokenizer_json,
                       read_regular_file(dir / "tokenizer.json", kMaxTokenizerFileBytes));

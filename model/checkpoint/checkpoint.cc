@@ -365,7 +365,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOpti
   impl->options = options;
   const fs::path root(dir);
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return not_found(dir + ": not a directory");
+  PS_RETURN_IF_ERROR(require_directory(root, "the model folder"));
   PS_ASSIGN_OR_RETURN(impl->config, load_model_config((root / "config.json").string()));
 
   // shard file name -> tensors the index assigns to it (empty for a single file).

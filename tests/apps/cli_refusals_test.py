@@ -178,6 +178,18 @@ CASES += [
      "'5x' is not a decimal integer"),
 ]
 
+# A missing model folder is said as such (generate advised "use --prompt-ids", serve said
+# "not a directory"); a mistyped option is named (CLI11 said "--model is required").
+CASES += [
+    (["generate", "--model", "/nonexistent", "--prompt", "x"],
+     "/nonexistent: no such directory (the model folder)"),
+    (["serve", "--model", "/nonexistent"], "/nonexistent: no such directory (the model folder)"),
+    (["tokenize", "--model", "/nonexistent", "--text", "x"],
+     "/nonexistent: no such directory (the model folder)"),
+    (["generate", "--modle", MODEL, "--prompt", "x"],
+     "The following arguments were not expected: --modle " + MODEL),
+]
+
 # Exit statuses (README): 2 when the parser refuses the command line, 1 for an error a
 # command reports once it runs. CLI11's own codes (104-114) leaked out before.
 EXIT_CASES = [
@@ -186,6 +198,7 @@ EXIT_CASES = [
     (["serve", "--model", MODEL, "--max-num-seqs", "0"], 2),
     (["plan", "afd", "--convention", "other"], 2),
     (["tokenize"], 2),
+    (["generate", "--modle", MODEL, "--prompt", "x"], 2),
     (["plan", "afd", "--values", "1,2"], 2),
     (["generate", "--model", MODEL, "--prompt-ids", "1,2", "--prompt", "x"], 1),
     (["tokenize", "--model", "/nonexistent", "--text", "hi"], 1),
