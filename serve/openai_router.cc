@@ -64,7 +64,7 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
     exchange_->on_disconnect([weak] {
       if (auto self = weak.lock()) self->client_gone();
     });
-    try_next("no decode instance is up");
+    try_next("");  // no error yet: with no instance up, the first try says so alone
   }
 
  private:
@@ -103,13 +103,12 @@ class ProxiedRequest : public std::enable_shared_from_this<ProxiedRequest> {
     const int index = ctx_.backends->acquire(tried_);
     if (index < 0) {
       ctx_.unavailable.fetch_add(1);
-      send_error(
-          *exchange_,
-          tried_.empty()
-              ? router_error(503, "no decode instance is up: " + last_error, "no_backend")
-              : router_error(hard_failures_ == 0 && saw_503_ ? 503 : 502,
-                             "no decode instance could take the request; last: " + last_error,
-                             "backend_failed"));
+      send_error(*exchange_,
+                 tried_.empty() ? router_error(503, "no decode instance is up", "no_backend")
+                                : router_error(hard_failures_ == 0 && saw_503_ ? 503 : 502,
+                                               "no decode instance could take the request; last: " +
+                                                   last_error,
+                                               "backend_failed"));
       return finish();
     }
     if (!tried_.empty()) ctx_.retries.fetch_add(1);

@@ -59,7 +59,9 @@ Status PrefillDispatcher::handshake(const std::string& endpoint, std::string* mo
         " computes KV this instance cannot use: its KV namespace is '" +
         (identity.empty() ? std::string("(none: is it serving with --kv-pool?)") : identity) +
         "', this instance's is '" + kv_identity_ +
-        "' (model, --kv-namespace, --block-size and KV dtype must all agree)");
+        "' (must agree: model, --kv-namespace, --block-size, KV dtype, --speculative and "
+        "the drafter's precision, --quantize, --fp32, --ep-dispatch-dtype and "
+        "--attention-form)");
   }
   *model_name = model["id"].get<std::string>();
   return ok_status();
