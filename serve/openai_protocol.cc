@@ -426,6 +426,7 @@ std::optional<ApiError> require_object(const json& body) {
   if (!body.is_object()) {
     ApiError e;
     e.message = "the request body must be a JSON object, got " + type_name(body);
+    e.code = "invalid_type";  // as OpenAI names a value of the wrong type
     return e;
   }
   return std::nullopt;

@@ -143,7 +143,7 @@ TEST_F(ServerIntegrationTest, BadInputMatrix) {
   full_prompt += "]}";
   const std::vector<Case> cases = {
       {"POST", "/v1/completions", "{not json", {auth()}, 400, "invalid_json"},
-      {"POST", "/v1/completions", "[1, 2]", {auth()}, 400, ""},
+      {"POST", "/v1/completions", "[1, 2]", {auth()}, 400, "invalid_type"},
       {"POST", "/v1/completions", R"({"model": "tiny"})", {auth()}, 400, "invalid_value"},
       {"POST",
        "/v1/completions",
