@@ -1,6 +1,8 @@
 // peerserve: one binary, one subcommand per role or tool (see README.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,11 @@ int main(int argc, char** argv) {
     // line the parser refused: status 2, as argparse programs exit (CLI11's own codes are
     // 104-114), while a command that starts and fails exits 1 (command_registry.h).
     return app.exit(error) == 0 ? 0 : peerserve::kExitUsage;
+  } catch (const std::exception& error) {
+    // What no command turned into a Status (a thread pool that could not start, memory
+    // exhausted inside a parallel loop): said, not a bare std::terminate.
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return peerserve::kExitFailure;
   }
   return peerserve::command_exit_code();
 }

@@ -22,6 +22,16 @@ inline Status check_host_port(std::string_view endpoint, std::string_view what, 
   };
   if (colon == std::string_view::npos) return bad("has no port");
   if (colon == 0) return bad("has no host");
+  const std::string_view host = endpoint.substr(0, colon);
+  if (host.front() == '[') {
+    // "[::1]" has no port ("has port '1]'" before); "[]" no host.
+    if (host.back() != ']') return bad("has no port after its bracketed address");
+    if (host.size() == 2) return bad("has no host");
+  } else if (host.find(':') != std::string_view::npos) {
+    return bad("has an IPv6 address without brackets (write [ADDRESS]:PORT)");
+  }
+  if (host.find_first_of(" \t\r\n") != std::string_view::npos)
+    return bad("has a space in its host");
   const std::string_view port = endpoint.substr(colon + 1);
   int value = -1;
   const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);

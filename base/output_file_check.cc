@@ -14,7 +14,21 @@ Status check_output_file(const std::string& flag, const std::string& path) {
   if (fs::is_directory(path, ec)) {
     return invalid_argument(flag + " " + path + ": a directory, expected a file to write");
   }
-  fs::path parent = fs::path(path).parent_path();
+  fs::path file(path);
+  if (fs::exists(file, ec)) {
+    // An existing file is opened for writing at the end: it must allow that now.
+    if (::access(path.c_str(), W_OK) != 0) {
+      return invalid_argument(flag + " " + path + ": the file exists and is not writable");
+    }
+    return ok_status();
+  }
+  if (fs::is_symlink(file, ec)) {
+    // A link to a file not made yet: written where it points.
+    const fs::path target = fs::read_symlink(file, ec);
+    if (ec) return io_error(flag + " " + path + ": cannot read the link: " + ec.message());
+    file = target.is_absolute() ? target : file.parent_path() / target;
+  }
+  fs::path parent = file.parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec)) {
     return not_found(flag + " " + path + ": no folder " + parent.string() + " to write it in");

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -44,14 +45,27 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
     return invalid_argument(path.string() + ": " + std::to_string(size) + " bytes, more than the " +
                             std::to_string(max_bytes) + " such a file may have");
   }
-  std::string text(static_cast<size_t>(size), '\0');
+  // Read to the end, not to st_size: a file of /proc says 0 bytes and has more (it read as
+  // empty), and one that grows while read is cut at max_bytes.
+  std::string text(static_cast<size_t>(std::max<uint64_t>(size, 1) + 1), '\0');
   size_t done = 0;
-  while (done < text.size()) {
+  for (;;) {
+    if (done == text.size()) {
+      if (done > max_bytes) {
+        return invalid_argument(path.string() + ": more than the " + std::to_string(max_bytes) +
+                                " bytes such a file may have");
+      }
+      text.resize(static_cast<size_t>(std::min<uint64_t>(2 * done, max_bytes + 1)));
+    }
     const ssize_t got = ::read(file.get(), text.data() + done, text.size() - done);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return io_error(path.string() + ": read failed: " + std::strerror(errno));
-    if (got == 0) break;  // shrank while read: what is there
+    if (got == 0) break;
     done += static_cast<size_t>(got);
+  }
+  if (done > max_bytes) {
+    return invalid_argument(path.string() + ": more than the " + std::to_string(max_bytes) +
+                            " bytes such a file may have");
   }
   text.resize(done);
   return text;

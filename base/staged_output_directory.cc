@@ -77,7 +77,16 @@ Result<StagedOutputDirectory> StagedOutputDirectory::begin(const std::string& ou
   const fs::path target = fs::absolute(fs::path(out_dir), ec).lexically_normal();
   if (ec) return io_error(out_dir + ": " + ec.message());
   // With a trailing slash the name is empty: take the last named component.
-  const fs::path out = target.filename().empty() ? target.parent_path() : target;
+  fs::path out = target.filename().empty() ? target.parent_path() : target;
+  // A link to an empty directory: write where it points (publishing replaced the link with a
+  // directory of its own, on the link's disk). A link to nothing is refused.
+  if (fs::is_symlink(out, ec)) {
+    if (!fs::exists(out, ec)) {
+      return invalid_argument("the output " + out_dir + " is a symbolic link to nothing");
+    }
+    out = fs::canonical(out, ec);
+    if (ec) return io_error(out_dir + ": cannot resolve the link: " + ec.message());
+  }
   if (out.has_parent_path()) fs::create_directories(out.parent_path(), ec);
   if (ec)
     return io_error(out.parent_path().string() + ": cannot create directory: " + ec.message());
@@ -103,6 +112,9 @@ StagedOutputDirectory::~StagedOutputDirectory() {
 Status StagedOutputDirectory::publish() {
   if (staging_.empty()) return internal_error("the staging folder was already published");
   PS_RETURN_IF_ERROR(check_output_directory(out_.string()));
+  // Synced before the user's empty directory is touched (a failed sync had removed it) and
+  // before the rename, so the name never points at unwritten data after a power loss.
+  PS_RETURN_IF_ERROR(sync_tree(staging_));
   std::error_code ec;
   if (fs::exists(out_, ec)) {
     // The empty directory a user made keeps its permissions (one made private stays so).
@@ -113,8 +125,6 @@ Status StagedOutputDirectory::publish() {
     if (ec)
       return io_error(out_.string() + ": cannot replace the empty directory: " + ec.message());
   }
-  // Synced before the rename, so the name never points at unwritten data after a power loss.
-  PS_RETURN_IF_ERROR(sync_tree(staging_));
   fs::rename(staging_, out_, ec);
   if (ec) {
     return io_error("cannot rename " + staging_.string() + " to " + out_.string() + ": " +

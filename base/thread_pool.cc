@@ -1,16 +1,42 @@
 #include "base/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <string>
+#include <system_error>
+#include <utility>
 
 namespace peerserve {
 
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = available_cpus();
   num_threads_ = std::max(1, num_threads);
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this] { worker_loop(); });
+  workers_.reserve(static_cast<size_t>(num_threads_ - 1));
+  for (int t = 1; t < num_threads_; ++t) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {
+      // The started workers wait on wake_: left alone, destroying it blocked for ever.
+      stop_workers();
+      throw std::system_error(e.code(), "cannot start thread " + std::to_string(t + 1) + " of " +
+                                            std::to_string(num_threads_));
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_workers();
+}
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard lock(mutex_);
     stop_.store(true);
@@ -28,7 +54,12 @@ void ThreadPool::run_parts(uint32_t generation) {
     if (part >= num_threads_) return;
     if (!claim_.compare_exchange_weak(claim, claim + 1, std::memory_order_acq_rel)) continue;
     // The job cannot finish (and job_ cannot change) while this claimed part is pending.
-    job_(part, num_threads_);
+    try {
+      job_(part, num_threads_);
+    } catch (...) {
+      std::lock_guard lock(failure_mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
     parts_done_.fetch_add(1, std::memory_order_acq_rel);
     claim = claim_.load(std::memory_order_acquire);
   }
@@ -56,7 +87,7 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::run_on_all(FunctionRef<void(int, int)> fn) {
   if (num_threads_ == 1) {
-    fn(0, 1);
+    fn(0, 1);  // a throw leaves nothing running
     return;
   }
   const uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
@@ -71,11 +102,17 @@ void ThreadPool::run_on_all(FunctionRef<void(int, int)> fn) {
   run_parts(gen);
   while (parts_done_.load(std::memory_order_acquire) != num_threads_) __builtin_ia32_pause();
   job_ = {};
+  std::exception_ptr failure;
+  {
+    std::lock_guard lock(failure_mutex_);
+    failure = std::exchange(failure_, nullptr);
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn, int64_t grain) {
   if (n <= 0) return;
-  grain = std::max<int64_t>(1, grain);
+  grain = std::clamp<int64_t>(grain, 1, n);  // n + grain - 1 and c1 * grain stay in range
   const int64_t chunks = (n + grain - 1) / grain;
   if (num_threads_ == 1 || chunks == 1) {
     fn(0, n);

@@ -7,12 +7,17 @@
 // nobody. Which thread runs a part never changes what the part computes.
 // Workers spin briefly before sleeping, because a decode step issues hundreds of short
 // loops and a condition-variable wake costs tens of microseconds.
+// A part that throws does not end the loop early: every part still runs (or is skipped by
+// its own throw), the loop returns once all are done, and then rethrows the first exception
+// on the calling thread (a throw that left early freed the job's captures while workers
+// still ran it; one on a worker ended the process).
 // Thread-safety: one loop at a time per pool (the engine thread owns it).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,7 +28,8 @@ namespace peerserve {
 
 class ThreadPool {
  public:
-  // num_threads <= 0 means std::thread::hardware_concurrency().
+  // num_threads <= 0 means available_cpus(). Throws std::system_error naming the thread
+  // when one cannot be started (after stopping the ones that were).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -41,6 +47,7 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  void stop_workers();
   // Claims and runs parts of the job of `generation` until none is left.
   void run_parts(uint32_t generation);
 
@@ -54,6 +61,13 @@ class ThreadPool {
   std::atomic<int> parts_done_{0};
   std::atomic<uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
+  std::mutex failure_mutex_;
+  std::exception_ptr failure_;  // the first exception a part of the running loop threw
 };
+
+// The CPUs this process may run on (its affinity mask: taskset, cpusets), at least 1.
+// std::thread::hardware_concurrency() counts every online CPU: pinned to one of a 64-CPU
+// host, a default pool started 64 threads that spun on that one.
+int available_cpus();
 
 }  // namespace peerserve

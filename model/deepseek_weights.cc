@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "base/thread_pool.h"
 #include "kernels/vector_ops.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/checkpoint/tensor_layout.h"
@@ -297,7 +298,7 @@ Result<DeepseekWeights> load_deepseek_weights(Checkpoint& checkpoint, bool load_
   std::vector<Status> errors(layers.size());
   std::atomic<int64_t> next{0};
   {
-    const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+    const int64_t workers = std::clamp<int64_t>(available_cpus(), 1, 8);
     std::vector<std::jthread> threads;
     for (int64_t t = 0; t < std::min(workers, c.num_hidden_layers); ++t) {
       threads.emplace_back([&] {

@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "grammar/json_schema_regex.h"
 #include "serve/bad_words.h"
 #include "serve/bearer_auth.h"
@@ -1263,10 +1264,8 @@ Result<std::unique_ptr<OpenAiServer>> OpenAiServer::create(const OpenAiServerOpt
     context->structured_outputs =
         std::make_unique<StructuredOutputCompiler>(*tokenizer, engine->options().eos_token_ids);
   }
-  const int threads =
-      options.request_threads > 0
-          ? options.request_threads
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 4);
+  const int threads = options.request_threads > 0 ? options.request_threads
+                                                  : std::clamp(available_cpus() / 2, 1, 4);
   context->workers = std::make_unique<RequestWorkers>(threads, /*max_queued=*/4096);
   Context* raw = context.get();
   PS_ASSIGN_OR_RETURN(

@@ -5,8 +5,8 @@
 namespace peerserve {
 
 uint8_t float_to_f8e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return sign | 0x7f;  // the NaN keeps its sign, as torch's does
   const float a = std::min(std::fabs(f), 448.0f);
   // Subnormals (and the smallest normal) are multiples of 2^-9: codes 0..8 continue
   // seamlessly into the normal range, so rounding a/2^-9 gives the code directly.

@@ -27,7 +27,13 @@ TEST(HostPortTest, RefusesWhatIsNotAPortNamingTheFlag) {
 TEST(HostPortTest, SaysWhichPartIsMissing) {
   EXPECT_NE(check_host_port("127.0.0.1", "--listen").message().find("has no port"),
             std::string::npos);
-  EXPECT_NE(check_host_port(":8000", "--listen").message().find("has no host"),
+  EXPECT_NE(check_host_port(":8000", "--listen").message().find("has no host"), std::string::npos);
+  // "[::1]" was said to have "port '1]'"; "[]:80", "a b:80" and "::1:8080" passed.
+  EXPECT_NE(check_host_port("[::1]", "--listen").message().find("has no port after"),
+            std::string::npos);
+  EXPECT_NE(check_host_port("[]:80", "--listen").message().find("has no host"), std::string::npos);
+  EXPECT_NE(check_host_port("a b:80", "--listen").message().find("a space"), std::string::npos);
+  EXPECT_NE(check_host_port("::1:8080", "--listen").message().find("without brackets"),
             std::string::npos);
 }
 

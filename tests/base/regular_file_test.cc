@@ -62,6 +62,16 @@ TEST_F(RegularFileTest, RefusesWhatIsNotARegularFileOrIsTooLarge) {
       << device.message();
 }
 
+// A file of /proc says 0 bytes in stat and has more: read to its end (it read as empty).
+TEST_F(RegularFileTest, AFileLongerThanItsStatedSizeIsReadToItsEnd) {
+  Result<std::string> status = read_regular_file("/proc/self/status", 1 << 20);
+  ASSERT_TRUE(status.ok()) << status.status().to_string();
+  EXPECT_TRUE(contains(*status, "Name:")) << *status;
+  const Status small = read_regular_file("/proc/self/status", 8).status();
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument) << small.to_string();
+  EXPECT_TRUE(contains(small.message(), "more than the 8 bytes")) << small.message();
+}
+
 TEST_F(RegularFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
   const std::string fifo = (dir_ / "config.json").string();
   ASSERT_TRUE(testing::replace_with_fifo(fifo));

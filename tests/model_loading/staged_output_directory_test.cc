@@ -79,6 +79,30 @@ TEST(StagedOutputDirectoryTest, AnEmptyOutputKeepsItsPermissions) {
   EXPECT_EQ(fs::status(out).permissions(), fs::perms::owner_all);
 }
 
+// --out naming a link to an empty directory (on another disk, say) is written where the link
+// points, and the link stays (publishing replaced it with a directory beside it); a link to
+// nothing is refused.
+TEST(StagedOutputDirectoryTest, ALinkToAnEmptyDirectoryIsWrittenWhereItPoints) {
+  ScratchDir scratch;
+  const fs::path target = fs::path(scratch.path()) / "elsewhere" / "real";
+  fs::create_directories(target);
+  const fs::path link = fs::path(scratch.path()) / "out";
+  fs::create_directory_symlink("elsewhere/real", link);
+  auto staged = StagedOutputDirectory::begin(link.string());
+  ASSERT_TRUE(staged.ok()) << staged.status().to_string();
+  write_file(staged->path() / "a", "new");
+  ASSERT_TRUE(staged->publish().ok());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_TRUE(fs::exists(target / "a"));
+
+  const fs::path dangling = fs::path(scratch.path()) / "dangling";
+  fs::create_directory_symlink("nowhere/model", dangling);
+  const auto refused = StagedOutputDirectory::begin(dangling.string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("a symbolic link to nothing"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(StagedOutputDirectoryTest, AStagingFolderOfAProcessThatIsGoneIsRemoved) {
   ScratchDir scratch;
   const pid_t child = ::fork();

@@ -155,6 +155,7 @@ TEST(FloatConvertTest, Fp8E4M3IsTheNearestCodeTiesToEvenSaturating) {
   EXPECT_EQ(float_to_f8e4m3(std::numeric_limits<float>::infinity()), 0x7e);
   EXPECT_EQ(float_to_f8e4m3(-std::numeric_limits<float>::infinity()), 0xfe);
   EXPECT_EQ(float_to_f8e4m3(NAN), 0x7f);
+  EXPECT_EQ(float_to_f8e4m3(-std::numeric_limits<float>::quiet_NaN()), 0xff);  // as torch
 }
 
 }  // namespace
