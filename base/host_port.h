@@ -30,8 +30,9 @@ inline Status check_host_port(std::string_view endpoint, std::string_view what, 
   } else if (host.find(':') != std::string_view::npos) {
     return bad("has an IPv6 address without brackets (write [ADDRESS]:PORT)");
   }
-  if (host.find_first_of(" \t\r\n") != std::string_view::npos)
+  if (host.find_first_of(" \t\r\n") != std::string_view::npos) {
     return bad("has a space in its host");
+  }
   const std::string_view port = endpoint.substr(colon + 1);
   int value = -1;
   const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);

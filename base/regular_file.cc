@@ -46,15 +46,16 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
                             std::to_string(max_bytes) + " such a file may have");
   }
   // Read to the end, not to st_size: a file of /proc says 0 bytes and has more (it read as
-  // empty), and one that grows while read is cut at max_bytes.
+  // empty); one that grows past max_bytes while read is refused like a larger one.
+  const auto too_large = [&] {
+    return invalid_argument(path.string() + ": more than the " + std::to_string(max_bytes) +
+                            " bytes such a file may have");
+  };
   std::string text(static_cast<size_t>(std::max<uint64_t>(size, 1) + 1), '\0');
   size_t done = 0;
   for (;;) {
     if (done == text.size()) {
-      if (done > max_bytes) {
-        return invalid_argument(path.string() + ": more than the " + std::to_string(max_bytes) +
-                                " bytes such a file may have");
-      }
+      if (done > max_bytes) return too_large();
       text.resize(static_cast<size_t>(std::min<uint64_t>(2 * done, max_bytes + 1)));
     }
     const ssize_t got = ::read(file.get(), text.data() + done, text.size() - done);
@@ -63,10 +64,7 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
     if (got == 0) break;
     done += static_cast<size_t>(got);
   }
-  if (done > max_bytes) {
-    return invalid_argument(path.string() + ": more than the " + std::to_string(max_bytes) +
-                            " bytes such a file may have");
-  }
+  if (done > max_bytes) return too_large();
   text.resize(done);
   return text;
 }
