@@ -285,13 +285,13 @@ int run_serve(const ServeCli& cli) {
                                          "parallelism yet (use --speculative off)"),
                         true);
   }
-  // Found only after loading before (the executor refuses it), naming a setting auto chose.
-  if (cli.microbatches != 1 && cli.speculative.method != "off") {
+  // Before loading (the executor refused it after the load). `auto` is not refused: it
+  // chooses, and with two microbatches it chooses off (below).
+  if (cli.microbatches != 1 && cli.speculative.method == "mtp") {
     return session.fail(
-        invalid_argument("--speculative " + cli.speculative.method +
-                         " drafts with one microbatch: it cannot be combined "
-                         "with --microbatches " +
-                         std::to_string(cli.microbatches) + " (use --speculative off)"),
+        invalid_argument("--speculative mtp drafts with one microbatch: it "
+                         "cannot be combined with --microbatches " +
+                         std::to_string(cli.microbatches) + " (use --speculative off or auto)"),
         true);
   }
 
@@ -455,9 +455,16 @@ int run_serve(const ServeCli& cli) {
   executor_options.microbatches = cli.microbatches;
   executor_options.microbatch_split =
       cli.microbatch_split == "always" ? MicrobatchSplit::kAlways : MicrobatchSplit::kMeasured;
-  const Result<SpeculativeSetting> speculative =
+  Result<SpeculativeSetting> speculative =
       resolve_speculative_options(cli.speculative, (*model)->has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
+  if (speculative->automatic && cli.microbatches != 1) {
+    std::fprintf(stderr,
+                 "speculative auto: off (drafting runs with one microbatch; this server "
+                 "runs --microbatches %d)\n",
+                 cli.microbatches);
+    *speculative = SpeculativeSetting{};
+  }
   executor_options.num_speculative_tokens = speculative->num_tokens;
   auto executor = ModelExecutor::create(model->get(), executor_options);
   if (!executor.ok()) return fail(executor.status());

@@ -22,8 +22,10 @@ Status check_output_file(const std::string& flag, const std::string& path) {
     }
     return ok_status();
   }
-  if (fs::is_symlink(file, ec)) {
-    // A link to a file not made yet: written where it points.
+  // A link (or a chain of them) to a file not made yet: written where it points. 40 hops,
+  // as the kernel's own limit (ELOOP).
+  for (int hops = 0; fs::is_symlink(file, ec); ++hops) {
+    if (hops == 40) return invalid_argument(flag + " " + path + ": too many symbolic links");
     const fs::path target = fs::read_symlink(file, ec);
     if (ec) return io_error(flag + " " + path + ": cannot read the link: " + ec.message());
     file = target.is_absolute() ? target : file.parent_path() / target;

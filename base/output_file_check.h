@@ -8,8 +8,9 @@
 
 namespace peerserve {
 
-// Ok when `path` names no directory and its parent folder exists and is writable (the file
-// itself may or may not exist yet). `flag` names the option in the error.
+// Ok when `path` names an existing file this process may write, or no file yet (nor a
+// link to none) in a folder that exists and is writable; a symbolic link is followed to
+// where the write would go. Never a directory. `flag` names the option in the error.
 Status check_output_file(const std::string& flag, const std::string& path);
 
 }  // namespace peerserve

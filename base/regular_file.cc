@@ -56,7 +56,10 @@ Result<std::string> read_regular_file(const std::filesystem::path& path, uint64_
   for (;;) {
     if (done == text.size()) {
       if (done > max_bytes) return too_large();
-      text.resize(static_cast<size_t>(std::min<uint64_t>(2 * done, max_bytes + 1)));
+      // One byte past max_bytes tells a larger file (max_bytes is never near 2^64 here: a
+      // string that size cannot be allocated anyway).
+      const uint64_t past = max_bytes < UINT64_MAX ? max_bytes + 1 : max_bytes;
+      text.resize(static_cast<size_t>(std::min<uint64_t>(2 * done, past)));
     }
     const ssize_t got = ::read(file.get(), text.data() + done, text.size() - done);
     if (got < 0 && errno == EINTR) continue;

@@ -28,6 +28,9 @@ ThreadPool::ThreadPool(int num_threads) {
       stop_workers();
       throw std::system_error(e.code(), "cannot start thread " + std::to_string(t + 1) + " of " +
                                             std::to_string(num_threads_));
+    } catch (...) {  // std::bad_alloc from std::thread's own state
+      stop_workers();
+      throw;
     }
   }
 }
@@ -112,7 +115,8 @@ void ThreadPool::run_on_all(FunctionRef<void(int, int)> fn) {
 
 void ThreadPool::parallel_for(int64_t n, FunctionRef<void(int64_t, int64_t)> fn, int64_t grain) {
   if (n <= 0) return;
-  grain = std::clamp<int64_t>(grain, 1, n);  // n + grain - 1 and c1 * grain stay in range
+  // n + grain - 1 and c1 * grain stay below 2n: in range for any n up to INT64_MAX / 2.
+  grain = std::clamp<int64_t>(grain, 1, n);
   const int64_t chunks = (n + grain - 1) / grain;
   if (num_threads_ == 1 || chunks == 1) {
     fn(0, n);

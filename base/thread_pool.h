@@ -65,7 +65,8 @@ class ThreadPool {
   std::exception_ptr failure_;  // the first exception a part of the running loop threw
 };
 
-// The CPUs this process may run on (its affinity mask: taskset, cpusets), at least 1.
+// The CPUs the calling thread may run on (its affinity mask, which threads inherit from
+// the process: taskset, cpusets), at least 1.
 // std::thread::hardware_concurrency() counts every online CPU: pinned to one of a 64-CPU
 // host, a default pool started 64 threads that spun on that one.
 int available_cpus();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,6 +23,18 @@
 
 namespace peerserve {
 namespace {
+
+// Physical memory, or the cgroup's limit (a container's) when that is lower.
+double usable_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  double bytes = pages > 0 && page_bytes > 0
+                     ? static_cast<double>(pages) * static_cast<double>(page_bytes)
+                     : 0.0;
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
+  double cgroup = 0;
+  if (limit >> cgroup && cgroup > 0 && (bytes == 0 || cgroup < bytes)) bytes = cgroup;
+  return bytes;
+}
 
 // The size of the job when started by OpenMPI's mpirun, 0 otherwise.
 int mpirun_world_size() {
@@ -317,18 +330,18 @@ Status EpSession::install(DeepseekModel& model, int64_t max_rows) {
   split.hidden_size = config.hidden_size;
   split.max_rows_per_rank = impl_->cli.split_rows;
   split.peer_timeout = std::chrono::milliseconds(impl_->cli.peer_timeout_ms);
-  // A quarter of the host's memory: the option allows 65,536 rows, for which V3's LM head
-  // slices alone would want tens of GiB per rank (allocated at start, then killed or thrown).
-  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page_bytes > 0) {
-    split.max_buffer_bytes = 0.25 * static_cast<double>(pages) * static_cast<double>(page_bytes);
-  }
+  // A quarter of the memory this process may use, shared by the ranks on this host: the
+  // option allows 65,536 rows, for which V3's LM head slices alone would want tens of GiB
+  // per rank (allocated at start, then killed or thrown). A rank over it aborts the job.
+  const int host_ranks = impl_->comm->shared_memory_windows() ? impl_->comm->size() : 1;
+  split.max_buffer_bytes = 0.25 * usable_memory_bytes() / host_ranks;
   auto created = dist::TensorParallelBackend::create(std::move(split));
   if (!created.ok()) {
     if (created.status().code() != StatusCode::kResourceExhausted) return created.status();
     return resource_exhausted("--ep-split-rows " + std::to_string(impl_->cli.split_rows) + ": " +
-                              created.status().message() +
-                              " (a quarter of this host's memory); lower it, or 0 to never split");
+                              created.status().message() + " (a quarter of the memory, shared by " +
+                              std::to_string(host_ranks) +
+                              " rank(s) on this host); lower it, or 0 to never split");
   }
   auto tensor_parallel = std::move(created).value();
   if (impl_->comm->rank() == 0 && impl_->cli.split_rows > 0) {

@@ -17,7 +17,7 @@ double MicrobatchPolicy::Bucket::slope() const {
     spread += m->row_spread();
     covariance += m->covariance();
   }
-  // A spread below one row (in squared rows per unit weight) is rounding, not a spread.
+  // A mean squared spread under half a row² is rounding (every size the same), not a spread.
   if (spread > 0.5 * (whole.weight + split.weight)) return std::max(0.0, covariance / spread);
   // No sizes to fit from: time proportional to rows, from the mode with more weight.
   const Mode& m = whole.weight >= split.weight ? whole : split;

@@ -121,6 +121,9 @@ struct PromptEcho {
   bool enabled = false;
   bool prompt_only = false;  // max_tokens 0: the generated token is not sent
   std::vector<std::string> texts;
+  // Per prompt: whether its first token is in its echoed text (a BOS that tokenizing the
+  // text added is not, even when the text itself starts with a BOS of its own).
+  std::vector<char> first_token_in_text;
 };
 
 // One /v1/chat/completions or /v1/completions call: submits one engine request per prompt,
@@ -180,11 +183,7 @@ class GenerationCall : public std::enable_shared_from_this<GenerationCall> {
       // An empty prompt is refused by the engine below, before anything reads this.
       const std::vector<TokenId>& tokens = requests[p].prompt_tokens;
       if (!tokens.empty()) prompts_[p].first_token = tokens.front();
-      // A BOS that tokenizing a text prompt added is not in the echoed text.
-      if (echo_.enabled && !tokens.empty() && logprob_names_ != nullptr) {
-        const std::string first = token_display(logprob_names_, tokens.front());
-        prompts_[p].first_token_in_text = echo_.texts[static_cast<size_t>(p)].starts_with(first);
-      }
+      if (echo_.enabled) prompts_[p].first_token_in_text = echo_.first_token_in_text[p] != 0;
       if (return_token_ids_) prompts_[p].tokens = tokens;
     }
     // A forced call's start is part of the answer: a named call's header goes out at once.
@@ -987,6 +986,10 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
     truncate_prompt(completion.truncate_prompt_tokens, max_len, &r.prompt_tokens);
     if (echo.enabled) {
       if (text != nullptr && r.prompt_tokens.size() == before) {
+        const std::optional<TokenId> bos = ctx.tokenizer->bos_id();
+        const bool bos_added = completion.add_special_tokens && ctx.tokenizer->add_bos_token() &&
+                               bos && !r.prompt_tokens.empty() && r.prompt_tokens.front() == *bos;
+        echo.first_token_in_text.push_back(bos_added ? 0 : 1);
         echo.texts.push_back(*text);
       } else {
         // Token ids (or what truncation kept) as text, special tokens included (vLLM's).
@@ -994,6 +997,7 @@ void handle_completion(OpenAiServer::Context& ctx, const HttpRequest& request,
         if (!decoded.ok()) {
           return send_error(*exchange, api_error_from_status(decoded.status(), "prompt"));
         }
+        echo.first_token_in_text.push_back(1);  // decoded with its special tokens
         echo.texts.push_back(std::move(decoded).value());
       }
     }

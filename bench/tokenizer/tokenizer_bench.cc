@@ -379,6 +379,8 @@ int main(int argc, char** argv) {
   }
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
+  // A flag neither this bench nor Google Benchmark knows is an error (it was ignored).
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
   peerserve::RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.print_ratios();

@@ -169,8 +169,8 @@ CASES += [
 ]
 
 CASES += [
-    (["serve", "--model", MODEL, "--speculative", "auto", "--microbatches", "2"],
-     "--speculative auto drafts with one microbatch"),
+    (["serve", "--model", MODEL, "--speculative", "mtp", "--microbatches", "2"],
+     "--speculative mtp drafts with one microbatch"),
 ]
 
 CASES += [

@@ -43,6 +43,15 @@ TEST_F(OutputFileCheckTest, WhatCannotBeWrittenIsRefusedBeforeTheWork) {
   const Status dangling = check_output_file("--out", (dir_ / "dangling.json").string());
   EXPECT_EQ(dangling.code(), StatusCode::kNotFound) << dangling.to_string();
   EXPECT_NE(dangling.message().find("no folder"), std::string::npos) << dangling.message();
+  // A chain of two links into a missing folder (one hop was followed).
+  fs::create_symlink("dangling.json", dir_ / "chain.json");
+  EXPECT_EQ(check_output_file("--out", (dir_ / "chain.json").string()).code(),
+            StatusCode::kNotFound);
+  // A loop of links.
+  fs::create_symlink("loop_b", dir_ / "loop_a");
+  fs::create_symlink("loop_a", dir_ / "loop_b");
+  const Status loop = check_output_file("--out", (dir_ / "loop_a").string());
+  EXPECT_NE(loop.message().find("too many symbolic links"), std::string::npos) << loop.message();
 }
 
 }  // namespace

@@ -214,20 +214,23 @@ def main():
             # The BOS that tokenizing a text prompt adds is not in the echoed text: offset 0 and
             # no characters (the offsets counted its 21-character name). A prompt given as ids
             # echoes their decoded text, BOS included.
-            for prompt in ["The kernel", None]:
-                body = {"prompt": prompt, "max_tokens": 4, "echo": True, "logprobs": 0,
-                        "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-                if prompt is None:
-                    _, by_text = exact.post("/v1/completions", dict(body, prompt="The kernel"))
-                    body["prompt"] = by_text["choices"][0]["prompt_token_ids"]
-                _, r = exact.post("/v1/completions", body)
+            # A text that starts with the BOS text itself (as a chat template's rendering
+            # does) gets the added BOS too: only the one in the text takes characters.
+            base = {"max_tokens": 4, "echo": True, "logprobs": 0, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}
+            _, by_text = exact.post("/v1/completions", dict(base, prompt="The kernel"))
+            bos = by_text["choices"][0]["logprobs"]["tokens"][0]
+            for prompt in ["The kernel", by_text["choices"][0]["prompt_token_ids"],
+                           bos + "The kernel"]:
+                _, r = exact.post("/v1/completions", dict(base, prompt=prompt))
                 c = r["choices"][0]
                 text, lp = c["text"], c["logprobs"]
                 offsets, tokens = lp["text_offset"], lp["tokens"]
                 assert offsets == sorted(offsets) and offsets[-1] < len(text), (text, offsets)
                 for i in range(1, len(tokens)):  # tokens[0] is BOS
                     assert text[offsets[i]:].startswith(tokens[i]), (i, text, tokens, offsets)
-                assert offsets[1] == (0 if prompt else len(tokens[0])), (text, offsets)
+                added = prompt == "The kernel" or prompt == bos + "The kernel"
+                assert offsets[1] == (0 if added else len(bos)), (prompt, text, offsets)
 
         def refused():
             for path, body, param in [

@@ -148,6 +148,16 @@ def auto_decides():
         assert r["usage"]["completion_tokens"] == 8
     finally:
         spec.stop()
+    # With two microbatches auto chooses off and serves (only mtp is refused with them).
+    two = Server("--speculative", "auto", "--microbatches", "2")
+    try:
+        assert any("speculative auto: off (drafting runs with one microbatch" in l
+                   for l in two.log), "".join(two.log)[-600:]
+        r = two.post("/v1/completions", {"model": "peerserve-dsv3-tiny", "prompt": PROMPTS[1],
+                                         "max_tokens": 8, "temperature": 0})
+        assert r["usage"]["completion_tokens"] == 8
+    finally:
+        two.stop()
 
 
 def pool_identity(*flags, model=MODEL):
