@@ -229,7 +229,12 @@ void DeepseekModel::Impl::begin(ForwardState& state, LatentKvCache& cache) {
 }
 
 ExpertBackend::Call& DeepseekModel::Impl::expert_call(ForwardState& state) {
-  if (state.expert_call == nullptr || state.expert_call_owner.lock() != experts) {
+  // The same backend shares the weak pointer's control block, which the weak pointer keeps
+  // alive (no later backend can have it): compared without lock()'s atomic increments, once
+  // per MoE layer and microbatch.
+  const bool same_backend = !state.expert_call_owner.owner_before(experts) &&
+                            !experts.owner_before(state.expert_call_owner);
+  if (state.expert_call == nullptr || !same_backend) {
     state.expert_call = experts->new_call(state.slot);
     state.expert_call_owner = experts;
   }

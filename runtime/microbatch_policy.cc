@@ -28,7 +28,8 @@ double MicrobatchPolicy::predicted_seconds(int64_t tokens, bool split) const {
   const Bucket& b = bucket(bucket_of(tokens));
   const Mode& m = split ? b.split : b.whole;
   if (tokens <= 0 || m.weight <= 0) return 0;
-  return m.mean_seconds() + b.slope() * (static_cast<double>(tokens) - m.mean_rows());
+  const double slope = b.slope();
+  return m.intercept(slope) + slope * static_cast<double>(tokens);
 }
 
 bool MicrobatchPolicy::choose(const Bucket& b) {
@@ -38,9 +39,7 @@ bool MicrobatchPolicy::choose(const Bucket& b) {
   }
   // Both predicted at one size: the intercepts t - slope n compare.
   const double slope = b.slope();
-  const double split_time = b.split.mean_seconds() - slope * b.split.mean_rows();
-  const double whole_time = b.whole.mean_seconds() - slope * b.whole.mean_rows();
-  const bool faster_is_split = split_time < whole_time;
+  const bool faster_is_split = b.split.intercept(slope) < b.whole.intercept(slope);
   const bool explore = b.steps() % kExploreEvery == kExploreEvery - 1;
   return explore ? !faster_is_split : faster_is_split;
 }

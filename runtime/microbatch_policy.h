@@ -68,6 +68,8 @@ class MicrobatchPolicy {
     // Centred sums (spread of rows, covariance with seconds), times the weight.
     double row_spread() const { return rows_rows - rows * rows / weight; }
     double covariance() const { return rows_seconds - rows * seconds / weight; }
+    // The fit's fixed part: the mean time less `slope` per mean row.
+    double intercept(double slope) const { return mean_seconds() - slope * mean_rows(); }
   };
   struct Bucket {
     Mode whole, split;

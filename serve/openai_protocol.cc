@@ -1086,7 +1086,8 @@ ordered_json completion_logprobs_from(const std::vector<SampledToken>& tokens,
   ordered_json toks = ordered_json::array(), lps = ordered_json::array(),
                tops = ordered_json::array(), offsets = ordered_json::array();
   int64_t offset = text_offset;
-  for (const SampledToken& t : tokens) {
+  for (size_t index = 0; index < tokens.size(); ++index) {
+    const SampledToken& t = tokens[index];
     const std::string text = token_display(tokenizer, t.token);
     toks.push_back(text);
     lps.push_back(finite_logprob(t.logprob));
@@ -1100,7 +1101,6 @@ ordered_json completion_logprobs_from(const std::vector<SampledToken>& tokens,
     }
     tops.push_back(std::move(top));
     offsets.push_back(offset);
-    const size_t index = static_cast<size_t>(&t - tokens.data());
     const bool left_out = index >= skip_specials_from && tokenizer != nullptr &&
                           tokenizer->has_token(t.token) && tokenizer->is_special(t.token);
     // Characters, as OpenAI counts them; none for a token the text leaves out.
