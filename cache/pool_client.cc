@@ -1,6 +1,7 @@
 #include "cache/pool_client.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <future>
 #include <mutex>
 #include <set>
@@ -261,7 +262,10 @@ std::vector<std::optional<uint64_t>> PoolClient::exists(std::span<const PoolKey>
 std::vector<bool> PoolClient::remove(std::span<const PoolKey> keys,
                                      std::chrono::milliseconds timeout) {
   const PoolDeadline deadline = PoolClock::now() + timeout;
-  std::vector<bool> out(keys.size(), false);
+  // One byte per key: the groups write their keys' results from their own threads, and
+  // std::vector<bool> packs neighbouring keys (of other members) into one word, whose
+  // read-modify-write by two groups at once lost one group's results.
+  std::vector<uint8_t> removed(keys.size(), 0);
   const Placement placement = place(keys);
   for_each_group(placement, [&](Member& member, const std::vector<size_t>& indices) {
     if (is_down(member)) return;
@@ -270,9 +274,9 @@ std::vector<bool> PoolClient::remove(std::span<const PoolKey> keys,
     auto result = member.transport->remove(sub_keys, deadline);
     record_outcome(member, result.ok() ? ok_status() : result.status());
     if (!result.ok()) return;
-    for (size_t j = 0; j < indices.size(); ++j) out[indices[j]] = (*result)[j];
+    for (size_t j = 0; j < indices.size(); ++j) removed[indices[j]] = (*result)[j] ? 1 : 0;
   });
-  return out;
+  return std::vector<bool>(removed.begin(), removed.end());
 }
 
 std::future<std::vector<BlockLookup>> PoolClient::get_async(std::vector<PoolKey> keys,

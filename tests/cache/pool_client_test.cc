@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "cache/local_pool_transport.h"
 #include "tests/cache/block_test_util.h"
@@ -94,6 +97,42 @@ class DownTransport final : public PoolTransport {
   std::string name_;
 };
 
+// A member that removes every key it is asked for, once all `members` of the round have been
+// asked: the groups then write their results at the same time.
+class RemovesAllTransport final : public PoolTransport {
+ public:
+  RemovesAllTransport(std::string name, std::atomic<int>* arrived, int members)
+      : name_(std::move(name)), arrived_(arrived), members_(members) {}
+  const std::string& name() const override { return name_; }
+  std::vector<BlockLookup> get(std::span<const PoolKey> k, std::span<const BlockSink>,
+                               PoolDeadline) override {
+    return std::vector<BlockLookup>(k.size(), BlockLookup::miss());
+  }
+  std::vector<Status> put(std::span<const PoolKey> k, std::span<const std::span<const std::byte>>,
+                          PoolDeadline) override {
+    return std::vector<Status>(k.size());
+  }
+  Result<std::vector<std::optional<uint64_t>>> exists(std::span<const PoolKey> k,
+                                                      PoolDeadline) override {
+    return std::vector<std::optional<uint64_t>>(k.size());
+  }
+  Result<std::vector<bool>> remove(std::span<const PoolKey> k, PoolDeadline) override {
+    // Bounded: a member left without keys would otherwise hold the others forever.
+    arrived_->fetch_add(1);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (arrived_->load() % members_ != 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+    return std::vector<bool>(k.size(), true);
+  }
+  Result<PoolStats> stats(PoolDeadline) override { return PoolStats{}; }
+
+ private:
+  std::string name_;
+  std::atomic<int>* arrived_;
+  int members_;
+};
+
 std::vector<PoolKey> make_keys(int n, const std::string& tenant = "t") {
   std::vector<PoolKey> keys;
   for (int i = 0; i < n; ++i) keys.push_back({tenant, 1000 + static_cast<uint64_t>(i) * 7919});
@@ -151,6 +190,25 @@ TEST(PoolClientTest, BatchesSpreadOverMembersAndComeBack) {
   auto removed = client->remove(std::vector<PoolKey>(keys.begin(), keys.begin() + 10), kTimeout);
   for (bool r : removed) EXPECT_TRUE(r);
   EXPECT_FALSE(client->exists(keys, kTimeout)[0].has_value());
+}
+
+// The members' groups answer on their own threads: every key's result must survive the others'
+// (a std::vector<bool> shared by the groups lost whole words of them).
+TEST(PoolClientTest, RemoveKeepsTheResultsOfMembersAnsweringAtOnce) {
+  constexpr int kMembers = 8;
+  std::atomic<int> arrived{0};
+  std::vector<std::unique_ptr<PoolTransport>> members;
+  for (int m = 0; m < kMembers; ++m) {
+    members.push_back(
+        std::make_unique<RemovesAllTransport>("m" + std::to_string(m), &arrived, kMembers));
+  }
+  auto client = PoolClient::create(std::move(members), {});
+  const auto keys = make_keys(200000);
+  for (int round = 0; round < 20; ++round) {
+    const std::vector<bool> removed = client->remove(keys, kTimeout);
+    ASSERT_EQ(removed.size(), keys.size());
+    EXPECT_EQ(std::count(removed.begin(), removed.end(), false), 0) << "round " << round;
+  }
 }
 
 TEST(PoolClientTest, DownMemberIsAMissAndIsBackedOff) {

@@ -12,8 +12,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <thread>
+#include <vector>
 
 namespace peerserve {
 namespace {
@@ -95,11 +97,20 @@ class HttpServerTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->stop();
     if (thread_.joinable()) thread_.join();
+    // After the event loop (the only thread that adds answerers), before the server goes:
+    // their exchanges post into its io_context and their sessions count in its counters.
+    for (std::thread& t : answerers_) t.join();
+    answerers_.clear();
+    server_.reset();
   }
   uint16_t port() const { return server_->port(); }
+  // Runs `answer` on a thread of its own, joined before the server is destroyed (a detached
+  // one could answer into a freed server: a slow answer outlived its test). Handlers only.
+  void answer_later(std::function<void()> answer) { answerers_.emplace_back(std::move(answer)); }
 
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
+  std::vector<std::thread> answerers_;  // event-loop thread, then TearDown
 };
 
 TEST_F(HttpServerTest, WholeResponsesAndKeepAlive) {
@@ -155,13 +166,13 @@ TEST_F(HttpServerTest, MalformedRequestGets400) {
 }
 
 TEST_F(HttpServerTest, ChunkedStreamFromAnotherThread) {
-  start([](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+  start([this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     ex->start_stream("text/event-stream");
-    std::thread([ex] {
+    answer_later([ex] {
       for (int i = 0; i < 5; ++i) ex->write_chunk("data: " + std::to_string(i) + "\n\n");
       ex->write_chunk("");  // ignored: an empty chunk would end the body
       ex->end_stream();
-    }).detach();
+    });
   });
   Client c(port());
   c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -486,10 +497,10 @@ TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredAndACloseBeforeTheAnswerIsAnA
   start([&](HttpRequest req, std::shared_ptr<HttpExchange> ex) {
     if (req.path() == "/slow") {
       ex->on_disconnect([&] { ++disconnects; });
-      std::thread([ex] {
+      answer_later([ex] {
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         ex->respond(200, "text/plain", "slow");
-      }).detach();
+      });
       return;
     }
     ex->respond(200, "text/plain", "fast");
@@ -512,12 +523,12 @@ TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredAndACloseBeforeTheAnswerIsAnA
 // An HTTP/1.0 client cannot read the chunked coding: its stream comes unchunked and ends
 // when the connection closes (it got hex size lines in its data).
 TEST_F(HttpServerTest, AnHttp10StreamIsSentUnchunkedAndEndsWithTheConnection) {
-  start([](HttpRequest, std::shared_ptr<HttpExchange> ex) {
+  start([this](HttpRequest, std::shared_ptr<HttpExchange> ex) {
     ex->start_stream("text/event-stream");
-    std::thread([ex] {
+    answer_later([ex] {
       for (int i = 0; i < 3; ++i) ex->write_chunk("data: " + std::to_string(i) + "\n\n");
       ex->end_stream();
-    }).detach();
+    });
   });
   Client c(port());
   c.send("GET /stream HTTP/1.0\r\n\r\n");
