@@ -101,24 +101,18 @@ Status MicrobatchPipeline::forward_split(std::span<const SequenceChunk> chunks, 
     return s;
   }
   PS_RETURN_IF_ERROR(drive());
-  for (int i = 0; i < 2; ++i) model_->take_output(*states_[i], &outputs_[i]);
-
-  // Rows of the first microbatch, then of the second.
-  const ForwardOutput& a = outputs_[0];
-  const ForwardOutput& b = outputs_[1];
-  out->vocab_size = a.vocab_size;
-  out->hidden_size = a.hidden_size;
-  out->logits.assign(a.logits.begin(), a.logits.end());
+  // The first microbatch's output becomes the step's (a swap: no copy, and no third buffer
+  // of logits), and the second's rows follow it.
+  model_->take_output(*states_[0], out);
+  model_->take_output(*states_[1], &second_output_);
+  const ForwardOutput& b = second_output_;
+  const int64_t base = out->num_rows();
+  const int64_t hidden_base = out->hidden_row_offsets.back();
   out->logits.insert(out->logits.end(), b.logits.begin(), b.logits.end());
-  out->hidden.assign(a.hidden.begin(), a.hidden.end());
   out->hidden.insert(out->hidden.end(), b.hidden.begin(), b.hidden.end());
-  out->row_offsets.assign(a.row_offsets.begin(), a.row_offsets.end());
-  const int64_t base = a.num_rows();
   for (size_t i = 1; i < b.row_offsets.size(); ++i) {
     out->row_offsets.push_back(base + b.row_offsets[i]);
   }
-  out->hidden_row_offsets.assign(a.hidden_row_offsets.begin(), a.hidden_row_offsets.end());
-  const int64_t hidden_base = a.hidden_row_offsets.back();
   for (size_t i = 1; i < b.hidden_row_offsets.size(); ++i) {
     out->hidden_row_offsets.push_back(hidden_base + b.hidden_row_offsets[i]);
   }

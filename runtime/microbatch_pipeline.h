@@ -86,7 +86,7 @@ class MicrobatchPipeline {
   uint64_t agreed_plan_ = 0;
   int64_t agreed_tokens_ = 0;
   std::unique_ptr<ForwardState> states_[2];
-  ForwardOutput outputs_[2];
+  ForwardOutput second_output_;  // the second microbatch's rows, appended to the step's
   MicrobatchStats stats_;
 };
 
