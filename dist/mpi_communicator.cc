@@ -20,6 +20,10 @@ namespace {
 // microseconds; on an oversubscribed machine yielding at once lets it run.
 constexpr int kSpinsBeforeYield = 32;
 
+// Added to a failed MPI_Win_allocate of a window reached by puts (the path across hosts).
+constexpr const char* kNetworkWindowHint =
+    "across hosts without RDMA start mpirun with --mca osc ucx or --mca osc pt2pt";
+
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
@@ -78,10 +82,18 @@ struct MpiCommunicator::Impl {
                                   " part of " + what + " to rank " + std::to_string(rank) +
                                   " within " + std::to_string(timeout.count()) + " ms (lost?)"));
         }
-        return fail(unavailable(std::string(what) + ": not every one of the " +
-                                std::to_string(size) + " ranks arrived within " +
-                                std::to_string(timeout.count()) + " ms (rank " +
-                                std::to_string(rank) + " waited)"));
+        const std::string waited =
+            std::to_string(timeout.count()) + " ms (rank " + std::to_string(rank) + " waited";
+        if (arrivals_win == MPI_WIN_NULL || entered == 0) {
+          return fail(unavailable(std::string(what) + ": not every one of the " +
+                                  std::to_string(size) + " ranks arrived within " + waited + ")"));
+        }
+        // Every count arrived, so each peer entered the collective and a part is stuck on
+        // the way: a peer lost after entering, or the network to it cut. (A round trip to
+        // each peer does not tell which: over osc/ucx a get from a host cut off completed.)
+        return fail(unavailable(std::string(what) + ": every one of the " + std::to_string(size) +
+                                " ranks entered it, but not every part arrived within " + waited +
+                                "; a rank lost or the network cut?)"));
       }
       sched_yield();
     }
@@ -122,11 +134,14 @@ struct MpiCommunicator::Impl {
     void* base = nullptr;
     const MPI_Aint bytes = static_cast<MPI_Aint>(size * sizeof(uint64_t));
     constexpr int kUnit = sizeof(uint64_t);
-    PS_RETURN_IF_ERROR(
+    Status allocated =
         check(shared_windows
                   ? MPI_Win_allocate_shared(bytes, kUnit, MPI_INFO_NULL, comm, &base, &arrivals_win)
                   : MPI_Win_allocate(bytes, kUnit, MPI_INFO_NULL, comm, &base, &arrivals_win),
-              "MPI_Win_allocate (arrivals)"));
+              "MPI_Win_allocate (arrivals)");
+    if (!allocated.ok()) {
+      return shared_windows ? allocated : allocated.with_context(kNetworkWindowHint);
+    }
     MPI_Win_set_errhandler(arrivals_win, MPI_ERRORS_RETURN);
     arrivals = static_cast<uint64_t*>(base);
     std::fill(arrivals, arrivals + size, 0);
@@ -353,6 +368,10 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::init(int* argc, char**
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return internal_error("MPI is already initialised in this process");
+  // Open MPI's osc/rdma (priority 101) takes the windows of a job across hosts even where the
+  // network has no RDMA, and then MPI_Win_allocate fails ("invalid window") over TCP;
+  // osc/ucx and osc/pt2pt work there. Leave it out unless the user chose (mpirun --mca osc).
+  setenv("OMPI_MCA_osc", "^rdma", /*overwrite=*/0);
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
     return unavailable("MPI_Init_thread failed (is this process started by mpirun?)");
@@ -480,7 +499,11 @@ Result<std::unique_ptr<Window>> MpiCommunicator::create_window(size_t bytes,
                             : MPI_Win_allocate(static_cast<MPI_Aint>(allocated_bytes), 1,
                                                MPI_INFO_NULL, impl_->comm, &base, &win),
       "MPI_Win_allocate");
-  if (!allocated.ok()) return allocated.with_context(std::to_string(bytes) + "-byte window");
+  if (!allocated.ok()) {
+    return allocated.with_context(
+        std::to_string(bytes) + "-byte window" +
+        (impl_->shared_windows ? "" : std::string(", ") + kNetworkWindowHint));
+  }
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
   auto pad_of = [](const void* p) {
     return static_cast<uint64_t>((kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign);

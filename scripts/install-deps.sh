@@ -18,6 +18,7 @@ packages=(
   libssl-dev                          # SHA-256 of the prefix-cache block hashes (libcrypto)
   curl ca-certificates
   strace                              # durable_publish_test (sync order), ep_cli_test (slow load)
+  iproute2                            # ep_two_hosts_test: two hosts as network namespaces
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
