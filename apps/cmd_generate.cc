@@ -89,16 +89,23 @@ class TokenPrinter {
 };
 
 // Speculative decoding runs the prompt through the serving path (scheduler and model
-// executor, which verify and draft), as one sequence.
+// executor, which verify and draft), as one sequence. Under --ep the leader steps it in
+// lock-step; the followers join every step's exchanges, the MTP layer's passes too.
 int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
                          const SpeculativeSetting& setting, const std::vector<int32_t>& prompt,
-                         const SamplingParams& sampling, const Tokenizer* tokenizer) {
+                         const SamplingParams& sampling, const Tokenizer* tokenizer,
+                         EpSession& session) {
   constexpr int64_t kCalibrationContext = 64;
   int32_t num_speculative = setting.num_tokens;
-  auto fail = [](const Status& status) {
-    std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
-    return kExitFailure;
-  };
+  // An error of this rank alone: under --ep it ends the job (the others would wait for it).
+  auto fail = [&session](const Status& status) { return session.fail(status); };
+  if (Status s = session.install(model, kPrefillChunk); !s.ok()) return fail(s);
+  if (!session.leader()) {
+    auto cache = LatentKvCache::create(model.kv_layout(kBlockSize, DType::kBF16), 1);
+    if (!cache.ok()) return fail(cache.status());
+    if (Status s = session.follow(model, *cache, num_speculative); !s.ok()) return fail(s);
+    return 0;
+  }
   const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
   const int64_t max_len = std::min(total, model.config().max_position_embeddings);
   const KvLayout layout = model.kv_layout(kBlockSize, DType::kBF16);
@@ -152,6 +159,9 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
   auto first_token = start;
   while ((*scheduler)->has_work()) {
     StepPlan plan = (*scheduler)->schedule();
+    if (Status s = session.agree_and_rebalance(model, plan.num_batched_tokens).status(); !s.ok()) {
+      return fail(s);
+    }
     auto result = (*executor)->execute(plan);
     if (!result.ok()) return fail(result.status());
     for (const SequenceUpdate& update : (*scheduler)->update(plan, *result)) {
@@ -164,6 +174,7 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
     ++steps;
   }
   printer.finish();
+  if (Status s = session.finish(); !s.ok()) return fail(s);
   const auto end = Clock::now();
   const double prefill_s = std::chrono::duration<double>(first_token - start).count();
   const double decode_s = std::chrono::duration<double>(end - first_token).count();
@@ -242,18 +253,21 @@ int run_generate(const GenerateCli& cli) {
   if (Status s = apply_quantize_options(cli.quantize, &options); !s.ok()) return fail(s);
   apply_draft_quantization(cli.speculative, &options);
   options.attention_form = attention_form_named(cli.attention_form);
-  if (options.load_mtp && session.distributed()) {
-    return fail(invalid_argument(
-        "--speculative is not available with expert parallelism yet (use --speculative off)"));
-  }
   if (Status s = session.plan_experts(cli.model_dir, &options); !s.ok()) return fail(s);
   auto loaded = session.leader() ? load_model_showing_progress(cli.model_dir, options)
                                  : DeepseekModel::load(cli.model_dir, options);
   if (!loaded.ok()) return session.fail(loaded.status());
   DeepseekModel& model = **loaded;
-  const Result<SpeculativeSetting> speculative =
+  Result<SpeculativeSetting> speculative =
       resolve_speculative_options(cli.speculative, model.has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
+  if (speculative->automatic && session.distributed()) {
+    // auto's calibration times one process's steps; under --ep they need every rank.
+    if (session.leader()) {
+      std::fprintf(stderr, "speculative auto: off under --ep (use --speculative mtp to draft)\n");
+    }
+    *speculative = SpeculativeSetting{};
+  }
   // The context bounds what can be generated: a prompt that fills it is an error (the
   // speculative path said "max_tokens = -2"), and a shorter budget is said, not silent.
   const int64_t context = model.config().max_position_embeddings;
@@ -271,7 +285,8 @@ int run_generate(const GenerateCli& cli) {
                  static_cast<long long>(context));
   }
   if (speculative->num_tokens > 0) {
-    return generate_speculative(cli, model, *speculative, prompt, sampling, tokenizer.get());
+    return generate_speculative(cli, model, *speculative, prompt, sampling, tokenizer.get(),
+                                session);
   }
   if (Status s = session.install(model, kPrefillChunk); !s.ok()) return session.fail(s);
   if (!session.leader()) {

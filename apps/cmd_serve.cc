@@ -280,11 +280,6 @@ int run_serve(const ServeCli& cli) {
   Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
   if (!chat_template.ok()) return session.fail(chat_template.status(), true);
 
-  if (session.distributed() && cli.speculative.method != "off") {
-    return session.fail(invalid_argument("--speculative is not available with expert "
-                                         "parallelism yet (use --speculative off)"),
-                        true);
-  }
   // Before loading (the executor refused it after the load). `auto` is not refused: it
   // chooses, and with two microbatches it chooses off (below).
   if (cli.microbatches != 1 && cli.speculative.method == "mtp") {
@@ -463,6 +458,13 @@ int run_serve(const ServeCli& cli) {
                  "speculative auto: off (drafting runs with one microbatch; this server "
                  "runs --microbatches %d)\n",
                  cli.microbatches);
+    *speculative = SpeculativeSetting{};
+  }
+  if (speculative->automatic && session.distributed()) {
+    // The calibration times one process's steps; under --ep every step needs every rank.
+    if (session.leader()) {
+      std::fprintf(stderr, "speculative auto: off under --ep (use --speculative mtp to draft)\n");
+    }
     *speculative = SpeculativeSetting{};
   }
   executor_options.num_speculative_tokens = speculative->num_tokens;
@@ -795,7 +797,7 @@ int run_serve(const ServeCli& cli) {
                  "requests over the %d ranks\n",
                  session.size(), cli.ep.dispatch_dtype.c_str(), session.size());
   }
-  if (sched.num_speculative_tokens > 0) {
+  if (sched.num_speculative_tokens > 0 && session.leader()) {
     std::fprintf(
         stderr, "speculative decoding: the MTP layer%s drafts %d token%s per step%s\n",
         (*model)->mtp_runs_int8() ? " (INT8)" : "", sched.num_speculative_tokens,

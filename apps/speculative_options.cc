@@ -15,8 +15,8 @@ void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
                    "or auto (at start-up, times a verification step and the MTP layer against a "
                    "decode step on this machine; drafts one token at the batch sizes where that "
                    "predicts a gain of 5% or more at 80% acceptance, and turns off for good if "
-                   "fewer drafts than break-even are accepted; off without an MTP layer; "
-                   "docs/speculative_decoding.md)")
+                   "fewer drafts than break-even are accepted; off without an MTP layer, and "
+                   "under --ep, where mtp drafts on every rank; docs/speculative_decoding.md)")
       ->check(CLI::IsMember({"off", "mtp", "auto"}))
       ->capture_default_str();
   cli->num_tokens_option = command

@@ -207,10 +207,11 @@ Status EpSession::Impl::install_placement(DeepseekModel& model,
                                           dist::ExpertPlacement new_placement) {
   const ModelConfig& config = model.config();
   const int64_t layers = config.num_hidden_layers + 1;
-  PS_ASSIGN_OR_RETURN(auto new_experts,
-                      store->load(new_placement, comm->rank(), layers, [&](MlpWeights& expert) {
-                        return model.prepare_routed_expert(expert);
-                      }));
+  PS_ASSIGN_OR_RETURN(
+      auto new_experts,
+      store->load(new_placement, comm->rank(), layers, [&](int64_t layer, MlpWeights& expert) {
+        return model.prepare_routed_expert(layer, expert);
+      }));
   // The backend's window is made by a collective under the peer timeout.
   PS_RETURN_IF_ERROR(wait_for_loads("its routed experts"));
   dist::EpExpertBackendOptions o;
@@ -413,13 +414,18 @@ Status EpSession::finish() {
   return agree(0, /*stop=*/true).status();
 }
 
-Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache) {
+Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache, int mtp_passes) {
   if (!distributed()) return ok_status();
   auto state = model.new_forward_state();
   ForwardOutput out;
   while (true) {
     PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree_and_rebalance(model, 0));
-    if (a.step) PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
+    if (a.step) {
+      PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
+      for (int pass = 0; pass < mtp_passes; ++pass) {
+        PS_RETURN_IF_ERROR(model.forward_mtp({}, cache, *state, &out));
+      }
+    }
     if (a.stop) return ok_status();
   }
 }

@@ -28,8 +28,9 @@ Result<std::shared_ptr<const ExpertWeightsStore::Set>> ExpertWeightsStore::load(
       if (it == cache_.end()) {
         PS_ASSIGN_OR_RETURN(MlpWeights weights, load_routed_expert(checkpoint_, layer, expert));
         if (prepare) {
-          PS_RETURN_IF_ERROR(prepare(weights).with_context("layer " + std::to_string(layer) +
-                                                           " expert " + std::to_string(expert)));
+          PS_RETURN_IF_ERROR(prepare(layer, weights)
+                                 .with_context("layer " + std::to_string(layer) + " expert " +
+                                               std::to_string(expert)));
           const bool fused_int8 = weights.gate_up_int8 != nullptr;
           for (LinearWeight* w : {&weights.gate, &weights.up, &weights.down}) {
             // The packed or INT8 copy is what the kernels read (as in DeepseekModel::load).

@@ -38,7 +38,7 @@ class ExpertWeightsStore {
   // Called once per expert read, before it is cached: adds the forms the forward multiplies
   // (may add a packed BF16 copy, after which the checkpoint's pages of it are dropped; after
   // an INT8 form, the weight's BF16 form is dropped too).
-  using Prepare = std::function<Status(MlpWeights&)>;
+  using Prepare = std::function<Status(int64_t layer, MlpWeights&)>;
 
   // `rank`'s experts under `placement`, for decoder layers [0, num_layers) (include the MTP
   // layer's index when it runs). Errors name the expert that could not be read or prepared.

@@ -566,8 +566,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::from_checkpoint(Checkpoint
   return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
 }
 
-Status DeepseekModel::prepare_routed_expert(MlpWeights& expert) const {
-  if (impl_->options.quantize == WeightQuantization::kInt8) {
+Status DeepseekModel::prepare_routed_expert(int64_t layer, MlpWeights& expert) const {
+  // The drafter's INT8 forms cover its routed experts (quantize_draft_int8 in one process).
+  const bool draft_int8 = layer == impl_->config.num_hidden_layers &&
+                          impl_->options.quantize_draft == WeightQuantization::kInt8;
+  if (impl_->options.quantize == WeightQuantization::kInt8 || draft_int8) {
     PS_RETURN_IF_ERROR(quantize_mlp_int8(expert));
   }
   if (packs_bf16_weights(impl_->options)) PS_RETURN_IF_ERROR(pack_mlp_bf16(expert));

@@ -121,10 +121,11 @@ class DeepseekModel {
   // default); empty for dense layers. Valid as long as the model.
   std::span<const MlpWeights> held_experts(int64_t layer) const;
 
-  // Gives a routed expert read from the checkpoint after load (an expert-parallel rank's
-  // own experts) the forms the model gave its own weights: INT8 with
-  // ModelOptions::quantize, the packed BF16 copy where the model packs.
-  Status prepare_routed_expert(MlpWeights& expert) const;
+  // Gives a routed expert of `layer` read from the checkpoint after load (an
+  // expert-parallel rank's own experts) the forms the model gave its own weights: INT8 with
+  // ModelOptions::quantize, and in the MTP layer (layer num_hidden_layers) with
+  // ModelOptions::quantize_draft too; the packed BF16 copy where the model packs.
+  Status prepare_routed_expert(int64_t layer, MlpWeights& expert) const;
 
   // The routed-expert executor (default: local execution with grouped GEMMs), and its
   // replacement (e.g. expert parallelism, or a wrapper that observes routing).

@@ -40,9 +40,6 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
     if (options.microbatches != 1) {
       return invalid_argument("speculative decoding runs with one microbatch (--microbatches 1)");
     }
-    if (model->expert_backend()->collective()) {
-      return invalid_argument("speculative decoding is not available with expert parallelism yet");
-    }
   }
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());
@@ -52,6 +49,9 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
 
 Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
   const bool speculative = num_speculative_tokens_ > 0 && plan.speculative;
+  // Under expert parallelism the MTP layer's MoE exchange needs every rank too: a step that
+  // does not speculate here (a dummy step) still joins each of its passes, with no rows.
+  const bool joins_mtp_passes = num_speculative_tokens_ > 0 && !speculative && lockstep_mtp();
   std::vector<SequenceChunk> chunks;
   chunks.reserve(plan.chunks.size());
   for (const ScheduledChunk& c : plan.chunks) {
@@ -83,6 +83,9 @@ Result<StepResult> ModelExecutor::execute(const StepPlan& plan) {
   if (speculative) {
     PS_RETURN_IF_ERROR(speculate(plan, &result));
     return result;
+  }
+  for (int32_t pass = 0; joins_mtp_passes && pass < num_speculative_tokens_; ++pass) {
+    PS_RETURN_IF_ERROR(model_->forward_mtp({}, cache_, *state_, &mtp_output_));
   }
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -167,8 +170,13 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     mtp.kv_only = !c.sample || c.num_lookahead < 1;
     mtp_chunks.push_back(mtp);
   }
-  if (mtp_chunks.empty()) return ok_status();
+  // Under lock-step every step runs the MTP layer num_speculative_tokens_ times, whatever
+  // this rank drafts (the other ranks' passes need its exchanges); otherwise only as often
+  // as some sequence drafts on.
+  const bool lockstep = lockstep_mtp();
+  if (mtp_chunks.empty() && !lockstep) return ok_status();
   PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_chunks, cache_, *state_, &mtp_output_));
+  int32_t passes = 1;
 
   // Drafts. Chunk i's last MTP position so far, and the MTP hidden state there.
   const int64_t block_size = cache_.layout().block_size;
@@ -183,7 +191,7 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
     row_of[i] = drafting.size();  // the kv_only chunks before it returned no row
     drafting.push_back(i);
   }
-  while (!drafting.empty()) {
+  while (!drafting.empty() || (lockstep && passes < num_speculative_tokens_)) {
     std::vector<size_t> going_on;
     for (size_t i : drafting) {
       const ScheduledChunk& c = plan.chunks[i];
@@ -202,7 +210,8 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
       }
     }
     drafting = std::move(going_on);
-    if (drafting.empty()) break;
+    if (drafting.empty() && (!lockstep || passes >= num_speculative_tokens_)) break;
+    PS_CHECK_LT(passes, num_speculative_tokens_);  // num_lookahead <= num_speculative_tokens_
     mtp_chunks.clear();
     for (size_t r = 0; r < drafting.size(); ++r) {
       const size_t i = drafting[r];
@@ -215,6 +224,7 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
       row_of[i] = r;
     }
     PS_RETURN_IF_ERROR(model_->forward_mtp(mtp_chunks, cache_, *state_, &mtp_output_));
+    ++passes;
   }
   return ok_status();
 }
@@ -222,6 +232,11 @@ Status ModelExecutor::speculate(const StepPlan& plan, StepResult* result) {
 Result<std::vector<SpeculativeCost>> ModelExecutor::measure_speculative_costs(
     std::span<const int32_t> batches, int64_t context, int reps) {
   if (!model_->has_mtp()) return invalid_argument("measuring MTP costs needs the MTP layer");
+  if (model_->expert_backend()->collective()) {
+    // Its steps would need every rank; --speculative auto resolves to off under --ep.
+    return invalid_argument(
+        "measuring MTP costs runs in one process, not under expert parallelism");
+  }
   if (context < 2 || reps < 1) return invalid_argument("context >= 2 and reps >= 1 expected");
   const int64_t block_size = cache_.layout().block_size;
   const int64_t hidden_size = model_->config().hidden_size;

@@ -38,7 +38,9 @@ struct ModelExecutorOptions {
   MicrobatchSplit microbatch_split = MicrobatchSplit::kMeasured;
   // Speculative decoding with the model's MTP layer: drafts per sequence and step (0 = off;
   // the scheduler must be configured with the same number). Needs a model with its MTP
-  // layer loaded, one microbatch and a local expert backend. Default 0.
+  // layer loaded and one microbatch. With a collective expert backend (expert parallelism)
+  // every step, a dummy one too, runs the MTP layer exactly this many times, so that the
+  // ranks' MoE exchanges stay in lock-step. Default 0.
   int32_t num_speculative_tokens = 0;
 };
 
@@ -87,6 +89,9 @@ class ModelExecutor final : public Executor {
 
   // Steps 2-4 of a speculative step, after the main forward into output_.
   Status speculate(const StepPlan& plan, StepResult* result);
+  // Whether every step must run the MTP layer exactly num_speculative_tokens_ times: its
+  // MoE exchange needs every rank (expert parallelism, lock-step).
+  bool lockstep_mtp() const { return model_->expert_backend()->collective(); }
   // The prompt logprobs chunk `index` of the step asks for (ScheduledChunk::prompt_logprobs),
   // from the step's logits rows.
   void describe_prompt_tokens(const ScheduledChunk& c, int64_t index, ChunkResult* out) const;

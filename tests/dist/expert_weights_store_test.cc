@@ -33,12 +33,13 @@ TEST(ExpertWeightsStoreTest, Int8ExpertsKeepNoBf16Form) {
   auto store = ExpertWeightsStore::open(dir.path());
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   std::vector<std::weak_ptr<const void>> bf16_forms;
-  auto set = (*store)->load(*placement, 0, config->num_hidden_layers, [&](MlpWeights& expert) {
-    for (const LinearWeight* w : {&expert.gate, &expert.up, &expert.down}) {
-      bf16_forms.push_back(w->storage);
-    }
-    return quantize_mlp_int8(expert);
-  });
+  auto set =
+      (*store)->load(*placement, 0, config->num_hidden_layers, [&](int64_t, MlpWeights& expert) {
+        for (const LinearWeight* w : {&expert.gate, &expert.up, &expert.down}) {
+          bf16_forms.push_back(w->storage);
+        }
+        return quantize_mlp_int8(expert);
+      });
   ASSERT_TRUE(set.ok()) << set.status().to_string();
   int64_t experts = 0;
   for (const auto& layer : (*set)->by_layer) {

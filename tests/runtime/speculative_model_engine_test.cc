@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -251,6 +252,95 @@ TEST_F(TinyPresetTest, GreedyTokensEqualNonSpeculativeWithPreemption) {
       EXPECT_EQ(roomy.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
       EXPECT_EQ(tight.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
     }
+  }
+}
+
+// Counts the MoE exchanges per layer; claims to be collective (as the expert-parallel
+// backend is), which puts the executor in lock-step.
+class LockstepCountingBackend final : public ExpertBackend {
+ public:
+  explicit LockstepCountingBackend(std::shared_ptr<ExpertBackend> inner)
+      : inner_(std::move(inner)) {}
+  std::unique_ptr<Call> new_call(int slot) override { return inner_->new_call(slot); }
+  Status dispatch(const RoutedTokens& tokens, Call& call) override {
+    ++dispatches[tokens.layer];
+    return inner_->dispatch(tokens, call);
+  }
+  Status compute(Call& call) override { return inner_->compute(call); }
+  Status combine(Call& call, std::span<float> out) override { return inner_->combine(call, out); }
+  bool collective() const override { return collective_; }
+
+  std::map<int64_t, int64_t> dispatches;  // layer -> exchanges
+  bool collective_ = true;
+
+ private:
+  std::shared_ptr<ExpertBackend> inner_;
+};
+
+// Under expert parallelism every rank must join every MoE exchange: with speculation on,
+// every step runs the MTP layer exactly K times, whether this rank drafts (a prefill step,
+// a sequence at its lookahead limit, a dummy step of an idle rank) or not, and the tokens
+// are unchanged. (Without lock-step a step runs the MTP layer only while a sequence drafts
+// on, fewer times: the counts below tell the two apart.)
+TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const int64_t mtp_layer = model_->config().num_hidden_layers;
+  const int64_t first_moe = model_->config().first_k_dense_replace;
+  ASSERT_LT(first_moe, mtp_layer);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt(6 + 9 * i, i, vocab), 12));
+  const RunResult reference = run(model_.get(), nullptr, RunConfig{}, requests);
+
+  const std::shared_ptr<ExpertBackend> local = model_->expert_backend();
+  auto counting = std::make_shared<LockstepCountingBackend>(local);
+  model_->set_expert_backend(counting);
+  struct Restore {
+    DeepseekModel* model;
+    std::shared_ptr<ExpertBackend> backend;
+    ~Restore() { model->set_expert_backend(backend); }
+  } restore{model_.get(), local};
+
+  for (int32_t k : {1, 2, 3}) {
+    for (bool collective : {true, false}) {
+      counting->collective_ = collective;
+      counting->dispatches.clear();
+      RunConfig config;
+      config.num_speculative_tokens = k;
+      config.max_num_batched_tokens = 16;  // the longer prompts prefill in several chunks
+      const RunResult result = run(model_.get(), nullptr, config, requests);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        EXPECT_EQ(result.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
+      }
+      // One exchange per step in every main MoE layer.
+      const int64_t steps = counting->dispatches[first_moe];
+      ASSERT_GT(steps, 0);
+      if (collective) {
+        EXPECT_EQ(counting->dispatches[mtp_layer], k * steps) << "K=" << k;
+      } else if (k > 1) {
+        EXPECT_LT(counting->dispatches[mtp_layer], k * steps) << "K=" << k;
+      }
+    }
+  }
+
+  // A dummy step (an idle rank's empty plan) joins the main layers' and K MTP exchanges.
+  counting->collective_ = true;
+  for (bool speculative_plan : {true, false}) {
+    ModelExecutorOptions options;
+    options.block_size = 4;
+    options.num_blocks = 4;
+    options.num_speculative_tokens = 2;
+    auto executor = ModelExecutor::create(model_.get(), options);
+    ASSERT_TRUE(executor.ok()) << executor.status().to_string();
+    counting->dispatches.clear();
+    StepPlan empty;
+    empty.speculative = speculative_plan;
+    auto result = (*executor)->execute(empty);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    EXPECT_TRUE(result->chunks.empty());
+    for (int64_t layer = first_moe; layer < mtp_layer; ++layer) {
+      EXPECT_EQ(counting->dispatches[layer], 1) << "layer " << layer;
+    }
+    EXPECT_EQ(counting->dispatches[mtp_layer], 2) << "speculative plan " << speculative_plan;
   }
 }
 
