@@ -533,38 +533,54 @@ def requests_per_rank(port):
     return {r: sum(v for k, v in routed.items() if f'rank="{r}"' in k) for r in (0, 1)}
 
 
+def start_serve_ep2(extra):
+    """mpirun -np 2 serve --ep 2 on the shipped model, fp32 throughout; (port, process)."""
+    port = free_port()
+    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
+            str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
+            "--kv-cache-memory", "64MiB"] + list(extra)
+    return port, subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
+
+
+# Concurrent greedy requests: one prefills a long prompt while the others decode. (At a near
+# tie the greedy token can differ between generate, whose KV cache is BF16, and serve --fp32,
+# whose cache is fp32, in one process already: "The file system" continues " single" in one
+# and " simple" in the other. These prompts have no such tie.)
+SERVE_JOBS = [("The kernel", 24), ("The kernel documentation describes " * 30, 8),
+              ("Debian is", 16), ("To configure the network interface,", 16)]
+
+
+def answers_equal_single_process(port):
+    """Sends SERVE_JOBS at once; each answer must be the single process's greedy text."""
+    answers = {}
+
+    def run_job(key):
+        answers[key] = complete(port, *key)
+    run_concurrently(run_job, SERVE_JOBS)
+    for (prompt, n), text in answers.items():
+        rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
+                                  "--max-tokens", str(n), "--precision", "fp32",
+                                  "--threads", "1"])
+        assert rc == 0, err
+        assert text == single.rstrip("\n"), f"{text!r} != single {single!r}"
+
+
 def serve_ep2():
     """serve --ep 2: rank 0 answers the API and hands requests to both ranks (least loaded);
     concurrent requests (one prefilling a long prompt while others decode) give the single
     process's tokens; only rank 0 listens; an idle pause longer than the peer timeout does
     not break the lock-step; SIGTERM to every rank ends them all with exit 0."""
-    port = free_port()
-    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
-            str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
-            "--kv-cache-memory", "64MiB", "--microbatches", "2", "--ep-timeout-ms", "2000"]
-    p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
+    port, p = start_serve_ep2(["--microbatches", "2", "--ep-timeout-ms", "2000"])
     try:
         wait_ready(port, p)
-        long_prompt = "The kernel documentation describes " * 30
-        jobs = {("The kernel", 24): None, (long_prompt, 8): None, ("Debian is", 16): None,
-                ("To configure the network interface,", 16): None}
-
-        def run_job(key):
-            jobs[key] = complete(port, *key)
-        run_concurrently(run_job, list(jobs))
+        answers_equal_single_process(port)
         per_rank = requests_per_rank(port)
         assert per_rank[0] >= 2 and per_rank[1] >= 2, f"requests per rank: {per_rank}"
         running = metric(port, "peerserve:dp_rank_running_sequences")
         assert all(v == 0 for v in running.values()), f"still running: {running}"
         with __import__("socket").socket() as s:  # rank 1 has no HTTP server
             assert s.connect_ex(("127.0.0.1", port + 1)) != 0, "something listens on port + 1"
-        for (prompt, n), text in jobs.items():
-            rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
-                                      "--max-tokens", str(n), "--precision", "fp32",
-                                      "--threads", "1"])
-            assert rc == 0, err
-            assert text == single.rstrip("\n"), f"{text!r} != single {single!r}"
         time.sleep(3)  # idle longer than --ep-timeout-ms: the ranks keep agreeing meanwhile
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
         assert complete(port, "The kernel", 4), "no answer after an idle pause"
@@ -638,33 +654,13 @@ def serve_ep2_speculative():
     step's MTP passes are joined by the other rank (idle or not); concurrent greedy requests
     give the single process's tokens, the draft counters of /metrics count both ranks'
     drafts, and SIGTERM ends the group with exit 0."""
-    port = free_port()
-    args = ["mpirun", "-np", "2", "--oversubscribe", BIN, "serve", "--model", shipped, "--port",
-            str(port), "--ep", "2", "--ep-dispatch-dtype", "fp32", "--fp32", "--threads", "1",
-            "--kv-cache-memory", "64MiB", "--speculative", "mtp", "--num-speculative-tokens",
-            "2", "--ep-timeout-ms", "5000"]
-    p = subprocess.Popen(args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True)
+    port, p = start_serve_ep2(["--speculative", "mtp", "--num-speculative-tokens", "2",
+                               "--ep-timeout-ms", "5000"])
     try:
         wait_ready(port, p)
-        # (serve_ep2's prompts. At a near tie the greedy token can differ between generate,
-        # whose KV cache is BF16, and serve --fp32, whose cache is fp32, in one process
-        # already: "The file system" continues " single" in one and " simple" in the other.)
-        long_prompt = "The kernel documentation describes " * 30
-        jobs = {("The kernel", 24): None, (long_prompt, 8): None, ("Debian is", 16): None,
-                ("To configure the network interface,", 20): None}
-
-        def run_job(key):
-            jobs[key] = complete(port, *key)
-        run_concurrently(run_job, list(jobs))
+        answers_equal_single_process(port)
         per_rank = requests_per_rank(port)
         assert per_rank[0] >= 1 and per_rank[1] >= 1, f"requests per rank: {per_rank}"
-        for (prompt, n), text in jobs.items():
-            rc, single, err, _ = run([BIN, "generate", "--model", shipped, "--prompt", prompt,
-                                      "--max-tokens", str(n), "--precision", "fp32",
-                                      "--threads", "1"])
-            assert rc == 0, err
-            assert text == single.rstrip("\n"), f"{text!r} != single {single!r}"
         proposed = sum(metric(port, "vllm:spec_decode_num_draft_tokens_total").values())
         accepted = sum(metric(port, "vllm:spec_decode_num_accepted_tokens_total").values())
         assert proposed > 0 and 0 < accepted <= proposed, (accepted, proposed)
