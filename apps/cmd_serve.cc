@@ -280,16 +280,6 @@ int run_serve(const ServeCli& cli) {
   Result<std::optional<ChatTemplate>> chat_template = load_chat_template_file(cli.chat_template);
   if (!chat_template.ok()) return session.fail(chat_template.status(), true);
 
-  // Before loading (the executor refused it after the load). `auto` is not refused: it
-  // chooses, and with two microbatches it chooses off (below).
-  if (cli.microbatches != 1 && cli.speculative.method == "mtp") {
-    return session.fail(
-        invalid_argument("--speculative mtp drafts with one microbatch: it "
-                         "cannot be combined with --microbatches " +
-                         std::to_string(cli.microbatches) + " (use --speculative off or auto)"),
-        true);
-  }
-
   // Model caching (paper 000 §4.4.1): without the checkpoint here, fetch it from the pool;
   // with it, publish it there after loading (below) for the engines that come later.
   std::unique_ptr<PoolClient> model_cache;
@@ -454,10 +444,13 @@ int run_serve(const ServeCli& cli) {
       resolve_speculative_options(cli.speculative, (*model)->has_mtp());
   if (!speculative.ok()) return fail(speculative.status());
   if (speculative->automatic && cli.microbatches != 1) {
-    std::fprintf(stderr,
-                 "speculative auto: off (drafting runs with one microbatch; this server "
-                 "runs --microbatches %d)\n",
-                 cli.microbatches);
+    // Its calibration times steps of one microbatch: not what this server runs.
+    if (session.leader()) {
+      std::fprintf(stderr,
+                   "speculative auto: off (its calibration times one-microbatch steps; this "
+                   "server runs --microbatches %d: use --speculative mtp to draft)\n",
+                   cli.microbatches);
+    }
     *speculative = SpeculativeSetting{};
   }
   if (speculative->automatic && session.distributed()) {

@@ -8,15 +8,17 @@ namespace peerserve {
 
 void add_speculative_options(CLI::App* command, SpeculativeCli* cli) {
   command
-      ->add_option("--speculative", cli->method,
-                   "Speculative decoding: off, mtp (the checkpoint's MTP layer drafts "
-                   "--num-speculative-tokens tokens per step, verified by the main model; "
-                   "output identical for greedy requests, same distribution for sampled ones), "
-                   "or auto (at start-up, times a verification step and the MTP layer against a "
-                   "decode step on this machine; drafts one token at the batch sizes where that "
-                   "predicts a gain of 5% or more at 80% acceptance, and turns off for good if "
-                   "fewer drafts than break-even are accepted; off without an MTP layer, and "
-                   "under --ep, where mtp drafts on every rank; docs/speculative_decoding.md)")
+      ->add_option(
+          "--speculative", cli->method,
+          "Speculative decoding: off, mtp (the checkpoint's MTP layer drafts "
+          "--num-speculative-tokens tokens per step, verified by the main model; "
+          "output identical for greedy requests, same distribution for sampled ones), "
+          "or auto (at start-up, times a verification step and the MTP layer against a "
+          "decode step on this machine; drafts one token at the batch sizes where that "
+          "predicts a gain of 5% or more at 80% acceptance, and turns off for good if "
+          "fewer drafts than break-even are accepted; off without an MTP layer, with serve's "
+          "--microbatches 2, and under --ep, where mtp drafts on every rank; "
+          "docs/speculative_decoding.md)")
       ->check(CLI::IsMember({"off", "mtp", "auto"}))
       ->capture_default_str();
   cli->num_tokens_option = command

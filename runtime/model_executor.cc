@@ -37,9 +37,6 @@ Result<std::unique_ptr<ModelExecutor>> ModelExecutor::create(DeepseekModel* mode
           "speculative decoding (MTP) needs the checkpoint's MTP layer "
           "(num_nextn_predict_layers >= 1, loaded)");
     }
-    if (options.microbatches != 1) {
-      return invalid_argument("speculative decoding runs with one microbatch (--microbatches 1)");
-    }
   }
   const KvLayout layout = model->kv_layout(options.block_size, options.kv_dtype);
   PS_RETURN_IF_ERROR(layout.validate());

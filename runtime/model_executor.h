@@ -38,7 +38,8 @@ struct ModelExecutorOptions {
   MicrobatchSplit microbatch_split = MicrobatchSplit::kMeasured;
   // Speculative decoding with the model's MTP layer: drafts per sequence and step (0 = off;
   // the scheduler must be configured with the same number). Needs a model with its MTP
-  // layer loaded and one microbatch. With a collective expert backend (expert parallelism)
+  // layer loaded. With two microbatches the main forward runs as the pipeline's and the MTP
+  // layer's passes after it, whole. With a collective expert backend (expert parallelism)
   // every step, a dummy one too, runs the MTP layer exactly this many times, so that the
   // ranks' MoE exchanges stay in lock-step. Default 0.
   int32_t num_speculative_tokens = 0;

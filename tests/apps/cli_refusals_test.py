@@ -169,11 +169,6 @@ CASES += [
 ]
 
 CASES += [
-    (["serve", "--model", MODEL, "--speculative", "mtp", "--microbatches", "2"],
-     "--speculative mtp drafts with one microbatch"),
-]
-
-CASES += [
     (["generate", "--model", MODEL, "--prompt-ids", "1", "--max-tokens", "5x"],
      "'5x' is not a decimal integer"),
 ]

@@ -649,13 +649,14 @@ def serve_ep2():
 case("serve --ep 2: rank 0 spreads requests over both ranks, same tokens", serve_ep2)
 
 
-def serve_ep2_speculative():
+def serve_ep2_speculative(microbatches):
     """serve --ep 2 --speculative mtp: both ranks draft for their own requests, and each
     step's MTP passes are joined by the other rank (idle or not); concurrent greedy requests
     give the single process's tokens, the draft counters of /metrics count both ranks'
-    drafts, and SIGTERM ends the group with exit 0."""
+    drafts, and SIGTERM ends the group with exit 0. With two microbatches the pipeline runs
+    each step's main forward, the MTP passes after it."""
     port, p = start_serve_ep2(["--speculative", "mtp", "--num-speculative-tokens", "2",
-                               "--ep-timeout-ms", "5000"])
+                               "--ep-timeout-ms", "5000", "--microbatches", str(microbatches)])
     try:
         wait_ready(port, p)
         answers_equal_single_process(port)
@@ -676,7 +677,9 @@ def serve_ep2_speculative():
             p.wait()
 
 
-case("serve --ep 2 --speculative mtp: both ranks draft, same tokens", serve_ep2_speculative)
+for mb in (1, 2):
+    case(f"serve --ep 2 --speculative mtp --microbatches {mb}: both ranks draft, same tokens",
+         lambda mb=mb: serve_ep2_speculative(mb))
 
 
 def serve_lost_rank():

@@ -28,6 +28,7 @@ namespace {
 
 struct RunConfig {
   int32_t num_speculative_tokens = 0;
+  int microbatches = 1;
   int32_t max_num_batched_tokens = 24;
   int32_t num_blocks = 256;
   int32_t block_size = 4;
@@ -53,6 +54,7 @@ RunResult run(DeepseekModel* model, const Tokenizer* tokenizer, const RunConfig&
   ex.num_blocks = config.num_blocks;
   ex.kv_dtype = config.kv_dtype;
   ex.num_speculative_tokens = config.num_speculative_tokens;
+  ex.microbatches = config.microbatches;
   auto executor = ModelExecutor::create(model, ex);
   EXPECT_TRUE(executor.ok()) << executor.status().to_string();
   EngineOptions eo;
@@ -280,8 +282,9 @@ class LockstepCountingBackend final : public ExpertBackend {
 // Under expert parallelism every rank must join every MoE exchange: with speculation on,
 // every step runs the MTP layer exactly K times, whether this rank drafts (a prefill step,
 // a sequence at its lookahead limit, a dummy step of an idle rank) or not, and the tokens
-// are unchanged. (Without lock-step a step runs the MTP layer only while a sequence drafts
-// on, fewer times: the counts below tell the two apart.)
+// are unchanged, with one microbatch or two (the pipeline, which under a collective backend
+// splits every step, then the MTP passes whole). (Without lock-step a step runs the MTP
+// layer only while a sequence drafts on, fewer times: the counts below tell the two apart.)
 TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
   const int vocab = static_cast<int>(model_->config().vocab_size);
   const int64_t mtp_layer = model_->config().num_hidden_layers;
@@ -300,24 +303,31 @@ TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
     ~Restore() { model->set_expert_backend(backend); }
   } restore{model_.get(), local};
 
-  for (int32_t k : {1, 2, 3}) {
-    for (bool collective : {true, false}) {
-      counting->collective_ = collective;
-      counting->dispatches.clear();
-      RunConfig config;
-      config.num_speculative_tokens = k;
-      config.max_num_batched_tokens = 16;  // the longer prompts prefill in several chunks
-      const RunResult result = run(model_.get(), nullptr, config, requests);
-      for (size_t i = 0; i < requests.size(); ++i) {
-        EXPECT_EQ(result.tokens[i], reference.tokens[i]) << "K=" << k << " request " << i;
-      }
-      // One exchange per step in every main MoE layer.
-      const int64_t steps = counting->dispatches[first_moe];
-      ASSERT_GT(steps, 0);
-      if (collective) {
-        EXPECT_EQ(counting->dispatches[mtp_layer], k * steps) << "K=" << k;
-      } else if (k > 1) {
-        EXPECT_LT(counting->dispatches[mtp_layer], k * steps) << "K=" << k;
+  for (int microbatches : {1, 2}) {
+    for (int32_t k : {1, 2, 3}) {
+      for (bool collective : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "microbatches " << microbatches << ", K=" << k
+                                          << (collective ? ", lock-step" : ""));
+        counting->collective_ = collective;
+        counting->dispatches.clear();
+        RunConfig config;
+        config.num_speculative_tokens = k;
+        config.microbatches = microbatches;
+        config.max_num_batched_tokens = 16;  // the longer prompts prefill in several chunks
+        const RunResult result = run(model_.get(), nullptr, config, requests);
+        for (size_t i = 0; i < requests.size(); ++i) {
+          EXPECT_EQ(result.tokens[i], reference.tokens[i]) << "request " << i;
+        }
+        const int64_t steps = result.metrics.steps_total;
+        ASSERT_GT(steps, 0);
+        if (collective) {
+          // Every main MoE layer once per microbatch (the second possibly empty), the MTP
+          // layer K times.
+          EXPECT_EQ(counting->dispatches[first_moe], microbatches * steps);
+          EXPECT_EQ(counting->dispatches[mtp_layer], k * steps);
+        } else if (k > 1) {
+          EXPECT_LT(counting->dispatches[mtp_layer], k * steps);
+        }
       }
     }
   }

@@ -3,15 +3,16 @@
 Cases (all run; exit 1 if any failed):
 - greedy completions (plain and streamed, n=2, stop strings) from `--speculative mtp`
   (K = 1 and 2 with the default INT8 drafter, K = 1 with `--speculative-draft-quantization
-  none`) equal those of `--speculative off`, token for token;
+  none`, K = 2 with `--microbatches 2`) equal those of `--speculative off`, token for token;
 - /metrics has the spec_decode counters, and they add up (accepted <= drafted, per-position
   counts sum to the accepted total);
 - a seeded sampled request reproduces across two speculative servers;
-- `--speculative auto` starts and says in its log what it measured and decided;
+- `--speculative auto` starts and says in its log what it measured and decided (off, said,
+  with `--microbatches 2`);
 - the KV pool identity carries the INT8 drafter only where it changes the MTP layer (a BF16
   checkpoint, not an INT8 one), and the log names the MTP layer's precision;
 - bad flags: --num-speculative-tokens 9, --speculative mtp on a checkpoint without an MTP
-  layer, --speculative mtp with --microbatches 2, an unknown drafter precision, a drafter
+  layer, an unknown drafter precision, a drafter
   precision without speculation: a clear error and a non-zero exit.
 Usage: speculative_serve_test.py PEERSERVE_BINARY SOURCE_DIR WORK_DIR
 """
@@ -104,8 +105,10 @@ def greedy_equal():
         reference = completions(off)
     finally:
         off.stop()
-    # The default INT8 drafter at K = 1 and 2, and the drafter in the model's own precision.
-    for k, drafter in (("1", []), ("2", []), ("1", ["--speculative-draft-quantization", "none"])):
+    # The default INT8 drafter at K = 1 and 2, the drafter in the model's own precision, and
+    # the main forward as the two-microbatch pipeline (the MTP passes after it).
+    for k, drafter in (("1", []), ("2", []), ("1", ["--speculative-draft-quantization", "none"]),
+                       ("2", ["--microbatches", "2", "--microbatch-split", "always"])):
         spec = Server("--speculative", "mtp", "--num-speculative-tokens", k, *drafter)
         try:
             got = completions(spec)
@@ -148,10 +151,11 @@ def auto_decides():
         assert r["usage"]["completion_tokens"] == 8
     finally:
         spec.stop()
-    # With two microbatches auto chooses off and serves (only mtp is refused with them).
+    # With two microbatches auto chooses off (its calibration times one-microbatch steps)
+    # and serves.
     two = Server("--speculative", "auto", "--microbatches", "2")
     try:
-        assert any("speculative auto: off (drafting runs with one microbatch" in l
+        assert any("speculative auto: off (its calibration times one-microbatch steps" in l
                    for l in two.log), "".join(two.log)[-600:]
         r = two.post("/v1/completions", {"model": "peerserve-dsv3-tiny", "prompt": PROMPTS[1],
                                          "max_tokens": 8, "temperature": 0})
@@ -202,7 +206,6 @@ def refused(flags, expected, model=MODEL):
 def bad_flags():
     refused(["--speculative", "mtp", "--num-speculative-tokens", "9"],
             "--num-speculative-tokens 9: expected 1..8")
-    refused(["--speculative", "mtp", "--microbatches", "2"], "one microbatch")
     refused(["--speculative", "eagle"], "--speculative")
     refused(["--speculative", "mtp", "--speculative-draft-quantization", "fp4"],
             "--speculative-draft-quantization")
