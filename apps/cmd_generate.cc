@@ -101,10 +101,16 @@ int generate_speculative(const GenerateCli& cli, DeepseekModel& model,
   auto fail = [&session](const Status& status) { return session.fail(status); };
   if (Status s = session.install(model, kPrefillChunk); !s.ok()) return fail(s);
   if (!session.leader()) {
-    auto cache = LatentKvCache::create(model.kv_layout(kBlockSize, DType::kBF16), 1);
-    if (!cache.ok()) return fail(cache.status());
-    if (Status s = session.follow(model, *cache, num_speculative); !s.ok()) return fail(s);
-    return 0;
+    // The executor's own empty step: the main layers' exchanges, then the MTP layer's.
+    ModelExecutorOptions follower;
+    follower.block_size = kBlockSize;
+    follower.num_blocks = 1;
+    follower.num_speculative_tokens = num_speculative;
+    auto executor = ModelExecutor::create(&model, follower);
+    if (!executor.ok()) return fail(executor.status());
+    const Status s =
+        session.follow(model, [&] { return (*executor)->execute(StepPlan{}).status(); });
+    return s.ok() ? 0 : fail(s);
   }
   const int64_t total = static_cast<int64_t>(prompt.size()) + cli.max_tokens;
   const int64_t max_len = std::min(total, model.config().max_position_embeddings);

@@ -414,18 +414,17 @@ Status EpSession::finish() {
   return agree(0, /*stop=*/true).status();
 }
 
-Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache, int mtp_passes) {
-  if (!distributed()) return ok_status();
+Status EpSession::follow(DeepseekModel& model, LatentKvCache& cache) {
   auto state = model.new_forward_state();
   ForwardOutput out;
+  return follow(model, [&] { return model.forward({}, cache, *state, &out); });
+}
+
+Status EpSession::follow(DeepseekModel& model, const std::function<Status()>& empty_step) {
+  if (!distributed()) return ok_status();
   while (true) {
     PS_ASSIGN_OR_RETURN(dist::StepAgreement a, agree_and_rebalance(model, 0));
-    if (a.step) {
-      PS_RETURN_IF_ERROR(model.forward({}, cache, *state, &out));
-      for (int pass = 0; pass < mtp_passes; ++pass) {
-        PS_RETURN_IF_ERROR(model.forward_mtp({}, cache, *state, &out));
-      }
-    }
+    if (a.step) PS_RETURN_IF_ERROR(empty_step());
     if (a.stop) return ok_status();
   }
 }

@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,11 +107,12 @@ class EpSession {
   Status forward(DeepseekModel& model, std::span<const SequenceChunk> chunks, LatentKvCache& cache,
                  ForwardState& state, ForwardOutput* out);
   // Leader, when done: tells the followers to stop. Followers: steps with zero rows until
-  // the leader stops, each the main model and then `mtp_passes` passes of the MTP layer (the
-  // leader's speculative steps run it that many times: ModelExecutor under lock-step). Both
-  // are no-ops in an inert session.
+  // the leader stops, each a forward of the model with no chunks, or `empty_step` (what the
+  // leader's steps run, with no rows: a speculative executor's also runs the MTP layer).
+  // Both are no-ops in an inert session.
   Status finish();
-  Status follow(DeepseekModel& model, LatentKvCache& cache, int mtp_passes = 0);
+  Status follow(DeepseekModel& model, LatentKvCache& cache);
+  Status follow(DeepseekModel& model, const std::function<Status()>& empty_step);
 
   // Reports `status` and returns the exit code: in a distributed session an error that
   // only this rank met aborts the job (never returns), `everywhere` errors exit 1 on all.

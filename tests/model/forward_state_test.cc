@@ -12,6 +12,7 @@
 #include "model/deepseek_model.h"
 #include "model/expert_backend.h"
 #include "tests/model/forward_test_util.h"
+#include "tests/model/observing_expert_backend.h"
 #include "tests/model/test_checkpoints.h"
 
 namespace peerserve {
@@ -19,6 +20,7 @@ namespace {
 
 using testing::load_model;
 using testing::make_cache;
+using testing::ObservingBackend;
 using testing::test_tokens;
 using testing::tiny_checkpoint_dir;
 
@@ -38,35 +40,6 @@ std::vector<int32_t> blocks_from(int32_t first, int32_t n) {
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
-
-// Delegates to another backend; records the calls, can claim to be collective, can fail.
-class ObservingBackend final : public ExpertBackend {
- public:
-  explicit ObservingBackend(std::shared_ptr<ExpertBackend> inner) : inner_(std::move(inner)) {}
-  std::unique_ptr<Call> new_call(int slot) override {
-    slots.push_back(slot);
-    return inner_->new_call(slot);
-  }
-  Status dispatch(const RoutedTokens& tokens, Call& call) override {
-    layers.push_back(tokens.layer);
-    tokens_seen.push_back(tokens.num_tokens);
-    return inner_->dispatch(tokens, call);
-  }
-  Status compute(Call& call) override {
-    if (fail_compute) return unavailable("expert backend: rank 1 lost");
-    return inner_->compute(call);
-  }
-  Status combine(Call& call, std::span<float> out) override { return inner_->combine(call, out); }
-  bool collective() const override { return is_collective; }
-
-  bool is_collective = false;
-  bool fail_compute = false;
-  std::vector<int> slots;
-  std::vector<int64_t> layers, tokens_seen;
-
- private:
-  std::shared_ptr<ExpertBackend> inner_;
-};
 
 // The stages a step of the main model must go through, from the config alone.
 std::vector<std::string> expected_stages(const ModelConfig& c) {

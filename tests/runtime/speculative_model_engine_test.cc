@@ -13,7 +13,6 @@
 
 #include <condition_variable>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <mutex>
 
@@ -21,6 +20,7 @@
 #include "model/deepseek_model.h"
 #include "runtime/engine.h"
 #include "runtime/model_executor.h"
+#include "tests/model/observing_expert_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace peerserve {
@@ -257,28 +257,6 @@ TEST_F(TinyPresetTest, GreedyTokensEqualNonSpeculativeWithPreemption) {
   }
 }
 
-// Counts the MoE exchanges per layer; claims to be collective (as the expert-parallel
-// backend is), which puts the executor in lock-step.
-class LockstepCountingBackend final : public ExpertBackend {
- public:
-  explicit LockstepCountingBackend(std::shared_ptr<ExpertBackend> inner)
-      : inner_(std::move(inner)) {}
-  std::unique_ptr<Call> new_call(int slot) override { return inner_->new_call(slot); }
-  Status dispatch(const RoutedTokens& tokens, Call& call) override {
-    ++dispatches[tokens.layer];
-    return inner_->dispatch(tokens, call);
-  }
-  Status compute(Call& call) override { return inner_->compute(call); }
-  Status combine(Call& call, std::span<float> out) override { return inner_->combine(call, out); }
-  bool collective() const override { return collective_; }
-
-  std::map<int64_t, int64_t> dispatches;  // layer -> exchanges
-  bool collective_ = true;
-
- private:
-  std::shared_ptr<ExpertBackend> inner_;
-};
-
 // Under expert parallelism every rank must join every MoE exchange: with speculation on,
 // every step runs the MTP layer exactly K times, whether this rank drafts (a prefill step,
 // a sequence at its lookahead limit, a dummy step of an idle rank) or not, and the tokens
@@ -295,7 +273,7 @@ TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
   const RunResult reference = run(model_.get(), nullptr, RunConfig{}, requests);
 
   const std::shared_ptr<ExpertBackend> local = model_->expert_backend();
-  auto counting = std::make_shared<LockstepCountingBackend>(local);
+  auto counting = std::make_shared<testing::ObservingBackend>(local);
   model_->set_expert_backend(counting);
   struct Restore {
     DeepseekModel* model;
@@ -308,8 +286,8 @@ TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
       for (bool collective : {true, false}) {
         SCOPED_TRACE(::testing::Message() << "microbatches " << microbatches << ", K=" << k
                                           << (collective ? ", lock-step" : ""));
-        counting->collective_ = collective;
-        counting->dispatches.clear();
+        counting->is_collective = collective;
+        counting->clear();
         RunConfig config;
         config.num_speculative_tokens = k;
         config.microbatches = microbatches;
@@ -323,17 +301,17 @@ TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
         if (collective) {
           // Every main MoE layer once per microbatch (the second possibly empty), the MTP
           // layer K times.
-          EXPECT_EQ(counting->dispatches[first_moe], microbatches * steps);
-          EXPECT_EQ(counting->dispatches[mtp_layer], k * steps);
+          EXPECT_EQ(counting->dispatches(first_moe), microbatches * steps);
+          EXPECT_EQ(counting->dispatches(mtp_layer), k * steps);
         } else if (k > 1) {
-          EXPECT_LT(counting->dispatches[mtp_layer], k * steps);
+          EXPECT_LT(counting->dispatches(mtp_layer), k * steps);
         }
       }
     }
   }
 
   // A dummy step (an idle rank's empty plan) joins the main layers' and K MTP exchanges.
-  counting->collective_ = true;
+  counting->is_collective = true;
   for (bool speculative_plan : {true, false}) {
     ModelExecutorOptions options;
     options.block_size = 4;
@@ -341,16 +319,16 @@ TEST_F(TinyPresetTest, UnderLockStepEveryStepRunsTheMtpLayerKTimes) {
     options.num_speculative_tokens = 2;
     auto executor = ModelExecutor::create(model_.get(), options);
     ASSERT_TRUE(executor.ok()) << executor.status().to_string();
-    counting->dispatches.clear();
+    counting->clear();
     StepPlan empty;
     empty.speculative = speculative_plan;
     auto result = (*executor)->execute(empty);
     ASSERT_TRUE(result.ok()) << result.status().to_string();
     EXPECT_TRUE(result->chunks.empty());
     for (int64_t layer = first_moe; layer < mtp_layer; ++layer) {
-      EXPECT_EQ(counting->dispatches[layer], 1) << "layer " << layer;
+      EXPECT_EQ(counting->dispatches(layer), 1) << "layer " << layer;
     }
-    EXPECT_EQ(counting->dispatches[mtp_layer], 2) << "speculative plan " << speculative_plan;
+    EXPECT_EQ(counting->dispatches(mtp_layer), 2) << "speculative plan " << speculative_plan;
   }
 }
 
