@@ -247,10 +247,11 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
   int32_t* owner_of = pair_owner_[slot].data();
   int32_t* position = pair_position_[slot].data();
   const size_t payload_bytes = hidden * element_bytes(shape_.dtype);
-  // Where the messages for `owner` are built: its buffer, or staging.
+  // Where the messages for `owner` are built: in place for this rank, else in staging laid
+  // out like the owner's region (sent whole below, see copy_to_peer).
   auto region_of = [&](int owner) {
-    return direct_[owner] != nullptr
-               ? direct_[owner] + layout_.dispatch_region(slot, me)
+    return owner == me && direct_[me] != nullptr
+               ? direct_[me] + layout_.dispatch_region(slot, me)
                : dispatch_staging_.data() + owner * layout_.dispatch_region_bytes;
   };
 
@@ -315,11 +316,10 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
       }
       assign(j, *best);
     }
-    // The token is converted once, straight into its first owner's message, and copied
-    // from there into the others' (no staging copy). This rank's own message comes first
-    // when it is an owner: the conversion then writes lines this rank already holds, and
-    // only the copy goes to a peer's (10% off int8 dispatch at 128 tokens, EP=2 on one node).
-    // Which message is built first changes no byte of any message.
+    // The token is converted once, into its first owner's message, and copied from there
+    // into the others'. This rank's own message comes first when it is an owner, so the
+    // conversion writes lines this rank's window already holds. Which message is built first
+    // changes no byte of any message.
     MessageFields fields;
     fields.token = static_cast<int32_t>(t);
     const std::byte* payload = nullptr;  // the first message's, once encoded
@@ -363,15 +363,26 @@ Status ExpertExchange::dispatch(int slot, const RoutedTokens& tokens,
     header.sequence = sequence;
     header.layer = tokens.layer;
     std::memcpy(region, &header, sizeof header);
-    if (direct_[owner] != nullptr) continue;
+    if (owner == me && direct_[me] != nullptr) continue;  // built in place
     const size_t bytes = kAlign + staged_tokens_[owner] * layout_.message_bytes;
-    PS_RETURN_IF_ERROR(window_->put(owner, layout_.dispatch_region(slot, me),
-                                    std::span<const std::byte>(region, bytes)));
+    PS_RETURN_IF_ERROR(
+        copy_to_peer(owner, layout_.dispatch_region(slot, me), std::span(region, bytes)));
   }
   for (int i = 0; i < ranks; ++i) {
     const int owner = (me + i) % ranks;
     PS_RETURN_IF_ERROR(window_->signal(owner, layout_.dispatch_flag(slot, me), sequence));
   }
+  return ok_status();
+}
+
+Status ExpertExchange::copy_to_peer(int peer, size_t offset, std::span<const std::byte> bytes) {
+  if (direct_[peer] == nullptr) return window_->put(peer, offset, bytes);
+  // One copy of the whole region rather than a store per row as rows are made: on one node
+  // the lines come from the peer's cache (it read them in the previous step), and a large
+  // copy takes them over faster than scattered stores do where the two cores are far apart
+  // (a VM's slow phase: int8 dispatch 1.4-1.8x and combine 1.6-1.8x faster at 128 tokens
+  // per rank), for 10-25% more time where they are close (docs/expert_parallelism.md).
+  std::memcpy(direct_[peer] + offset, bytes.data(), bytes.size());
   return ok_status();
 }
 
@@ -505,7 +516,7 @@ void ExpertExchange::stage_result(int slot, int source, int32_t pair_slot, const
   PS_CHECK(source >= 0 && source < shape_.num_ranks && pair_slot >= 0 &&
            pair_slot < layout_.max_pairs_per_peer)
       << "source " << source << " pair " << pair_slot;
-  std::byte* region = direct_[source] != nullptr
+  std::byte* region = result_in_place(source)
                           ? direct_[source] + layout_.combine_region(slot, comm_.rank())
                           : result_staging_.data() + source * layout_.combine_region_bytes;
   std::byte* out = region + pair_slot * layout_.result_bytes;
@@ -516,17 +527,24 @@ void ExpertExchange::stage_result(int slot, int source, int32_t pair_slot, const
   }
 }
 
+bool ExpertExchange::result_in_place(int source) const {
+  // fp32 rows for a peer go straight there too: each is copied as it is, one large memcpy
+  // (4 KiB at hidden 1,024), and staging them as well only adds a pass over 3 MiB at 128
+  // tokens per rank (combine 191-213 -> 290-320 us when it did).
+  return direct_[source] != nullptr &&
+         (source == comm_.rank() || shape_.dtype == DispatchDtype::kFp32);
+}
+
 Status ExpertExchange::send_results(int slot) {
   PS_CHECK(slot >= 0 && slot < ExchangeLayout::kSlots) << "slot " << slot;
   const int ranks = shape_.num_ranks, me = comm_.rank();
   for (int i = 0; i < ranks; ++i) {
     const int source = (me + i) % ranks;
-    if (direct_[source] != nullptr) continue;  // stored in place by stage_result
+    if (result_in_place(source)) continue;  // stored there by stage_result
     const size_t bytes = received_pairs(slot, source) * layout_.result_bytes;
-    PS_RETURN_IF_ERROR(
-        window_->put(source, layout_.combine_region(slot, me),
-                     std::span<const std::byte>(
-                         result_staging_.data() + source * layout_.combine_region_bytes, bytes)));
+    PS_RETURN_IF_ERROR(copy_to_peer(
+        source, layout_.combine_region(slot, me),
+        std::span(result_staging_.data() + source * layout_.combine_region_bytes, bytes)));
   }
   for (int i = 0; i < ranks; ++i) {
     const int source = (me + i) % ranks;

@@ -25,9 +25,10 @@
 // from that source arrived, i.e. after the source finished reading results n.
 //
 // Nothing on the step path allocates: staging, routing records and receive buffers are
-// allocated at creation. Where peers share memory (Window::direct) messages and results are
-// stored straight into the peer's buffer (one copy, as AIV-direct writes); elsewhere they
-// are built in staging laid out like the peer's buffer and sent with one put per peer.
+// allocated at creation. A rank builds its own messages and results in place, and those for
+// each peer in staging laid out like the peer's buffer, sent whole: one memcpy into the
+// peer's memory where peers share it (Window::direct), else one put. (fp32 results, copied
+// as they are, go straight into a peer's memory where it is shared.)
 //
 // Protocol per slot and step, on every rank, in this order:
 //   dispatch() -> wait_dispatch() -> [received_* / load_activation / stage_result]
@@ -72,8 +73,8 @@ struct ExchangeShape {
   int top_k = 0;
   int slots_per_rank = 0;  // physical experts per rank (bounds pairs per peer)
   DispatchDtype dtype = DispatchDtype::kInt8;
-  // Write messages and results straight into peers' memory where the window allows it
-  // (Window::direct: in-process, or MPI ranks on one node) instead of staging + put.
+  // Copy staged messages and results straight into peers' memory where the window allows
+  // it (Window::direct: in-process, or MPI ranks on one node) instead of putting them.
   bool direct_stores = true;
 };
 
@@ -168,7 +169,9 @@ class ExpertExchange {
   // Converts a received token's hidden state to fp32 (`row` has hidden_size entries).
   void load_activation(const ReceivedToken& token, float* row) const;
   // Stores the expert output `row` (hidden_size fp32) for the source's pair `pair_slot`
-  // (into the source's buffer directly, or into staging for send_results).
+  // (this rank's own results, and fp32 ones, in place where the window allows; the others
+  // in staging for send_results, which the slots share: a slot's results are sent before
+  // the other slot stages any).
   void stage_result(int slot, int source, int32_t pair_slot, const float* row);
   // Sends every staged result of this step back to its source and signals every rank.
   Status send_results(int slot);
@@ -184,6 +187,11 @@ class ExpertExchange {
  private:
   Status check_tokens(const RoutedTokens& tokens, const ExpertPlacement& placement);
   Status wait_all(int slot, bool results, const char* what);
+  // Sends a region built in staging to `peer`: one copy into its memory where the window
+  // allows it, else a put.
+  Status copy_to_peer(int peer, size_t offset, std::span<const std::byte> bytes);
+  // Whether results for `source` are stored in its window as they are made (else staged).
+  bool result_in_place(int source) const;
 
   Communicator& comm_;
   ExchangeShape shape_;

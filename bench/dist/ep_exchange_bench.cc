@@ -295,7 +295,7 @@ Status run(Communicator& comm, DispatchDtype dtype, int iterations, bool shared_
         std::string(kernels::isa_level_name(kernels::active_isa_level())).c_str(),
         layout.window_bytes / 1048576.0, layout.dispatch_buffer_bytes / 1048576.0,
         layout.combine_buffer_bytes / 1048576.0,
-        shared_memory ? "shared memory (direct stores)" : "MPI one-sided puts");
+        shared_memory ? "shared memory (one copy per peer)" : "MPI one-sided puts");
     std::printf("%6s | %8s %9s %8s %9s %6s %8s | %8s %9s %8s %9s %6s\n", "tokens", "disp us",
                 "disp GB/s", "xport us", "xport GB/s", "ratio", "conv us", "comb us", "comb GB/s",
                 "xport us", "xport GB/s", "ratio");
