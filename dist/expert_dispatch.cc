@@ -380,8 +380,8 @@ Status ExpertExchange::copy_to_peer(int peer, size_t offset, std::span<const std
   // One copy of the whole region rather than a store per row as rows are made: on one node
   // the lines come from the peer's cache (it read them in the previous step), and a large
   // copy takes them over faster than scattered stores do where the two cores are far apart
-  // (a VM's slow phase: int8 dispatch 1.4-1.8x and combine 1.6-1.8x faster at 128 tokens
-  // per rank), for 10-25% more time where they are close (docs/expert_parallelism.md).
+  // (a VM's slow phase: int8 dispatch 1.2-2.1x and combine 1.3-1.8x faster at 128 tokens
+  // per rank), for 11-33% more time where they are close (docs/expert_parallelism.md).
   std::memcpy(direct_[peer] + offset, bytes.data(), bytes.size());
   return ok_status();
 }
